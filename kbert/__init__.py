@@ -1,0 +1,14 @@
+"""kbert: BERT for Keras 3 on TensorFlow, JAX and PyTorch.
+
+Subpackages:
+    kbert.layers       Keras layers (embeddings, attention, encoder block, heads).
+    kbert.models       BertBackbone, BertPretrainer, task models, presets.
+    kbert.text         WordPiece tokenizer identical to the reference, input packer.
+    kbert.data         tf.data pipelines (pretraining, fine-tuning) and dataset readers.
+    kbert.metrics      MCC, Pearson/Spearman, entity F1, SQuAD EM/F1.
+    kbert.checkpoints  Readers/writers for HF, Google TF and keras-hub checkpoints.
+"""
+
+__version__ = "0.1.0"
+
+from kbert import checkpoints, data, layers, metrics, models, text

@@ -1,0 +1,20 @@
+"""Shared pytest set-up: quiet TensorFlow, deterministic seeds, backend marker."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import pytest
+
+
+def pytest_report_header(config):
+    return f"keras backend: {keras.backend.backend()}, keras {keras.__version__}"
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_reset():
+    keras.utils.set_random_seed(1337)
+    keras.config.set_dtype_policy("float32")
+    yield
+    keras.config.set_dtype_policy("float32")
