@@ -1,1 +1,18 @@
-"""kbert.layers."""
+"""Keras layers of BERT, written with keras.ops only (TensorFlow, JAX and PyTorch)."""
+
+from kbert.layers.attention import BertSelfAttention
+from kbert.layers.embeddings import BertEmbeddings, ReversibleEmbedding
+from kbert.layers.encoder import TransformerEncoder
+from kbert.layers.heads import BertPooler, MaskedLMHead, NextSentenceHead
+from kbert.layers.utils import get_activation
+
+__all__ = [
+    "BertEmbeddings",
+    "BertPooler",
+    "BertSelfAttention",
+    "MaskedLMHead",
+    "NextSentenceHead",
+    "ReversibleEmbedding",
+    "TransformerEncoder",
+    "get_activation",
+]

@@ -1,0 +1,167 @@
+"""Token, position and segment embeddings of BERT."""
+
+import keras
+from keras import ops
+
+from kbert.layers.utils import check_index_range, clone_initializer, float32_policy
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class ReversibleEmbedding(keras.layers.Embedding):
+    """A token embedding that can also project hidden states back to the vocabulary.
+
+    `call(token_ids)` looks rows up as `keras.layers.Embedding` does;
+    `call(hidden_states, reverse=True)` multiplies by the transposed table, which is
+    how BERT ties the masked-LM decoder to the input embedding.
+
+    Args:
+        input_dim: int. The vocabulary size.
+        output_dim: int. The embedding width.
+        **kwargs: passed to `keras.layers.Embedding`.
+
+    Example:
+    >>> embedding = ReversibleEmbedding(100, 16)
+    >>> hidden = embedding(np.array([[1, 2, 3]]))           # (1, 3, 16)
+    >>> logits = embedding(hidden, reverse=True)           # (1, 3, 100)
+    """
+
+    def call(self, inputs, reverse=False):
+        if not reverse:
+            return super().call(inputs)
+        table = ops.cast(self.embeddings, self.compute_dtype)
+        return ops.matmul(inputs, ops.transpose(table))  # (..., vocabulary_size)
+
+    def compute_output_spec(self, inputs, reverse=False):
+        if not reverse:
+            return super().compute_output_spec(inputs)
+        shape = tuple(inputs.shape[:-1]) + (self.input_dim,)
+        return keras.KerasTensor(shape, dtype=self.compute_dtype)
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class BertEmbeddings(keras.layers.Layer):
+    """BERT's input embedding: token + learned absolute position + segment, then LayerNorm and dropout.
+
+    Args:
+        vocabulary_size: int. Size of the WordPiece vocabulary.
+        hidden_dim: int. Width of the embeddings (and of the encoder).
+        max_sequence_length: int. Number of learned positions. Defaults to `512`.
+        num_segments: int. Number of segment (token type) embeddings. Defaults to `2`.
+        layer_norm_epsilon: float. Epsilon of the LayerNorm. Defaults to `1e-12`.
+        dropout: float. Dropout rate after the LayerNorm. Defaults to `0.1`.
+        initializer: initializer for the three tables. Defaults to
+            `TruncatedNormal(stddev=0.02)`, as in the original.
+
+    Call arguments:
+        token_ids: int tensor of shape `(batch_size, sequence_length)`.
+        segment_ids: int tensor of shape `(batch_size, sequence_length)`.
+        position_ids: optional int tensor of shape `(batch_size, sequence_length)`;
+            positions `0..sequence_length-1` when omitted (set it to restart positions
+            for every example packed into one row).
+        training: bool. Whether dropout is active.
+
+    Example:
+    >>> layer = BertEmbeddings(vocabulary_size=100, hidden_dim=16, max_sequence_length=32)
+    >>> layer(np.ones((2, 8), "int32"), np.zeros((2, 8), "int32")).shape
+    (2, 8, 16)
+
+    Reference: Devlin et al., 2018, section 3 and figure 2.
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        hidden_dim,
+        max_sequence_length=512,
+        num_segments=2,
+        layer_norm_epsilon=1e-12,
+        dropout=0.1,
+        initializer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocabulary_size = vocabulary_size
+        self.hidden_dim = hidden_dim
+        self.max_sequence_length = max_sequence_length
+        self.num_segments = num_segments
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.dropout = dropout
+        self.initializer = keras.initializers.get(
+            initializer or keras.initializers.TruncatedNormal(stddev=0.02)
+        )
+        self.token_embedding = ReversibleEmbedding(
+            vocabulary_size,
+            hidden_dim,
+            embeddings_initializer=clone_initializer(self.initializer),
+            dtype=self.dtype_policy,
+            name="token_embedding",
+        )
+        self.position_embedding = keras.layers.Embedding(
+            max_sequence_length,
+            hidden_dim,
+            embeddings_initializer=clone_initializer(self.initializer),
+            dtype=self.dtype_policy,
+            name="position_embedding",
+        )
+        self.segment_embedding = keras.layers.Embedding(
+            num_segments,
+            hidden_dim,
+            embeddings_initializer=clone_initializer(self.initializer),
+            dtype=self.dtype_policy,
+            name="segment_embedding",
+        )
+        self.layer_norm = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon,
+            dtype=float32_policy(self.dtype_policy),
+            name="embeddings_layer_norm",
+        )
+        self.dropout_layer = keras.layers.Dropout(
+            dropout, dtype=self.dtype_policy, name="embeddings_dropout"
+        )
+
+    def build(self, token_ids_shape, segment_ids_shape=None, position_ids_shape=None):
+        self.token_embedding.build(token_ids_shape)
+        self.position_embedding.build(token_ids_shape)
+        self.segment_embedding.build(token_ids_shape)
+        self.layer_norm.build(tuple(token_ids_shape) + (self.hidden_dim,))
+        self.built = True
+
+    def call(self, token_ids, segment_ids, position_ids=None, training=None):
+        sequence_length = token_ids.shape[1]
+        if sequence_length is not None and sequence_length > self.max_sequence_length:
+            raise ValueError(
+                "The input sequence is longer than `max_sequence_length`. "
+                f"Received: sequence_length={sequence_length}, "
+                f"max_sequence_length={self.max_sequence_length}"
+            )
+        check_index_range(token_ids, self.vocabulary_size, "token_ids", "vocabulary_size")
+        check_index_range(segment_ids, self.num_segments, "segment_ids", "num_segments")
+        if position_ids is None:
+            position_ids = ops.expand_dims(ops.arange(ops.shape(token_ids)[1], dtype="int32"), 0)
+        else:
+            check_index_range(
+                position_ids, self.max_sequence_length, "position_ids", "max_sequence_length"
+            )
+        x = self.token_embedding(token_ids)  # (batch, seq, hidden)
+        x = x + self.position_embedding(position_ids)  # broadcast over batch
+        x = x + self.segment_embedding(segment_ids)
+        x = ops.cast(self.layer_norm(x), self.compute_dtype)
+        return self.dropout_layer(x, training=training)
+
+    def compute_output_shape(self, token_ids_shape, *args, **kwargs):
+        return tuple(token_ids_shape) + (self.hidden_dim,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "hidden_dim": self.hidden_dim,
+                "max_sequence_length": self.max_sequence_length,
+                "num_segments": self.num_segments,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "dropout": self.dropout,
+                "initializer": keras.initializers.serialize(self.initializer),
+            }
+        )
+        return config

@@ -1,0 +1,142 @@
+"""The post-LayerNorm transformer encoder block of BERT."""
+
+import keras
+from keras import ops
+
+from kbert.layers.attention import BertSelfAttention
+from kbert.layers.utils import clone_initializer, float32_policy, get_activation
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class TransformerEncoder(keras.layers.Layer):
+    """One BERT encoder block (post-LayerNorm).
+
+    `x -> attention -> dropout -> + x -> LayerNorm -> dense(intermediate_dim) -> activation
+    -> dense(hidden_dim) -> dropout -> + -> LayerNorm`. LayerNorms compute in float32 under
+    mixed precision.
+
+    Args:
+        num_heads: int. Number of attention heads.
+        intermediate_dim: int. Width of the feed-forward layer.
+        activation: str or callable. `"gelu"` (exact), `"gelu_approximate"` (tanh form, the
+            original TensorFlow BERT) or `"relu"`. Defaults to `"gelu"`.
+        dropout: float. Dropout after the attention and feed-forward outputs. Defaults to `0.1`.
+        attention_dropout: float. Dropout on attention probabilities. Defaults to `0.1`.
+        layer_norm_epsilon: float. Defaults to `1e-12`.
+        kernel_initializer: initializer for all kernels. Defaults to
+            `TruncatedNormal(stddev=0.02)`.
+        flash_attention: `None`, `True` or `False`; see `BertSelfAttention`.
+
+    Call arguments:
+        inputs: float tensor `(batch_size, sequence_length, hidden_dim)`.
+        padding_mask: bool/int tensor `(batch_size, sequence_length)`.
+        training: bool.
+
+    Example:
+    >>> block = TransformerEncoder(num_heads=2, intermediate_dim=32)
+    >>> block(np.ones((1, 4, 8)), padding_mask=np.ones((1, 4))).shape
+    (1, 4, 8)
+
+    Reference: Devlin et al., 2018; Vaswani et al., 2017, section 3.1.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        intermediate_dim,
+        activation="gelu",
+        dropout=0.1,
+        attention_dropout=0.1,
+        layer_norm_epsilon=1e-12,
+        kernel_initializer=None,
+        flash_attention=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.intermediate_dim = intermediate_dim
+        self.activation = activation
+        self.activation_fn = get_activation(activation)
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.flash_attention = flash_attention
+        self.kernel_initializer = keras.initializers.get(
+            kernel_initializer or keras.initializers.TruncatedNormal(stddev=0.02)
+        )
+
+    def build(self, inputs_shape, padding_mask_shape=None):
+        input_shape = inputs_shape
+        hidden_dim = input_shape[-1]
+        self.self_attention = BertSelfAttention(
+            num_heads=self.num_heads,
+            hidden_dim=hidden_dim,
+            dropout=self.attention_dropout,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            flash_attention=self.flash_attention,
+            dtype=self.dtype_policy,
+            name="self_attention",
+        )
+        self.self_attention.build(input_shape)
+        self.attention_dropout_layer = keras.layers.Dropout(
+            self.dropout, dtype=self.dtype_policy, name="self_attention_dropout"
+        )
+        self.attention_layer_norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon,
+            dtype=float32_policy(self.dtype_policy),
+            name="self_attention_layer_norm",
+        )
+        self.attention_layer_norm.build(input_shape)
+        self.intermediate_dense = keras.layers.Dense(
+            self.intermediate_dim,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            dtype=self.dtype_policy,
+            name="intermediate_dense",
+        )
+        self.intermediate_dense.build(input_shape)
+        self.output_dense = keras.layers.Dense(
+            hidden_dim,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            dtype=self.dtype_policy,
+            name="output_dense",
+        )
+        self.output_dense.build(tuple(input_shape[:-1]) + (self.intermediate_dim,))
+        self.output_dropout_layer = keras.layers.Dropout(
+            self.dropout, dtype=self.dtype_policy, name="output_dropout"
+        )
+        self.output_layer_norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon,
+            dtype=float32_policy(self.dtype_policy),
+            name="output_layer_norm",
+        )
+        self.output_layer_norm.build(input_shape)
+        self.built = True
+
+    def call(self, inputs, padding_mask=None, training=None):
+        x = inputs
+        attended = self.self_attention(x, padding_mask=padding_mask, training=training)
+        attended = self.attention_dropout_layer(attended, training=training)
+        x = ops.cast(self.attention_layer_norm(x + attended), self.compute_dtype)
+
+        hidden = self.activation_fn(self.intermediate_dense(x))  # (batch, seq, intermediate)
+        hidden = self.output_dropout_layer(self.output_dense(hidden), training=training)
+        return ops.cast(self.output_layer_norm(x + hidden), self.compute_dtype)
+
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "intermediate_dim": self.intermediate_dim,
+                "activation": self.activation,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "flash_attention": self.flash_attention,
+            }
+        )
+        return config

@@ -1,0 +1,200 @@
+"""BertBackbone: the BERT encoder as a functional Keras model."""
+
+import keras
+
+from kbert.layers import BertEmbeddings, BertPooler, TransformerEncoder
+from kbert.models.presets import PresetMixin
+
+BACKBONE_INPUTS = ("token_ids", "segment_ids", "padding_mask")
+
+
+def check_input_keys(inputs, expected, model_name):
+    """Raises a ValueError when a dict input lacks keys the model needs or has keys it does not use."""
+    if not isinstance(inputs, dict):
+        raise ValueError(
+            f"{model_name} expects a dict with keys {sorted(expected)}. "
+            f"Received: {type(inputs).__name__}"
+        )
+    missing = sorted(set(expected) - set(inputs))
+    extra = sorted(set(inputs) - set(expected))
+    if missing or extra:
+        raise ValueError(
+            f"{model_name} expects exactly the input keys {sorted(expected)}. "
+            f"Received keys {sorted(inputs)} (missing: {missing}, unexpected: {extra})"
+        )
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class BertBackbone(PresetMixin, keras.Model):
+    """The BERT encoder: embeddings, `num_layers` post-LayerNorm transformer blocks, pooler.
+
+    A functional `keras.Model` that runs unchanged on TensorFlow, JAX and PyTorch. Inputs are a
+    dict of `token_ids`, `segment_ids` and `padding_mask` (1/True for real tokens), each of
+    shape `(batch_size, sequence_length)` with `sequence_length <= max_sequence_length`.
+    Outputs are a dict of `sequence_output` `(batch_size, sequence_length, hidden_dim)` and
+    `pooled_output` `(batch_size, hidden_dim)` (dense + tanh on [CLS]).
+
+    Token ids outside `[0, vocabulary_size)`, segment ids outside `[0, num_segments)` and
+    sequences longer than `max_sequence_length` raise a `ValueError` when the model is called
+    eagerly (TensorFlow eager, PyTorch, JAX outside `jit`). Inside compiled graphs (`fit`,
+    `predict`, `jax.jit`, `tf.function`) values are not known when the graph is built, so only
+    the length check applies; out-of-range ids are then clipped by the embedding gather on
+    JAX and TensorFlow-CPU, and fail inside the op on torch.
+
+    Args:
+        vocabulary_size: int. Size of the WordPiece vocabulary.
+        num_layers: int. Number of transformer blocks.
+        num_heads: int. Attention heads per block.
+        hidden_dim: int. Model width; divisible by `num_heads`.
+        intermediate_dim: int. Feed-forward width.
+        max_sequence_length: int. Number of learned positions. Defaults to `512`.
+        num_segments: int. Number of segment (token type) ids. Defaults to `2`.
+        dropout: float. Dropout on embeddings and block outputs. Defaults to `0.1`.
+        attention_dropout: float. Dropout on attention probabilities. Defaults to `0.1`.
+        activation: str. Feed-forward activation: `"gelu"` (exact), `"gelu_approximate"`
+            (tanh form of the original TensorFlow code) or `"relu"`. Defaults to `"gelu"`.
+        layer_norm_epsilon: float. Defaults to `1e-12`.
+        flash_attention: `None` (backend decides), `True` or `False`. Defaults to `None`.
+        dtype: dtype policy, e.g. `"float32"`, `"mixed_bfloat16"`. Defaults to the global policy.
+
+    Example:
+    >>> backbone = BertBackbone(vocabulary_size=1000, num_layers=2, num_heads=2,
+    ...                         hidden_dim=64, intermediate_dim=128)
+    >>> outputs = backbone({
+    ...     "token_ids": np.array([[101, 7, 8, 102, 0]]),
+    ...     "segment_ids": np.zeros((1, 5), "int32"),
+    ...     "padding_mask": np.array([[1, 1, 1, 1, 0]]),
+    ... })
+    >>> outputs["sequence_output"].shape, outputs["pooled_output"].shape
+    ((1, 5, 64), (1, 64))
+
+    Reference: Devlin et al., 2018, "BERT: Pre-training of Deep Bidirectional Transformers
+    for Language Understanding", arXiv:1810.04805.
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        num_layers,
+        num_heads,
+        hidden_dim,
+        intermediate_dim,
+        max_sequence_length=512,
+        num_segments=2,
+        dropout=0.1,
+        attention_dropout=0.1,
+        activation="gelu",
+        layer_norm_epsilon=1e-12,
+        flash_attention=None,
+        dtype=None,
+        **kwargs,
+    ):
+        if hidden_dim % num_heads != 0:
+            raise ValueError(
+                "`hidden_dim` must be divisible by `num_heads`. "
+                f"Received: hidden_dim={hidden_dim}, num_heads={num_heads}"
+            )
+        for name, value in (
+            ("vocabulary_size", vocabulary_size),
+            ("num_layers", num_layers),
+            ("intermediate_dim", intermediate_dim),
+            ("max_sequence_length", max_sequence_length),
+            ("num_segments", num_segments),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+
+        # === Layers ===
+        embeddings = BertEmbeddings(
+            vocabulary_size=vocabulary_size,
+            hidden_dim=hidden_dim,
+            max_sequence_length=max_sequence_length,
+            num_segments=num_segments,
+            layer_norm_epsilon=layer_norm_epsilon,
+            dropout=dropout,
+            dtype=dtype,
+            name="embeddings",
+        )
+        transformer_layers = [
+            TransformerEncoder(
+                num_heads=num_heads,
+                intermediate_dim=intermediate_dim,
+                activation=activation,
+                dropout=dropout,
+                attention_dropout=attention_dropout,
+                layer_norm_epsilon=layer_norm_epsilon,
+                flash_attention=flash_attention,
+                dtype=dtype,
+                name=f"transformer_layer_{i}",
+            )
+            for i in range(num_layers)
+        ]
+        pooler = BertPooler(hidden_dim, dtype=dtype, name="pooler")
+
+        # === Functional model ===
+        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+        segment_ids = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
+        padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
+        x = embeddings(token_ids, segment_ids)  # (batch, seq, hidden)
+        for layer in transformer_layers:
+            x = layer(x, padding_mask=padding_mask)
+        super().__init__(
+            inputs={
+                "token_ids": token_ids,
+                "segment_ids": segment_ids,
+                "padding_mask": padding_mask,
+            },
+            outputs={"sequence_output": x, "pooled_output": pooler(x)},
+            dtype=dtype,
+            **kwargs,
+        )
+        # Layer attributes are set after `Model.__init__` (torch modules require it).
+        self.embeddings = embeddings
+        self.transformer_layers = transformer_layers
+        self.pooler = pooler
+
+        # === Config ===
+        self.vocabulary_size = vocabulary_size
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.max_sequence_length = max_sequence_length
+        self.num_segments = num_segments
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation = activation
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.flash_attention = flash_attention
+
+    @property
+    def token_embedding(self):
+        """The `ReversibleEmbedding` holding the token table (tied to the MLM decoder)."""
+        return self.embeddings.token_embedding
+
+    def call(self, inputs, training=None, mask=None):
+        check_input_keys(inputs, BACKBONE_INPUTS, "BertBackbone")
+        return super().call(inputs, training=training, mask=mask)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+            "vocabulary_size": self.vocabulary_size,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "hidden_dim": self.hidden_dim,
+            "intermediate_dim": self.intermediate_dim,
+            "max_sequence_length": self.max_sequence_length,
+            "num_segments": self.num_segments,
+            "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+            "activation": self.activation,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "flash_attention": self.flash_attention,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)

@@ -1,0 +1,107 @@
+"""BERT's optimizer: AdamW (or LAMB) with linear warm-up and linear decay."""
+
+import keras
+from keras import ops
+
+# Variables that BERT excludes from weight decay: biases and LayerNorm scale/offset.
+NO_DECAY_VARIABLE_NAMES = ["bias", "gamma", "beta"]
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up from 0 to `peak_learning_rate` over `warmup_steps`, then linear decay.
+
+    The rate reaches `end_learning_rate` at `total_steps` and stays there.
+
+    Args:
+        peak_learning_rate: float. The rate at the end of warm-up.
+        total_steps: int. Number of training steps of the whole schedule.
+        warmup_steps: int. Number of warm-up steps.
+        end_learning_rate: float. Defaults to `0.0`.
+
+    Example:
+    >>> schedule = WarmupLinearDecay(1e-4, total_steps=1000, warmup_steps=100)
+    >>> float(schedule(50))  # half-way through warm-up
+    5e-05
+    """
+
+    def __init__(self, peak_learning_rate, total_steps, warmup_steps, end_learning_rate=0.0):
+        if total_steps < 1 or warmup_steps < 0 or warmup_steps > total_steps:
+            raise ValueError(
+                "Expected 0 <= warmup_steps <= total_steps and total_steps >= 1. "
+                f"Received: total_steps={total_steps}, warmup_steps={warmup_steps}"
+            )
+        self.peak_learning_rate = peak_learning_rate
+        self.total_steps = total_steps
+        self.warmup_steps = warmup_steps
+        self.end_learning_rate = end_learning_rate
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        peak = ops.cast(self.peak_learning_rate, "float32")
+        warmup = ops.cast(max(self.warmup_steps, 1), "float32")
+        decay_steps = ops.cast(max(self.total_steps - self.warmup_steps, 1), "float32")
+        warming = peak * step / warmup
+        progress = ops.minimum((step - self.warmup_steps) / decay_steps, 1.0)
+        decaying = peak + (self.end_learning_rate - peak) * progress
+        return ops.where(step < self.warmup_steps, warming, decaying)
+
+    def get_config(self):
+        return {
+            "peak_learning_rate": self.peak_learning_rate,
+            "total_steps": self.total_steps,
+            "warmup_steps": self.warmup_steps,
+            "end_learning_rate": self.end_learning_rate,
+        }
+
+
+def bert_optimizer(
+    learning_rate=1e-4,
+    total_steps=1_000_000,
+    warmup_steps=None,
+    warmup_ratio=0.01,
+    weight_decay=0.01,
+    beta_1=0.9,
+    beta_2=0.999,
+    epsilon=1e-6,
+    global_clipnorm=1.0,
+    optimizer="adamw",
+):
+    """The optimizer of the BERT paper: AdamW (decoupled decay) or LAMB, warm-up + linear decay.
+
+    Weight decay skips biases and LayerNorm parameters, as in the original. Gradients are
+    clipped to a global norm of 1.0, as in the original.
+
+    Args:
+        learning_rate: float. Peak learning rate. Defaults to `1e-4` (pretraining).
+        total_steps: int. Length of the schedule in steps. Defaults to `1_000_000`.
+        warmup_steps: int or None. Warm-up steps; `None` uses `warmup_ratio`.
+        warmup_ratio: float. Warm-up as a fraction of `total_steps` (the paper: 10k of 1M).
+            Defaults to `0.01`.
+        weight_decay: float. Defaults to `0.01`.
+        beta_1, beta_2, epsilon: Adam moments. Defaults to `0.9`, `0.999`, `1e-6`.
+        global_clipnorm: float or None. Defaults to `1.0`.
+        optimizer: `"adamw"` or `"lamb"`. Defaults to `"adamw"`.
+
+    Example:
+    >>> optimizer = bert_optimizer(5e-5, total_steps=2000, warmup_ratio=0.1)
+    """
+    if warmup_steps is None:
+        warmup_steps = int(round(total_steps * warmup_ratio))
+    schedule = WarmupLinearDecay(learning_rate, total_steps, warmup_steps)
+    common = dict(
+        learning_rate=schedule,
+        beta_1=beta_1,
+        beta_2=beta_2,
+        epsilon=epsilon,
+        weight_decay=weight_decay,
+        global_clipnorm=global_clipnorm,
+    )
+    if optimizer == "adamw":
+        result = keras.optimizers.AdamW(**common)
+    elif optimizer == "lamb":
+        result = keras.optimizers.Lamb(**common)
+    else:
+        raise ValueError(f'`optimizer` must be "adamw" or "lamb". Received: optimizer={optimizer!r}')
+    result.exclude_from_weight_decay(var_names=NO_DECAY_VARIABLE_NAMES)
+    return result
