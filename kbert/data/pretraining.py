@@ -1,0 +1,741 @@
+"""BERT pretraining data: next-sentence pairs and dynamic masked-LM masking.
+
+The recipe follows google-research/bert `create_pretraining_data.py` (Devlin et al. 2018,
+arXiv 1810.04805), with one deliberate change: masking is *dynamic*. Instead of baking one
+mask per example into files, the masks are drawn in the `tf.data` pipeline for every pass over
+the data (as RoBERTa does), with stateless random ops, so a given seed always reproduces the
+same batches.
+
+Pipeline:
+
+1. `read_documents` parses the text files into documents made of sentences (plain Python,
+   done once when the dataset is built).
+2. All sentences are tokenized once with the tokenizer, in a batched `tf.data` map.
+3. A Python generator builds the sentence pairs of one pass (target length, random `A` end,
+   50 % random next sentence, longest-first truncation from a random end) and packs them into
+   padded batches `[CLS] A [SEP] B [SEP]`.
+4. A batched `Dataset.map` in TensorFlow ops chooses the masked positions and applies the
+   80 % `[MASK]` / 10 % random token / 10 % unchanged replacement.
+"""
+
+import os
+import random
+import re
+
+import numpy as np
+import tensorflow as tf
+
+# A WikiText article title: " = Title = ". Section headings (" = = Section = = ") do not match.
+_WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
+# Sentence boundary used for WikiText paragraphs: whitespace after ".", "?" or "!".
+_SENTENCE_BOUNDARY = re.compile(r"(?<=[.!?])\s+(?=\S)")
+_TEXT_FORMATS = ("auto", "lines", "wikitext")
+_TOKENIZER_ATTRIBUTES = (
+    "tokenize",
+    "vocabulary",
+    "cls_token_id",
+    "sep_token_id",
+    "pad_token_id",
+    "mask_token_id",
+    "unk_token_id",
+)
+
+
+def split_sentences(paragraph):
+    """Splits a paragraph into sentences with a simple punctuation rule.
+
+    A sentence ends at ".", "?" or "!" followed by whitespace. This is deliberately simple:
+    abbreviations such as "Mr. Smith" are split too. WikiText writes numbers as `1 @.@ 5`,
+    which is never split.
+
+    Args:
+        paragraph: str. One paragraph of text.
+
+    Returns:
+        A list of non-empty, stripped sentence strings.
+
+    Example:
+
+    >>> split_sentences("It rained . The match was delayed ! Why ?")
+    ['It rained .', 'The match was delayed !', 'Why ?']
+    """
+    paragraph = paragraph.strip()
+    if not paragraph:
+        return []
+    return [s.strip() for s in _SENTENCE_BOUNDARY.split(paragraph) if s.strip()]
+
+
+def _expand_files(files):
+    if isinstance(files, (str, bytes, os.PathLike)):
+        files = [files]
+    try:
+        files = list(files)
+    except TypeError:
+        raise ValueError(
+            "`files` must be a path, a glob pattern or a list of them. "
+            f"Received: files={files!r}"
+        ) from None
+    if not files:
+        raise ValueError("`files` must name at least one file. Received: files=[]")
+    paths = []
+    for pattern in files:
+        pattern = os.fsdecode(pattern)
+        if any(c in pattern for c in "*?["):
+            matches = sorted(tf.io.gfile.glob(pattern))
+        else:
+            matches = [pattern] if tf.io.gfile.exists(pattern) else []
+        if not matches:
+            raise ValueError(f"No file matches {pattern!r}. Received: files={files!r}")
+        for path in matches:
+            if tf.io.gfile.isdir(path):
+                raise ValueError(f"Expected text files, received a directory: {path!r}")
+        paths.extend(matches)
+    return paths
+
+
+def _parse_text(text, text_format):
+    """Parses one decoded file into a list of documents (lists of sentences)."""
+    lines = [line.rstrip("\r") for line in text.split("\n")]
+    if text_format == "auto":
+        wikitext = any(_WIKITEXT_TITLE.match(line) for line in lines)
+        text_format = "wikitext" if wikitext else "lines"
+    documents = [[]]
+    for line in lines:
+        stripped = line.strip()
+        if text_format == "lines":
+            if not stripped:
+                documents.append([])
+            else:
+                documents[-1].append(stripped)
+            continue
+        # WikiText: an article title starts a document; section headings are dropped;
+        # blank lines only separate paragraphs inside an article.
+        if _WIKITEXT_TITLE.match(line):
+            documents.append([])
+        elif stripped.startswith("=") and stripped.endswith("="):
+            continue
+        elif stripped:
+            documents[-1].extend(split_sentences(stripped))
+    return [doc for doc in documents if doc]
+
+
+def read_documents(files, text_format="auto"):
+    """Reads pretraining text files into documents made of sentences.
+
+    Two layouts are understood:
+
+    - `"lines"`: the input format of BERT's `create_pretraining_data.py`. One sentence per line,
+      documents separated by blank lines.
+    - `"wikitext"`: WikiText raw files. A line ` = Title = ` (regex `^ = [^=].* = $`) starts a
+      new document (an article); section headings such as ` = = Section = = ` are dropped;
+      blank lines are paragraph breaks, not document breaks; each paragraph line is split
+      into sentences with `split_sentences` (a regex on ". ", "? ", "! ").
+
+    `"auto"` picks `"wikitext"` for a file that holds at least one article title line and
+    `"lines"` otherwise. Each file starts a new document. Bytes that are not valid UTF-8 are
+    decoded as U+FFFD (the replacement character) instead of raising, so one bad byte never
+    stops a run. Files are opened with `tf.io.gfile`, so cloud paths (`gs://...`) and glob
+    patterns work.
+
+    Args:
+        files: str, path-like, or list of them. Text files or glob patterns.
+        text_format: str. One of `"auto"`, `"lines"`, `"wikitext"`. Defaults to `"auto"`.
+
+    Returns:
+        A list of documents; each document is a non-empty list of sentence strings.
+
+    Example:
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "corpus.txt")
+    >>> with open(path, "w") as f:
+    ...     _ = f.write("First sentence.\\nSecond one.\\n\\nAnother document.\\n")
+    >>> read_documents(path)
+    [['First sentence.', 'Second one.'], ['Another document.']]
+    """
+    if text_format not in _TEXT_FORMATS:
+        raise ValueError(
+            f"`text_format` must be one of {_TEXT_FORMATS}. Received: text_format={text_format!r}"
+        )
+    documents = []
+    for path in _expand_files(files):
+        with tf.io.gfile.GFile(path, "rb") as f:
+            text = f.read().decode("utf-8", errors="replace")
+        documents.extend(_parse_text(text, text_format))
+    return documents
+
+
+def _check_tokenizer(tokenizer):
+    missing = [name for name in _TOKENIZER_ATTRIBUTES if not hasattr(tokenizer, name)]
+    if missing:
+        raise ValueError(
+            "`tokenizer` must provide `tokenize`, `vocabulary` and the special token ids "
+            f"(like `kbert.text.BertTokenizer`). Missing: {missing}. "
+            f"Received: tokenizer={type(tokenizer).__name__}"
+        )
+
+
+def _tokenize_documents(documents, tokenizer, batch_size=1024, verbose=False):
+    """Tokenizes every sentence once; returns documents as lists of int32 arrays."""
+    sentences = [s for doc in documents for s in doc]
+    lengths, pieces = [], []
+    dataset = tf.data.Dataset.from_tensor_slices(tf.constant(sentences, tf.string))
+    dataset = dataset.batch(batch_size).map(
+        tokenizer.tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    )
+    progbar = None
+    if verbose:
+        import keras
+
+        progbar = keras.utils.Progbar(len(sentences), unit_name="sentence")
+    for ids in dataset.prefetch(tf.data.AUTOTUNE):
+        if not isinstance(ids, tf.RaggedTensor):
+            raise ValueError(
+                "`tokenizer.tokenize` must return a tf.RaggedTensor for a batch of strings. "
+                f"Received: {type(ids).__name__}"
+            )
+        if ids.ragged_rank > 1:
+            ids = ids.merge_dims(1, -1)
+        lengths.append(ids.row_lengths().numpy())
+        pieces.append(ids.flat_values.numpy().astype(np.int32))
+        if progbar is not None:
+            progbar.add(len(lengths[-1]))
+    if not sentences:
+        return []
+    flat = np.concatenate(pieces)
+    splits = np.cumsum(np.concatenate(lengths))[:-1]
+    segments = np.split(flat, splits)
+    tokenized, start = [], 0
+    for doc in documents:
+        segs = [seg for seg in segments[start : start + len(doc)] if len(seg)]
+        start += len(doc)
+        if segs:
+            tokenized.append(segs)
+    return tokenized
+
+
+def _truncate_pair(a, b, max_num_tokens, rng):
+    """Longest-first truncation, each removed token taken from the front or back at random."""
+    a_start, a_end, b_start, b_end = 0, len(a), 0, len(b)
+    while (a_end - a_start) + (b_end - b_start) > max_num_tokens:
+        if (a_end - a_start) > (b_end - b_start):
+            if rng.random() < 0.5:
+                a_start += 1
+            else:
+                a_end -= 1
+        else:
+            if rng.random() < 0.5:
+                b_start += 1
+            else:
+                b_end -= 1
+    return a[a_start:a_end], b[b_start:b_end]
+
+
+def _truncate_single(a, max_num_tokens, rng):
+    start, end = 0, len(a)
+    while end - start > max_num_tokens:
+        if rng.random() < 0.5:
+            start += 1
+        else:
+            end -= 1
+    return a[start:end]
+
+
+class _PairGenerator:
+    """Builds and packs the (optionally paired) segments of one pass; one call = one pass.
+
+    The object counts the passes it has started, so every new iteration of the dataset (every
+    epoch of `fit`) gets new pairs and new masks while staying a pure function of the seed.
+    """
+
+    def __init__(
+        self,
+        documents,
+        sequence_length,
+        nsp,
+        short_seq_prob,
+        dupe_factor,
+        shuffle,
+        repeat,
+        batch_size,
+        drop_remainder,
+        seed,
+        cls_id,
+        sep_id,
+        pad_id,
+    ):
+        self.documents = documents
+        self.sequence_length = sequence_length
+        self.nsp = nsp
+        self.max_num_tokens = sequence_length - (3 if nsp else 2)
+        self.short_seq_prob = short_seq_prob
+        self.dupe_factor = dupe_factor
+        self.shuffle = shuffle
+        self.repeat = repeat
+        self.batch_size = batch_size
+        self.drop_remainder = drop_remainder
+        self.seed = seed
+        self.cls_id, self.sep_id, self.pad_id = cls_id, sep_id, pad_id
+        self.passes_started = 0
+
+    def _random_other_document(self, doc_index, rng):
+        other = rng.randrange(len(self.documents) - 1)
+        return other + 1 if other >= doc_index else other
+
+    def _document_instances(self, doc_index, rng, out):
+        document = self.documents[doc_index]
+        max_num_tokens = self.max_num_tokens
+        target_length = max_num_tokens
+        if rng.random() < self.short_seq_prob:
+            target_length = rng.randint(2, max_num_tokens)
+        chunk, chunk_length, i = [], 0, 0
+        while i < len(document):
+            chunk.append(document[i])
+            chunk_length += len(document[i])
+            if i == len(document) - 1 or chunk_length >= target_length:
+                if not self.nsp:
+                    tokens = np.concatenate(chunk)
+                    out.append((_truncate_single(tokens, max_num_tokens, rng), None, 0))
+                else:
+                    a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+                    tokens_a = np.concatenate(chunk[:a_end])
+                    if len(chunk) == 1 or rng.random() < 0.5:
+                        is_random_next = 1
+                        target_b_length = target_length - len(tokens_a)
+                        other = self.documents[self._random_other_document(doc_index, rng)]
+                        start = rng.randint(0, len(other) - 1)
+                        parts, b_length = [], 0
+                        for segment in other[start:]:
+                            parts.append(segment)
+                            b_length += len(segment)
+                            if b_length >= target_b_length:
+                                break
+                        tokens_b = np.concatenate(parts)
+                        # The segments not used for A go back to be read again.
+                        i -= len(chunk) - a_end
+                    else:
+                        is_random_next = 0
+                        tokens_b = np.concatenate(chunk[a_end:])
+                    tokens_a, tokens_b = _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng)
+                    out.append((tokens_a, tokens_b, is_random_next))
+                chunk, chunk_length = [], 0
+            i += 1
+
+    def pass_instances(self, pass_index):
+        """All instances of one pass, in output order (a pure function of seed and pass)."""
+        rng = random.Random(f"kbert-pretraining:{self.seed}:{pass_index}")
+        instances = []
+        order = list(range(len(self.documents)))
+        for _ in range(self.dupe_factor):
+            if self.shuffle:
+                rng.shuffle(order)
+            for doc_index in order:
+                self._document_instances(doc_index, rng, instances)
+        if self.shuffle:
+            rng.shuffle(instances)
+        return instances
+
+    def pack(self, instances):
+        n, length = len(instances), self.sequence_length
+        token_ids = np.full((n, length), self.pad_id, np.int32)
+        segment_ids = np.zeros((n, length), np.int32)
+        lengths = np.zeros((n,), np.int32)
+        labels = np.zeros((n,), np.int32)
+        for row, (tokens_a, tokens_b, label) in enumerate(instances):
+            end = 1 + len(tokens_a)
+            token_ids[row, 0] = self.cls_id
+            token_ids[row, 1:end] = tokens_a
+            token_ids[row, end] = self.sep_id
+            end += 1
+            if tokens_b is not None:
+                b_end = end + len(tokens_b)
+                token_ids[row, end:b_end] = tokens_b
+                token_ids[row, b_end] = self.sep_id
+                segment_ids[row, end : b_end + 1] = 1
+                end = b_end + 1
+            lengths[row] = end
+            labels[row] = label
+        return token_ids, segment_ids, lengths, labels
+
+    def __call__(self):
+        while True:
+            pass_index = self.passes_started
+            self.passes_started += 1
+            instances = self.pass_instances(pass_index)
+            for batch_index, start in enumerate(range(0, len(instances), self.batch_size)):
+                batch = instances[start : start + self.batch_size]
+                if self.drop_remainder and len(batch) < self.batch_size:
+                    break
+                mask_seed = np.array([self.seed, (pass_index << 32) + batch_index], np.int64)
+                yield self.pack(batch) + (mask_seed,)
+            if not self.repeat:
+                return
+
+
+class _DynamicMasker:
+    """Chooses and replaces the masked-LM positions of a packed batch, in TensorFlow ops."""
+
+    def __init__(
+        self,
+        tokenizer,
+        max_predictions,
+        mask_rate,
+        whole_word_masking,
+        random_token_rate,
+        unchanged_rate,
+        nsp,
+    ):
+        self.max_predictions = max_predictions
+        self.mask_rate = mask_rate
+        self.whole_word_masking = whole_word_masking
+        self.mask_token_rate = 1.0 - random_token_rate - unchanged_rate
+        self.random_token_rate = random_token_rate
+        self.nsp = nsp
+        self.cls_id = int(tokenizer.cls_token_id)
+        self.sep_id = int(tokenizer.sep_token_id)
+        self.pad_id = int(tokenizer.pad_token_id)
+        self.mask_id = int(tokenizer.mask_token_id)
+        vocabulary = list(tokenizer.vocabulary)
+        specials = {self.cls_id, self.sep_id, self.pad_id, self.mask_id, int(tokenizer.unk_token_id)}
+        # Random replacements are uniform over the vocabulary minus the five special tokens.
+        self.random_ids = tf.constant(
+            [i for i in range(len(vocabulary)) if i not in specials], tf.int32
+        )
+        self.is_continuation = tf.constant([t.startswith("##") for t in vocabulary], tf.bool)
+
+    def _choose_tokens(self, candidate, num_to_predict, seed):
+        # Every candidate token is its own unit: take the `num_to_predict` best random scores.
+        length = tf.shape(candidate)[1]
+        scores = tf.random.stateless_uniform(tf.shape(candidate), seed)  # (batch, seq)
+        scores = tf.where(candidate, scores, -1.0)
+        best = tf.math.top_k(scores, k=self.max_predictions).indices  # (batch, preds)
+        keep = tf.range(self.max_predictions)[None, :] < num_to_predict[:, None]
+        return tf.where(keep, best, length)  # (batch, preds) positions, `length` = unused
+
+    def _choose_whole_words(self, token_ids, candidate, num_to_predict, seed):
+        batch = tf.shape(token_ids)[0]
+        length = tf.shape(token_ids)[1]
+        previous_candidate = tf.pad(candidate[:, :-1], [[0, 0], [1, 0]])
+        continuation = tf.gather(self.is_continuation, token_ids) & previous_candidate
+        word_start = candidate & ~continuation
+        word_index = tf.cumsum(tf.cast(word_start, tf.int32), axis=1) - 1  # (batch, seq)
+        num_words = tf.reduce_sum(tf.cast(word_start, tf.int32), axis=1)  # (batch,)
+        # Pieces per word; non-candidate positions go to one extra, discarded segment.
+        rows = tf.range(batch)[:, None] * length
+        segment = tf.where(candidate, rows + word_index, batch * length)
+        word_length = tf.math.unsorted_segment_sum(
+            tf.ones_like(token_ids), segment, batch * length + 1
+        )[:-1]
+        word_length = tf.reshape(word_length, [batch, length])  # (batch, words)
+        # Visit the words in a random order; take a word when it still fits in the budget,
+        # skip it otherwise (as the reference's whole-word loop does). Each loop step jumps
+        # straight to the next word that fits, so the loop runs at most `max_predictions`
+        # times (every taken word uses at least one prediction).
+        scores = tf.random.stateless_uniform([batch, length], seed)
+        scores = tf.where(tf.range(length)[None, :] < num_words[:, None], scores, -1.0)
+        order = tf.argsort(scores, axis=1, direction="DESCENDING", stable=True)
+        ordered_length = tf.gather(word_length, order, batch_dims=1)  # (batch, words)
+        visit_index = tf.range(length)[None, :]
+
+        def take_next_word(step, remaining, last_visited, taken_in_order):
+            fits = (
+                (ordered_length > 0)
+                & (ordered_length <= remaining[:, None])
+                & (visit_index > last_visited[:, None])
+            )  # (batch, words)
+            found = tf.reduce_any(fits, axis=1)
+            first = tf.argmax(tf.cast(fits, tf.int32), axis=1, output_type=tf.int32)
+            size = tf.where(found, tf.gather(ordered_length, first, batch_dims=1), 0)
+            pick = tf.one_hot(first, length, on_value=True, off_value=False) & found[:, None]
+            last_visited = tf.where(found, first, length)
+            return step + 1, remaining - size, last_visited, taken_in_order | pick
+
+        def still_searching(step, remaining, last_visited, taken_in_order):
+            return tf.reduce_any(last_visited < length)
+
+        _, _, _, taken_in_order = tf.while_loop(
+            still_searching,
+            take_next_word,
+            (
+                tf.constant(0),
+                num_to_predict,
+                tf.fill([batch], -1),
+                tf.zeros([batch, length], tf.bool),
+            ),
+            maximum_iterations=self.max_predictions,
+        )
+        taken = tf.gather(taken_in_order, tf.argsort(order, axis=1, stable=True), batch_dims=1)
+        in_chosen_word = tf.gather(taken, tf.maximum(word_index, 0), batch_dims=1)
+        return candidate & in_chosen_word
+
+    def __call__(self, token_ids, segment_ids, lengths, nsp_labels, seed):
+        seq_length = tf.shape(token_ids)[1]
+        positions_range = tf.range(seq_length)[None, :]
+        padding_mask = positions_range < lengths[:, None]  # (batch, seq)
+        candidate = (
+            padding_mask
+            & tf.not_equal(token_ids, self.cls_id)
+            & tf.not_equal(token_ids, self.sep_id)
+            & tf.not_equal(token_ids, self.pad_id)
+        )
+        num_candidates = tf.reduce_sum(tf.cast(candidate, tf.int32), axis=1)
+        # float64 and round-half-to-even, as Python's round() in the reference.
+        num_to_predict = tf.cast(
+            tf.round(tf.cast(num_candidates, tf.float64) * self.mask_rate), tf.int32
+        )
+        num_to_predict = tf.minimum(self.max_predictions, tf.maximum(1, num_to_predict))
+        num_to_predict = tf.minimum(num_to_predict, num_candidates)
+        choose_seed, action_seed, token_seed = tf.unstack(
+            tf.random.experimental.stateless_split(seed, num=3)
+        )
+        if self.whole_word_masking:
+            chosen = self._choose_whole_words(token_ids, candidate, num_to_predict, choose_seed)
+            key = tf.where(chosen, positions_range, seq_length)  # (batch, seq)
+        else:
+            key = self._choose_tokens(candidate, num_to_predict, choose_seed)  # (batch, preds)
+        # Chosen positions in ascending order, padded with `seq_length`, then with 0.
+        positions = -tf.math.top_k(-key, k=self.max_predictions).values  # (batch, preds)
+        valid = positions < seq_length
+        positions = tf.where(valid, positions, 0)
+        labels = tf.gather(token_ids, positions, batch_dims=1)
+        labels = tf.where(valid, labels, 0)
+
+        shape = tf.shape(positions)
+        action = tf.random.stateless_uniform(shape, action_seed)
+        random_ids = tf.gather(
+            self.random_ids,
+            tf.random.stateless_uniform(
+                shape, token_seed, minval=0, maxval=tf.size(self.random_ids), dtype=tf.int32
+            ),
+        )
+        replacement = tf.where(
+            action < self.mask_token_rate,
+            self.mask_id,
+            tf.where(action < self.mask_token_rate + self.random_token_rate, random_ids, labels),
+        )
+        # Padded slots point at [CLS] (position 0) and write it back unchanged.
+        replacement = tf.where(valid, replacement, token_ids[:, :1])
+        batch_index = tf.broadcast_to(tf.range(shape[0])[:, None], shape)
+        masked_ids = tf.tensor_scatter_nd_update(
+            token_ids, tf.stack([batch_index, positions], axis=-1), replacement
+        )
+
+        x = {
+            "token_ids": masked_ids,
+            "segment_ids": segment_ids,
+            "padding_mask": tf.cast(padding_mask, tf.int32),
+            "mask_positions": positions,
+        }
+        y = {"mlm": labels}
+        sample_weight = {"mlm": tf.cast(valid, tf.float32)}
+        if self.nsp:
+            y["nsp"] = nsp_labels
+            sample_weight["nsp"] = tf.ones_like(nsp_labels, tf.float32)
+        return x, y, sample_weight
+
+
+def _check_rate(name, value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"`{name}` must be a number in [0, 1]. Received: {name}={value!r}")
+
+
+def _check_positive_int(name, value, minimum=1):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
+
+
+def pretraining_dataset(
+    files,
+    tokenizer,
+    sequence_length=128,
+    max_predictions=20,
+    mask_rate=0.15,
+    nsp=True,
+    short_seq_prob=0.1,
+    whole_word_masking=False,
+    batch_size=32,
+    seed=None,
+    dupe_factor=1,
+    shuffle=True,
+    repeat=False,
+    random_token_rate=0.1,
+    unchanged_rate=0.1,
+    text_format="auto",
+    drop_remainder=False,
+    verbose=False,
+):
+    """Builds the BERT pretraining `tf.data.Dataset` (masked LM + next sentence prediction).
+
+    The text is read and tokenized once, when this function runs. Each pass over the returned
+    dataset then builds new sentence pairs (google-research/bert's `create_pretraining_data.py`
+    recipe) and draws new masks (dynamic masking), so every epoch of `fit` sees different
+    examples. Pass `k` is a pure function of `(seed, k)`: two datasets built with the same
+    arguments and seed yield identical batches, masks included.
+
+    Pairs. For each document, a target length of `sequence_length - 3` tokens (uniform in
+    `[2, sequence_length - 3]` with probability `short_seq_prob`) is filled with whole
+    sentences; the first `a_end` of them (random) form segment A. With probability 0.5, or
+    always when only one sentence was gathered, B is read from a random start in another
+    document (label 1, NotNext) and the unused sentences are read again for the next example;
+    otherwise B is the rest of the gathered sentences (label 0, IsNext). The pair is truncated
+    longest-first, one token at a time from the front or the back at random. The other document
+    is drawn uniformly among all other documents (the reference retries up to 10 times and may
+    fall back to the same document). With `nsp=False`, the gathered sentences form one segment
+    of at most `sequence_length - 2` tokens, `segment_ids` are all 0 and the NSP entries are
+    absent.
+
+    Masking. Candidates are all tokens except `[CLS]`, `[SEP]` and `[PAD]`. The number of
+    predictions is `min(max_predictions, max(1, round(num_candidates * mask_rate)))` (Python
+    rounding, half to even). Each chosen token becomes `[MASK]` with probability
+    `1 - random_token_rate - unchanged_rate`, a random token with probability
+    `random_token_rate` (uniform over the vocabulary except `[PAD]`, `[UNK]`, `[CLS]`, `[SEP]`
+    and `[MASK]`), and stays unchanged otherwise. With `whole_word_masking=True`, words
+    (a piece followed by its "##" pieces, never across `[SEP]`) are visited in a random order
+    and taken whole when they still fit in the prediction budget, so an example can get fewer
+    predictions than the formula when no remaining word fits; each piece of a chosen word is
+    still replaced independently (80/10/10), as in the reference. Masks are drawn by stateless
+    random ops keyed by `(seed, pass, batch index)`.
+
+    Args:
+        files: str, path-like, or list of them. Text files or glob patterns; see
+            `read_documents` for the formats (BERT's one sentence per line with blank lines
+            between documents, or WikiText raw). Invalid UTF-8 is decoded as U+FFFD.
+        tokenizer: a `kbert.text.BertTokenizer` or an object with the same interface:
+            `tokenize(tf.string batch) -> tf.RaggedTensor` of ids, `vocabulary` (list of str)
+            and `cls_token_id`, `sep_token_id`, `pad_token_id`, `mask_token_id`,
+            `unk_token_id`.
+        sequence_length: int. Length of every packed example. At least 8. Defaults to 128.
+        max_predictions: int. Masked positions per example (the width of `mask_positions`).
+            At most `sequence_length - 3` (`- 2` without NSP). Defaults to 20.
+        mask_rate: float in [0, 1]. Fraction of the candidate tokens to predict.
+            Defaults to 0.15.
+        nsp: bool. Build sentence pairs with NSP labels. Needs at least two documents.
+            Defaults to `True`.
+        short_seq_prob: float in [0, 1]. Probability of a shorter target length.
+            Defaults to 0.1.
+        whole_word_masking: bool. Mask whole words instead of single pieces.
+            Defaults to `False`.
+        batch_size: int. Examples per batch. Defaults to 32.
+        seed: int or `None`. Seed of the pairing and masking. `None` draws one at random.
+            Defaults to `None`.
+        dupe_factor: int. How many times each pass goes over every document (each time with
+            different pairs). Defaults to 1.
+        shuffle: bool. Shuffle the documents and the examples of each pass. With `False`,
+            examples come in document order. Defaults to `True`.
+        repeat: bool. Repeat forever; every repetition is a new pass with new pairs and
+            masks. Defaults to `False`.
+        random_token_rate: float in [0, 1]. Fraction of the chosen tokens replaced by a
+            random token. Defaults to 0.1.
+        unchanged_rate: float in [0, 1]. Fraction of the chosen tokens left unchanged.
+            `random_token_rate + unchanged_rate` must be at most 1. Defaults to 0.1.
+        text_format: str. `"auto"`, `"lines"` or `"wikitext"`; see `read_documents`.
+            Defaults to `"auto"`.
+        drop_remainder: bool. Drop the last, smaller batch of each pass. Defaults to `False`.
+        verbose: bool. Show a progress bar while tokenizing. Defaults to `False`.
+
+    Returns:
+        A `tf.data.Dataset` of `(x, y, sample_weight)`, the input of `BertPretrainer.fit`:
+        `x` = `{"token_ids", "segment_ids", "padding_mask"}` int32 `(batch_size,
+        sequence_length)` (`padding_mask` is 1 for real tokens, 0 for padding) and
+        `"mask_positions"` int32 `(batch_size, max_predictions)`, ascending, padded with 0;
+        `y` = `{"mlm"}` int32 `(batch_size, max_predictions)`, the original ids at
+        `mask_positions` (0 in padded slots), and `"nsp"` int32 `(batch_size,)`, 0 = IsNext,
+        1 = NotNext; `sample_weight` = `{"mlm"}` float32, 1 for a real prediction and 0 for a
+        padded slot, and `"nsp"` float32 ones. Without NSP, the `"nsp"` keys are absent.
+
+    Example:
+
+    ```python
+    tokenizer = kbert.text.BertTokenizer("vocab.txt")
+    ds = kbert.data.pretraining_dataset(
+        "wiki.valid.raw", tokenizer, sequence_length=128, batch_size=32, seed=0
+    )
+    x, y, sample_weight = next(iter(ds))
+    pretrainer.fit(ds, epochs=3)  # new pairs and new masks every epoch
+    ```
+
+    Reference:
+        Devlin et al., "BERT: Pre-training of Deep Bidirectional Transformers for Language
+        Understanding", 2018 (arXiv 1810.04805); google-research/bert
+        `create_pretraining_data.py`.
+    """
+    _check_tokenizer(tokenizer)
+    _check_positive_int("sequence_length", sequence_length, minimum=8)
+    _check_positive_int("max_predictions", max_predictions)
+    max_maskable = sequence_length - (3 if nsp else 2)
+    if max_predictions > max_maskable:
+        raise ValueError(
+            "`max_predictions` cannot exceed the number of maskable positions, "
+            f"sequence_length - {3 if nsp else 2} = {max_maskable}. "
+            f"Received: max_predictions={max_predictions}, sequence_length={sequence_length}"
+        )
+    _check_positive_int("batch_size", batch_size)
+    _check_positive_int("dupe_factor", dupe_factor)
+    for name, value in (
+        ("mask_rate", mask_rate),
+        ("short_seq_prob", short_seq_prob),
+        ("random_token_rate", random_token_rate),
+        ("unchanged_rate", unchanged_rate),
+    ):
+        _check_rate(name, value)
+    if random_token_rate + unchanged_rate > 1.0:
+        raise ValueError(
+            "`random_token_rate + unchanged_rate` must be at most 1 (the rest is the [MASK] "
+            f"rate). Received: random_token_rate={random_token_rate}, "
+            f"unchanged_rate={unchanged_rate}"
+        )
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"`seed` must be a non-negative integer or None. Received: seed={seed!r}")
+    seed = int(seed) % (2**63)
+
+    raw_documents = read_documents(files, text_format=text_format)
+    documents = _tokenize_documents(raw_documents, tokenizer, verbose=verbose)
+    if not documents:
+        raise ValueError(f"No text found: the files hold no tokens. Received: files={files!r}")
+    if nsp and len(documents) < 2:
+        raise ValueError(
+            "Next sentence prediction needs at least two documents (the random next sentence "
+            "comes from another document), but the files hold one. Separate documents with "
+            "blank lines (or WikiText ` = Title = ` lines), or pass nsp=False. "
+            f"Received: files={files!r}"
+        )
+
+    generator = _PairGenerator(
+        documents,
+        sequence_length=sequence_length,
+        nsp=nsp,
+        short_seq_prob=short_seq_prob,
+        dupe_factor=dupe_factor,
+        shuffle=shuffle,
+        repeat=repeat,
+        batch_size=batch_size,
+        drop_remainder=drop_remainder,
+        seed=seed,
+        cls_id=int(tokenizer.cls_token_id),
+        sep_id=int(tokenizer.sep_token_id),
+        pad_id=int(tokenizer.pad_token_id),
+    )
+    masker = _DynamicMasker(
+        tokenizer,
+        max_predictions=max_predictions,
+        mask_rate=float(mask_rate),
+        whole_word_masking=whole_word_masking,
+        random_token_rate=float(random_token_rate),
+        unchanged_rate=float(unchanged_rate),
+        nsp=nsp,
+    )
+    rows = batch_size if drop_remainder else None
+    dataset = tf.data.Dataset.from_generator(
+        generator,
+        output_signature=(
+            tf.TensorSpec((rows, sequence_length), tf.int32),
+            tf.TensorSpec((rows, sequence_length), tf.int32),
+            tf.TensorSpec((rows,), tf.int32),
+            tf.TensorSpec((rows,), tf.int32),
+            tf.TensorSpec((2,), tf.int64),
+        ),
+    )
+    dataset = dataset.map(masker, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return dataset.prefetch(tf.data.AUTOTUNE)
