@@ -1,1 +1,49 @@
-"""kbert.metrics."""
+"""kbert.metrics: evaluation metrics for the BERT fine-tuning tasks.
+
+Plain functions (numpy / Python in, float or dict out) score whole prediction
+sets; the Keras metrics accumulate over batches in `model.compile(metrics=...)`
+on the TensorFlow, JAX and PyTorch backends.
+
+| Task                | Function                               | Keras metric            |
+| ------------------- | -------------------------------------- | ----------------------- |
+| SST-2, RTE, QNLI... | `accuracy`                             | `Accuracy`              |
+| MRPC, QQP           | `f1_score` (binary / macro)            | `F1Score`               |
+| CoLA                | `matthews_corrcoef`                    | `MatthewsCorrelation`   |
+| STS-B               | `pearson_corr`, `spearman_corr`        | `PearsonCorrelation`, `SpearmanCorrelation` (buffered) |
+| CoNLL NER           | `entity_f1` (conlleval)                | -                       |
+| SQuAD v1.1 / v2.0   | `squad_scores`                         | -                       |
+"""
+
+from kbert.metrics.classification import Accuracy
+from kbert.metrics.classification import F1Score
+from kbert.metrics.classification import MatthewsCorrelation
+from kbert.metrics.classification import accuracy
+from kbert.metrics.classification import f1_score
+from kbert.metrics.classification import matthews_corrcoef
+from kbert.metrics.correlation import PearsonCorrelation
+from kbert.metrics.correlation import SpearmanCorrelation
+from kbert.metrics.correlation import average_ranks
+from kbert.metrics.correlation import pearson_corr
+from kbert.metrics.correlation import spearman_corr
+from kbert.metrics.squad import normalize_answer
+from kbert.metrics.squad import squad_scores
+from kbert.metrics.tagging import entity_f1
+from kbert.metrics.tagging import extract_entities
+
+__all__ = [
+    "Accuracy",
+    "F1Score",
+    "MatthewsCorrelation",
+    "PearsonCorrelation",
+    "SpearmanCorrelation",
+    "accuracy",
+    "average_ranks",
+    "entity_f1",
+    "extract_entities",
+    "f1_score",
+    "matthews_corrcoef",
+    "normalize_answer",
+    "pearson_corr",
+    "spearman_corr",
+    "squad_scores",
+]
