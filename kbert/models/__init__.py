@@ -1,14 +1,22 @@
 """kbert models: the backbone, the pretrainer, task models, presets and the optimizer."""
 
 from kbert.models.backbone import BertBackbone
+from kbert.models.classifier import BertClassifier
 from kbert.models.optimization import WarmupLinearDecay, bert_optimizer
 from kbert.models.presets import BACKBONE_PRESETS
 from kbert.models.pretrainer import BertPretrainer
+from kbert.models.question_answerer import BertQuestionAnswerer
+from kbert.models.tagger import BertTagger
+from kbert.models.task import BertTask
 
 __all__ = [
     "BACKBONE_PRESETS",
     "BertBackbone",
+    "BertClassifier",
     "BertPretrainer",
+    "BertQuestionAnswerer",
+    "BertTagger",
+    "BertTask",
     "WarmupLinearDecay",
     "bert_optimizer",
 ]

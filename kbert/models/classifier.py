@@ -1,0 +1,217 @@
+"""BertClassifier: sentence and sentence-pair classification or regression on the [CLS] vector."""
+
+import keras
+import numpy as np
+
+from kbert.models.task import BertTask, check_class_ids, is_dataset
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class BertClassifier(BertTask):
+    """BERT for sequence classification: pooled [CLS] output -> dropout -> dense logits.
+
+    One head serves the GLUE family: single sentences (SST-2, CoLA) and pairs (MRPC, RTE,
+    QNLI) as classification with `num_classes >= 2` (softmax cross-entropy), regression with
+    `num_classes=1` (mean squared error, STS-B), and multi-label classification with
+    `multi_label=True` (one sigmoid per class, binary cross-entropy). The model returns logits
+    `(batch_size, num_classes)`; the loss lives in `compile`.
+
+    Inputs are the backbone's dict (`token_ids`, `segment_ids`, `padding_mask`), or, with a
+    `preprocessor` attached (automatic with `from_preset` on a source that has a vocabulary),
+    raw strings or `(first, second)` pairs of string batches. Labels are integer class ids in
+    `[0, num_classes)` (checked before training), floats for regression, or multi-hot rows
+    `(batch_size, num_classes)` of 0/1 for multi-label.
+
+    The model comes compiled with BERT's fine-tuning recipe: AdamW at `learning_rate`
+    (5e-5), weight decay 0.01 except LayerNorm and biases, gradients clipped to norm 1, 10 %
+    linear warm-up then linear decay to 0 over each `fit` call (see `kbert.models.task`);
+    metrics: accuracy (classification), binary accuracy at logit 0 (multi-label), Pearson
+    correlation (regression).
+
+    The head loads from and exports to Hugging Face `BertForSequenceClassification`
+    (`classifier.weight`, `classifier.bias`).
+
+    Args:
+        backbone: `kbert.models.BertBackbone`.
+        num_classes: int. Number of classes; `1` means regression (unless `multi_label`).
+        dropout: float. Dropout on the pooled output before the dense layer. Defaults to `0.1`.
+        multi_label: bool. Independent sigmoid per class instead of a softmax. Defaults to `False`.
+        preprocessor: `kbert.text.BertPreprocessor` or `None`. Defaults to `None`.
+        learning_rate: float. Peak learning rate of the default optimizer. Defaults to `5e-5`.
+        weight_decay: float. Defaults to `0.01`.
+        warmup_ratio: float. Defaults to `0.1`.
+        total_steps: int or `None`. `None` plans the schedule in each `fit`. Defaults to `None`.
+
+    Example:
+    >>> backbone = BertBackbone(vocabulary_size=1000, num_layers=2, num_heads=2,
+    ...                         hidden_dim=64, intermediate_dim=128)
+    >>> classifier = BertClassifier(backbone, num_classes=2)
+    >>> x = {"token_ids": np.array([[101, 7, 8, 102]]), "segment_ids": np.zeros((1, 4), "int32"),
+    ...      "padding_mask": np.ones((1, 4), "int32")}
+    >>> classifier.fit(x, np.array([1]), epochs=1, verbose=0)
+    >>> classifier.predict(x, verbose=0).shape
+    (1, 2)
+    >>> # From a checkpoint with a vocabulary: raw strings.
+    >>> classifier = BertClassifier.from_preset("path/to/all-MiniLM-L6-v2", num_classes=2)
+    >>> classifier.fit(["a gripping film", "tedious and flat"], [1, 0], batch_size=2)
+    >>> classifier.predict([("A man plays.", "Someone plays.")])  # pairs work too
+
+    Reference: Devlin et al., 2018, section 4.1 (GLUE fine-tuning).
+    """
+
+    def __init__(
+        self,
+        backbone,
+        num_classes,
+        dropout=0.1,
+        multi_label=False,
+        preprocessor=None,
+        learning_rate=None,
+        weight_decay=0.01,
+        warmup_ratio=0.1,
+        total_steps=None,
+        **kwargs,
+    ):
+        self._check_backbone(backbone, "BertClassifier")
+        self._check_training_arguments(learning_rate, weight_decay, warmup_ratio, total_steps)
+        if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 1:
+            raise ValueError(
+                f"`num_classes` must be a positive integer. Received: num_classes={num_classes!r}"
+            )
+        if not 0 <= dropout < 1:
+            raise ValueError(f"`dropout` must lie in [0, 1). Received: dropout={dropout}")
+        num_classes = int(num_classes)
+
+        # === Layers ===
+        output_dropout = keras.layers.Dropout(
+            dropout, dtype=backbone.dtype_policy, name="classifier_dropout"
+        )
+        output_dense = keras.layers.Dense(
+            num_classes,
+            kernel_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+            dtype=backbone.dtype_policy,
+            name="classifier",
+        )
+
+        # === Functional model ===
+        inputs = dict(backbone.input)
+        pooled = backbone(inputs)["pooled_output"]  # (batch, hidden)
+        logits = output_dense(output_dropout(pooled))  # (batch, num_classes)
+        super().__init__(
+            inputs=inputs,
+            outputs=logits,
+            backbone=backbone,
+            preprocessor=preprocessor,
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            warmup_ratio=warmup_ratio,
+            total_steps=total_steps,
+            **kwargs,
+        )
+        self.output_dropout = output_dropout
+        self.output_dense = output_dense
+
+        # === Config ===
+        self.num_classes = num_classes
+        self.dropout = dropout
+        self.multi_label = bool(multi_label)
+
+        # === Default compile ===
+        self.compile()
+
+    @property
+    def is_regression(self):
+        """True when the head is a single regression output (`num_classes=1`, not multi-label)."""
+        return self.num_classes == 1 and not self.multi_label
+
+    def _default_loss(self):
+        if self.is_regression:
+            return keras.losses.MeanSquaredError(name="mse")
+        if self.multi_label:
+            return keras.losses.BinaryCrossentropy(from_logits=True, name="bce")
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True, name="cross_entropy")
+
+    def _default_metrics(self):
+        if self.is_regression:
+            from kbert.metrics import PearsonCorrelation
+
+            return [PearsonCorrelation(name="pearson")]
+        if self.multi_label:
+            return [keras.metrics.BinaryAccuracy(threshold=0.0, name="accuracy")]
+        return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+
+    def _check_labels(self, y):
+        labels = np.asarray(y)
+        if self.is_regression:
+            if labels.dtype.kind not in "biuf":
+                raise ValueError(
+                    "Regression labels (num_classes=1) must be numbers. "
+                    f"Received dtype {labels.dtype}"
+                )
+            return
+        if self.multi_label:
+            if labels.ndim != 2 or labels.shape[1] != self.num_classes:
+                raise ValueError(
+                    "Multi-label targets must be an array (num_examples, num_classes) = "
+                    f"(n, {self.num_classes}) of 0/1. Received shape {labels.shape}"
+                )
+            bad = ~np.isin(labels, (0, 1))
+            if bad.any():
+                raise ValueError(
+                    "Multi-label targets must be 0 or 1. "
+                    f"Received values {sorted(set(np.unique(labels[bad]).tolist()))[:10]}"
+                )
+            return
+        check_class_ids(labels, self.num_classes, "labels")
+
+    def _prepare_inputs(self, x, y=None, sample_weight=None, mode="fit"):
+        if y is not None and not is_dataset(x) and not self.is_regression and not self.multi_label:
+            self._check_labels(y)
+            y = np.asarray(y).astype("int32")
+        return super()._prepare_inputs(x, y, sample_weight, mode)
+
+    # ---------------------------------------------------------- checkpoint hook
+    huggingface_architecture = "BertForSequenceClassification"
+
+    def huggingface_head_weights(self):
+        return [
+            ("classifier.weight", self.output_dense.kernel, True),
+            ("classifier.bias", self.output_dense.bias, False),
+        ]
+
+    def huggingface_config(self):
+        config = {"num_labels": self.num_classes}
+        if self.is_regression:
+            config["problem_type"] = "regression"
+        elif self.multi_label:
+            config["problem_type"] = "multi_label_classification"
+        else:
+            config["problem_type"] = "single_label_classification"
+        return config
+
+    @classmethod
+    def huggingface_model_kwargs(cls, config):
+        """`num_classes` / `multi_label` of a `BertForSequenceClassification` config.json."""
+        if cls.huggingface_architecture not in (config.get("architectures") or []):
+            return {}
+        id2label = config.get("id2label") or {}
+        num_classes = int(config.get("num_labels", len(id2label) or 2))
+        kwargs = {"num_classes": num_classes}
+        if config.get("problem_type") == "multi_label_classification":
+            kwargs["multi_label"] = True
+        return kwargs
+
+    def google_head_weights(self):
+        """Names of google-research/bert `run_classifier.py` checkpoints (`[num_labels, hidden]`)."""
+        return [
+            ("output_weights", self.output_dense.kernel, True),
+            ("output_bias", self.output_dense.bias, False),
+        ]
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {"num_classes": self.num_classes, "dropout": self.dropout, "multi_label": self.multi_label}
+        )
+        return config
+

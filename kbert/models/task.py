@@ -1,0 +1,556 @@
+"""BertTask: what kbert's fine-tuning models share (classifier, tagger, span QA).
+
+A task model is a functional `keras.Model`: the backbone's input dict, the backbone, and a small
+head. On top of that every task:
+
+- comes compiled with BERT's fine-tuning recipe (AdamW, weight decay 0.01 except LayerNorm and
+  biases, global-norm clipping at 1.0, 10 % linear warm-up then linear decay to 0). When
+  `total_steps` is left `None`, each `fit` call plans that schedule over exactly the steps it
+  will run, as Hugging Face's `Trainer.train()` does. `compile(optimizer=...)` alone keeps the
+  default loss and metrics;
+- may carry a `preprocessor` (a `kbert.text.BertPreprocessor`). With one attached, `fit`,
+  `evaluate` and `predict` accept raw strings (and `(a, b)` pairs); without one, packed dicts of
+  `token_ids`, `segment_ids` and `padding_mask`. `from_preset` attaches one whenever the source
+  has a vocabulary;
+- round-trips through `save_to_preset` / `from_preset` (config, weights and vocabulary) and
+  through `.keras` files;
+- names the Hugging Face tensors of its head (`huggingface_head_weights`) so the checkpoint
+  readers and writers in `kbert.checkpoints` can load and export `BertFor...` models.
+
+This module uses keras.ops and NumPy only; the tf.data work of the text pipeline lives in
+`kbert.text` and `kbert.data`.
+"""
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from kbert.models.backbone import BACKBONE_INPUTS, BertBackbone, check_input_keys
+from kbert.models.optimization import bert_optimizer
+from kbert.models.presets import PresetMixin
+
+PREPROCESSOR_CONFIG_FILE = "preprocessor.json"
+
+# Rows sent through the preprocessor at a time when raw Python text is converted.
+_PREPROCESS_CHUNK = 4096
+# Keras' own default when `fit`/`predict` get arrays and no `batch_size`.
+_KERAS_DEFAULT_BATCH_SIZE = 32
+
+
+def is_dataset(x):
+    """True for a `tf.data.Dataset` (checked by duck typing: models/ does not import TensorFlow)."""
+    return hasattr(x, "element_spec") and hasattr(x, "map") and hasattr(x, "batch")
+
+
+def _is_string_batch(x):
+    if isinstance(x, (str, bytes)):
+        return True
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind in "US" or (
+            x.dtype.kind == "O" and x.size > 0 and isinstance(x.flat[0], (str, bytes))
+        )
+    if isinstance(x, list):
+        return len(x) > 0 and isinstance(x[0], (str, bytes))
+    dtype = getattr(x, "dtype", None)
+    return getattr(dtype, "name", None) == "string"  # A TensorFlow string tensor.
+
+
+def is_raw_text(x):
+    """True when `x` is text (a string, a batch of strings, or an `(a, b)` pair of batches)."""
+    if isinstance(x, tuple) and len(x) in (1, 2):
+        return all(_is_string_batch(part) for part in x)
+    return _is_string_batch(x)
+
+
+def _as_text_list(x):
+    """A batch of strings as a Python list of `str` (bytes are decoded as UTF-8)."""
+    if isinstance(x, (str, bytes)):
+        x = [x]
+    if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
+        x = x.numpy()
+    values = x.tolist() if isinstance(x, np.ndarray) else list(x)
+    out = []
+    for value in values:
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", errors="replace")
+        if not isinstance(value, str):
+            raise ValueError(
+                f"Expected a batch of strings. Received an item of type {type(value).__name__}: {value!r}"
+            )
+        out.append(value)
+    return out
+
+
+def _num_rows(x):
+    """Number of examples in an array, a list or a dict/tuple of them."""
+    if isinstance(x, dict):
+        x = next(iter(x.values()))
+    elif isinstance(x, (tuple, list)) and x and not np.isscalar(x[0]) and len(x) <= 2:
+        if isinstance(x, tuple):
+            x = x[0]
+    return len(x)
+
+
+def _element_has_strings(element_spec):
+    """True when a tf.data element spec holds a string tensor anywhere."""
+    leaves = keras.tree.flatten(element_spec)
+    return any(getattr(getattr(spec, "dtype", None), "name", None) == "string" for spec in leaves)
+
+
+def check_class_ids(labels, num_classes, name):
+    """Raises a ValueError unless every entry of `labels` is an integer in `[0, num_classes)`."""
+    labels = np.asarray(labels)
+    if labels.size == 0:
+        return
+    if labels.dtype.kind == "f":
+        if not np.all(np.isfinite(labels)) or np.any(labels != np.round(labels)):
+            raise ValueError(
+                f"`{name}` must be integer class ids in [0, {num_classes}). "
+                f"Received non-integer values, e.g. {labels[labels != np.round(labels)][:5].tolist()}"
+            )
+    elif labels.dtype.kind not in "biu":
+        raise ValueError(
+            f"`{name}` must be integer class ids in [0, {num_classes}). "
+            f"Received dtype {labels.dtype} (e.g. {labels.ravel()[:3].tolist()})"
+        )
+    low, high = labels.min(), labels.max()
+    if low < 0 or high >= num_classes:
+        bad = np.unique(labels[(labels < 0) | (labels >= num_classes)])
+        raise ValueError(
+            f"`{name}` must lie in [0, num_classes) = [0, {num_classes}). "
+            f"Received out-of-range values {bad[:10].astype(int).tolist()}"
+        )
+
+
+class BertTask(PresetMixin, keras.Model):
+    """Base class of kbert's task models: backbone + head + optional preprocessor.
+
+    Subclasses build their functional graph, call `super().__init__(inputs=..., outputs=...,
+    backbone=..., ...)`, set their head layers and config, then call `self.compile()`. They
+    implement `_default_loss`, `_default_metrics`, `huggingface_head_weights` and
+    `huggingface_architecture`, and may override `_prepare_inputs` to turn their own raw
+    input (words and word labels, questions and contexts) into packed arrays.
+
+    Args (shared by every task):
+        backbone: `kbert.models.BertBackbone`.
+        preprocessor: `kbert.text.BertPreprocessor` or `None`. Maps raw strings to packed
+            inputs in `fit`, `evaluate` and `predict`. Defaults to `None`.
+        learning_rate: float. Peak learning rate of the default optimizer.
+        weight_decay: float. Decoupled weight decay of the default AdamW (not applied to
+            LayerNorm parameters and biases). Defaults to `0.01`.
+        warmup_ratio: float. Fraction of the schedule spent warming up. Defaults to `0.1`.
+        total_steps: int or `None`. Length of the default schedule; `None` plans it in each
+            `fit` call from the data size, batch size and epochs. Defaults to `None`.
+    """
+
+    default_learning_rate = 5e-5
+    default_sequence_length = 128
+
+    def __init__(
+        self,
+        *,
+        inputs,
+        outputs,
+        backbone,
+        preprocessor=None,
+        learning_rate=None,
+        weight_decay=0.01,
+        warmup_ratio=0.1,
+        total_steps=None,
+        **kwargs,
+    ):
+        kwargs.pop("dtype", None)  # The task follows its backbone's dtype policy.
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+        self.learning_rate = self.default_learning_rate if learning_rate is None else learning_rate
+        self.weight_decay = weight_decay
+        self.warmup_ratio = warmup_ratio
+        self.total_steps = total_steps
+        self._auto_optimizer = False
+        self._compile_request = {}
+
+    @staticmethod
+    def _check_backbone(backbone, model_name):
+        if not isinstance(backbone, BertBackbone):
+            raise ValueError(
+                f"`backbone` must be a kbert BertBackbone. Received: {type(backbone).__name__}"
+            )
+
+    @staticmethod
+    def _check_training_arguments(learning_rate, weight_decay, warmup_ratio, total_steps):
+        if learning_rate is not None and not learning_rate > 0:
+            raise ValueError(f"`learning_rate` must be positive. Received: learning_rate={learning_rate}")
+        if not 0 <= weight_decay:
+            raise ValueError(f"`weight_decay` must be >= 0. Received: weight_decay={weight_decay}")
+        if not 0 <= warmup_ratio <= 1:
+            raise ValueError(f"`warmup_ratio` must lie in [0, 1]. Received: warmup_ratio={warmup_ratio}")
+        if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
+            raise ValueError(
+                f"`total_steps` must be a positive integer or None. Received: total_steps={total_steps!r}"
+            )
+
+    # ------------------------------------------------------------------ calling
+    def call(self, inputs, training=None, mask=None):
+        check_input_keys(inputs, BACKBONE_INPUTS, type(self).__name__)
+        return super().call(inputs, training=training, mask=mask)
+
+    # ---------------------------------------------------------------- compiling
+    def _default_loss(self):
+        raise NotImplementedError
+
+    def _default_metrics(self):
+        return None
+
+    def _default_weighted_metrics(self):
+        return None
+
+    def _default_loss_weights(self):
+        return None
+
+    def _default_optimizer(self, total_steps):
+        warmup_steps = int(round(total_steps * self.warmup_ratio))
+        return bert_optimizer(
+            self.learning_rate,
+            total_steps=total_steps,
+            warmup_steps=warmup_steps,
+            weight_decay=self.weight_decay,
+        )
+
+    def compile(
+        self, optimizer="auto", loss="auto", metrics="auto", weighted_metrics="auto", **kwargs
+    ):
+        """`keras.Model.compile` with the task's defaults for every argument left `"auto"`.
+
+        The default optimizer is AdamW with linear warm-up and linear decay (see the class
+        docstring); with `total_steps=None` its schedule is planned by each `fit` call.
+        """
+        self._compile_request = dict(
+            loss=loss, metrics=metrics, weighted_metrics=weighted_metrics, **kwargs
+        )
+        self._auto_optimizer = isinstance(optimizer, str) and optimizer == "auto"
+        if self._auto_optimizer:
+            # Until `fit` plans it: warm-up-free, practically constant rate.
+            optimizer = self._default_optimizer(self.total_steps or 10**9)
+        self._compile_resolved(optimizer, **self._compile_request)
+
+    def _compile_resolved(self, optimizer, loss, metrics, weighted_metrics, **kwargs):
+        if isinstance(loss, str) and loss == "auto":
+            loss = self._default_loss()
+            if kwargs.get("loss_weights") is None:
+                kwargs["loss_weights"] = self._default_loss_weights()
+        if isinstance(metrics, str) and metrics == "auto":
+            metrics = self._default_metrics()
+        if isinstance(weighted_metrics, str) and weighted_metrics == "auto":
+            weighted_metrics = self._default_weighted_metrics()
+        super().compile(
+            optimizer=optimizer,
+            loss=loss,
+            metrics=metrics,
+            weighted_metrics=weighted_metrics,
+            **kwargs,
+        )
+
+    def _plan_schedule(self, steps):
+        """Recompiles with a default optimizer whose schedule spans `steps` training steps."""
+        if not self._auto_optimizer or self.total_steps is not None:
+            return
+        if steps is None:
+            warnings.warn(
+                f"{type(self).__name__}.fit could not count the training steps (unknown dataset "
+                "size), so the default learning rate stays constant. Pass `steps_per_epoch`, "
+                "`total_steps` to the model, or compile with your own optimizer.",
+                stacklevel=3,
+            )
+            return
+        self._compile_resolved(self._default_optimizer(max(int(steps), 1)), **self._compile_request)
+        self._auto_optimizer = True
+
+    # --------------------------------------------------------------- raw inputs
+    @property
+    def tokenizer(self):
+        """The attached preprocessor's tokenizer, or `None`."""
+        return getattr(self.preprocessor, "tokenizer", None)
+
+    def _require_preprocessor(self, what):
+        if self.preprocessor is None:
+            raise ValueError(
+                f"{type(self).__name__} received {what} but has no preprocessor to turn them into "
+                "token ids. Build the model with `from_preset(<directory with vocab.txt>)` or pass "
+                "`preprocessor=kbert.text.BertPreprocessor(...)`; otherwise give packed dicts with "
+                f"keys {list(BACKBONE_INPUTS)}."
+            )
+
+    def _preprocess_text(self, x):
+        """Raw strings or `(a, b)` pairs -> packed int32 NumPy arrays, via the preprocessor."""
+        self._require_preprocessor("raw strings")
+        if isinstance(x, tuple):
+            parts = [_as_text_list(part) for part in x]
+            if len(parts) == 2 and len(parts[0]) != len(parts[1]):
+                raise ValueError(
+                    "The two parts of a sentence pair must have the same number of rows. "
+                    f"Received: {len(parts[0])} and {len(parts[1])}"
+                )
+        else:
+            parts = [_as_text_list(x)]
+        num_rows = len(parts[0])
+        chunks = []
+        for start in range(0, num_rows, _PREPROCESS_CHUNK):
+            batch = [part[start : start + _PREPROCESS_CHUNK] for part in parts]
+            packed = self.preprocessor(tuple(batch) if len(batch) == 2 else batch[0])
+            chunks.append({k: np.asarray(v).astype("int32") for k, v in packed.items()})
+        if not chunks:
+            raise ValueError("Received an empty batch of strings.")
+        return {k: np.concatenate([c[k] for c in chunks]) for k in BACKBONE_INPUTS}
+
+    def _check_labels(self, y):
+        """Raises a ValueError for labels this task cannot train on (overridden by tasks)."""
+
+    def _prepare_inputs(self, x, y=None, sample_weight=None, mode="fit"):
+        """Maps what the user gave to `fit`/`evaluate`/`predict` onto packed model inputs.
+
+        Returns `(x, y, sample_weight)`. `mode` is `"fit"`, `"evaluate"` or `"predict"`.
+        """
+        if is_dataset(x):
+            if self.preprocessor is not None and _element_has_strings(x.element_spec):
+                return x.map(self.preprocessor, num_parallel_calls=-1), None, None
+            return x, y, sample_weight
+        if is_raw_text(x):
+            x = self._preprocess_text(x)
+        if y is not None and not is_dataset(y):
+            self._check_labels(y)
+        return x, y, sample_weight
+
+    def _prepare_validation_data(self, validation_data):
+        if validation_data is None or is_dataset(validation_data):
+            return self._prepare_inputs(validation_data, mode="evaluate")[0] if validation_data is not None else None
+        if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
+            raise ValueError(
+                "`validation_data` must be a dataset or a tuple (x, y) or (x, y, sample_weight). "
+                f"Received: {type(validation_data).__name__}"
+            )
+        prepared = self._prepare_inputs(*validation_data, mode="evaluate")
+        return prepared if prepared[2] is not None else prepared[:2]
+
+    def _steps_per_epoch(self, x, batch_size, steps_per_epoch, validation_split):
+        if steps_per_epoch is not None:
+            return steps_per_epoch
+        if is_dataset(x):
+            try:
+                cardinality = int(x.cardinality())
+            except (TypeError, ValueError):
+                return None
+            return cardinality if cardinality > 0 else None
+        if isinstance(x, keras.utils.PyDataset):
+            return len(x)
+        try:
+            rows = _num_rows(x)
+        except TypeError:  # A generator or another iterable without a length.
+            return None
+        if validation_split:
+            rows = int(math.ceil(rows * (1.0 - validation_split)))
+        return int(math.ceil(rows / (batch_size or _KERAS_DEFAULT_BATCH_SIZE)))
+
+    def fit(
+        self,
+        x=None,
+        y=None,
+        batch_size=None,
+        epochs=1,
+        sample_weight=None,
+        validation_data=None,
+        steps_per_epoch=None,
+        initial_epoch=0,
+        validation_split=0.0,
+        **kwargs,
+    ):
+        """`keras.Model.fit` that also takes raw text (with a preprocessor) and plans the default schedule.
+
+        See `keras.Model.fit` for the arguments. Labels are checked before training.
+        """
+        x, y, sample_weight = self._prepare_inputs(x, y, sample_weight, mode="fit")
+        validation_data = self._prepare_validation_data(validation_data)
+        steps = self._steps_per_epoch(x, batch_size, steps_per_epoch, validation_split)
+        self._plan_schedule(None if steps is None else steps * max(epochs - initial_epoch, 1))
+        return super().fit(
+            x=x,
+            y=y,
+            batch_size=batch_size,
+            epochs=epochs,
+            sample_weight=sample_weight,
+            validation_data=validation_data,
+            steps_per_epoch=steps_per_epoch,
+            initial_epoch=initial_epoch,
+            validation_split=validation_split,
+            **kwargs,
+        )
+
+    def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None, **kwargs):
+        """`keras.Model.evaluate` that also takes raw text when a preprocessor is attached."""
+        x, y, sample_weight = self._prepare_inputs(x, y, sample_weight, mode="evaluate")
+        return super().evaluate(x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, **kwargs)
+
+    def predict(self, x, batch_size=None, **kwargs):
+        """`keras.Model.predict` that also takes raw text when a preprocessor is attached."""
+        x, _, _ = self._prepare_inputs(x, mode="predict")
+        return super().predict(x, batch_size=batch_size, **kwargs)
+
+    # ---------------------------------------------------------- checkpoint hook
+    # See kbert/checkpoints/formats.py. Subclasses set the `transformers` class name.
+    huggingface_architecture = None
+
+    def huggingface_head_weights(self):
+        """`(hf_tensor_name, keras_variable, transpose)` for every variable of the head.
+
+        Used by `kbert.checkpoints` to load `BertFor...` checkpoints from Hugging Face and to
+        export them. Names are full state-dict names (`"classifier.weight"`); the backbone's
+        tensors are named by the loader itself.
+        """
+        raise NotImplementedError
+
+    def huggingface_config(self):
+        """Extra `config.json` entries (label count and names) for the Hugging Face export."""
+        return {}
+
+    def get_compile_config(self):
+        # Serialized so that `.keras` files keep the optimizer state (see compile_from_config).
+        return super().get_compile_config()
+
+    def compile_from_config(self, config):
+        """Called when a `.keras` file is loaded: the task compiled itself with its defaults
+        in `__init__`; building the optimizer lets the saved optimizer state load into it."""
+        if self.optimizer is not None and self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def from_backbone(cls, backbone, **kwargs):
+        return cls(backbone, **kwargs)
+
+    @classmethod
+    def from_preset(cls, source, load_weights=True, preprocessor="auto", sequence_length=None, **kwargs):
+        """Builds the task from a preset name or a checkpoint directory.
+
+        Args:
+            source: str or path. A preset name or a directory (kbert preset, Hugging Face,
+                Google or keras-hub checkpoint); see `kbert.checkpoints.load_model`.
+            load_weights: bool. Load the weights (otherwise fresh ones). Defaults to `True`.
+            preprocessor: `"auto"`, `None` or a preprocessor. `"auto"` builds a
+                `kbert.text.BertPreprocessor` from the source's vocabulary when it has one
+                (and restores the saved one of a kbert task preset). Defaults to `"auto"`.
+            sequence_length: int or `None`. Sequence length of the automatic preprocessor;
+                `None` keeps the saved one, else the task's default.
+            **kwargs: task arguments (`num_classes`, `dropout`, ...) and backbone overrides.
+
+        Example:
+        >>> classifier = BertClassifier.from_preset("path/to/hf_or_kbert_dir", num_classes=2)
+        >>> classifier.fit(["a good film", "a dull film"], [1, 0])
+        """
+        if preprocessor is not None and not (isinstance(preprocessor, str) and preprocessor == "auto"):
+            model = super().from_preset(source, load_weights=load_weights, preprocessor=preprocessor, **kwargs)
+            return model
+        model = super().from_preset(source, load_weights=load_weights, **kwargs)
+        if isinstance(preprocessor, str):
+            vocabulary_path = getattr(model, "preset_vocabulary_path", None)
+            if model.preprocessor is None and vocabulary_path is not None:
+                model.preprocessor = _preprocessor_for_vocabulary(
+                    vocabulary_path, sequence_length or None, cls.default_sequence_length
+                )
+            elif model.preprocessor is not None and sequence_length is not None:
+                model.preprocessor = _preprocessor_for_vocabulary(
+                    vocabulary_path, sequence_length, cls.default_sequence_length
+                )
+        return model
+
+    def save_to_preset(self, path):
+        """Writes config, weights, vocabulary and the preprocessor settings to the directory `path`."""
+        super().save_to_preset(path)
+        if self.preprocessor is not None:
+            settings = _preprocessor_settings(self.preprocessor)
+            (Path(path) / PREPROCESSOR_CONFIG_FILE).write_text(json.dumps(settings, indent=2))
+
+    # ------------------------------------------------------------------- config
+    def get_config(self):
+        preprocessor = None
+        if self.preprocessor is not None:
+            preprocessor = keras.saving.serialize_keras_object(self.preprocessor)
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "backbone": keras.layers.serialize(self.backbone),
+            "preprocessor": preprocessor,
+            "learning_rate": self.learning_rate,
+            "weight_decay": self.weight_decay,
+            "warmup_ratio": self.warmup_ratio,
+            "total_steps": self.total_steps,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("backbone"), dict):
+            config["backbone"] = keras.layers.deserialize(config["backbone"])
+        if isinstance(config.get("preprocessor"), dict):
+            config["preprocessor"] = keras.saving.deserialize_keras_object(config["preprocessor"])
+        return cls(**config)
+
+
+def _preprocessor_settings(preprocessor):
+    """The preprocessor's settings other than the vocabulary (which the preset stores as vocab.txt)."""
+    settings = {"sequence_length": getattr(preprocessor, "sequence_length", None)}
+    tokenizer = getattr(preprocessor, "tokenizer", None)
+    for name in ("truncate",):
+        if hasattr(preprocessor, name):
+            settings[name] = getattr(preprocessor, name)
+    if tokenizer is not None:
+        tokenizer_config = tokenizer.get_config() if hasattr(tokenizer, "get_config") else {}
+        settings["tokenizer"] = {
+            k: v for k, v in tokenizer_config.items() if k not in ("vocabulary", "name", "trainable", "dtype")
+        }
+    return settings
+
+
+def _preprocessor_for_vocabulary(vocabulary_path, sequence_length, default_sequence_length):
+    """A `kbert.text.BertPreprocessor` for a preset's vocab.txt (and its saved settings, if any)."""
+    from kbert.text import BertPreprocessor, BertTokenizer
+
+    directory = Path(vocabulary_path).parent
+    settings = {}
+    settings_file = directory / PREPROCESSOR_CONFIG_FILE
+    if settings_file.is_file():
+        settings = json.loads(settings_file.read_text())
+    tokenizer_settings = dict(settings.get("tokenizer") or {})
+    if "lowercase" not in tokenizer_settings:
+        tokenizer_settings["lowercase"] = _vocabulary_is_uncased(directory, vocabulary_path)
+    tokenizer = BertTokenizer(str(vocabulary_path), **tokenizer_settings)
+    preprocessor_kwargs = {}
+    if settings.get("truncate"):
+        preprocessor_kwargs["truncate"] = settings["truncate"]
+    length = sequence_length or settings.get("sequence_length") or default_sequence_length
+    return BertPreprocessor(tokenizer, sequence_length=length, **preprocessor_kwargs)
+
+
+def _vocabulary_is_uncased(directory, vocabulary_path):
+    """Lower-casing of a checkpoint's tokenizer: tokenizer_config.json, else the vocabulary itself."""
+    for name in ("tokenizer_config.json", "preprocessor.json"):
+        config_file = directory / name
+        if config_file.is_file():
+            try:
+                config = json.loads(config_file.read_text())
+            except json.JSONDecodeError:
+                continue
+            if "do_lower_case" in config:
+                return bool(config["do_lower_case"])
+    # An uncased WordPiece vocabulary holds no upper-case pieces besides the special tokens.
+    with open(vocabulary_path, encoding="utf-8") as f:
+        for line in f:
+            token = line.strip()
+            if token.startswith("[") and token.endswith("]"):
+                continue
+            if any(c.isupper() for c in token):
+                return False
+    return True
