@@ -1,0 +1,580 @@
+"""Readers for the fine-tuning datasets' files: GLUE TSVs, CoNLL-2003, SQuAD JSON.
+
+They read the files exactly as distributed (GLUE's `download_glue_data.py`
+layout, the CoNLL shared-task files, the official SQuAD JSON), check them, and
+return plain Python / NumPy data that the `kbert.data` pipelines turn into
+model inputs. Every malformed row is a `ValueError` naming the file and line.
+"""
+
+import dataclasses
+import json
+import os
+import types
+import warnings
+
+import numpy as np
+
+# ---------------------------------------------------------------------------
+# GLUE
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _GlueSpec:
+    folder: str
+    sentence1: object  # header name, or column index for header-less files
+    sentence2: object  # same, or None for single-sentence tasks
+    label: object
+    label_names: object  # tuple of label strings (index = class id), None = float
+    metrics: tuple
+    splits: tuple = ("train", "dev")
+    num_columns: object = None  # header-less files only
+
+
+# Label orders follow google-research/bert `run_classifier.py` and the Hugging
+# Face GLUE processors (note: the `datasets` hub copy orders MNLI differently).
+_GLUE_SPECS = types.MappingProxyType(
+    {
+        "cola": _GlueSpec(
+            "CoLA", 3, None, 1, ("0", "1"), ("matthews_corrcoef",), num_columns=4
+        ),
+        "sst2": _GlueSpec("SST-2", "sentence", None, "label", ("0", "1"), ("accuracy",)),
+        "mrpc": _GlueSpec(
+            "MRPC", "#1 String", "#2 String", "Quality", ("0", "1"), ("accuracy", "f1")
+        ),
+        "qqp": _GlueSpec(
+            "QQP", "question1", "question2", "is_duplicate", ("0", "1"), ("accuracy", "f1")
+        ),
+        "stsb": _GlueSpec(
+            "STS-B", "sentence1", "sentence2", "score", None,
+            ("pearson_corr", "spearman_corr"),
+        ),
+        "mnli": _GlueSpec(
+            "MNLI", "sentence1", "sentence2", "gold_label",
+            ("contradiction", "entailment", "neutral"), ("accuracy",),
+            splits=("train", "dev_matched", "dev_mismatched"),
+        ),
+        "qnli": _GlueSpec(
+            "QNLI", "question", "sentence", "label",
+            ("entailment", "not_entailment"), ("accuracy",),
+        ),
+        "rte": _GlueSpec(
+            "RTE", "sentence1", "sentence2", "label",
+            ("entailment", "not_entailment"), ("accuracy",),
+        ),
+        "wnli": _GlueSpec("WNLI", "sentence1", "sentence2", "label", ("0", "1"), ("accuracy",)),
+    }
+)
+
+GLUE_TASKS = tuple(_GLUE_SPECS)
+
+
+@dataclasses.dataclass
+class GlueData:
+    """One split of a GLUE task, as read by `read_glue`.
+
+    Also readable as a dict: `data["sentence1"]`, `data["sentence2"]`,
+    `data["label"]`.
+
+    Attributes:
+        task: str. Task name (`"sst2"`, `"cola"`, ...).
+        split: str. Split name (`"train"`, `"dev"`, ...).
+        sentence1: list of str. First sentence (or the only one).
+        sentence2: list of str, or None for single-sentence tasks.
+        label: numpy array: int32 class ids, or float32 scores for STS-B.
+        num_classes: int. Number of classes; 1 for the STS-B regression.
+        label_names: tuple of str (the file's label strings, index = class
+            id), or None for STS-B.
+        metrics: tuple of str. `kbert.metrics` functions GLUE reports for the
+            task, e.g. `("accuracy", "f1")` for MRPC.
+    """
+
+    task: str
+    split: str
+    sentence1: list
+    sentence2: object
+    label: np.ndarray
+    num_classes: int
+    label_names: object
+    metrics: tuple
+
+    @property
+    def is_regression(self):
+        return self.label_names is None
+
+    def __len__(self):
+        return len(self.sentence1)
+
+    def __getitem__(self, key):
+        if key not in ("sentence1", "sentence2", "label"):
+            raise KeyError(
+                f"{key!r}: GlueData keys are 'sentence1', 'sentence2' and 'label'."
+            )
+        return getattr(self, key)
+
+    def keys(self):
+        return ("sentence1", "sentence2", "label")
+
+
+def _read_lines(path, encoding):
+    """Lines split on "\\n" only (GLUE text may hold other Unicode breaks)."""
+    with open(path, encoding=encoding, newline="") as f:
+        text = f.read()
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the file's final newline
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _glue_path(task_spec, split, data_dir):
+    data_dir = os.fspath(data_dir)
+    candidates = [
+        os.path.join(data_dir, task_spec.folder, f"{split}.tsv"),
+        os.path.join(data_dir, "glue", task_spec.folder, f"{split}.tsv"),
+    ]
+    for path in candidates:
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(
+        f"No {task_spec.folder} {split} file: looked for {candidates[0]} and "
+        f"{candidates[1]}."
+    )
+
+
+def read_glue(task, split, data_dir):
+    """Reads one split of a GLUE task from its TSV file.
+
+    Files are laid out as GLUE's `download_glue_data.py` writes them:
+    `<data_dir>/<TASK>/<split>.tsv` with `TASK` one of `CoLA`, `SST-2`,
+    `MRPC`, `QQP`, `STS-B`, `MNLI`, `QNLI`, `RTE`, `WNLI` (a `data_dir` that
+    holds a `glue/` folder also works). Columns are split on tabs only: quote
+    characters are text, not CSV quoting. A UTF-8 byte-order mark (MRPC's
+    files) is dropped. CoLA has no header and 4 columns (source, label,
+    original mark, sentence); the other tasks' columns are found by their
+    header names, and every row must have as many columns as the header.
+
+    String labels become class ids in a fixed order, kept in
+    `GlueData.label_names`: RTE / QNLI `("entailment", "not_entailment")`,
+    MNLI `("contradiction", "entailment", "neutral")` (as BERT's
+    `run_classifier.py`), 0/1 tasks `("0", "1")`. STS-B scores are float32.
+
+    Args:
+        task: str. One of `"cola"`, `"sst2"`, `"mrpc"`, `"qqp"`, `"stsb"`,
+            `"mnli"`, `"qnli"`, `"rte"`, `"wnli"` (case and `-` ignored).
+        split: str. `"train"` or `"dev"` (MNLI: `"train"`, `"dev_matched"`,
+            `"dev_mismatched"`). Test files have no labels and are not read.
+        data_dir: path of the GLUE folder.
+
+    Returns:
+        `GlueData` with `sentence1`, `sentence2` (None for CoLA and SST-2),
+        `label` and the task's metadata.
+
+    Raises:
+        ValueError: an unknown task or split, a header without the expected
+            columns, a row with another number of columns, or a label that
+            cannot be read (the message gives the file and line number).
+        FileNotFoundError: no such file under `data_dir`.
+
+    Example:
+
+    >>> data = read_glue("mrpc", "dev", "/path/to/glue")  # doctest: +SKIP
+    >>> len(data), data.num_classes, data.metrics  # doctest: +SKIP
+    (408, 2, ('accuracy', 'f1'))
+    """
+    name = str(task).lower().replace("-", "")
+    if name not in _GLUE_SPECS:
+        raise ValueError(f"Unknown GLUE task {task!r}. Expected one of {GLUE_TASKS}.")
+    spec = _GLUE_SPECS[name]
+    if split not in spec.splits:
+        raise ValueError(
+            f"Unknown split {split!r} for GLUE task {name!r}. Expected one of "
+            f"{spec.splits}."
+        )
+    path = _glue_path(spec, split, data_dir)
+    lines = _read_lines(path, "utf-8-sig")
+
+    if spec.num_columns is None:  # header: find the columns by name
+        if not lines:
+            raise ValueError(f"{path} is empty; expected a header line.")
+        header = lines[0].split("\t")
+        wanted = [spec.sentence1, spec.sentence2, spec.label]
+        missing = [c for c in wanted if c is not None and c not in header]
+        if missing:
+            raise ValueError(
+                f"{path}:1: the header lacks the column(s) {missing}. Found: {header}"
+            )
+        index = {c: header.index(c) for c in wanted if c is not None}
+        s1_col, s2_col, label_col = (index.get(c) for c in wanted)
+        num_columns, first_line, rows = len(header), 2, lines[1:]
+    else:
+        s1_col, s2_col, label_col = spec.sentence1, spec.sentence2, spec.label
+        num_columns, first_line, rows = spec.num_columns, 1, lines
+
+    label_index = None
+    if spec.label_names is not None:
+        label_index = {label: i for i, label in enumerate(spec.label_names)}
+    sentence1, sentence2, labels = [], [], []
+    for line_number, line in enumerate(rows, start=first_line):
+        fields = line.split("\t")
+        if len(fields) != num_columns:
+            raise ValueError(
+                f"{path}:{line_number}: expected {num_columns} tab-separated "
+                f"columns, found {len(fields)}: {line[:80]!r}"
+            )
+        raw_label = fields[label_col]
+        if label_index is None:
+            try:
+                label = float(raw_label)
+            except ValueError:
+                raise ValueError(
+                    f"{path}:{line_number}: the score {raw_label!r} is not a number."
+                ) from None
+        else:
+            if raw_label not in label_index:
+                raise ValueError(
+                    f"{path}:{line_number}: unknown label {raw_label!r}; expected "
+                    f"one of {spec.label_names}."
+                )
+            label = label_index[raw_label]
+        sentence1.append(fields[s1_col])
+        if s2_col is not None:
+            sentence2.append(fields[s2_col])
+        labels.append(label)
+
+    return GlueData(
+        task=name,
+        split=split,
+        sentence1=sentence1,
+        sentence2=sentence2 if s2_col is not None else None,
+        label=np.asarray(labels, dtype="float32" if label_index is None else "int32"),
+        num_classes=1 if label_index is None else len(spec.label_names),
+        label_names=spec.label_names,
+        metrics=spec.metrics,
+    )
+
+
+# ---------------------------------------------------------------------------
+# CoNLL
+# ---------------------------------------------------------------------------
+
+
+def _split_tag(tag, where):
+    if tag == "O":
+        return "O", ""
+    prefix, hyphen, entity_type = tag.partition("-")
+    if not hyphen or prefix not in ("B", "I") or not entity_type:
+        raise ValueError(
+            f"Invalid IOB tag {tag!r}{where}: expected 'O', 'B-TYPE' or 'I-TYPE'."
+        )
+    return prefix, entity_type
+
+
+def iob1_to_iob2(tags):
+    """Converts one sentence's IOB1 tags (CoNLL-2003) to IOB2.
+
+    In IOB1 a chunk starts with `I-` unless it directly follows a chunk of
+    the same type; in IOB2 every chunk starts with `B-`. So `I-X` becomes
+    `B-X` when the previous tag is neither `B-X` nor `I-X`.
+
+    Args:
+        tags: list of str, one sentence's tags.
+
+    Returns:
+        list of str.
+
+    Example:
+
+    >>> iob1_to_iob2(["I-PER", "I-PER", "B-PER", "O", "I-LOC", "I-ORG"])
+    ['B-PER', 'I-PER', 'B-PER', 'O', 'B-LOC', 'B-ORG']
+    """
+    converted = []
+    previous_type = ""  # type of the previous tag, "" for O / sentence start
+    for i, tag in enumerate(tags):
+        prefix, entity_type = _split_tag(tag, f" at position {i}")
+        if prefix == "I" and entity_type != previous_type:
+            tag = f"B-{entity_type}"
+        converted.append(tag)
+        previous_type = entity_type
+    return converted
+
+
+def read_conll(path, tag_column=3, num_columns=4, to_iob2=False, encoding="utf-8"):
+    """Reads a CoNLL-format file (one token per line, blank line between sentences).
+
+    CoNLL-2003 lines are `word POS chunk NER`; `-DOCSTART-` lines (document
+    separators) are skipped and end any open sentence.
+
+    Args:
+        path: path of the file (e.g. `eng.train`, `eng.testa`).
+        tag_column: int. Column of the tags to return (0-based; negative
+            counts from the end). Defaults to 3, the NER tags (2 = chunks,
+            1 = POS).
+        num_columns: int or None. Columns every token line must have;
+            None takes the count of the first token line. Defaults to 4.
+        to_iob2: bool. Convert the tags from IOB1 (the files' scheme) to IOB2
+            with `iob1_to_iob2`. Defaults to False (tags as in the file).
+        encoding: str. Defaults to `"utf-8"`.
+
+    Returns:
+        list of `(words, tags)` tuples, one per sentence, each a list of str.
+
+    Raises:
+        ValueError: a line with another number of columns (with its line
+            number), a `tag_column` out of range, or (with `to_iob2`) a tag
+            that is not IOB.
+
+    Example:
+
+    >>> sentences = read_conll("eng.train", to_iob2=True)  # doctest: +SKIP
+    >>> sentences[0]  # doctest: +SKIP
+    (['EU', 'rejects', 'German', 'call', ...], ['B-ORG', 'O', 'B-MISC', 'O', ...])
+    """
+    path = os.fspath(path)
+    if num_columns is not None and (not isinstance(num_columns, int) or num_columns < 2):
+        raise ValueError(
+            f"`num_columns` must be an integer >= 2 or None. Received: {num_columns!r}"
+        )
+    sentences = []
+    words, tags = [], []
+
+    def flush():
+        if words:
+            sentences.append((list(words), list(tags)))
+            words.clear()
+            tags.clear()
+
+    for line_number, line in enumerate(_read_lines(path, encoding), start=1):
+        fields = line.split()
+        if not fields:
+            flush()
+            continue
+        if fields[0] == "-DOCSTART-":
+            flush()
+            continue
+        if num_columns is None:
+            num_columns = len(fields)
+        if len(fields) != num_columns:
+            raise ValueError(
+                f"{path}:{line_number}: expected {num_columns} columns, found "
+                f"{len(fields)}: {line!r}"
+            )
+        if not -num_columns <= tag_column < num_columns:
+            raise ValueError(
+                f"`tag_column`={tag_column} is out of range for {num_columns} columns."
+            )
+        words.append(fields[0])
+        tags.append(fields[tag_column])
+    flush()
+    if to_iob2:
+        sentences = [
+            (sentence_words, _iob2_or_raise(sentence_tags, path, index))
+            for index, (sentence_words, sentence_tags) in enumerate(sentences)
+        ]
+    return sentences
+
+
+def _iob2_or_raise(tags, path, sentence_index):
+    try:
+        return iob1_to_iob2(tags)
+    except ValueError as error:
+        raise ValueError(f"{path}, sentence {sentence_index}: {error}") from None
+
+
+def label_list(sentences):
+    """The sorted set of tags, `"O"` first: a stable tag -> id mapping.
+
+    Args:
+        sentences: list of `(words, tags)` pairs (as `read_conll` returns),
+            or list of tag lists.
+
+    Returns:
+        list of str: `"O"` (if present) then the other tags sorted.
+
+    Example:
+
+    >>> label_list([(["EU", "rejects"], ["B-ORG", "O"]), (["Peter"], ["B-PER"])])
+    ['O', 'B-ORG', 'B-PER']
+    """
+    found = set()
+    for index, item in enumerate(sentences):
+        if (
+            isinstance(item, (tuple, list))
+            and len(item) == 2
+            and isinstance(item[0], (list, tuple))
+        ):
+            item = item[1]
+        if isinstance(item, str) or not isinstance(item, (list, tuple)):
+            raise ValueError(
+                f"Item {index} of `sentences` must be a (words, tags) pair or a "
+                f"list of tags. Received: {type(item).__name__}"
+            )
+        found.update(item)
+    return (["O"] if "O" in found else []) + sorted(found - {"O"})
+
+
+# ---------------------------------------------------------------------------
+# SQuAD
+# ---------------------------------------------------------------------------
+
+
+class SquadExamples(list):
+    """The list of examples `read_squad` returns, with what it found.
+
+    A plain list of example dicts (so it can be passed wherever examples are
+    expected) with these extra attributes:
+
+    Attributes:
+        version: str. `"1.1"` or `"2.0"`.
+        data: list. The SQuAD `data` (articles) the examples came from; pass
+            it (or a slice) to `kbert.metrics.squad_scores`.
+        misaligned: list of dicts `{"id", "text", "answer_start",
+            "article_index"}`: answers whose text is not at `answer_start` in
+            the context. They were removed from the examples' `answers`.
+        dropped: list of dicts `{"id", "article_index"}`: answerable questions
+            left with no aligned answer. They are not in the list, so they are
+            not trained on.
+    """
+
+    def __init__(self, examples, version, data, misaligned, dropped):
+        super().__init__(examples)
+        self.version = version
+        self.data = data
+        self.misaligned = misaligned
+        self.dropped = dropped
+
+    @property
+    def num_misaligned(self):
+        """Number of answers removed because they did not match the context."""
+        return len(self.misaligned)
+
+    def articles(self, start, stop):
+        """Examples of articles `start <= article_index < stop`, `data` sliced too.
+
+        Example: `examples.articles(0, 32)` to train and
+        `examples.articles(32, 48)` to evaluate on SQuAD v1.1 dev.
+        """
+
+        def keep(item):
+            return start <= item["article_index"] < stop
+
+        return SquadExamples(
+            [e for e in self if keep(e)],
+            self.version,
+            self.data[start:stop],
+            [m for m in self.misaligned if keep(m)],
+            [d for d in self.dropped if keep(d)],
+        )
+
+
+def read_squad(path_or_dict, version="1.1"):
+    """Reads SQuAD v1.1 / v2.0 JSON into a list of question examples.
+
+    Each example is a dict with `id`, `question`, `context`, `answers` (list
+    of `{"text", "answer_start"}`, `answer_start` a character offset into
+    `context`), `is_impossible` (v2.0 unanswerable questions; always False for
+    v1.1), `title`, `article_index` and `paragraph_index`. The article index
+    lets callers split by article (`examples.articles(0, 32)`).
+
+    Every answer is checked: `context[answer_start:answer_start+len(text)]`
+    must equal `text`. Answers that do not match are removed from `answers`,
+    counted (`examples.num_misaligned`, listed in `examples.misaligned`) and
+    reported with a warning; an answerable question left with none is dropped
+    (`examples.dropped`) rather than being trained on as "no answer".
+
+    Args:
+        path_or_dict: path of the JSON file, the parsed JSON dict, or its
+            `data` list.
+        version: str. `"1.1"` or `"2.0"`. Defaults to `"1.1"`.
+
+    Returns:
+        `SquadExamples` (a list of example dicts, in file order).
+
+    Raises:
+        ValueError: an unknown version, a file that is not SQuAD's layout, or
+            (v1.1) an unanswerable question.
+
+    Example:
+
+    >>> examples = read_squad("dev-v1.1.json")  # doctest: +SKIP
+    >>> len(examples), examples.num_misaligned  # doctest: +SKIP
+    (10570, 0)
+    >>> train, dev = examples.articles(0, 32), examples.articles(32, 48)  # doctest: +SKIP
+    """
+    if version not in ("1.1", "2.0"):
+        raise ValueError(f"`version` must be '1.1' or '2.0'. Received: {version!r}")
+    source = "the SQuAD data"
+    if isinstance(path_or_dict, (str, os.PathLike)):
+        source = os.fspath(path_or_dict)
+        with open(source, encoding="utf-8") as f:
+            path_or_dict = json.load(f)
+    data = path_or_dict
+    if isinstance(data, dict):
+        if "data" not in data:
+            raise ValueError(
+                f"{source} has no 'data' key; expected SQuAD's "
+                "{'version', 'data': [articles]} layout."
+            )
+        data = data["data"]
+    if not isinstance(data, list):
+        raise ValueError(
+            f"{source}: expected a list of articles. Received: {type(data).__name__}"
+        )
+
+    examples, misaligned, dropped = [], [], []
+    for article_index, article in enumerate(data):
+        if not isinstance(article, dict) or "paragraphs" not in article:
+            raise ValueError(
+                f"{source}: article {article_index} has no 'paragraphs'; expected "
+                "SQuAD's layout."
+            )
+        title = article.get("title", "")
+        for paragraph_index, paragraph in enumerate(article["paragraphs"]):
+            context = paragraph["context"]
+            for qa in paragraph["qas"]:
+                qid = qa["id"]
+                impossible = bool(qa.get("is_impossible", False))
+                if impossible and version == "1.1":
+                    raise ValueError(
+                        f"{source}: question {qid!r} is marked is_impossible; "
+                        "use version='2.0'."
+                    )
+                answers = []
+                raw_answers = [] if impossible else qa.get("answers", [])
+                for answer in raw_answers:
+                    text, start = answer["text"], int(answer["answer_start"])
+                    if 0 <= start and context[start : start + len(text)] == text:
+                        answers.append({"text": text, "answer_start": start})
+                    else:
+                        misaligned.append(
+                            {
+                                "id": qid,
+                                "text": text,
+                                "answer_start": start,
+                                "article_index": article_index,
+                            }
+                        )
+                if not impossible and not answers:
+                    if raw_answers or version == "1.1":
+                        dropped.append({"id": qid, "article_index": article_index})
+                        continue
+                    impossible = True  # v2.0 question without answers
+                examples.append(
+                    {
+                        "id": qid,
+                        "question": qa["question"],
+                        "context": context,
+                        "answers": answers,
+                        "is_impossible": impossible,
+                        "title": title,
+                        "article_index": article_index,
+                        "paragraph_index": paragraph_index,
+                    }
+                )
+    if misaligned or dropped:
+        warnings.warn(
+            f"{source}: {len(misaligned)} answers do not match their context at "
+            f"answer_start and were removed; {len(dropped)} questions were left "
+            "without an answer and dropped.",
+            stacklevel=2,
+        )
+    return SquadExamples(examples, version, data, misaligned, dropped)

@@ -1,0 +1,346 @@
+"""GLUE / CoNLL / SQuAD readers: small files written here (exact values and
+every error path), and the official counts of the real files when the shared
+data folder is present."""
+
+import json
+import os
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from kbert.data.readers import GLUE_TASKS
+from kbert.data.readers import iob1_to_iob2
+from kbert.data.readers import label_list
+from kbert.data.readers import read_conll
+from kbert.data.readers import read_glue
+from kbert.data.readers import read_squad
+from kbert.metrics import entity_f1
+from kbert.metrics import squad_scores
+
+_DATA_DIR = Path(
+    os.environ.get(
+        "KBERT_DATA_DIR",
+        Path(__file__).resolve().parents[2] / ".." / "shared" / "data",
+    )
+)
+_needs_data = pytest.mark.skipif(
+    not (_DATA_DIR / "glue").is_dir(), reason="shared data folder not present"
+)
+_once = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="reader checks do not depend on the Keras backend: heavy ones run once",
+)
+
+
+def _write(path, text, encoding="utf-8"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode(encoding))
+    return path
+
+
+# -------------------------------------------------------------------- GLUE
+
+
+def test_glue_single_sentence_tasks(tmp_path):
+    # Quotes are text, a row ends with a space, U+2028 is not a line break.
+    _write(
+        tmp_path / "SST-2" / "train.tsv",
+        'sentence\tlabel\n"it \'s a "charming" film \t1\nbad\u2028movie \t0\n',
+    )
+    data = read_glue("sst2", "train", tmp_path)
+    assert data.sentence1 == ['"it \'s a "charming" film ', "bad\u2028movie "]
+    assert data.sentence2 is None
+    np.testing.assert_array_equal(data.label, [1, 0])
+    assert data.label.dtype == np.int32
+    assert (data.num_classes, data.metrics, len(data)) == (2, ("accuracy",), 2)
+    assert data["sentence1"] is data.sentence1 and data.task == "sst2"
+
+    # CoLA: no header, 4 columns, no newline after the last row.
+    _write(
+        tmp_path / "CoLA" / "dev.tsv",
+        "gj04\t1\t\tOur friends won't buy this analysis.\nclc95\t0\t*\tThe more we study.",
+    )
+    data = read_glue("CoLA", "dev", tmp_path)
+    assert data.sentence1 == ["Our friends won't buy this analysis.", "The more we study."]
+    np.testing.assert_array_equal(data.label, [1, 0])
+    assert data.metrics == ("matthews_corrcoef",)
+
+
+def test_glue_pair_tasks_labels_and_bom(tmp_path):
+    _write(
+        tmp_path / "MRPC" / "dev.tsv",
+        "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\r\n"
+        '1\t1\t2\tHe said "the witness".\tHe called him "the witness".\r\n',
+    )
+    data = read_glue("mrpc", "dev", tmp_path)
+    assert data.sentence1 == ['He said "the witness".']
+    assert data.sentence2 == ['He called him "the witness".']
+    assert data.metrics == ("accuracy", "f1")
+
+    _write(
+        tmp_path / "glue" / "RTE" / "train.tsv",  # a folder holding glue/ works too
+        "index\tsentence1\tsentence2\tlabel\n"
+        "0\tA cat.\tAn animal.\tentailment\n1\tA dog.\tA fish.\tnot_entailment\n",
+    )
+    data = read_glue("rte", "train", tmp_path)
+    np.testing.assert_array_equal(data.label, [0, 1])
+    assert data.label_names == ("entailment", "not_entailment")
+
+    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+    _write(
+        tmp_path / "STS-B" / "dev.tsv",
+        header + "\n0\tmain\tf\t2012\t1\ts\ts\tA man.\tA person.\t4.750\n"
+        "1\tmain\tf\t2012\t2\ts\ts\tA.\tB.\t0.0\n",
+    )
+    data = read_glue("sts-b", "dev", tmp_path)
+    assert data.label.dtype == np.float32 and data.is_regression
+    np.testing.assert_allclose(data.label, [4.75, 0.0])
+    assert (data.num_classes, data.label_names) == (1, None)
+    assert data.metrics == ("pearson_corr", "spearman_corr")
+
+    mnli_header = (
+        "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+        "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label"
+    )
+    _write(
+        tmp_path / "MNLI" / "dev_matched.tsv",
+        mnli_header + "\n" + "\t".join(["0"] * 8 + ["P.", "H.", "neutral", "neutral"]) + "\n",
+    )
+    data = read_glue("mnli", "dev_matched", tmp_path)
+    np.testing.assert_array_equal(data.label, [2])
+    assert (data.sentence1, data.sentence2) == (["P."], ["H."])
+    assert set(GLUE_TASKS) >= {"cola", "sst2", "mrpc", "rte", "stsb", "qnli", "mnli"}
+
+
+def test_glue_errors_name_file_and_line(tmp_path):
+    _write(tmp_path / "SST-2" / "train.tsv", "sentence\tlabel\ngood\t1\nmissing label\n")
+    with pytest.raises(ValueError, match=r"SST-2.train\.tsv:3: expected 2 tab-separated columns, found 1"):
+        read_glue("sst2", "train", tmp_path)
+    _write(tmp_path / "SST-2" / "dev.tsv", "sentence\tlabel\ngood\t2\n")
+    with pytest.raises(ValueError, match=r"dev\.tsv:2: unknown label '2'"):
+        read_glue("sst2", "dev", tmp_path)
+    _write(tmp_path / "CoLA" / "train.tsv", "gj04\t1\t\tok.\ngj04\t1\tsentence without mark\n")
+    with pytest.raises(ValueError, match=r"train\.tsv:2: expected 4"):
+        read_glue("cola", "train", tmp_path)
+    _write(tmp_path / "RTE" / "dev.tsv", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n")
+    with pytest.raises(ValueError, match="unknown label 'maybe'"):
+        read_glue("rte", "dev", tmp_path)
+    _write(tmp_path / "QNLI" / "dev.tsv", "index\tquestion\tsentence\n0\ta\tb\n")
+    with pytest.raises(ValueError, match=r":1: the header lacks the column\(s\) \['label'\]"):
+        read_glue("qnli", "dev", tmp_path)
+    header = "\t".join(["c"] * 7 + ["sentence1", "sentence2", "score"])
+    _write(tmp_path / "STS-B" / "train.tsv", header + "\n" + "\t".join(["x"] * 9 + ["high"]) + "\n")
+    with pytest.raises(ValueError, match="score 'high' is not a number"):
+        read_glue("stsb", "train", tmp_path)
+    with pytest.raises(ValueError, match="Unknown GLUE task 'imdb'"):
+        read_glue("imdb", "train", tmp_path)
+    with pytest.raises(ValueError, match="Unknown split 'test'"):
+        read_glue("sst2", "test", tmp_path)
+    with pytest.raises(FileNotFoundError):
+        read_glue("mrpc", "train", tmp_path)
+
+
+_GLUE_COUNTS = [
+    ("sst2", "train", [29780, 37569]),
+    ("sst2", "dev", [428, 444]),
+    ("cola", "train", [2528, 6023]),
+    ("cola", "dev", [322, 721]),
+    ("mrpc", "train", [1194, 2474]),
+    ("mrpc", "dev", [129, 279]),
+    ("rte", "train", [1249, 1241]),
+    ("rte", "dev", [146, 131]),
+    ("qnli", "dev", [2702, 2761]),
+]
+
+
+@_needs_data
+@pytest.mark.parametrize("task, split, counts", _GLUE_COUNTS)
+def test_real_glue_official_counts(task, split, counts):
+    data = read_glue(task, split, _DATA_DIR / "glue")
+    np.testing.assert_array_equal(np.bincount(data.label), counts)
+    assert len(data.sentence1) == sum(counts)
+    if data.sentence2 is not None:
+        assert len(data.sentence2) == sum(counts)
+
+
+@_needs_data
+def test_real_glue_stsb_and_mrpc_text():
+    for split, size in (("train", 5749), ("dev", 1500)):
+        data = read_glue("stsb", split, _DATA_DIR)  # the parent of glue/ works
+        assert len(data) == size
+        assert data.label.min() == 0.0 and data.label.max() == 5.0
+    mrpc = read_glue("mrpc", "train", _DATA_DIR / "glue")
+    assert mrpc.sentence1[0].startswith("Amrozi accused his brother")
+    assert '"' in mrpc.sentence1[0]  # literal quotes kept
+
+
+# ------------------------------------------------------------------- CoNLL
+
+_CONLL = """-DOCSTART- -X- O O
+
+EU NNP I-NP I-ORG
+rejects VBZ I-VP O
+German JJ I-NP I-MISC
+call NN I-NP O
+
+Peter NNP I-NP I-PER
+Blackburn NNP I-NP I-PER
+Bush NNP I-NP B-PER
+
+
+-DOCSTART- -X- O O
+
+Brussels NNP I-NP I-LOC
+"""
+
+
+def test_read_conll_sentences_tags_and_iob2(tmp_path):
+    path = _write(tmp_path / "eng.mini", _CONLL)
+    sentences = read_conll(path)
+    assert sentences == [
+        (["EU", "rejects", "German", "call"], ["I-ORG", "O", "I-MISC", "O"]),
+        (["Peter", "Blackburn", "Bush"], ["I-PER", "I-PER", "B-PER"]),
+        (["Brussels"], ["I-LOC"]),
+    ]
+    assert read_conll(path, tag_column=1)[0][1] == ["NNP", "VBZ", "JJ", "NN"]
+    assert read_conll(path, tag_column=-2, num_columns=None)[1][1] == ["I-NP"] * 3
+    iob2 = read_conll(path, to_iob2=True)
+    assert [tags for _, tags in iob2] == [
+        ["B-ORG", "O", "B-MISC", "O"],
+        ["B-PER", "I-PER", "B-PER"],
+        ["B-LOC"],
+    ]
+    # The conversion keeps the entities: IOB1 read by conlleval = IOB2 strict.
+    iob1_tags = [tags for _, tags in sentences]
+    iob2_tags = [tags for _, tags in iob2]
+    assert entity_f1(iob1_tags, iob1_tags)["per_type"] == entity_f1(
+        iob2_tags, iob2_tags, scheme="IOB2", mode="strict"
+    )["per_type"]
+    assert label_list(sentences) == ["O", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER"]
+    assert label_list(iob2_tags) == ["O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-PER"]
+
+
+def test_iob1_to_iob2_by_hand():
+    assert iob1_to_iob2(["I-PER", "I-PER", "B-PER", "O", "I-LOC", "I-ORG"]) == [
+        "B-PER", "I-PER", "B-PER", "O", "B-LOC", "B-ORG"
+    ]
+    assert iob1_to_iob2(["B-PER", "I-PER", "O", "O"]) == ["B-PER", "I-PER", "O", "O"]
+    assert iob1_to_iob2([]) == []
+    with pytest.raises(ValueError, match="Invalid IOB tag 'S-PER' at position 1"):
+        iob1_to_iob2(["O", "S-PER"])
+
+
+def test_read_conll_errors(tmp_path):
+    path = _write(tmp_path / "bad.txt", "EU NNP I-NP I-ORG\nrejects VBZ O\n")
+    with pytest.raises(ValueError, match=r"bad\.txt:2: expected 4 columns, found 3"):
+        read_conll(path)
+    path = _write(tmp_path / "bad_tag.txt", "EU NNP I-NP X-ORG\n")
+    with pytest.raises(ValueError, match="sentence 0: Invalid IOB tag 'X-ORG'"):
+        read_conll(path, to_iob2=True)
+    with pytest.raises(ValueError, match="tag_column"):
+        read_conll(_write(tmp_path / "ok.txt", "EU NNP I-NP I-ORG\n"), tag_column=4)
+    with pytest.raises(ValueError, match="num_columns"):
+        read_conll(tmp_path / "ok.txt", num_columns=1)
+    with pytest.raises(ValueError, match="pair or a list of tags"):
+        label_list(["O", "B-PER"])
+
+
+@_needs_data
+@_once
+def test_real_conll_official_counts():
+    expected = {
+        "eng.train": (14041, 203621, {"LOC": 7140, "MISC": 3438, "ORG": 6321, "PER": 6600}),
+        "eng.testa": (3250, 51362, {"LOC": 1837, "MISC": 922, "ORG": 1341, "PER": 1842}),
+    }
+    for name, (num_sentences, num_tokens, entities) in expected.items():
+        sentences = read_conll(_DATA_DIR / "conll2003" / name, to_iob2=True)
+        assert len(sentences) == num_sentences
+        assert sum(len(words) for words, _ in sentences) == num_tokens
+        tags = [t for _, t in sentences]
+        counts = entity_f1(tags, tags, scheme="IOB2", mode="strict")["per_type"]
+        assert {k: v["num_true"] for k, v in counts.items()} == entities
+        assert label_list(sentences) == [
+            "O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER"
+        ]
+
+
+# ------------------------------------------------------------------- SQuAD
+
+
+def _squad(version="1.1"):
+    context = "Paris is the capital of France."
+    qas = [
+        {"id": "a", "question": "Capital?", "answers": [{"text": "Paris", "answer_start": 0},
+                                                      {"text": "France", "answer_start": 24}]},
+        {"id": "b", "question": "Off?", "answers": [{"text": "capital", "answer_start": 3},
+                                                  {"text": "capital", "answer_start": 13}]},
+        {"id": "c", "question": "Lost?", "answers": [{"text": "Lyon", "answer_start": 0}]},
+    ]
+    articles = [
+        {"title": "Paris", "paragraphs": [{"context": context, "qas": qas}]},
+        {"title": "Other", "paragraphs": [{"context": "x y", "qas": [
+            {"id": "d", "question": "?", "answers": [{"text": "y", "answer_start": 2}]}]}]},
+    ]
+    return {"version": version, "data": articles}
+
+
+def test_read_squad_checks_answer_offsets(tmp_path):
+    with pytest.warns(UserWarning, match="2 answers do not match.*1 questions were left"):
+        examples = read_squad(_squad())
+    assert [e["id"] for e in examples] == ["a", "b", "d"]
+    first = examples[0]
+    assert first["answers"] == [
+        {"text": "Paris", "answer_start": 0}, {"text": "France", "answer_start": 24}
+    ]
+    assert (first["title"], first["article_index"], first["paragraph_index"]) == ("Paris", 0, 0)
+    assert first["is_impossible"] is False
+    assert examples[1]["answers"] == [{"text": "capital", "answer_start": 13}]
+    assert examples.num_misaligned == 2
+    assert [(m["id"], m["answer_start"]) for m in examples.misaligned] == [("b", 3), ("c", 0)]
+    assert examples.dropped == [{"id": "c", "article_index": 0}]
+    # Article slices, and the same from a file path / the data list.
+    second = examples.articles(1, 2)
+    assert [e["id"] for e in second] == ["d"] and second.num_misaligned == 0
+    assert squad_scores({"d": "y"}, second.data)["exact_match"] == 100.0
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps(_squad()), encoding="utf-8")
+    with pytest.warns(UserWarning):
+        assert list(read_squad(path)) == list(examples)
+    with pytest.warns(UserWarning):
+        assert list(read_squad(_squad()["data"])) == list(examples)
+
+
+def test_read_squad_v2_and_errors():
+    data = _squad("2.0")
+    data["data"][1]["paragraphs"][0]["qas"].append(
+        {"id": "e", "question": "?", "answers": [], "is_impossible": True,
+         "plausible_answers": [{"text": "x", "answer_start": 0}]}
+    )
+    with pytest.warns(UserWarning):
+        examples = read_squad(data, version="2.0")
+    assert examples[-1]["id"] == "e" and examples[-1]["is_impossible"] is True
+    assert examples[-1]["answers"] == []
+    with pytest.raises(ValueError, match="is_impossible; use version='2.0'"):
+        read_squad(data, version="1.1")
+    with pytest.raises(ValueError, match="version"):
+        read_squad(data, version="2")
+    with pytest.raises(ValueError, match="no 'data' key"):
+        read_squad({"articles": []})
+    with pytest.raises(ValueError, match="no 'paragraphs'"):
+        read_squad([{"title": "x"}])
+
+
+@_needs_data
+def test_real_squad_dev():
+    examples = read_squad(_DATA_DIR / "squad" / "dev-v1.1.json")
+    assert len(examples) == 10570
+    assert examples.num_misaligned == 0 and examples.dropped == []
+    assert len({e["article_index"] for e in examples}) == 48
+    assert sum(len(e["answers"]) for e in examples) == 34726
+    train, held_out = examples.articles(0, 32), examples.articles(32, 48)
+    assert len(train) + len(held_out) == 10570
+    assert len(held_out.data) == 16
+    first = {e["id"]: e["answers"][0]["text"] for e in held_out}
+    assert squad_scores(first, held_out.data)["exact_match"] == 100.0
