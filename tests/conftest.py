@@ -8,6 +8,14 @@ import keras
 import pytest
 
 
+if keras.backend.backend() == "torch":
+    import torch
+
+    # Tiny test models gain nothing from intra-op threads, and spinning OpenMP workers on a
+    # shared 2-core machine make each small matmul orders of magnitude slower.
+    torch.set_num_threads(1)
+
+
 def pytest_report_header(config):
     return f"keras backend: {keras.backend.backend()}, keras {keras.__version__}"
 

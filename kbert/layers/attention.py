@@ -1,11 +1,110 @@
 """Multi-head self-attention that takes the backend's fused path whenever it can."""
 
+import functools
 import math
 
 import keras
 from keras import ops
 
 from kbert.layers.utils import clone_initializer
+
+_INT32_MIN = -(2**31)
+
+
+def _as_int32(value):
+    """An unsigned 32-bit constant as the int32 with the same bits (for wrapping arithmetic)."""
+    return value - 2**32 if value >= 2**31 else value
+
+
+def _logical_right_shift(x, bits):
+    """`x >> bits` on the 32 bits of an int32, filling with zeros (as for uint32)."""
+    return ops.bitwise_and(ops.right_shift(x, bits), (1 << (32 - bits)) - 1)
+
+
+def _mix32(x):
+    """MurmurHash3's 32-bit finaliser: a bijection that makes every output bit depend on every input bit.
+
+    Written on int32 with wrapping multiplication, which every backend provides (uint32
+    arithmetic is not available on torch).
+    """
+    x = ops.bitwise_xor(x, _logical_right_shift(x, 16))
+    x = ops.multiply(x, ops.cast(_as_int32(0x85EBCA6B), "int32"))
+    x = ops.bitwise_xor(x, _logical_right_shift(x, 13))
+    x = ops.multiply(x, ops.cast(_as_int32(0xC2B2AE35), "int32"))
+    return ops.bitwise_xor(x, _logical_right_shift(x, 16))
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class HashDropout(keras.layers.Dropout):
+    """`keras.layers.Dropout` whose mask comes from a counter-based hash on JAX and TensorFlow.
+
+    Same semantics as `keras.layers.Dropout`: in training, each element is zeroed with
+    probability `rate` and the others are scaled by `1 / (1 - rate)`; at inference it is the
+    identity. Only the source of randomness differs. JAX's default generator (Threefry,
+    20 rounds per 64 bits) and TensorFlow's stateless generator under XLA cost far more
+    than the matmuls around them on CPU (a `(32, 12, 128, 128)` attention mask took longer
+    than the attention itself). Here every element's bits are a MurmurHash3-finalised hash of
+    its (row, column) index and a per-call key drawn from the layer's
+    `keras.random.SeedGenerator`: a few integer operations per element, fused by XLA into
+    the surrounding computation. The hash is keyed afresh at every call, so masks differ
+    between steps and are reproducible under `keras.utils.set_random_seed`. On torch the
+    native `torch.nn.functional.dropout` is already fast and is used.
+
+    Args:
+        rate: float in [0, 1]. Fraction of the elements to drop.
+        seed: int or None. Seed of the layer's seed generator.
+
+    Example:
+    >>> dropout = HashDropout(0.1)
+    >>> y = dropout(np.ones((4, 1000)), training=True)
+    >>> float(np.mean(y == 0))  # close to 0.1
+    """
+
+    def __init__(self, rate, seed=None, **kwargs):
+        kwargs.pop("noise_shape", None)
+        super().__init__(rate, seed=seed, **kwargs)
+
+    def call(self, inputs, training=False):
+        if not training or self.rate == 0:
+            return inputs
+        if self.rate >= 1:
+            return ops.zeros_like(inputs)
+        if keras.config.backend() not in ("jax", "tensorflow"):
+            return super().call(inputs, training=training)
+        seed = ops.cast(self.seed_generator.next(), "int32")  # (2,)
+        key_row = _mix32(seed[0] + ops.cast(_as_int32(0x9E3779B9), "int32"))
+        key_column = _mix32(ops.bitwise_xor(seed[1], key_row))
+        shape = ops.shape(inputs)
+        rows = 1
+        for dim in shape[:-1]:
+            rows = rows * dim
+        row_ids = ops.reshape(ops.arange(rows, dtype="int32"), tuple(shape[:-1]) + (1,))
+        column_ids = ops.arange(shape[-1], dtype="int32")
+        row_hash = _mix32(ops.bitwise_xor(row_ids, key_row))  # (..., 1)
+        column_hash = column_ids * ops.cast(_as_int32(0x9E3779B1), "int32") + key_column  # (d,)
+        bits = _mix32(ops.bitwise_xor(row_hash, column_hash))  # (..., d), uniform on 32 bits
+        # Keep iff the unsigned bits >= rate * 2**32; shifting by 2**31 turns that into an
+        # int32 comparison.
+        threshold = min(int(round(self.rate * 2**32)), 2**32 - 1) + _INT32_MIN
+        keep = ops.greater_equal(
+            ops.bitwise_xor(bits, ops.cast(_INT32_MIN, "int32")),
+            ops.cast(threshold, "int32"),
+        )
+        scale = ops.cast(1.0 / (1.0 - self.rate), inputs.dtype)
+        return ops.where(keep, inputs * scale, ops.zeros_like(inputs))
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("noise_shape", None)
+        return config
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_path_unsupported(compute_dtype):
+    """XLA on CPU has no float16 x float16 -> float32 dot, which the fused JAX path asks for."""
+    if compute_dtype != "float16" or keras.backend.backend() != "jax":
+        return False
+    return keras.distribution.list_devices()[0].lower().startswith("cpu")
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -16,7 +115,8 @@ class BertSelfAttention(keras.layers.Layer):
     fused kernel (cuDNN/flash on JAX GPU, `scaled_dot_product_attention` on torch). That path
     is taken at inference and in training whenever `dropout` is 0. Attention-probability
     dropout in training needs the probabilities, so it runs the explicit
-    softmax-dropout-matmul form, with the softmax in float32.
+    softmax-dropout-matmul form, with the softmax in float32 (so does float16 on JAX-CPU,
+    where XLA lacks the float16 x float16 -> float32 product the fused path asks for).
 
     Keys are masked with `padding_mask`. A row whose keys are all padding (an all-padding
     example) attends to every position instead, so it stays finite; its outputs are padding
@@ -80,7 +180,7 @@ class BertSelfAttention(keras.layers.Layer):
         self.key_dense = projection("key")
         self.value_dense = projection("value")
         self.output_dense = projection("attention_output")
-        self.probability_dropout = keras.layers.Dropout(
+        self.probability_dropout = HashDropout(
             dropout, dtype=self.dtype_policy, name="attention_probability_dropout"
         )
 
@@ -107,8 +207,8 @@ class BertSelfAttention(keras.layers.Layer):
             keys = ops.logical_or(keys, empty)
             mask = keys[:, None, None, :]  # (batch, 1, 1, seq) -> broadcast over heads, queries
 
-        if training and self.dropout > 0:
-            context = self._attention_with_dropout(query, key, value, mask, training)
+        if (training and self.dropout > 0) or _fused_path_unsupported(self.compute_dtype):
+            context = self._explicit_attention(query, key, value, mask, training)
         else:
             context = ops.dot_product_attention(
                 query, key, value, mask=mask, flash_attention=self.flash_attention
@@ -117,7 +217,7 @@ class BertSelfAttention(keras.layers.Layer):
         context = ops.reshape(context, (batch, length, self.hidden_dim))
         return self.output_dense(context)
 
-    def _attention_with_dropout(self, query, key, value, mask, training):
+    def _explicit_attention(self, query, key, value, mask, training):
         scale = 1.0 / math.sqrt(self.head_dim)
         scores = ops.einsum("bqhd,bkhd->bhqk", query * ops.cast(scale, query.dtype), key)
         scores = ops.cast(scores, "float32")  # (batch, heads, seq, seq), softmax in float32
