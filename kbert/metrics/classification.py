@@ -307,7 +307,7 @@ class Accuracy(_ConfusionMatrixMetric):
         )
 
     def result(self):
-        matrix = self.confusion_matrix
+        matrix = ops.convert_to_tensor(self.confusion_matrix)
         return ops.divide_no_nan(ops.trace(matrix), ops.sum(matrix))
 
 
@@ -365,7 +365,7 @@ class F1Score(_ConfusionMatrixMetric):
         self.pos_label = pos_label
 
     def result(self):
-        matrix = self.confusion_matrix
+        matrix = ops.convert_to_tensor(self.confusion_matrix)
         true_positives = ops.diagonal(matrix)
         denominator = ops.sum(matrix, axis=0) + ops.sum(matrix, axis=1)
         per_class = ops.divide_no_nan(2.0 * true_positives, denominator)
@@ -409,7 +409,7 @@ class MatthewsCorrelation(_ConfusionMatrixMetric):
         )
 
     def result(self):
-        matrix = self.confusion_matrix
+        matrix = ops.convert_to_tensor(self.confusion_matrix)
         p = ops.divide_no_nan(matrix, ops.sum(matrix))  # normalised, terms <= 1
         true_marginal = ops.sum(p, axis=1)
         pred_marginal = ops.sum(p, axis=0)

@@ -279,8 +279,10 @@ class SpearmanCorrelation(keras.metrics.Metric):
             start + ops.arange(batch_size, dtype="int32"), self.capacity - 1
         )
         positions = ops.expand_dims(positions, axis=-1)  # (batch, 1)
-        self.true_values.assign(ops.scatter_update(self.true_values, positions, y_true))
-        self.pred_values.assign(ops.scatter_update(self.pred_values, positions, y_pred))
+        true_values = ops.convert_to_tensor(self.true_values)
+        pred_values = ops.convert_to_tensor(self.pred_values)
+        self.true_values.assign(ops.scatter_update(true_values, positions, y_true))
+        self.pred_values.assign(ops.scatter_update(pred_values, positions, y_pred))
         self.count.assign(self.count + ops.cast(batch_size, self.dtype))
 
     def _ranks(self, values, valid):
@@ -293,7 +295,7 @@ class SpearmanCorrelation(keras.metrics.Metric):
         return ops.cast(left + right + 1, self.dtype) / 2.0
 
     def result(self):
-        count = self.count
+        count = ops.convert_to_tensor(self.count)
         valid = ops.cast(ops.arange(self.capacity), self.dtype) < count
         valid_float = ops.cast(valid, self.dtype)
         mean_rank = (count + 1.0) / 2.0  # exact, ties included
