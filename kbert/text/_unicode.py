@@ -1,0 +1,201 @@
+"""Per-code-point tables that reproduce the original BERT text normalisation.
+
+The reference tokenizer (google-research/bert `tokenization.py`) decides what
+to do with each character through Python's `unicodedata` and `str.lower()`:
+control and format characters are deleted, whitespace becomes a space, CJK
+ideographs and punctuation become words of their own, and (when lower-casing)
+each word is lower-cased, NFD-decomposed and stripped of non-spacing marks.
+
+Everything except the Greek final-sigma rule of `str.lower()` is a function of
+a single code point, so we evaluate those functions once, with the very same
+Python calls as the reference, for every code point, and hand the result to
+TensorFlow as lookup tables. The graph then only does table look-ups, which
+keeps the character offsets exact (every output character knows the input
+character it came from) and keeps the behaviour identical to the reference,
+independent of the Unicode version of ICU or RE2 inside TensorFlow.
+
+This module is private: `kbert.text.BertTokenizer` is the public entry point.
+"""
+
+import functools
+import unicodedata
+
+import numpy as np
+
+MAX_CODE_POINT = 0x110000
+
+# Character kinds (low 3 bits of the `kind` table).
+WORD = 0  # Kept unchanged, part of a word.
+SINGLE = 1  # Kept unchanged, a word on its own (punctuation or CJK).
+SPACE = 2  # Whitespace: ends the current word.
+DELETE = 3  # Removed before anything else (NUL, U+FFFD, Cc/Cf controls).
+MAPPED = 4  # Replaced by an expansion (lower-casing, NFD, accent stripping).
+KIND_MASK = 7
+# Flags used by the final-sigma rule of `str.lower()`.
+CASED = 8
+CASE_IGNORABLE = 16
+
+# Types of the characters after normalisation.
+TYPE_WORD = 0
+TYPE_SINGLE = 1
+TYPE_SPACE = 2
+TYPE_SPECIAL = 3
+
+CAPITAL_SIGMA = 0x03A3
+FINAL_SIGMA = 0x03C2
+
+# The "CJK Unified Ideographs" ranges of the reference `_is_chinese_char`.
+CJK_RANGES = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
+
+
+def is_cjk(code_point):
+    return any(low <= code_point <= high for low, high in CJK_RANGES)
+
+
+def is_punctuation(char):
+    """The reference `_is_punctuation`: ASCII symbols or category P*."""
+    code_point = ord(char)
+    if (
+        33 <= code_point <= 47
+        or 58 <= code_point <= 64
+        or 91 <= code_point <= 96
+        or 123 <= code_point <= 126
+    ):
+        return True
+    return unicodedata.category(char).startswith("P")
+
+
+def is_deleted(char):
+    """The reference `_clean_text` deletion rule."""
+    if char in "\t\n\r":
+        return False
+    code_point = ord(char)
+    if code_point == 0 or code_point == 0xFFFD:
+        return True
+    return unicodedata.category(char) in ("Cc", "Cf")
+
+
+def is_whitespace(char):
+    """Whitespace for the reference: its `_is_whitespace` plus `str.split()`.
+
+    `_clean_text` maps " ", tab, newline, CR and category Zs to a space;
+    `str.split()` then also splits on the other characters Python calls
+    whitespace that survived cleaning (U+2028, U+2029).
+    """
+    return char in " \t\n\r" or unicodedata.category(char) == "Zs" or char.isspace()
+
+
+def normalize_char(char, lowercase, strip_accents):
+    """The per-character normalisation of the reference (no final sigma)."""
+    if lowercase:
+        char = char.lower()
+    if strip_accents:
+        char = "".join(
+            c for c in unicodedata.normalize("NFD", char) if unicodedata.category(c) != "Mn"
+        )
+    return char
+
+
+# Unicode defines Case_Ignorable as Mn | Me | Cf | Lm | Sk plus the word-break
+# classes MidLetter, MidNumLet and Single_Quote, all of which are Po/Pi/Pf.
+_MAYBE_CASE_IGNORABLE = ("Mn", "Me", "Cf", "Lm", "Sk", "Po", "Pi", "Pf")
+
+
+def _case_flags(char, category):
+    """Python's Cased / Case_Ignorable properties (as used by `str.lower()`)."""
+    flags = 0
+    if char.islower() or char.isupper() or char.istitle():
+        flags |= CASED
+    if category in _MAYBE_CASE_IGNORABLE:
+        # `str.lower()` skips case-ignorable characters when it looks at the
+        # context of a capital sigma; probing it both ways reveals the property.
+        after = ("a\u03a3" + char).lower()[1]
+        before = ("a" + char + "\u03a3").lower()[-1]
+        if after == before == "\u03c2":
+            flags |= CASE_IGNORABLE
+    return flags
+
+
+class CharTables:
+    """Numpy tables for one (lowercase, strip_accents) setting.
+
+    Attributes:
+        kind: int8 array `[0x110000]`: kind bits | CASED | CASE_IGNORABLE.
+        mapped_keys: int32 array of the code points whose kind is MAPPED.
+        mapped_ids: int32 array, expansion index of each `mapped_keys` entry.
+        expansion_splits: int32 array `[num_expansions + 1]`.
+        expansion_code_points: int32 array, concatenated expansions.
+        expansion_types: int32 array, TYPE_WORD or TYPE_SINGLE per element.
+    """
+
+    def __init__(self, lowercase, strip_accents):
+        kind = np.zeros(MAX_CODE_POINT, dtype=np.int8)
+        for low, high in CJK_RANGES:
+            kind[low : high + 1] = SINGLE
+        keys, splits, values, types = [], [0], [], []
+        categories = list(map(unicodedata.category, map(chr, range(MAX_CODE_POINT))))
+        # Unassigned (Cn), private-use (Co) and surrogate (Cs) code points are
+        # plain word characters: only the assigned ones need a closer look.
+        assigned = [
+            code_point
+            for code_point, category in enumerate(categories)
+            if category not in ("Cn", "Co", "Cs")
+        ]
+        for code_point in assigned:
+            char = chr(code_point)
+            category = categories[code_point]
+            if (category in ("Cc", "Cf") and char not in "\t\n\r") or code_point == 0xFFFD:
+                kind[code_point] = DELETE
+                continue
+            if category == "Zs" or char.isspace():
+                kind[code_point] = SPACE
+                continue
+            flags = _case_flags(char, category) if lowercase else 0
+            normalized = char
+            if lowercase:
+                normalized = char.lower()
+            if strip_accents and (
+                not unicodedata.is_normalized("NFD", normalized)
+                or any(categories[ord(c)] == "Mn" for c in normalized)
+            ):
+                normalized = normalize_char(normalized, False, True)
+            if normalized == char:
+                if category[0] == "P" or (code_point < 128 and is_punctuation(char)):
+                    kind[code_point] = SINGLE | flags
+                elif flags:
+                    kind[code_point] = kind[code_point] | flags
+                continue
+            kind[code_point] = MAPPED | flags
+            keys.append(code_point)
+            for out in normalized:
+                values.append(ord(out))
+                if is_cjk(code_point) or is_punctuation(out):
+                    types.append(TYPE_SINGLE)
+                else:
+                    types.append(TYPE_WORD)
+            splits.append(len(values))
+            if is_cjk(code_point) and len(normalized) != 1:
+                raise RuntimeError(
+                    f"Unexpected multi-character normalisation of CJK U+{code_point:04X}."
+                )
+        self.kind = kind
+        self.mapped_keys = np.asarray(keys, dtype=np.int32)
+        self.mapped_ids = np.arange(len(keys), dtype=np.int32)
+        self.expansion_splits = np.asarray(splits, dtype=np.int32)
+        self.expansion_code_points = np.asarray(values, dtype=np.int32)
+        self.expansion_types = np.asarray(types, dtype=np.int32)
+
+
+@functools.lru_cache(maxsize=None)
+def char_tables(lowercase, strip_accents):
+    """Builds (once per process and setting) the tables; about a second."""
+    return CharTables(bool(lowercase), bool(strip_accents))

@@ -1,0 +1,287 @@
+"""Packs one or two token-id segments into BERT's fixed-length model input."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+TRUNCATION_STRATEGIES = ("longest_first", "waterfall")
+
+
+def truncated_lengths(length_a, length_b, budget, truncate):
+    """Lengths kept of a segment pair so that their sum fits in `budget`.
+
+    `"longest_first"` equals the reference's `_truncate_seq_pair`
+    (google-research/bert `run_classifier.py`): while the pair is too long,
+    drop the last token of the longer segment, of the second one on a tie.
+    Its result in closed form: when the pair does not fit,
+    `a = min(len_a, max(budget - len_b, ceil(budget / 2)))`, `b = budget - a`.
+    `"waterfall"` keeps as much of the first segment as fits, then of the
+    second.
+
+    Works on Python ints, numpy arrays and TF tensors alike.
+    """
+    if truncate == "waterfall":
+        new_a = _minimum(length_a, budget)
+        return new_a, _minimum(length_b, budget - new_a)
+    fits = length_a + length_b <= budget
+    new_a = _minimum(length_a, _maximum(budget - length_b, (budget + 1) // 2))
+    new_a = _where(fits, length_a, new_a)
+    new_b = _where(fits, length_b, budget - new_a)
+    return new_a, new_b
+
+
+def _minimum(a, b):
+    return tf.minimum(a, b) if tf.is_tensor(a) or tf.is_tensor(b) else np.minimum(a, b)
+
+
+def _maximum(a, b):
+    return tf.maximum(a, b) if tf.is_tensor(a) or tf.is_tensor(b) else np.maximum(a, b)
+
+
+def _where(c, a, b):
+    return tf.where(c, a, b) if tf.is_tensor(c) else np.where(c, a, b)
+
+
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _python_segment(segment, index):
+    """A Python / numpy segment as (list of lists of int, batched)."""
+    if isinstance(segment, np.ndarray):
+        if segment.dtype.kind not in "iu" and not (segment.dtype.kind == "O"):
+            raise ValueError(
+                f"Segment {index} must hold integer token ids. Received a numpy "
+                f"array of dtype {segment.dtype}."
+            )
+        if segment.ndim == 1 and segment.dtype.kind != "O":
+            return [segment.tolist()], False
+        segment = list(segment)
+    if not isinstance(segment, (list, tuple)):
+        raise ValueError(
+            f"Segment {index} must be a list of token ids, a list of such lists, "
+            f"or an int tensor. Received an object of type {type(segment).__name__}."
+        )
+    if all(_is_int(x) for x in segment):
+        return [[int(x) for x in segment]], False
+    rows = []
+    for row in segment:
+        if isinstance(row, np.ndarray):
+            row = row.tolist()
+        if not isinstance(row, (list, tuple)) or not all(_is_int(x) for x in row):
+            raise ValueError(
+                f"Segment {index} must be a list of int or a list of lists of int. "
+                f"Received an element {row!r}."
+            )
+        rows.append([int(x) for x in row])
+    return rows, True
+
+
+def _tensor_segment(segment, index):
+    """A tensor segment as (RaggedTensor [B, None] int32, batched)."""
+    if not segment.dtype.is_integer:
+        raise ValueError(
+            f"Segment {index} must hold integer token ids. Received a tensor of "
+            f"dtype {segment.dtype.name}."
+        )
+    if isinstance(segment, tf.RaggedTensor):
+        if segment.shape.rank != 2:
+            raise ValueError(
+                f"Segment {index} must be a RaggedTensor of shape [batch, None]. "
+                f"Received shape {segment.shape}."
+            )
+        return tf.cast(segment, tf.int32), True
+    rank = segment.shape.rank
+    if rank == 1:
+        return tf.RaggedTensor.from_tensor(tf.cast(segment, tf.int32)[tf.newaxis]), False
+    if rank == 2:
+        return tf.RaggedTensor.from_tensor(tf.cast(segment, tf.int32)), True
+    raise ValueError(
+        f"Segment {index} must have rank 1 (one sequence) or 2 (a batch). "
+        f"Received shape {segment.shape}."
+    )
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class BertPacker:
+    """Packs token ids into `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]`.
+
+    Truncates the segments to fit `sequence_length`, adds the special tokens
+    and pads with `pad_token_id`. Returns a dict with the three inputs of a
+    BERT backbone, all int32 of shape `(batch_size, sequence_length)` (or
+    `(sequence_length,)` for one unbatched example):
+    - `token_ids`: the packed ids;
+    - `segment_ids`: 0 for `[CLS] A [SEP]`, 1 for `B [SEP]`, 0 on padding;
+    - `padding_mask`: 1 on real tokens, 0 on padding (int32, like the
+      `padding_mask` input of keras-hub's `BertBackbone`; Keras casts it to
+      bool where masks are needed).
+
+    Works eagerly on Python lists / numpy arrays (returns numpy arrays) and on
+    tensors, also inside `tf.data` (returns tensors).
+
+    Args:
+        sequence_length: int. Length of the packed sequence, at least 3.
+        cls_token_id: int. Id of `[CLS]`.
+        sep_token_id: int. Id of `[SEP]`.
+        pad_token_id: int. Id of `[PAD]`. Defaults to `0`.
+        truncate: str. `"longest_first"` (the original BERT rule: drop tokens
+            from the end of the longer segment, of the second segment on a
+            tie) or `"waterfall"` (keep the first segment whole if possible,
+            truncate the second). Defaults to `"longest_first"`.
+
+    Call arguments:
+        inputs: one segment, or a tuple of one or two segments. A segment is
+            a list of int (one sequence), a list of lists of int (a batch), a
+            numpy array, a 1-D / 2-D int tensor or a `tf.RaggedTensor` of
+            shape `(batch_size, None)`. A dense 2-D tensor is taken as rows of
+            real tokens (no padding). Pairs must be given as a tuple.
+
+    Example:
+
+    >>> packer = kbert.text.BertPacker(8, cls_token_id=101, sep_token_id=102)
+    >>> out = packer(([7, 8, 9], [4, 5, 6, 3]))
+    >>> out["token_ids"]
+    array([101,   7,   8, 102,   4,   5, 102,   0], dtype=int32)
+    >>> out["segment_ids"]
+    array([0, 0, 0, 0, 1, 1, 1, 0], dtype=int32)
+    """
+
+    def __init__(
+        self,
+        sequence_length,
+        cls_token_id,
+        sep_token_id,
+        pad_token_id=0,
+        truncate="longest_first",
+    ):
+        if not _is_int(sequence_length) or sequence_length < 3:
+            raise ValueError(
+                f"`sequence_length` must be an integer >= 3, enough for "
+                f"`[CLS] A [SEP] B [SEP]`. Received: sequence_length={sequence_length!r}"
+            )
+        for name, value in (
+            ("cls_token_id", cls_token_id),
+            ("sep_token_id", sep_token_id),
+            ("pad_token_id", pad_token_id),
+        ):
+            if not _is_int(value) or value < 0:
+                raise ValueError(
+                    f"`{name}` must be a non-negative integer. Received: {name}={value!r}"
+                )
+        if truncate not in TRUNCATION_STRATEGIES:
+            raise ValueError(
+                f"`truncate` must be one of {TRUNCATION_STRATEGIES}. Received: "
+                f"truncate={truncate!r}"
+            )
+        self.sequence_length = int(sequence_length)
+        self.cls_token_id = int(cls_token_id)
+        self.sep_token_id = int(sep_token_id)
+        self.pad_token_id = int(pad_token_id)
+        self.truncate = truncate
+        spec = tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1)
+        self._pack_fns = {
+            n: tf.function(self._pack, input_signature=[[spec] * n], autograph=False)
+            for n in (1, 2)
+        }
+
+    @tf.autograph.experimental.do_not_convert
+    def __call__(self, inputs):
+        segments = inputs if isinstance(inputs, tuple) else (inputs,)
+        if len(segments) not in (1, 2):
+            raise ValueError(
+                f"BertPacker takes one or two segments. Received a tuple of "
+                f"{len(segments)} segments."
+            )
+        use_tf = any(tf.is_tensor(s) for s in segments)
+        converted = []
+        for index, segment in enumerate(segments):
+            if tf.is_tensor(segment):
+                converted.append(_tensor_segment(segment, index))
+            else:
+                rows, batched = _python_segment(segment, index)
+                ragged = tf.ragged.constant(rows, dtype=tf.int32, ragged_rank=1)
+                if not rows:
+                    ragged = tf.RaggedTensor.from_row_lengths(
+                        tf.zeros([0], tf.int32), tf.zeros([0], tf.int64)
+                    )
+                converted.append((ragged, batched))
+        batched = {b for _, b in converted}
+        if len(batched) != 1:
+            raise ValueError(
+                "Both segments must be batched, or both unbatched. Received one "
+                "single sequence and one batch."
+            )
+        batched = batched.pop()
+        segments = [s for s, _ in converted]
+        outputs = self._pack_fns[len(segments)](segments)
+        if not batched:
+            outputs = {k: v[0] for k, v in outputs.items()}
+        if not use_tf:
+            outputs = {k: v.numpy() for k, v in outputs.items()}
+        return outputs
+
+    def _pack(self, segments):
+        """Packs RaggedTensors `[B, None]` into dense `[B, sequence_length]`."""
+        length = self.sequence_length
+        batch = segments[0].nrows(out_type=tf.int32)
+        if len(segments) == 2:
+            tf.debugging.assert_equal(
+                batch,
+                segments[1].nrows(out_type=tf.int32),
+                message="BertPacker: both segments must have the same batch size.",
+            )
+        lengths = [tf.cast(s.row_lengths(), tf.int32) for s in segments]
+        budget = length - 1 - len(segments)
+        if len(segments) == 1:
+            kept = [tf.minimum(lengths[0], budget)]
+        else:
+            kept = list(truncated_lengths(lengths[0], lengths[1], budget, self.truncate))
+        # Scatter every kept token to its place: [CLS] A [SEP] B [SEP].
+        rows = tf.range(batch)
+        indices = [tf.stack([rows, tf.zeros_like(rows)], axis=1)]
+        updates = [tf.fill([batch], self.cls_token_id)]
+        offset = tf.ones_like(rows)  # (batch,) first free position.
+        for segment, kept_length in zip(segments, kept):
+            row = tf.cast(segment.value_rowids(), tf.int32)
+            starts = tf.cast(segment.row_splits, tf.int32)
+            position = tf.range(tf.size(segment.flat_values)) - tf.gather(starts, row)
+            inside = position < tf.gather(kept_length, row)
+            row = tf.boolean_mask(row, inside)
+            position = tf.boolean_mask(position, inside) + tf.gather(offset, row)
+            indices.append(tf.stack([row, position], axis=1))
+            updates.append(tf.boolean_mask(segment.flat_values, inside))
+            offset = offset + kept_length
+            indices.append(tf.stack([rows, offset], axis=1))
+            updates.append(tf.fill([batch], self.sep_token_id))
+            offset = offset + 1
+        token_ids = tf.tensor_scatter_nd_update(
+            tf.fill([batch, length], self.pad_token_id),
+            tf.concat(indices, axis=0),
+            tf.concat(updates, axis=0),
+        )
+        positions = tf.range(length)[tf.newaxis, :]  # (1, sequence_length)
+        total = offset[:, tf.newaxis]  # (batch, 1) packed length.
+        padding_mask = tf.cast(positions < total, tf.int32)
+        if len(segments) == 2:
+            second = (kept[0] + 2)[:, tf.newaxis]
+            segment_ids = tf.cast((positions >= second) & (positions < total), tf.int32)
+        else:
+            segment_ids = tf.zeros_like(token_ids)
+        return {
+            "token_ids": token_ids,
+            "segment_ids": segment_ids,
+            "padding_mask": padding_mask,
+        }
+
+    def get_config(self):
+        return {
+            "sequence_length": self.sequence_length,
+            "cls_token_id": self.cls_token_id,
+            "sep_token_id": self.sep_token_id,
+            "pad_token_id": self.pad_token_id,
+            "truncate": self.truncate,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)

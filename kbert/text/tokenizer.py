@@ -1,0 +1,632 @@
+"""BERT WordPiece tokenizer: identical ids to the reference, graph-capable."""
+
+import json
+import os
+import re
+
+import keras
+import numpy as np
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from kbert.text._pretokenizer import PreTokenizer
+
+REQUIRED_SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[PAD]")
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def load_vocabulary(path):
+    """Reads a `vocab.txt`: one token per line, the line number is the id."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"`vocabulary` must be a list of tokens or the path of an existing "
+            f"vocabulary file. Received: vocabulary={path!r}, which is not a file."
+        )
+    with open(path, "r", encoding="utf-8", newline="") as f:
+        lines = f.read().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # The newline that ends the last line.
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _check_vocabulary(vocabulary, required):
+    if not vocabulary:
+        raise ValueError("`vocabulary` is empty. Expected a non-empty list of tokens.")
+    bad = [(i, t) for i, t in enumerate(vocabulary) if not isinstance(t, str) or not t]
+    if bad:
+        shown = ", ".join(f"index {i}: {t!r}" for i, t in bad[:5])
+        raise ValueError(
+            f"Every vocabulary token must be a non-empty string. Received "
+            f"{len(bad)} invalid entries ({shown})."
+        )
+    seen, duplicates = set(), []
+    for token in vocabulary:
+        if token in seen:
+            duplicates.append(token)
+        seen.add(token)
+    if duplicates:
+        shown = ", ".join(repr(t) for t in duplicates[:10])
+        raise ValueError(
+            f"`vocabulary` contains duplicate tokens: {shown}"
+            f"{' ...' if len(duplicates) > 10 else ''} ({len(duplicates)} in all). "
+            f"Expected each token exactly once."
+        )
+    missing = [t for t in required if t not in seen]
+    if missing:
+        raise ValueError(
+            f"`vocabulary` is missing the special tokens {missing}. A BERT "
+            f"vocabulary must contain all of {list(required)}."
+        )
+
+
+def _check_specials_do_not_overlap(tokens):
+    """Special tokens in text are matched in parallel; two matches must never
+    overlap, so no token may contain another, nor end with a prefix of one."""
+    for a in tokens:
+        for b in tokens:
+            if a != b and b in a:
+                raise ValueError(
+                    f"With `special_tokens_in_strings=True`, no special token may "
+                    f"contain another. Received {a!r} containing {b!r}."
+                )
+            for k in range(1, min(len(a), len(b))):
+                if a[-k:] == b[:k]:
+                    raise ValueError(
+                        f"With `special_tokens_in_strings=True`, special tokens "
+                        f"must not be able to overlap in text. Received {a!r} and "
+                        f"{b!r}."
+                    )
+
+
+def _as_python_text(value, name):
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = _SURROGATES.sub("\ufffd", value)
+        return value
+    raise ValueError(
+        f"`{name}` must be a string, a list of strings, or a string tensor. "
+        f"Received an element of type {type(value).__name__}: {value!r}."
+    )
+
+
+def _classify_text_input(inputs, name="inputs"):
+    """Returns ("scalar" | "list" | "tensor", 1-D string tensor or tensor)."""
+    if isinstance(inputs, (str, bytes)):
+        return "scalar", [_as_python_text(inputs, name)]
+    if isinstance(inputs, (list, tuple)):
+        return "list", [_as_python_text(x, name) for x in inputs]
+    if isinstance(inputs, np.ndarray):
+        if inputs.dtype.kind not in "USO":
+            raise ValueError(
+                f"`{name}` must hold strings. Received a numpy array of dtype "
+                f"{inputs.dtype}."
+            )
+        if inputs.dtype.kind == "O":
+            inputs = np.vectorize(lambda x: _as_python_text(x, name), otypes=[object])(
+                inputs
+            )
+        return "tensor", tf.constant(inputs, dtype=tf.string)
+    if isinstance(inputs, (tf.Tensor, tf.RaggedTensor)) or tf.is_tensor(inputs):
+        if inputs.dtype != tf.string:
+            raise ValueError(
+                f"`{name}` must be a string tensor. Received a tensor of dtype "
+                f"{inputs.dtype.name}."
+            )
+        return "tensor", inputs
+    raise ValueError(
+        f"`{name}` must be a string, a list of strings, or a string tensor. "
+        f"Received an object of type {type(inputs).__name__}."
+    )
+
+
+def _map_over_strings(fn, inputs, num_outputs):
+    """Applies `fn` (1-D strings -> tuple of RaggedTensor [B, None]) to a
+    string tensor of any rank, keeping the outer shape."""
+    if isinstance(inputs, tf.RaggedTensor):
+        outputs = _map_over_strings(fn, inputs.flat_values, num_outputs)
+        return tuple(inputs.with_flat_values(o) for o in outputs)
+    rank = inputs.shape.rank
+    if rank == 1:
+        return fn(inputs)
+    if rank == 0:
+        return tuple(o[0] for o in fn(tf.reshape(inputs, [1])))
+    if rank is None:
+        raise ValueError("String tensors of unknown rank are not supported.")
+    outputs = fn(tf.reshape(inputs, [-1]))
+    shape = tf.shape(inputs, out_type=tf.int64)
+    results = []
+    for output in outputs:
+        for axis in range(rank - 1, 0, -1):
+            output = tf.RaggedTensor.from_uniform_row_length(output, shape[axis])
+        results.append(output)
+    return tuple(results)
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class BertTokenizer:
+    """BERT WordPiece tokenizer, identical to the original and graph-capable.
+
+    Produces exactly the ids of the reference BERT tokenizer
+    (google-research/bert `tokenization.FullTokenizer`): the text is cleaned
+    (NUL, U+FFFD and Unicode Cc/Cf control/format characters are deleted; tab,
+    newline, CR and category Zs become spaces), CJK ideographs are isolated,
+    then (with `lowercase`) each word is lower-cased with Python's rules,
+    NFD-decomposed and stripped of non-spacing marks, split at punctuation
+    (ASCII symbols and Unicode P*) and cut into WordPieces greedily
+    (longest match first); a word with no complete segmentation, or longer
+    than `max_chars_per_word` characters, becomes `[UNK]`.
+
+    The normalisation runs as TensorFlow table look-ups built from Python's
+    `unicodedata` (the same functions the reference calls), and the
+    WordPiece step is tensorflow-text's `FastWordpieceTokenizer`. Everything
+    works eagerly on Python strings and inside `tf.data` / `tf.function` on
+    `tf.string` tensors.
+
+    Input and output types:
+    - a Python `str` gives a `list[int]`; a list of `str` gives a
+      `list[list[int]]`;
+    - a `tf.string` tensor (or numpy array of strings) of shape `[...]` gives
+      int32 tensors of shape `[..., None]` (a dense 1-D tensor for a scalar,
+      a `tf.RaggedTensor` otherwise).
+
+    Offsets (`tokenize_with_offsets`) are character (code point) offsets into
+    the original string, i.e. Python `str` indices: `text[start:end]` is the
+    text a piece came from. Bytes that are not valid UTF-8 are decoded as
+    U+FFFD (one per invalid sequence, as `tf.strings.unicode_decode` does) and
+    then deleted like in the reference; offsets then count those U+FFFD.
+    Lone surrogates in Python strings are treated the same way.
+
+    Special tokens written in text (`"[MASK]"`) are plain text by default, as
+    in the original; `special_tokens_in_strings=True` maps `[CLS]`, `[SEP]`,
+    `[MASK]`, `[PAD]` and the unknown token written verbatim (case-sensitive)
+    in the raw text to their ids, like Hugging Face's default behaviour.
+
+    Args:
+        vocabulary: list of str, or str path of a `vocab.txt` (one token per
+            line; the line index is the id). Must contain `[CLS]`, `[SEP]`,
+            `[MASK]`, `[PAD]` and `unknown_token`, each exactly once.
+        lowercase: bool. Lower-case the input (uncased models). Defaults to
+            `True`.
+        strip_accents: bool or None. NFD-decompose and drop non-spacing marks.
+            `None` means "strip iff `lowercase`", as the original. Defaults to
+            `None`.
+        special_tokens_in_strings: bool. Honour special tokens written in the
+            text as single tokens. Defaults to `False`.
+        max_chars_per_word: int. Words longer than this many characters (after
+            normalisation) become the unknown token. Defaults to `100` (the
+            value of Hugging Face's tokenizers; the 2018 reference used 200).
+        unknown_token: str. The unknown token. Defaults to `"[UNK]"`.
+
+    Example:
+
+    >>> tokenizer = kbert.text.BertTokenizer(
+    ...     ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "qu", "##ick",
+    ...      "fox", "."]
+    ... )
+    >>> tokenizer("The quick fox.")
+    [5, 6, 7, 8, 9]
+    >>> tokenizer.detokenize([5, 6, 7, 8, 9])
+    'the quick fox .'
+    >>> ds = tf.data.Dataset.from_tensor_slices(["The quick fox."]).map(tokenizer)
+
+    Reference:
+        [Devlin et al., 2018](https://arxiv.org/abs/1810.04805);
+        google-research/bert `tokenization.py`.
+    """
+
+    def __init__(
+        self,
+        vocabulary,
+        lowercase=True,
+        strip_accents=None,
+        special_tokens_in_strings=False,
+        max_chars_per_word=100,
+        unknown_token="[UNK]",
+    ):
+        if isinstance(vocabulary, (str, os.PathLike)):
+            tokens = load_vocabulary(vocabulary)
+        elif isinstance(vocabulary, (list, tuple)):
+            tokens = list(vocabulary)
+        elif isinstance(vocabulary, np.ndarray):
+            tokens = [t.decode("utf-8") if isinstance(t, bytes) else t for t in vocabulary.tolist()]
+        else:
+            raise ValueError(
+                f"`vocabulary` must be a list of str or the path of a vocab.txt "
+                f"file. Received an object of type {type(vocabulary).__name__}."
+            )
+        if not isinstance(unknown_token, str) or not unknown_token:
+            raise ValueError(
+                f"`unknown_token` must be a non-empty string. Received: "
+                f"unknown_token={unknown_token!r}"
+            )
+        if not isinstance(max_chars_per_word, int) or max_chars_per_word < 1:
+            raise ValueError(
+                f"`max_chars_per_word` must be a positive integer. Received: "
+                f"max_chars_per_word={max_chars_per_word!r}"
+            )
+        if strip_accents not in (None, True, False):
+            raise ValueError(
+                f"`strip_accents` must be None, True or False. Received: "
+                f"strip_accents={strip_accents!r}"
+            )
+        _check_vocabulary(tokens, REQUIRED_SPECIAL_TOKENS[:3] + (unknown_token,) + REQUIRED_SPECIAL_TOKENS[3:])
+        self._vocabulary = tokens
+        self._token_to_id = {t: i for i, t in enumerate(tokens)}
+        self.lowercase = bool(lowercase)
+        self.strip_accents = strip_accents
+        self.special_tokens_in_strings = bool(special_tokens_in_strings)
+        self.max_chars_per_word = max_chars_per_word
+        self.unknown_token = unknown_token
+
+        special_tokens = []
+        if self.special_tokens_in_strings:
+            special_tokens = ["[CLS]", "[SEP]", "[MASK]", "[PAD]", unknown_token]
+            _check_specials_do_not_overlap(special_tokens)
+        self._special_ids = tf.constant(
+            [self._token_to_id[t] for t in special_tokens] or [0], dtype=tf.int32
+        )
+        do_strip = self.lowercase if strip_accents is None else bool(strip_accents)
+        self._pretokenizer = PreTokenizer(self.lowercase, do_strip, special_tokens)
+        # Words longer than this many bytes are certainly longer than
+        # `max_chars_per_word` characters; the engine gives them [UNK].
+        self._max_bytes = 4 * max_chars_per_word + 4
+        self._engine = tf_text.FastWordpieceTokenizer(
+            vocab=tokens,
+            suffix_indicator="##",
+            max_bytes_per_word=self._max_bytes,
+            token_out_type=tf.int32,
+            unknown_token=unknown_token,
+            no_pretokenization=True,
+        )
+        self._vocabulary_tensor = tf.constant(tokens, dtype=tf.string)
+        self._too_long_word = tf.constant("a" * (self._max_bytes + 1))
+        self._tokenize_fn = tf.function(
+            self._tokenize_graph,
+            input_signature=[tf.TensorSpec([None], tf.string)],
+            autograph=False,
+        )
+        self._split_fn = tf.function(
+            self._pretokenizer.split_words,
+            input_signature=[tf.TensorSpec([None], tf.string)],
+            autograph=False,
+        )
+        self._detokenize_fn = tf.function(
+            self._detokenize_graph,
+            input_signature=[tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1)],
+            autograph=False,
+        )
+
+    # ------------------------------------------------------------------ #
+    # Vocabulary.
+    # ------------------------------------------------------------------ #
+    @property
+    def vocabulary(self):
+        """The vocabulary as a list of str (index = id)."""
+        return list(self._vocabulary)
+
+    def vocabulary_size(self):
+        """Number of tokens in the vocabulary."""
+        return len(self._vocabulary)
+
+    def get_vocabulary(self):
+        """The vocabulary as a list of str (keras-hub spelling)."""
+        return self.vocabulary
+
+    def id_to_token(self, id):
+        """The token string of an integer id."""
+        if isinstance(id, (np.integer, tf.Tensor)):
+            id = int(id)
+        if not isinstance(id, int) or isinstance(id, bool):
+            raise ValueError(f"`id` must be an integer. Received: id={id!r}")
+        if not 0 <= id < len(self._vocabulary):
+            raise ValueError(
+                f"`id` must be in [0, {len(self._vocabulary)}). Received: id={id}"
+            )
+        return self._vocabulary[id]
+
+    def token_to_id(self, token):
+        """The integer id of a token string."""
+        if token not in self._token_to_id:
+            raise ValueError(
+                f"Token {token!r} is not in the vocabulary of "
+                f"{len(self._vocabulary)} tokens."
+            )
+        return self._token_to_id[token]
+
+    @property
+    def cls_token_id(self):
+        return self._token_to_id["[CLS]"]
+
+    @property
+    def sep_token_id(self):
+        return self._token_to_id["[SEP]"]
+
+    @property
+    def pad_token_id(self):
+        return self._token_to_id["[PAD]"]
+
+    @property
+    def mask_token_id(self):
+        return self._token_to_id["[MASK]"]
+
+    @property
+    def unk_token_id(self):
+        return self._token_to_id[self.unknown_token]
+
+    # ------------------------------------------------------------------ #
+    # Graph functions.
+    # ------------------------------------------------------------------ #
+    def _tokenize_graph(self, texts):
+        """1-D strings -> (ids, starts, ends, word_ids), RaggedTensor [B, None]."""
+        pre = self._pretokenizer(texts)
+        words = tf.strings.unicode_encode(pre.word_code_points, "UTF-8")
+        special = pre.word_special >= 0
+        too_long = (pre.word_length > self.max_chars_per_word) & ~special
+        words = tf.where(too_long, self._too_long_word, words)
+        words = tf.where(special, "", words)
+        ids, byte_start, byte_end = self._engine.tokenize_with_offsets(words)
+        if self.special_tokens_in_strings:
+            special_ids = tf.gather(self._special_ids, tf.maximum(pre.word_special, 0))
+            special_rows = tf.RaggedTensor.from_row_lengths(
+                tf.boolean_mask(special_ids, special),
+                tf.cast(special, tf.int64),
+            )
+            zeros = tf.zeros_like(special_rows, dtype=byte_start.dtype)
+            ids = tf.concat([ids, special_rows], axis=1)
+            byte_start = tf.concat([byte_start, zeros], axis=1)
+            byte_end = tf.concat([byte_end, zeros + 1], axis=1)
+        piece_ids = ids.flat_values
+        piece_word = tf.cast(ids.value_rowids(), tf.int32)
+        # UTF-8 byte offsets inside each word -> code points -> input chars.
+        base = tf.gather(pre.word_first_byte, piece_word)
+        first_byte = base + tf.cast(byte_start.flat_values, tf.int32)
+        last_byte = base + tf.cast(byte_end.flat_values, tf.int32) - 1
+        first_cp = tf.searchsorted(pre.byte_starts, first_byte, side="right", out_type=tf.int32) - 1
+        last_cp = tf.searchsorted(pre.byte_starts, last_byte, side="right", out_type=tf.int32) - 1
+        num_cps = tf.size(pre.code_point_char)
+        safe_char = tf.concat([pre.code_point_char, [0]], axis=0)
+        start = tf.gather(safe_char, tf.clip_by_value(first_cp, 0, num_cps))
+        end = tf.gather(safe_char, tf.clip_by_value(last_cp, 0, num_cps)) + 1
+        # [UNK] and special tokens cover their whole word.
+        whole_word = (piece_ids == self.unk_token_id) | tf.gather(special, piece_word)
+        start = tf.where(whole_word, tf.gather(pre.word_start, piece_word), start)
+        end = tf.where(whole_word, tf.gather(pre.word_end, piece_word), end)
+        # Regroup by input string; offsets relative to each string.
+        piece_row = tf.gather(pre.word_row, piece_word)
+        row_offset = tf.gather(pre.row_splits, piece_row)
+        word_splits = tf.ragged.segment_ids_to_row_splits(
+            pre.word_row, num_segments=pre.num_rows, out_type=tf.int32
+        )
+        word_ids = piece_word - tf.gather(word_splits, piece_row)
+        piece_splits = tf.ragged.segment_ids_to_row_splits(
+            piece_row, num_segments=pre.num_rows, out_type=tf.int64
+        )
+
+        def rows(values):
+            return tf.RaggedTensor.from_row_splits(values, piece_splits, validate=False)
+
+        return (
+            rows(piece_ids),
+            rows(start - row_offset),
+            rows(end - row_offset),
+            rows(word_ids),
+        )
+
+    def _detokenize_graph(self, ids):
+        size = len(self._vocabulary)
+        checks = [
+            tf.debugging.assert_non_negative(
+                ids.flat_values, message="detokenize: token ids must be >= 0."
+            ),
+            tf.debugging.assert_less(
+                ids.flat_values,
+                size,
+                message=f"detokenize: token ids must be < vocabulary size {size}.",
+            ),
+        ]
+        with tf.control_dependencies(checks):
+            tokens = tf.gather(self._vocabulary_tensor, ids)
+        text = tf.strings.reduce_join(tokens, axis=-1, separator=" ")
+        text = tf.strings.regex_replace(text, " ##", "")
+        return tf.strings.strip(text)
+
+    # ------------------------------------------------------------------ #
+    # Public API.
+    # ------------------------------------------------------------------ #
+    def _run(self, inputs, num_outputs):
+        kind, values = _classify_text_input(inputs)
+        if kind == "tensor":
+            outputs = _map_over_strings(self._tokenize_fn, values, 4)
+            return outputs[:num_outputs]
+        outputs = self._tokenize_fn(tf.constant(values, dtype=tf.string, shape=[len(values)]))
+        outputs = [o.to_list() for o in outputs[:num_outputs]]
+        if kind == "scalar":
+            outputs = [o[0] for o in outputs]
+        return tuple(outputs)
+
+    @tf.autograph.experimental.do_not_convert
+    def tokenize(self, inputs):
+        """Token ids of a string or a batch of strings.
+
+        Args:
+            inputs: str, list of str, numpy array of str or `tf.string`
+                tensor of any shape `[...]`.
+
+        Returns:
+            `list[int]` for a str, `list[list[int]]` for a list, else int32
+            tensors of shape `[..., None]` (dense 1-D for a scalar tensor,
+            `tf.RaggedTensor` otherwise).
+        """
+        return self._run(inputs, 1)[0]
+
+    @tf.autograph.experimental.do_not_convert
+    def __call__(self, inputs):
+        return self.tokenize(inputs)
+
+    @tf.autograph.experimental.do_not_convert
+    def tokenize_with_offsets(self, inputs):
+        """Token ids with character offsets and word indices.
+
+        Args:
+            inputs: as for `tokenize`.
+
+        Returns:
+            A tuple `(token_ids, start_offsets, end_offsets, word_ids)`, each
+            shaped like `tokenize`'s output (int32). `text[start:end]` is the
+            part of the original string a piece was made from (for a piece cut
+            from inside one character's expansion, e.g. one of the jamo of an
+            NFD-decomposed Hangul syllable, the whole character). `word_ids`
+            is the index, within its string, of the whitespace / punctuation /
+            CJK word the piece belongs to.
+        """
+        return self._run(inputs, 4)
+
+    @tf.autograph.experimental.do_not_convert
+    def split_words(self, inputs):
+        """The normalised words of the reference's basic tokenizer (no
+        WordPiece): str -> list[str], batch -> RaggedTensor of strings."""
+        kind, values = _classify_text_input(inputs)
+        if kind == "tensor":
+            return _map_over_strings(lambda t: (self._split_fn(t),), values, 1)[0]
+        words = self._split_fn(tf.constant(values, dtype=tf.string, shape=[len(values)]))
+        words = [[w.decode("utf-8") for w in row] for row in words.to_list()]
+        return words[0] if kind == "scalar" else words
+
+    @tf.autograph.experimental.do_not_convert
+    def detokenize(self, ids):
+        """Text of token ids: pieces joined by spaces, `##` pieces merged.
+
+        This is the reference's `convert_tokens_to_string`
+        (`" ".join(tokens).replace(" ##", "").strip()`); special tokens are
+        kept.
+
+        Args:
+            ids: list of int (-> str), list of lists of int (-> list of str),
+                or an int tensor `[..., None]` (-> `tf.string` `[...]`).
+        """
+        if isinstance(ids, (tf.Tensor, tf.RaggedTensor)) or tf.is_tensor(ids):
+            if not ids.dtype.is_integer:
+                raise ValueError(
+                    f"`ids` must be integers. Received a tensor of dtype {ids.dtype.name}."
+                )
+            return self._detokenize_tensor(tf.cast(ids, tf.int32))
+        if isinstance(ids, np.ndarray):
+            ids = ids.tolist()
+        if not isinstance(ids, (list, tuple)):
+            raise ValueError(
+                f"`ids` must be a list of int, a list of lists of int or an int "
+                f"tensor. Received an object of type {type(ids).__name__}."
+            )
+        if all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids):
+            return self._detokenize_python(ids)
+        return [self.detokenize(row) for row in ids]
+
+    def _detokenize_tensor(self, ids):
+        if isinstance(ids, tf.RaggedTensor):
+            if ids.ragged_rank == 1:
+                return self._detokenize_fn(ids)
+            return ids.with_values(self._detokenize_tensor(ids.values))
+        if ids.shape.rank == 1:
+            return self._detokenize_fn(tf.RaggedTensor.from_tensor(ids[tf.newaxis]))[0]
+        shape = tf.shape(ids)
+        flat = tf.RaggedTensor.from_tensor(tf.reshape(ids, [-1, shape[-1]]))
+        return tf.reshape(self._detokenize_fn(flat), shape[:-1])
+
+    def _detokenize_python(self, ids):
+        tokens = [self.id_to_token(int(i)) for i in ids]
+        return " ".join(tokens).replace(" ##", "").strip()
+
+    # ------------------------------------------------------------------ #
+    # Serialization.
+    # ------------------------------------------------------------------ #
+    def get_config(self):
+        return {
+            "vocabulary": list(self._vocabulary),
+            "lowercase": self.lowercase,
+            "strip_accents": self.strip_accents,
+            "special_tokens_in_strings": self.special_tokens_in_strings,
+            "max_chars_per_word": self.max_chars_per_word,
+            "unknown_token": self.unknown_token,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    @classmethod
+    def from_preset(cls, preset, **kwargs):
+        """Builds the tokenizer of a preset directory or a vocabulary file.
+
+        `preset` is either a `vocab.txt` file, or a directory holding
+        `vocab.txt` (a Hugging Face / kbert preset) or
+        `assets/tokenizer/vocabulary.txt` (a keras-hub preset). Casing comes
+        from `tokenizer_config.json` (`do_lower_case`, `strip_accents`) when
+        present; keyword arguments override it.
+
+        Args:
+            preset: str path.
+            **kwargs: constructor arguments that override the preset's.
+        """
+        preset = os.fspath(preset)
+        if os.path.isfile(preset):
+            return cls(vocabulary=preset, **kwargs)
+        if not os.path.isdir(preset):
+            raise ValueError(
+                f"`preset` must be a directory or a vocab.txt file. Received: "
+                f"preset={preset!r}, which does not exist."
+            )
+        candidates = [
+            os.path.join(preset, "vocab.txt"),
+            os.path.join(preset, "assets", "tokenizer", "vocabulary.txt"),
+        ]
+        vocabulary = next((p for p in candidates if os.path.isfile(p)), None)
+        if vocabulary is None:
+            raise ValueError(
+                f"No vocabulary found in preset directory {preset!r}. Expected "
+                f"one of: vocab.txt, assets/tokenizer/vocabulary.txt."
+            )
+        config = {}
+        hf_config = os.path.join(preset, "tokenizer_config.json")
+        keras_hub_config = os.path.join(preset, "tokenizer.json")
+        if os.path.isfile(hf_config):
+            with open(hf_config, encoding="utf-8") as f:
+                data = json.load(f)
+            if "do_lower_case" in data:
+                config["lowercase"] = bool(data["do_lower_case"])
+            if data.get("strip_accents") is not None:
+                config["strip_accents"] = bool(data["strip_accents"])
+            if isinstance(data.get("unk_token"), str):
+                config["unknown_token"] = data["unk_token"]
+        elif os.path.isfile(keras_hub_config):
+            with open(keras_hub_config, encoding="utf-8") as f:
+                data = json.load(f)
+            inner = data.get("config", {}) if isinstance(data, dict) else {}
+            if "lowercase" in inner:
+                config["lowercase"] = bool(inner["lowercase"])
+        config.update(kwargs)
+        return cls(vocabulary=vocabulary, **config)
+
+    def save_to_preset(self, preset_dir):
+        """Writes `vocab.txt` and a `tokenizer_config.json` (Hugging Face
+        keys) into `preset_dir`, readable by `from_preset`."""
+        os.makedirs(preset_dir, exist_ok=True)
+        with open(os.path.join(preset_dir, "vocab.txt"), "w", encoding="utf-8", newline="\n") as f:
+            for token in self._vocabulary:
+                f.write(token + "\n")
+        config = {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": self.lowercase,
+            "strip_accents": self.strip_accents,
+            "unk_token": self.unknown_token,
+            "cls_token": "[CLS]",
+            "sep_token": "[SEP]",
+            "pad_token": "[PAD]",
+            "mask_token": "[MASK]",
+        }
+        with open(os.path.join(preset_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2)

@@ -1,0 +1,203 @@
+"""Training a WordPiece vocabulary from raw text."""
+
+import os
+
+import keras
+import tensorflow as tf
+
+from kbert.text._pretokenizer import PreTokenizer
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def _sources(files_or_texts):
+    """Splits the input into a list of ("file", path) / ("texts", iterable)."""
+    if isinstance(files_or_texts, (str, os.PathLike)):
+        files_or_texts = [files_or_texts]
+    if isinstance(files_or_texts, tf.data.Dataset):
+        return [("dataset", files_or_texts)]
+    if not isinstance(files_or_texts, (list, tuple)):
+        try:
+            files_or_texts = list(files_or_texts)
+        except TypeError:
+            raise ValueError(
+                f"`files_or_texts` must be a file path, a list of file paths or "
+                f"texts, or a tf.data.Dataset of strings. Received an object of "
+                f"type {type(files_or_texts).__name__}."
+            ) from None
+    sources, texts = [], []
+    for item in files_or_texts:
+        if isinstance(item, os.PathLike) or (isinstance(item, str) and os.path.isfile(item)):
+            path = os.fspath(item)
+            if not os.path.isfile(path):
+                raise ValueError(f"Training file not found: {path!r}.")
+            sources.append(("file", path))
+        elif isinstance(item, (str, bytes)):
+            texts.append(item)
+        else:
+            raise ValueError(
+                f"`files_or_texts` items must be file paths or strings. Received "
+                f"an item of type {type(item).__name__}: {item!r}."
+            )
+    if texts:
+        sources.append(("texts", texts))
+    if not sources:
+        raise ValueError("`files_or_texts` is empty: nothing to train on.")
+    return sources
+
+
+def _batches(sources, batch_size, progress):
+    """Yields lists of raw lines, updating `progress` (bytes or lines)."""
+    done = 0
+    for kind, source in sources:
+        if kind == "file":
+            with open(source, "rb") as f:
+                batch = []
+                for line in f:
+                    batch.append(line)
+                    done += len(line)
+                    if len(batch) == batch_size:
+                        yield batch
+                        batch = []
+                        progress(done)
+                if batch:
+                    yield batch
+                    progress(done)
+        elif kind == "texts":
+            for start in range(0, len(source), batch_size):
+                yield list(source[start : start + batch_size])
+                done += len(source[start : start + batch_size])
+                progress(done)
+        else:
+            for batch in source.batch(batch_size):
+                yield list(batch.numpy())
+                done += int(batch.shape[0])
+                progress(done)
+
+
+def train_wordpiece_vocabulary(
+    files_or_texts,
+    vocabulary_size,
+    lowercase=True,
+    strip_accents=None,
+    min_frequency=2,
+    limit_alphabet=1000,
+    reserved_tokens=(),
+    output_path=None,
+    batch_size=1024,
+    verbose=True,
+):
+    """Learns a WordPiece vocabulary for `kbert.text.BertTokenizer`.
+
+    The text is first normalised and split into words exactly as
+    `BertTokenizer` will do it (same `lowercase` / `strip_accents`), then
+    Hugging Face `tokenizers`' `WordPieceTrainer` (a dependency of keras-hub)
+    learns the sub-words, with `##` marking word-internal pieces.
+
+    The vocabulary starts with `[PAD] [UNK] [CLS] [SEP] [MASK]` (ids 0 to 4),
+    then `reserved_tokens` (e.g. `[unused0]`...), then the learned tokens:
+    single characters (the alphabet, capped at `limit_alphabet` most frequent
+    characters) and their `##` forms first, then merged pieces. (The original
+    English BERT vocabularies put `[PAD]` at 0, `[unused*]` slots, then
+    `[UNK]`=100 `[CLS]`=101 `[SEP]`=102 `[MASK]`=103; kbert looks special
+    tokens up by name, so either order works.) A small corpus can give fewer
+    tokens than `vocabulary_size`.
+
+    Args:
+        files_or_texts: a path, or a list whose items are paths of UTF-8 text
+            files (`os.PathLike`, or `str` naming an existing file) or texts
+            (other `str`), or a `tf.data.Dataset` of scalar strings.
+        vocabulary_size: int. Target size, special tokens included.
+        lowercase: bool. Train an uncased vocabulary. Defaults to `True`.
+        strip_accents: bool or None. As in `BertTokenizer`: `None` strips
+            accents iff `lowercase`. Defaults to `None`.
+        min_frequency: int. Minimum count of a pair to be merged. Defaults to
+            `2`.
+        limit_alphabet: int or None. Maximum number of distinct characters
+            kept. Defaults to `1000`.
+        reserved_tokens: list of str. Extra tokens placed right after the
+            special tokens. Defaults to `()`.
+        output_path: str or None. Where to write `vocab.txt` (a directory
+            gets a `vocab.txt` inside). Defaults to `None` (no file).
+        batch_size: int. Lines normalised per TensorFlow call. Defaults to
+            `1024`.
+        verbose: bool. Show progress bars. Defaults to `True`.
+
+    Returns:
+        The vocabulary, a list of str (index = id).
+
+    Example:
+
+    >>> vocab = kbert.text.train_wordpiece_vocabulary(
+    ...     ["corpus.txt"], vocabulary_size=8000, output_path="my_bert/"
+    ... )
+    >>> tokenizer = kbert.text.BertTokenizer("my_bert/vocab.txt")
+    """
+    from tokenizers import Tokenizer
+    from tokenizers import models as tk_models
+    from tokenizers import pre_tokenizers
+    from tokenizers import trainers
+
+    if not isinstance(vocabulary_size, int) or vocabulary_size <= len(SPECIAL_TOKENS):
+        raise ValueError(
+            f"`vocabulary_size` must be an integer larger than the "
+            f"{len(SPECIAL_TOKENS)} special tokens. Received: "
+            f"vocabulary_size={vocabulary_size!r}"
+        )
+    reserved_tokens = list(reserved_tokens)
+    clash = [t for t in reserved_tokens if t in SPECIAL_TOKENS]
+    if clash or len(set(reserved_tokens)) != len(reserved_tokens):
+        raise ValueError(
+            f"`reserved_tokens` must be distinct and must not repeat the special "
+            f"tokens {list(SPECIAL_TOKENS)}. Received: {reserved_tokens}"
+        )
+    sources = _sources(files_or_texts)
+    do_strip = lowercase if strip_accents is None else bool(strip_accents)
+    pretokenizer = PreTokenizer(lowercase, do_strip)
+    split = tf.function(
+        lambda texts: pretokenizer.split_words(texts),
+        input_signature=[tf.TensorSpec([None], tf.string)],
+    )
+
+    total = None
+    if all(kind == "file" for kind, _ in sources):
+        total = sum(os.path.getsize(path) for _, path in sources)
+    elif all(kind == "texts" for kind, _ in sources):
+        total = sum(len(texts) for _, texts in sources)
+    bar = keras.utils.Progbar(total, unit_name="B" if total and sources[0][0] == "file" else "line", verbose=1 if verbose else 0)
+    if verbose:
+        print("Normalising and splitting the text into words:")
+
+    def normalised_lines():
+        for batch in _batches(sources, batch_size, lambda done: bar.update(done)):
+            words = split(tf.constant(batch, dtype=tf.string, shape=[len(batch)]))
+            yield [b" ".join(row).decode("utf-8") for row in words.to_list()]
+
+    model = tk_models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##")
+    tokenizer = Tokenizer(model)
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocabulary_size,
+        min_frequency=min_frequency,
+        show_progress=bool(verbose),
+        special_tokens=list(SPECIAL_TOKENS) + reserved_tokens,
+        limit_alphabet=limit_alphabet,
+        continuing_subword_prefix="##",
+    )
+    tokenizer.train_from_iterator(normalised_lines(), trainer=trainer)
+    learned = tokenizer.get_vocab()
+    ordered = sorted(learned, key=learned.get)
+    head = list(SPECIAL_TOKENS) + reserved_tokens
+    vocabulary = head + [t for t in ordered if t not in set(head)]
+
+    if output_path is not None:
+        output_path = os.fspath(output_path)
+        if os.path.isdir(output_path) or output_path.endswith(os.sep):
+            os.makedirs(output_path, exist_ok=True)
+            output_path = os.path.join(output_path, "vocab.txt")
+        with open(output_path, "w", encoding="utf-8", newline="\n") as f:
+            for token in vocabulary:
+                f.write(token + "\n")
+        if verbose:
+            print(f"Wrote {len(vocabulary)} tokens to {output_path}")
+    return vocabulary
