@@ -1,6 +1,25 @@
 """Readers and writers of BERT checkpoints: kbert presets, Hugging Face, Google TF, keras-hub."""
 
+from kbert.checkpoints._weights import LoadReport
+from kbert.checkpoints.google import load_weights as load_google_weights
+from kbert.checkpoints.huggingface import export_to_huggingface
+from kbert.checkpoints.huggingface import load_weights as load_huggingface_weights
 from kbert.checkpoints.kbert_preset import save_preset
+from kbert.checkpoints.keras_hub import load_weights as load_keras_hub_weights
 from kbert.checkpoints.loading import detect_format, installed_presets_dir, load_model
+from kbert.checkpoints.safetensors_io import read_safetensors
+from kbert.checkpoints.vocabulary import read_vocabulary
 
-__all__ = ["detect_format", "installed_presets_dir", "load_model", "save_preset"]
+__all__ = [
+    "LoadReport",
+    "detect_format",
+    "export_to_huggingface",
+    "installed_presets_dir",
+    "load_google_weights",
+    "load_huggingface_weights",
+    "load_keras_hub_weights",
+    "load_model",
+    "read_safetensors",
+    "read_vocabulary",
+    "save_preset",
+]

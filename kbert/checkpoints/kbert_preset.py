@@ -90,8 +90,12 @@ def read_config(path):
         raise ValueError(f"{path / CONFIG_FILE} is not valid JSON: {error}") from None
 
 
-def load_kbert_preset(cls, path, load_weights=True, **kwargs):
-    """Builds `cls` from a kbert preset directory (see the module docstring)."""
+def load_kbert_preset(cls, path, load_weights=True, fresh_heads=None, **kwargs):
+    """Builds `cls` from a kbert preset directory (see the module docstring).
+
+    With `fresh_heads=True` only the backbone weights are loaded, even when the preset holds
+    a model of the same class (start a new task head from a fine-tuned preset).
+    """
     from kbert.models.backbone import BertBackbone
 
     path = Path(path)
@@ -101,6 +105,7 @@ def load_kbert_preset(cls, path, load_weights=True, **kwargs):
     backbone_config.update(backbone_overrides)
     backbone = BertBackbone.from_config(backbone_config)
     same_task = config.get("class_name") == cls.__name__ and config.get("task") is not None
+    same_task = same_task and not fresh_heads
     if same_task:
         task_config = {k: v for k, v in config["task"].items() if k not in ("name", "trainable")}
         kwargs = {**task_config, **kwargs}

@@ -41,6 +41,7 @@ def load_model(cls, source, load_weights=True, **kwargs):
     """Builds `cls` (a kbert model class) from a preset name or a checkpoint directory."""
     from kbert.models.presets import BACKBONE_PRESETS
 
+    fresh_heads = kwargs.pop("fresh_heads", None)  # See kbert.checkpoints.formats.
     source_str = os.fspath(source)
     if not Path(source_str).exists() and "/" not in source_str and "\\" not in source_str:
         if source_str not in BACKBONE_PRESETS:
@@ -50,16 +51,20 @@ def load_model(cls, source, load_weights=True, **kwargs):
             )
         installed = installed_presets_dir() / source_str
         if installed.is_dir():
-            return load_model(cls, installed, load_weights=load_weights, **kwargs)
+            return load_model(
+                cls, installed, load_weights=load_weights, fresh_heads=fresh_heads, **kwargs
+            )
         return _fresh_from_name(cls, source_str, load_weights, **kwargs)
 
     path = Path(source_str)
     fmt = detect_format(path)
     if fmt == "kbert":
-        return load_kbert_preset(cls, path, load_weights=load_weights, **kwargs)
+        return load_kbert_preset(
+            cls, path, load_weights=load_weights, fresh_heads=fresh_heads, **kwargs
+        )
     from kbert.checkpoints import formats
 
-    return formats.load(cls, path, fmt, load_weights=load_weights, **kwargs)
+    return formats.load(cls, path, fmt, load_weights=load_weights, fresh_heads=fresh_heads, **kwargs)
 
 
 def _fresh_from_name(cls, name, load_weights, **kwargs):

@@ -198,3 +198,14 @@ class BertBackbone(PresetMixin, keras.Model):
     @classmethod
     def from_config(cls, config):
         return cls(**config)
+
+    # === Checkpoint hooks (see kbert/checkpoints/formats.py) ===
+    huggingface_architecture = "BertModel"
+
+    def huggingface_head_weights(self):
+        """Hugging Face names of the variables beyond the backbone: none for the backbone itself."""
+        return []
+
+    def google_head_weights(self):
+        """Google checkpoint names of the variables beyond the backbone: none for the backbone."""
+        return []

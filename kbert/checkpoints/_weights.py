@@ -1,0 +1,286 @@
+"""Checked, all-or-nothing assignment of checkpoint tensors to Keras variables (shared by the readers).
+
+Every reader turns its format into the same two things: a `TensorSource` (names and a way to
+read each tensor as NumPy) and a list of `WeightEntry` (checkpoint name -> kbert variable, how
+to lay the tensor out, which part of the model it belongs to). `assign_checked` then reads and
+validates everything first - missing, unexpected and mis-shaped tensors, collected into one
+error - and only when all checks passed assigns the variables.
+"""
+
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Parts of a model. Backbone tensors are required; the pooler may be absent (sentence
+# embedding checkpoints drop it: a fresh pooler is kept with a warning); heads follow
+# `fresh_heads`.
+BACKBONE = "backbone"
+POOLER = "pooler"
+HEAD = "head"
+
+IDENTITY = "identity"
+TRANSPOSE = "transpose"
+RESHAPE = "reshape"
+
+
+@dataclass(frozen=True)
+class WeightEntry:
+    """One checkpoint tensor and the kbert variable it fills.
+
+    Attributes:
+        name: str. The tensor's name in the checkpoint.
+        variable: the `keras.Variable` to assign.
+        layout: `"identity"`, `"transpose"` (a 2-D tensor stored (out, in), as torch `Linear`)
+            or `"reshape"` (same values in another shape, e.g. keras-hub's per-head kernels).
+        part: `"backbone"`, `"pooler"` or `"head"`.
+    """
+
+    name: str
+    variable: object
+    layout: str = IDENTITY
+    part: str = BACKBONE
+
+
+@dataclass
+class LoadReport:
+    """What a checkpoint load did: tensors loaded, variables left fresh, tensors not used."""
+
+    source: str
+    loaded: list = field(default_factory=list)
+    fresh: list = field(default_factory=list)
+    unused: list = field(default_factory=list)
+
+
+class TensorSource:
+    """Tensors of a checkpoint: `names` (a set) and `read(name)` -> `np.ndarray`.
+
+    `display(name)` gives the name as the user's file spells it (used in messages).
+    """
+
+    def __init__(self, description, names, read, display=None):
+        self.description = description
+        self.names = set(names)
+        self._read = read
+        self._display = display or (lambda name: name)
+
+    def read(self, name):
+        return np.asarray(self._read(name))
+
+    def display(self, name):
+        return self._display(name)
+
+
+def expected_source_shape(entry):
+    """The shape the checkpoint tensor must have for `entry`'s variable."""
+    shape = tuple(int(d) for d in entry.variable.shape)
+    if entry.layout == TRANSPOSE:
+        return shape[::-1]
+    return shape
+
+
+def to_variable_layout(array, entry):
+    """Lays a checkpoint tensor out as the variable's value (or returns None on a shape mismatch)."""
+    target = tuple(int(d) for d in entry.variable.shape)
+    if entry.layout == TRANSPOSE:
+        if array.ndim != 2 or array.shape[::-1] != target:
+            return None
+        return array.T
+    if entry.layout == RESHAPE:
+        if array.size != int(np.prod(target, dtype=np.int64)):
+            return None
+        return array.reshape(target)
+    if tuple(array.shape) != target:
+        return None
+    return array
+
+
+def from_variable_layout(array, entry):
+    """The inverse of `to_variable_layout` for a `TRANSPOSE` or `IDENTITY` entry (export)."""
+    return np.ascontiguousarray(array.T if entry.layout == TRANSPOSE else array)
+
+
+def variables_by_path(model):
+    """`{variable.path: variable}` of a model, failing loudly on duplicates."""
+    result = {}
+    for variable in model.weights:
+        result.setdefault(variable.path, variable)
+    return result
+
+
+def find_variable(variables, path):
+    """The variable at `path` (a `/`-joined layer path), also when the model sits in a name scope."""
+    if path in variables:
+        return variables[path]
+    matches = [v for p, v in variables.items() if p.endswith("/" + path)]
+    if len(matches) != 1:
+        raise ValueError(
+            f"The model has no unique variable {path!r} (found {len(matches)}). kbert's "
+            "checkpoint mapping expects the layer names of kbert.models.BertBackbone."
+        )
+    return matches[0]
+
+
+def _as_float(array, name, source):
+    if array.dtype.kind not in "fiub":
+        raise ValueError(f"{source}: tensor {name!r} has dtype {array.dtype}, expected a number type")
+    return array
+
+
+def _short_list(names, limit=40):
+    names = sorted(names)
+    text = ", ".join(names[:limit])
+    if len(names) > limit:
+        text += f", ... ({len(names) - limit} more)"
+    return text
+
+
+def assign_checked(
+    model_name,
+    entries,
+    source,
+    fresh_heads=None,
+    is_backbone_tensor=lambda name: True,
+    ignorable=lambda name: False,
+    consumed_extra=(),
+):
+    """Validates every tensor for `entries` against `source`, then assigns them all.
+
+    Args:
+        model_name: str. Used in messages.
+        entries: list of `WeightEntry`.
+        source: `TensorSource`.
+        fresh_heads: `None`, `True` or `False`. `None` (default): head tensors the source has
+            are loaded, absent ones stay freshly initialised with a warning. `False`: absent
+            head tensors are an error. `True`: heads are not loaded at all (fresh heads).
+        is_backbone_tensor: callable name -> bool. A source tensor in the backbone's namespace
+            that no entry consumes is an error ("unexpected"); others (heads of another
+            architecture, optimizer state) are left unused.
+        ignorable: callable name -> bool. Tensors that are never reported (buffers, optimizer
+            slots).
+        consumed_extra: names the caller handled itself (aliases, tied copies).
+
+    Returns:
+        A `LoadReport`.
+
+    Raises:
+        ValueError: listing every missing, unexpected or mis-shaped tensor; nothing is
+            assigned then.
+    """
+    if fresh_heads not in (None, True, False):
+        raise ValueError(f"`fresh_heads` must be None, True or False. Received: {fresh_heads!r}")
+    report = LoadReport(source=source.description)
+    if fresh_heads:
+        report.fresh.extend(e.variable.path for e in entries if e.part == HEAD)
+        entries = [e for e in entries if e.part != HEAD]
+
+    missing = {BACKBONE: [], POOLER: [], HEAD: []}
+    mismatched = []
+    values = []
+    for entry in entries:
+        if entry.name not in source.names:
+            missing[entry.part].append(entry)
+            continue
+        array = _as_float(source.read(entry.name), entry.name, source.description)
+        laid_out = to_variable_layout(array, entry)
+        if laid_out is None:
+            mismatched.append(
+                f"{source.display(entry.name)}: shape {list(array.shape)} in the checkpoint, "
+                f"expected {list(expected_source_shape(entry))} for kbert variable "
+                f"{entry.variable.path} {list(entry.variable.shape)}"
+                + (" (stored transposed)" if entry.layout == TRANSPOSE else "")
+            )
+            continue
+        values.append((entry, laid_out))
+
+    consumed = {e.name for e in entries} | set(consumed_extra)
+    leftover = sorted(n for n in source.names - consumed if not ignorable(n))
+    unexpected = [n for n in leftover if is_backbone_tensor(n)]
+    unused = [n for n in leftover if not is_backbone_tensor(n)]
+
+    # A pooler with one of its two tensors is damaged, not absent.
+    pooler_entries = [e for e in entries if e.part == POOLER]
+    partial_pooler = missing[POOLER] and len(missing[POOLER]) != len(pooler_entries)
+
+    problems = []
+    if missing[BACKBONE] or partial_pooler:
+        names = [source.display(e.name) for e in missing[BACKBONE] + (missing[POOLER] if partial_pooler else [])]
+        problems.append(f"missing weights ({len(names)}): {_short_list(names)}")
+    if missing[HEAD] and fresh_heads is False:
+        names = [source.display(e.name) for e in missing[HEAD]]
+        problems.append(
+            f"missing head weights ({len(names)}): {_short_list(names)} (pass fresh_heads=True "
+            "to start from freshly initialised heads)"
+        )
+    if unexpected:
+        problems.append(
+            f"unexpected weights ({len(unexpected)}), which the kbert architecture has no place "
+            f"for: {_short_list(source.display(n) for n in unexpected)}"
+        )
+    if mismatched:
+        problems.append(f"weights with the wrong shape ({len(mismatched)}):\n  " + "\n  ".join(mismatched))
+    if problems:
+        raise ValueError(
+            f"Cannot load {source.description} into {model_name}; nothing was loaded:\n- "
+            + "\n- ".join(problems)
+        )
+
+    if missing[POOLER]:
+        warnings.warn(
+            f"{source.description} has no pooler weights "
+            f"({', '.join(source.display(e.name) for e in missing[POOLER])}); the pooler keeps "
+            "freshly initialised weights, so `pooled_output` is not pretrained. "
+            "`sequence_output` is unaffected.",
+            stacklevel=4,
+        )
+        report.fresh.extend(e.variable.path for e in missing[POOLER])
+    if missing[HEAD]:
+        hint = f" Unused tensors in the checkpoint: {_short_list(unused, 10)}." if unused else ""
+        warnings.warn(
+            f"{source.description} has no weights for these {model_name} head variables, which "
+            f"stay freshly initialised: {_short_list(e.variable.path for e in missing[HEAD])}."
+            f"{hint} Train the model before use, or pass fresh_heads=True to silence this.",
+            stacklevel=4,
+        )
+        report.fresh.extend(e.variable.path for e in missing[HEAD])
+
+    for entry, array in values:
+        entry.variable.assign(np.asarray(array, dtype=_numpy_dtype(entry.variable)))
+        report.loaded.append(entry.name)
+    report.unused = unused
+    return report
+
+
+def _numpy_dtype(variable):
+    dtype = str(variable.dtype)
+    return np.float32 if dtype in ("bfloat16", "float16") else dtype
+
+
+def head_entries(model, hook_name):
+    """`WeightEntry`s (part "head") for the variables a model has beyond its backbone.
+
+    The names come from the model's hook (`huggingface_head_weights` or
+    `google_head_weights`): `(checkpoint_name, variable, transpose)` triples. Head variables
+    the hook does not name (or every head variable, when the model has no hook) get entries
+    whose name no checkpoint holds, so they are reported as absent heads.
+    """
+    backbone = getattr(model, "backbone", model)
+    if backbone is model:
+        return []
+    backbone_ids = {id(v) for v in backbone.weights}
+    hook = getattr(model, hook_name, None)
+    entries = []
+    for triple in hook() if callable(hook) else ():
+        if len(triple) != 3:
+            raise ValueError(
+                f"{type(model).__name__}.{hook_name}() must return (name, variable, transpose) "
+                f"triples. Received: {triple!r}"
+            )
+        name, variable, transpose = triple
+        entries.append(WeightEntry(name, variable, TRANSPOSE if transpose else IDENTITY, HEAD))
+    covered = {id(e.variable) for e in entries}
+    for variable in model.weights:
+        if id(variable) not in backbone_ids and id(variable) not in covered:
+            entries.append(WeightEntry(f"<no checkpoint name: {variable.path}>", variable, IDENTITY, HEAD))
+            covered.add(id(variable))
+    return entries

@@ -1,0 +1,199 @@
+"""Original Google BERT checkpoints (google-research/bert): `bert_config.json` + TF1 checkpoint.
+
+A Google BERT directory holds `bert_config.json`, `bert_model.ckpt.index` +
+`bert_model.ckpt.data-*` and `vocab.txt`. Variables are named as in Google's `modeling.py`
+and `run_pretraining.py` (`bert/embeddings/word_embeddings`,
+`bert/encoder/layer_0/attention/self/query/kernel`, `bert/pooler/dense/kernel`,
+`cls/predictions/transform/dense/kernel`, `cls/predictions/output_bias`,
+`cls/seq_relationship/output_weights`, ...). Dense kernels are stored `(in, out)` like Keras'
+except `cls/seq_relationship/output_weights`, which is `[2, hidden]`.
+
+In Google's code `hidden_act: "gelu"` is the tanh approximation of GELU, so it maps to kbert
+`"gelu_approximate"`; LayerNorm epsilon is 1e-12. Checkpoints are read with
+`tf.train.load_checkpoint` (TensorFlow is a kbert dependency); optimizer slots
+(`.../adam_m`, `.../adam_v`) and `global_step` are skipped.
+"""
+
+from pathlib import Path
+
+from kbert.checkpoints import _weights
+
+CONFIG_FILE = "bert_config.json"
+CHECKPOINT_PREFIX = "bert_model.ckpt"
+VOCABULARY_FILE = "vocab.txt"
+PREFIX = "bert/"
+
+_ACTIVATIONS = {"gelu": "gelu_approximate", "relu": "relu", "tanh": "tanh"}
+_REQUIRED_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+)
+_OPTIMIZER_LEAVES = {"adam_m", "adam_v", "Adam", "Adam_1", "Momentum", "lamb_m", "lamb_v"}
+_TRAINING_STATE = {"global_step", "beta1_power", "beta2_power", "good_steps", "loss_scale"}
+
+
+def is_google_dir(path):
+    path = Path(path)
+    return (path / CONFIG_FILE).is_file() or (path / f"{CHECKPOINT_PREFIX}.index").is_file()
+
+
+def backbone_config_from_google(config, source=CONFIG_FILE):
+    """Translates a Google `bert_config.json` dict into `BertBackbone` arguments."""
+    missing = [k for k in _REQUIRED_KEYS if k not in config]
+    if missing:
+        raise ValueError(f"{source} lacks {missing}; it is not a BERT config.")
+    hidden_act = config.get("hidden_act", "gelu")
+    if hidden_act not in _ACTIVATIONS:
+        raise ValueError(
+            f"{source}: hidden_act={hidden_act!r} is not supported. Expected one of "
+            f"{sorted(_ACTIVATIONS)} (Google's 'gelu' is the tanh approximation)."
+        )
+    return {
+        "vocabulary_size": int(config["vocab_size"]),
+        "num_layers": int(config["num_hidden_layers"]),
+        "num_heads": int(config["num_attention_heads"]),
+        "hidden_dim": int(config["hidden_size"]),
+        "intermediate_dim": int(config["intermediate_size"]),
+        "max_sequence_length": int(config.get("max_position_embeddings", 512)),
+        "num_segments": int(config.get("type_vocab_size", 16)),
+        "dropout": float(config.get("hidden_dropout_prob", 0.1)),
+        "attention_dropout": float(config.get("attention_probs_dropout_prob", 0.1)),
+        "activation": _ACTIVATIONS[hidden_act],
+        "layer_norm_epsilon": 1e-12,
+    }
+
+
+def checkpoint_prefix(path):
+    """The TF checkpoint prefix in a Google directory (`bert_model.ckpt`, or the latest/only one)."""
+    path = Path(path)
+    if (path / f"{CHECKPOINT_PREFIX}.index").is_file():
+        return path / CHECKPOINT_PREFIX
+    indexes = sorted(path.glob("*.index"))
+    if (path / "checkpoint").is_file():
+        import tensorflow as tf
+
+        latest = tf.train.latest_checkpoint(str(path))
+        if latest and Path(latest + ".index").is_file():
+            return Path(latest)
+    if len(indexes) == 1:
+        return indexes[0].with_suffix("")
+    if not indexes:
+        raise FileNotFoundError(
+            f"No TensorFlow checkpoint in {path}: expected {CHECKPOINT_PREFIX}.index and "
+            f"{CHECKPOINT_PREFIX}.data-00000-of-00001. Found: {sorted(p.name for p in path.iterdir())}"
+        )
+    raise ValueError(
+        f"{path} holds several checkpoints {[p.name for p in indexes]} and no 'checkpoint' "
+        f"file naming the latest; keep one, or name it {CHECKPOINT_PREFIX}."
+    )
+
+
+def read_config(path, require_weights=True):
+    """`(backbone_config, vocabulary_path, raw_config)` of a Google BERT directory."""
+    from kbert.checkpoints.huggingface import read_json
+
+    path = Path(path)
+    raw = read_json(path / CONFIG_FILE)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path / CONFIG_FILE} must hold a JSON object")
+    config = backbone_config_from_google(raw, source=str(path / CONFIG_FILE))
+    if require_weights:
+        prefix = checkpoint_prefix(path)
+        if not list(prefix.parent.glob(prefix.name + ".data-*")):
+            raise FileNotFoundError(f"The checkpoint {prefix} has an index but no .data-* file")
+    vocabulary = path / VOCABULARY_FILE
+    return config, (vocabulary if vocabulary.is_file() else None), raw
+
+
+def open_weights(path):
+    """A `TensorSource` over a Google checkpoint, read with `tf.train.load_checkpoint`."""
+    import tensorflow as tf
+
+    prefix = checkpoint_prefix(path)
+    try:
+        reader = tf.train.load_checkpoint(str(prefix))
+        shapes = reader.get_variable_to_shape_map()
+    except (tf.errors.OpError, ValueError) as error:
+        raise ValueError(f"Cannot read the TensorFlow checkpoint {prefix}: {error}") from None
+
+    def read(name):
+        try:
+            return reader.get_tensor(name)
+        except tf.errors.OpError as error:  # A cut .data file fails here.
+            raise ValueError(f"Cannot read {name!r} from {prefix} (damaged file?): {error}") from None
+
+    return _weights.TensorSource(f"the Google checkpoint {prefix}", shapes, read)
+
+
+def backbone_entries(backbone):
+    """`WeightEntry`s of a kbert `BertBackbone` under Google's variable names."""
+    variables = _weights.variables_by_path(backbone)
+
+    def entry(name, kbert_path, part=_weights.BACKBONE):
+        return _weights.WeightEntry(
+            PREFIX + name, _weights.find_variable(variables, kbert_path), _weights.IDENTITY, part
+        )
+
+    entries = [
+        entry("embeddings/word_embeddings", "embeddings/token_embedding/embeddings"),
+        entry("embeddings/position_embeddings", "embeddings/position_embedding/embeddings"),
+        entry("embeddings/token_type_embeddings", "embeddings/segment_embedding/embeddings"),
+        entry("embeddings/LayerNorm/gamma", "embeddings/embeddings_layer_norm/gamma"),
+        entry("embeddings/LayerNorm/beta", "embeddings/embeddings_layer_norm/beta"),
+    ]
+    for i in range(backbone.num_layers):
+        g, kb = f"encoder/layer_{i}/", f"transformer_layer_{i}/"
+        for g_dense, kb_dense in (
+            ("attention/self/query", "self_attention/query"),
+            ("attention/self/key", "self_attention/key"),
+            ("attention/self/value", "self_attention/value"),
+            ("attention/output/dense", "self_attention/attention_output"),
+            ("intermediate/dense", "intermediate_dense"),
+            ("output/dense", "output_dense"),
+        ):
+            entries.append(entry(f"{g}{g_dense}/kernel", f"{kb}{kb_dense}/kernel"))
+            entries.append(entry(f"{g}{g_dense}/bias", f"{kb}{kb_dense}/bias"))
+        for g_norm, kb_norm in (
+            ("attention/output/LayerNorm", "self_attention_layer_norm"),
+            ("output/LayerNorm", "output_layer_norm"),
+        ):
+            entries.append(entry(f"{g}{g_norm}/gamma", f"{kb}{kb_norm}/gamma"))
+            entries.append(entry(f"{g}{g_norm}/beta", f"{kb}{kb_norm}/beta"))
+    entries.append(entry("pooler/dense/kernel", "pooler/pooler_dense/kernel", _weights.POOLER))
+    entries.append(entry("pooler/dense/bias", "pooler/pooler_dense/bias", _weights.POOLER))
+    return entries
+
+
+def is_training_state(name):
+    """Optimizer slots and counters, which a model load skips."""
+    return name in _TRAINING_STATE or name.rsplit("/", 1)[-1] in _OPTIMIZER_LEAVES
+
+
+def load_weights(model, path, fresh_heads=None):
+    """Loads an original Google BERT checkpoint's weights into an existing kbert model.
+
+    Args:
+        model: a kbert model with the checkpoint's architecture (`BertBackbone`,
+            `BertPretrainer`, or a task model implementing `google_head_weights`).
+        path: str or path. The Google BERT directory.
+        fresh_heads: `None`, `True` or `False`; see `kbert.checkpoints.formats`.
+
+    Returns:
+        A `LoadReport`.
+
+    Example:
+    >>> pretrainer = BertPretrainer.from_preset("uncased_L-2_H-128_A-2")  # a Google directory
+    """
+    backbone = getattr(model, "backbone", model)
+    entries = backbone_entries(backbone) + _weights.head_entries(model, "google_head_weights")
+    return _weights.assign_checked(
+        type(model).__name__,
+        entries,
+        open_weights(path),
+        fresh_heads=fresh_heads,
+        is_backbone_tensor=lambda name: name.startswith(PREFIX),
+        ignorable=is_training_state,
+    )

@@ -1,0 +1,474 @@
+"""Hugging Face BERT directories: read (`config.json` + safetensors / `pytorch_model.bin`) and write.
+
+A Hugging Face BERT directory holds `config.json` (`"model_type": "bert"`), the weights as
+`model.safetensors` (or shards listed in `model.safetensors.index.json`; or, legacy,
+`pytorch_model.bin`) and usually `vocab.txt`. Weight names are those of `transformers`'
+`BertModel` (`embeddings.word_embeddings.weight`, `encoder.layer.0.attention.self.query.weight`,
+...) with a `bert.` prefix in the task classes (`BertForPreTraining`, ...). Torch `Linear`
+weights are stored `(out, in)` and are transposed into Keras `(in, out)` kernels.
+
+Safetensors files are read with NumPy alone (`kbert.checkpoints.safetensors_io`); a
+`pytorch_model.bin` is read only when torch is installed, with `torch.load(weights_only=True)`
+(no arbitrary unpickling). Nothing in a checkpoint directory is ever executed.
+"""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import keras
+import numpy as np
+from safetensors.numpy import save_file
+
+from kbert.checkpoints import _weights
+from kbert.checkpoints.safetensors_io import read_safetensors, read_safetensors_header
+from kbert.checkpoints.vocabulary import resolve_vocabulary, write_vocabulary
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
+TORCH_FILE = "pytorch_model.bin"
+TORCH_INDEX_FILE = "pytorch_model.bin.index.json"
+VOCABULARY_FILE = "vocab.txt"
+PREFIX = "bert."
+
+# `transformers.BertConfig` defaults, used for keys a config.json leaves out.
+_CONFIG_DEFAULTS = {
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "layer_norm_eps": 1e-12,
+}
+# HF `hidden_act` -> kbert activation. HF "gelu" is the exact erf form; the tanh forms differ
+# from it by up to ~1e-3, which is why they must not be confused.
+_ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_python": "gelu",
+    "gelu_new": "gelu_approximate",
+    "gelu_pytorch_tanh": "gelu_approximate",
+    "gelu_python_tanh": "gelu_approximate",
+    "gelu_fast": "gelu_approximate",
+    "relu": "relu",
+    "tanh": "tanh",
+}
+_EXPORT_ACTIVATIONS = {"gelu": "gelu", "gelu_approximate": "gelu_new", "relu": "relu", "tanh": "tanh"}
+# Buffers some transformers versions save; they carry no weights.
+_BUFFERS = {"bert.embeddings.position_ids", "bert.embeddings.token_type_ids"}
+_TIED_DECODER = "cls.predictions.decoder.weight"
+_MLM_BIAS = "cls.predictions.bias"
+_MLM_BIAS_ALIAS = "cls.predictions.decoder.bias"
+
+
+def read_json(path):
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Missing {path.name} in {path.parent}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+
+
+def looks_like_huggingface_config(config):
+    """True for a `transformers` config.json (as opposed to keras-hub's or kbert's)."""
+    return isinstance(config, dict) and ("model_type" in config or "architectures" in config)
+
+
+def backbone_config_from_huggingface(config, source="config.json"):
+    """Translates a Hugging Face BERT `config.json` dict into `BertBackbone` arguments.
+
+    Raises:
+        ValueError: when the config is not BERT (`model_type` other than `"bert"`) or uses
+            features kbert's BERT does not have (relative positions, decoder, an unknown
+            activation).
+    """
+    model_type = config.get("model_type")
+    architectures = config.get("architectures") or []
+    if model_type != "bert" and not (
+        model_type is None and architectures and all(str(a).startswith("Bert") for a in architectures)
+    ):
+        raise ValueError(
+            f"{source} is not a BERT checkpoint: model_type={model_type!r}, "
+            f"architectures={architectures}. kbert loads model_type 'bert' only (RoBERTa, "
+            "DistilBERT, ALBERT, ELECTRA... have other architectures or weight layouts)."
+        )
+    position_type = config.get("position_embedding_type", "absolute")
+    if position_type != "absolute":
+        raise ValueError(
+            f"{source}: position_embedding_type={position_type!r} is not supported. "
+            "Expected 'absolute' (learned absolute positions, as in BERT)."
+        )
+    for flag in ("is_decoder", "add_cross_attention"):
+        if config.get(flag):
+            raise ValueError(f"{source}: {flag}=true is not supported; kbert's BERT is an encoder.")
+    merged = {**_CONFIG_DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
+    hidden_act = merged["hidden_act"]
+    if hidden_act not in _ACTIVATIONS:
+        raise ValueError(
+            f"{source}: hidden_act={hidden_act!r} is not supported. Expected one of "
+            f"{sorted(_ACTIVATIONS)}."
+        )
+    return {
+        "vocabulary_size": int(merged["vocab_size"]),
+        "num_layers": int(merged["num_hidden_layers"]),
+        "num_heads": int(merged["num_attention_heads"]),
+        "hidden_dim": int(merged["hidden_size"]),
+        "intermediate_dim": int(merged["intermediate_size"]),
+        "max_sequence_length": int(merged["max_position_embeddings"]),
+        "num_segments": int(merged["type_vocab_size"]),
+        "dropout": float(merged["hidden_dropout_prob"]),
+        "attention_dropout": float(merged["attention_probs_dropout_prob"]),
+        "activation": _ACTIVATIONS[hidden_act],
+        "layer_norm_epsilon": float(merged["layer_norm_eps"]),
+    }
+
+
+def read_config(path, require_weights=True):
+    """Reads a Hugging Face directory's config: `(backbone_config, vocabulary_path, raw_config)`.
+
+    Checks that the directory is BERT and, with `require_weights`, that a weights file exists,
+    before any model is built.
+    """
+    path = Path(path)
+    raw = read_json(path / CONFIG_FILE)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path / CONFIG_FILE} must hold a JSON object. Received: {type(raw).__name__}")
+    backbone_config = backbone_config_from_huggingface(raw, source=str(path / CONFIG_FILE))
+    if require_weights:
+        _weight_files(path)
+    vocabulary = path / VOCABULARY_FILE
+    return backbone_config, (vocabulary if vocabulary.is_file() else None), raw
+
+
+def _weight_files(path):
+    """`(kind, [files])` of the weights in a directory; raises FileNotFoundError when there are none."""
+    path = Path(path)
+    if (path / SAFETENSORS_FILE).is_file():
+        return "safetensors", [path / SAFETENSORS_FILE]
+    if (path / SAFETENSORS_INDEX_FILE).is_file():
+        return "safetensors", _shards(path, SAFETENSORS_INDEX_FILE)
+    if (path / TORCH_FILE).is_file():
+        return "torch", [path / TORCH_FILE]
+    if (path / TORCH_INDEX_FILE).is_file():
+        return "torch", _shards(path, TORCH_INDEX_FILE)
+    raise FileNotFoundError(
+        f"No Hugging Face weights in {path}. Expected {SAFETENSORS_FILE}, "
+        f"{SAFETENSORS_INDEX_FILE} (shards), {TORCH_FILE} or {TORCH_INDEX_FILE}. "
+        f"Found: {sorted(p.name for p in path.iterdir())}"
+    )
+
+
+def _shards(path, index_file):
+    index = read_json(path / index_file)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{path / index_file} has no 'weight_map'")
+    files = []
+    for name in sorted(set(weight_map.values())):
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise ValueError(f"{path / index_file} names a shard outside the directory: {name!r}")
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"Shard {name} listed in {index_file} is missing from {path}")
+        files.append(path / name)
+    return files
+
+
+def _read_torch_file(file):
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(
+            f"{file} is a PyTorch pickle; reading it needs torch, which is not installed. "
+            "Install torch, or convert the checkpoint to model.safetensors."
+        ) from None
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:  # UnpicklingError for anything but plain tensors, EOF for cut files.
+        raise ValueError(
+            f"Cannot read {file} safely with torch.load(weights_only=True): {error}"
+        ) from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise ValueError(f"{file} does not hold a state dict of tensors")
+    arrays = {}
+    for name, tensor in state.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"{file}: entry {name!r} is a {type(tensor).__name__}, not a tensor")
+        tensor = tensor.detach().cpu()
+        if tensor.is_floating_point():
+            tensor = tensor.to(torch.float32)
+        arrays[name] = tensor.numpy()
+    return arrays
+
+
+def _canonical_name(name):
+    """The name with the `bert.` prefix on backbone tensors and LayerNorm weight/bias spelling."""
+    if not name.startswith(PREFIX) and name.split(".", 1)[0] in ("embeddings", "encoder", "pooler"):
+        name = PREFIX + name
+    if ".LayerNorm." in name:  # Checkpoints converted from TF name LayerNorm gamma/beta.
+        head, _, leaf = name.rpartition(".")
+        name = head + "." + {"gamma": "weight", "beta": "bias"}.get(leaf, leaf)
+    return name
+
+
+def open_weights(path):
+    """A `TensorSource` over a Hugging Face directory's weights, names in canonical form."""
+    path = Path(path)
+    kind, files = _weight_files(path)
+    arrays = {}
+    originals = {}
+    for file in files:
+        if kind == "safetensors":
+            read_safetensors_header(file)  # Validates the whole file (truncation) up front.
+            tensors = read_safetensors(file)
+        else:
+            tensors = _read_torch_file(file)
+        for name, array in tensors.items():
+            canonical = _canonical_name(name)
+            if canonical in arrays:
+                raise ValueError(
+                    f"{path} holds the same weight twice: {originals[canonical]!r} and {name!r}"
+                )
+            arrays[canonical] = array
+            originals[canonical] = name
+    prefixed = any(name.startswith(PREFIX) for name in originals.values())
+
+    def display(canonical):
+        if canonical in originals:
+            return originals[canonical]
+        return canonical if prefixed or not canonical.startswith(PREFIX) else canonical[len(PREFIX) :]
+
+    description = f"the Hugging Face checkpoint {path}"
+    return _weights.TensorSource(description, arrays, arrays.__getitem__, display)
+
+
+def backbone_entries(backbone):
+    """`WeightEntry`s of a kbert `BertBackbone`, named as in `transformers`' BertModel (with `bert.`)."""
+    variables = _weights.variables_by_path(backbone)
+
+    def entry(hf_name, kbert_path, layout=_weights.IDENTITY, part=_weights.BACKBONE):
+        return _weights.WeightEntry(
+            PREFIX + hf_name, _weights.find_variable(variables, kbert_path), layout, part
+        )
+
+    T = _weights.TRANSPOSE
+    entries = [
+        entry("embeddings.word_embeddings.weight", "embeddings/token_embedding/embeddings"),
+        entry("embeddings.position_embeddings.weight", "embeddings/position_embedding/embeddings"),
+        entry("embeddings.token_type_embeddings.weight", "embeddings/segment_embedding/embeddings"),
+        entry("embeddings.LayerNorm.weight", "embeddings/embeddings_layer_norm/gamma"),
+        entry("embeddings.LayerNorm.bias", "embeddings/embeddings_layer_norm/beta"),
+    ]
+    for i in range(backbone.num_layers):
+        hf, kb = f"encoder.layer.{i}.", f"transformer_layer_{i}/"
+        for hf_dense, kb_dense in (
+            ("attention.self.query", "self_attention/query"),
+            ("attention.self.key", "self_attention/key"),
+            ("attention.self.value", "self_attention/value"),
+            ("attention.output.dense", "self_attention/attention_output"),
+            ("intermediate.dense", "intermediate_dense"),
+            ("output.dense", "output_dense"),
+        ):
+            entries.append(entry(f"{hf}{hf_dense}.weight", f"{kb}{kb_dense}/kernel", T))
+            entries.append(entry(f"{hf}{hf_dense}.bias", f"{kb}{kb_dense}/bias"))
+        for hf_norm, kb_norm in (
+            ("attention.output.LayerNorm", "self_attention_layer_norm"),
+            ("output.LayerNorm", "output_layer_norm"),
+        ):
+            entries.append(entry(f"{hf}{hf_norm}.weight", f"{kb}{kb_norm}/gamma"))
+            entries.append(entry(f"{hf}{hf_norm}.bias", f"{kb}{kb_norm}/beta"))
+    entries.append(entry("pooler.dense.weight", "pooler/pooler_dense/kernel", T, _weights.POOLER))
+    entries.append(entry("pooler.dense.bias", "pooler/pooler_dense/bias", part=_weights.POOLER))
+    return entries
+
+
+def model_entries(model):
+    """Backbone entries plus the model's head entries from its `huggingface_head_weights` hook."""
+    backbone = getattr(model, "backbone", model)
+    return backbone_entries(backbone) + _weights.head_entries(model, "huggingface_head_weights")
+
+
+def load_weights(model, path, fresh_heads=None):
+    """Loads a Hugging Face BERT directory's weights into an existing kbert model.
+
+    All tensors are read and checked (names, shapes, tied decoder) before any variable is
+    assigned: on error the model is left as it was.
+
+    Args:
+        model: a kbert model (`BertBackbone`, `BertPretrainer` or a task model implementing
+            `huggingface_head_weights`), with the checkpoint's architecture.
+        path: str or path. The Hugging Face directory.
+        fresh_heads: `None` (default: load the heads the checkpoint has; warn about absent
+            ones), `False` (absent heads are an error) or `True` (do not load heads).
+
+    Returns:
+        A `LoadReport` (tensors loaded, variables left fresh, checkpoint tensors unused).
+
+    Example:
+    >>> backbone = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
+    >>> load_huggingface_weights(backbone, "path/to/hf_bert_tiny")
+    """
+    entries = model_entries(model)
+    source = open_weights(path)
+    names = {e.name for e in entries}
+    consumed = []
+    if _MLM_BIAS in names and _MLM_BIAS not in source.names and _MLM_BIAS_ALIAS in source.names:
+        entries = [
+            _weights.WeightEntry(_MLM_BIAS_ALIAS, e.variable, e.layout, e.part) if e.name == _MLM_BIAS else e
+            for e in entries
+        ]
+    elif _MLM_BIAS_ALIAS in source.names:
+        consumed.append(_MLM_BIAS_ALIAS)
+    if _TIED_DECODER in source.names:
+        consumed.append(_TIED_DECODER)
+        if _MLM_BIAS in names and not fresh_heads:
+            _check_tied_decoder(source)
+    return _weights.assign_checked(
+        type(model).__name__,
+        entries,
+        source,
+        fresh_heads=fresh_heads,
+        is_backbone_tensor=lambda name: name.startswith(PREFIX),
+        ignorable=lambda name: name in _BUFFERS,
+        consumed_extra=consumed,
+    )
+
+
+def _check_tied_decoder(source):
+    decoder = source.read(_TIED_DECODER)
+    embeddings_name = PREFIX + "embeddings.word_embeddings.weight"
+    if embeddings_name not in source.names:
+        return  # Reported as a missing weight.
+    embeddings = source.read(embeddings_name)
+    if decoder.shape != embeddings.shape or not np.array_equal(decoder, embeddings):
+        raise ValueError(
+            f"{source.description}: the masked-LM decoder ({_TIED_DECODER}) differs from the "
+            "word embeddings. kbert ties the decoder to the token embedding, as BERT does; "
+            "untied decoders are not supported (pass fresh_heads=True to load the backbone only)."
+        )
+
+
+def hidden_act_for(activation):
+    if not isinstance(activation, str) or activation not in _EXPORT_ACTIVATIONS:
+        raise ValueError(
+            "Only these activations can be written to a Hugging Face config: "
+            f"{sorted(_EXPORT_ACTIVATIONS)}. Received: activation={activation!r}"
+        )
+    return _EXPORT_ACTIVATIONS[activation]
+
+
+def huggingface_config(model):
+    """The `config.json` dict for `model` (architecture from the `huggingface_architecture` hook)."""
+    backbone = getattr(model, "backbone", model)
+    architecture = getattr(model, "huggingface_architecture", None)
+    if not architecture:
+        raise ValueError(
+            f"{type(model).__name__} has no `huggingface_architecture`: it cannot be exported "
+            "to Hugging Face. See kbert.checkpoints.formats for the hooks a model implements."
+        )
+    config = {
+        "architectures": [architecture],
+        "model_type": "bert",
+        "vocab_size": backbone.vocabulary_size,
+        "hidden_size": backbone.hidden_dim,
+        "num_hidden_layers": backbone.num_layers,
+        "num_attention_heads": backbone.num_heads,
+        "intermediate_size": backbone.intermediate_dim,
+        "hidden_act": hidden_act_for(backbone.activation),
+        "hidden_dropout_prob": backbone.dropout,
+        "attention_probs_dropout_prob": backbone.attention_dropout,
+        "max_position_embeddings": backbone.max_sequence_length,
+        "type_vocab_size": backbone.num_segments,
+        "initializer_range": 0.02,
+        "layer_norm_eps": backbone.layer_norm_epsilon,
+        "pad_token_id": 0,
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": True,
+    }
+    extra = getattr(model, "huggingface_config", None)
+    if callable(extra):
+        config.update(extra())
+    return config
+
+
+def export_to_huggingface(model, path, vocabulary=None, lowercase=None):
+    """Writes a kbert model as a Hugging Face BERT directory that `transformers` loads.
+
+    Writes `config.json` (`model_type: bert`, `architectures` from the model's
+    `huggingface_architecture`: `BertModel`, `BertForPreTraining` or a task class),
+    `model.safetensors` (float32, written with NumPy; backbone names without prefix for
+    `BertModel`, with `bert.` otherwise) and, when a vocabulary is known, `vocab.txt` and
+    `tokenizer_config.json`. Files are staged in a temporary directory and moved into place.
+
+    Args:
+        model: a kbert model: `BertBackbone`, `BertPretrainer` or a task model implementing
+            the `huggingface_head_weights` hook.
+        path: str or path. Output directory (created if needed).
+        vocabulary: optional list of tokens or path of a `vocab.txt`. Defaults to the model's
+            tokenizer / preprocessor vocabulary or `preset_vocabulary_path`, if any.
+        lowercase: optional bool written as `do_lower_case` into `tokenizer_config.json`.
+            Defaults to the tokenizer's `lowercase` attribute when there is one.
+
+    Returns:
+        The output directory as a `Path`.
+
+    Example:
+    >>> pretrainer = BertPretrainer.from_preset("path/to/kbert_preset")
+    >>> export_to_huggingface(pretrainer, "hf_out")
+    >>> transformers.BertForPreTraining.from_pretrained("hf_out")
+    """
+    path = Path(path)
+    config = huggingface_config(model)
+    entries = model_entries(model)
+    covered = {id(e.variable) for e in entries}
+    uncovered = [v.path for v in model.weights if id(v) not in covered]
+    if uncovered:
+        raise ValueError(
+            f"{type(model).__name__} has variables with no Hugging Face name, which the export "
+            f"would drop: {uncovered}. Implement `huggingface_head_weights` for them."
+        )
+    strip = config["architectures"][0] == "BertModel"
+    tensors = {}
+    for entry in entries:
+        value = np.asarray(keras.ops.convert_to_numpy(entry.variable), dtype=np.float32)
+        name = entry.name[len(PREFIX) :] if strip and entry.name.startswith(PREFIX) else entry.name
+        tensors[name] = _weights.from_variable_layout(value, entry)
+    tokens = resolve_vocabulary(model, vocabulary, config["vocab_size"])
+    if lowercase is None:
+        lowercase = _tokenizer_lowercase(model)
+
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path, prefix=".tmp-") as staging:
+        staging = Path(staging)
+        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
+        if tokens is not None:
+            write_vocabulary(tokens, staging / VOCABULARY_FILE)
+            tokenizer_config = {
+                "tokenizer_class": "BertTokenizer",
+                "model_max_length": config["max_position_embeddings"],
+            }
+            if lowercase is not None:
+                tokenizer_config["do_lower_case"] = bool(lowercase)
+            (staging / "tokenizer_config.json").write_text(
+                json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8"
+            )
+        for file in staging.iterdir():
+            os.replace(file, path / file.name)
+    return path
+
+
+def _tokenizer_lowercase(model):
+    preprocessor = getattr(model, "preprocessor", None)
+    tokenizer = getattr(preprocessor, "tokenizer", None) or getattr(model, "tokenizer", None)
+    value = getattr(tokenizer, "lowercase", None)
+    return value if isinstance(value, bool) else None

@@ -1,0 +1,184 @@
+"""keras-hub BERT presets: `config.json` (a serialised `keras_hub.models.BertBackbone`) + `model.weights.h5`.
+
+The preset's backbone is rebuilt locally with keras-hub from the whitelisted numeric fields of
+its config (no deserialisation of arbitrary objects, no download), its weights are loaded by
+keras-hub, and then copied by name into kbert's backbone. keras-hub's BERT uses the tanh
+approximation of GELU and LayerNorm epsilon 1e-12 everywhere, so a kbert model loaded from it
+has `activation="gelu_approximate"`; its attention kernels are per head
+(`(hidden, heads, head_dim)`) and are reshaped into kbert's `(hidden, hidden)` kernels.
+
+keras-hub presets hold a backbone only (task heads such as `BertMaskedLM`'s live in a separate
+`task.weights.h5` that is not read): loading one into `BertPretrainer` or a task model leaves
+the heads fresh (with a warning, or silently with `fresh_heads=True`).
+"""
+
+from pathlib import Path
+
+import numpy as np
+
+from kbert.checkpoints import _weights
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.weights.h5"
+VOCABULARY_FILE = "assets/tokenizer/vocabulary.txt"
+_BERT_NAMES = {"keras_hub>BertBackbone", "keras_nlp>BertBackbone"}
+_CONFIG_KEYS = (
+    "vocabulary_size",
+    "num_layers",
+    "num_heads",
+    "hidden_dim",
+    "intermediate_dim",
+    "dropout",
+    "max_sequence_length",
+    "num_segments",
+)
+_IGNORED_KEYS = {"name", "trainable", "dtype"}
+
+
+def is_keras_hub_config(config):
+    """True for a config.json written by keras-hub (or its predecessor keras-nlp)."""
+    if not isinstance(config, dict):
+        return False
+    registered = str(config.get("registered_name") or "")
+    module = str(config.get("module") or "")
+    return registered.startswith(("keras_hub>", "keras_nlp>")) or module.startswith(
+        ("keras_hub.", "keras_nlp.")
+    )
+
+
+def _backbone_fields(raw, source):
+    registered = raw.get("registered_name") or f"{raw.get('module')}.{raw.get('class_name')}"
+    if registered not in _BERT_NAMES and not (
+        raw.get("class_name") == "BertBackbone" and str(raw.get("module", "")).endswith(".bert.bert_backbone")
+    ):
+        raise ValueError(
+            f"{source} is not a BERT checkpoint: it holds the keras-hub model {registered!r}. "
+            "Expected keras_hub>BertBackbone."
+        )
+    inner = raw.get("config")
+    if not isinstance(inner, dict):
+        raise ValueError(f"{source} has no 'config' object")
+    missing = [k for k in _CONFIG_KEYS[:5] if k not in inner]
+    unknown = sorted(set(inner) - set(_CONFIG_KEYS) - _IGNORED_KEYS)
+    if missing or unknown:
+        raise ValueError(
+            f"{source}: unexpected keras-hub BertBackbone config (missing {missing}, unknown "
+            f"{unknown}). Expected the keys {list(_CONFIG_KEYS)}."
+        )
+    return {k: inner[k] for k in _CONFIG_KEYS if k in inner}
+
+
+def read_config(path, require_weights=True):
+    """`(backbone_config, vocabulary_path, raw_config)` of a keras-hub BERT preset directory."""
+    from kbert.checkpoints.huggingface import read_json
+
+    path = Path(path)
+    raw = read_json(path / CONFIG_FILE)
+    fields = _backbone_fields(raw, str(path / CONFIG_FILE))
+    if require_weights and not (path / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"The keras-hub preset {path} has no {WEIGHTS_FILE}")
+    dropout = float(fields.get("dropout", 0.1))
+    config = {
+        "vocabulary_size": int(fields["vocabulary_size"]),
+        "num_layers": int(fields["num_layers"]),
+        "num_heads": int(fields["num_heads"]),
+        "hidden_dim": int(fields["hidden_dim"]),
+        "intermediate_dim": int(fields["intermediate_dim"]),
+        "max_sequence_length": int(fields.get("max_sequence_length", 512)),
+        "num_segments": int(fields.get("num_segments", 2)),
+        "dropout": dropout,
+        "attention_dropout": dropout,  # keras-hub uses one rate for both.
+        "activation": "gelu_approximate",
+        "layer_norm_epsilon": 1e-12,
+    }
+    vocabulary = path / VOCABULARY_FILE
+    return config, (vocabulary if vocabulary.is_file() else None), raw
+
+
+def build_keras_hub_backbone(path):
+    """The preset's `keras_hub.models.BertBackbone` (float32) with its weights, built locally."""
+    import keras_hub
+
+    from kbert.checkpoints.huggingface import read_json
+
+    path = Path(path)
+    fields = _backbone_fields(read_json(path / CONFIG_FILE), str(path / CONFIG_FILE))
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise FileNotFoundError(f"The keras-hub preset {path} has no {WEIGHTS_FILE}")
+    model = keras_hub.models.BertBackbone(**fields, dtype="float32")
+    try:
+        model.load_weights(str(weights))
+    except Exception as error:  # h5py/keras raise many types for damaged or mismatched files.
+        raise ValueError(f"keras-hub could not load {weights}: {error}") from None
+    return model
+
+
+def open_weights(path):
+    """A `TensorSource` over a keras-hub BERT preset: `{variable.path: value}` of its backbone."""
+    model = build_keras_hub_backbone(path)
+    import keras
+
+    arrays = {v.path: np.asarray(keras.ops.convert_to_numpy(v)) for v in model.weights}
+    return _weights.TensorSource(f"the keras-hub preset {path}", arrays, arrays.__getitem__)
+
+
+def backbone_entries(backbone):
+    """`WeightEntry`s of a kbert `BertBackbone` under keras-hub BertBackbone variable paths."""
+    variables = _weights.variables_by_path(backbone)
+    R = _weights.RESHAPE
+
+    def entry(name, kbert_path, layout=_weights.IDENTITY, part=_weights.BACKBONE):
+        return _weights.WeightEntry(name, _weights.find_variable(variables, kbert_path), layout, part)
+
+    entries = [
+        entry("token_embedding/embeddings", "embeddings/token_embedding/embeddings"),
+        entry("position_embedding/embeddings", "embeddings/position_embedding/embeddings"),
+        entry("segment_embedding/embeddings", "embeddings/segment_embedding/embeddings"),
+        entry("embeddings_layer_norm/gamma", "embeddings/embeddings_layer_norm/gamma"),
+        entry("embeddings_layer_norm/beta", "embeddings/embeddings_layer_norm/beta"),
+    ]
+    for i in range(backbone.num_layers):
+        layer = f"transformer_layer_{i}/"
+        for projection in ("query", "key", "value", "attention_output"):
+            source = f"{layer}self_attention_layer/{projection}"
+            target = f"{layer}self_attention/{projection}"
+            entries.append(entry(f"{source}/kernel", f"{target}/kernel", R))
+            entries.append(entry(f"{source}/bias", f"{target}/bias", R))
+        for source, target in (
+            ("self_attention_layer_norm", "self_attention_layer_norm"),
+            ("feedforward_layer_norm", "output_layer_norm"),
+        ):
+            entries.append(entry(f"{layer}{source}/gamma", f"{layer}{target}/gamma"))
+            entries.append(entry(f"{layer}{source}/beta", f"{layer}{target}/beta"))
+        for source, target in (
+            ("feedforward_intermediate_dense", "intermediate_dense"),
+            ("feedforward_output_dense", "output_dense"),
+        ):
+            entries.append(entry(f"{layer}{source}/kernel", f"{layer}{target}/kernel"))
+            entries.append(entry(f"{layer}{source}/bias", f"{layer}{target}/bias"))
+    entries.append(entry("pooled_dense/kernel", "pooler/pooler_dense/kernel", part=_weights.POOLER))
+    entries.append(entry("pooled_dense/bias", "pooler/pooler_dense/bias", part=_weights.POOLER))
+    return entries
+
+
+def load_weights(model, path, fresh_heads=None):
+    """Loads a keras-hub BERT preset's backbone weights into an existing kbert model.
+
+    Args:
+        model: a kbert model whose backbone has the preset's architecture.
+        path: str or path. The keras-hub preset directory.
+        fresh_heads: `None`, `True` or `False`; see `kbert.checkpoints.formats`. keras-hub
+            presets carry no heads kbert reads.
+
+    Returns:
+        A `LoadReport`.
+
+    Example:
+    >>> backbone = BertBackbone.from_preset("path/to/keras_hub_bert_preset")
+    """
+    backbone = getattr(model, "backbone", model)
+    entries = backbone_entries(backbone) + _weights.head_entries(model, "keras_hub_head_weights")
+    return _weights.assign_checked(
+        type(model).__name__, entries, open_weights(path), fresh_heads=fresh_heads
+    )
