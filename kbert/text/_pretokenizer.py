@@ -197,12 +197,12 @@ class PreTokenizer:
                 & ((previous_type != _unicode.TYPE_WORD) | (previous_row != norm_row))
             )
         )
-        keep = norm_types != _unicode.TYPE_SPACE
-        kept_values = tf.boolean_mask(norm_values, keep)
-        kept_types = tf.boolean_mask(norm_types, keep)
-        kept_char = tf.boolean_mask(norm_char, keep)
-        kept_row = tf.boolean_mask(norm_row, keep)
-        kept_starts = tf.boolean_mask(starts_word, keep)
+        kept = tf.where(norm_types != _unicode.TYPE_SPACE)[:, 0]
+        kept_values = tf.gather(norm_values, kept)
+        kept_types = tf.gather(norm_types, kept)
+        kept_char = tf.gather(norm_char, kept)
+        kept_row = tf.gather(norm_row, kept)
+        kept_starts = tf.gather(starts_word, kept)
         num_kept = tf.size(kept_values)
         first = tf.cast(tf.where(kept_starts)[:, 0], tf.int32)  # [W]
         word_splits = tf.concat([first, tf.reshape(num_kept, [1])], axis=0)

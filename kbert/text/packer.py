@@ -102,6 +102,76 @@ def _tensor_segment(segment, index):
     )
 
 
+def _pack(segments, settings):
+    """Packs RaggedTensors `[B, None]` into dense `[B, sequence_length]`.
+
+    `settings` is an int32 tensor `[sequence_length, cls_token_id,
+    sep_token_id, pad_token_id, waterfall]`, so one trace serves every packer.
+    """
+    length, cls_token_id, sep_token_id, pad_token_id = tf.unstack(settings[:4])
+    waterfall = settings[4] > 0
+    batch = segments[0].nrows(out_type=tf.int32)
+    if len(segments) == 2:
+        tf.debugging.assert_equal(
+            batch,
+            segments[1].nrows(out_type=tf.int32),
+            message="BertPacker: both segments must have the same batch size.",
+        )
+    lengths = [tf.cast(s.row_lengths(), tf.int32) for s in segments]
+    budget = length - 1 - len(segments)
+    if len(segments) == 1:
+        kept = [tf.minimum(lengths[0], budget)]
+    else:
+        first = truncated_lengths(lengths[0], lengths[1], budget, "longest_first")
+        second = truncated_lengths(lengths[0], lengths[1], budget, "waterfall")
+        kept = [tf.where(waterfall, b, a) for a, b in zip(first, second)]
+    # Scatter every kept token to its place: [CLS] A [SEP] B [SEP].
+    rows = tf.range(batch)
+    indices = [tf.stack([rows, tf.zeros_like(rows)], axis=1)]
+    updates = [tf.fill([batch], cls_token_id)]
+    offset = tf.ones_like(rows)  # (batch,) first free position.
+    for segment, kept_length in zip(segments, kept):
+        row = tf.cast(segment.value_rowids(), tf.int32)
+        starts = tf.cast(segment.row_splits, tf.int32)
+        position = tf.range(tf.size(segment.flat_values)) - tf.gather(starts, row)
+        inside = tf.where(position < tf.gather(kept_length, row))[:, 0]
+        row = tf.gather(row, inside)
+        position = tf.gather(position, inside) + tf.gather(offset, row)
+        indices.append(tf.stack([row, position], axis=1))
+        updates.append(tf.gather(segment.flat_values, inside))
+        offset = offset + kept_length
+        indices.append(tf.stack([rows, offset], axis=1))
+        updates.append(tf.fill([batch], sep_token_id))
+        offset = offset + 1
+    token_ids = tf.tensor_scatter_nd_update(
+        tf.fill([batch, length], pad_token_id),
+        tf.concat(indices, axis=0),
+        tf.concat(updates, axis=0),
+    )
+    positions = tf.range(length)[tf.newaxis, :]  # (1, sequence_length)
+    total = offset[:, tf.newaxis]  # (batch, 1) packed length.
+    padding_mask = tf.cast(positions < total, tf.int32)
+    if len(segments) == 2:
+        second_start = (kept[0] + 2)[:, tf.newaxis]
+        segment_ids = tf.cast((positions >= second_start) & (positions < total), tf.int32)
+    else:
+        segment_ids = tf.zeros_like(token_ids)
+    return {
+        "token_ids": token_ids,
+        "segment_ids": segment_ids,
+        "padding_mask": padding_mask,
+    }
+
+
+_SEGMENT_SPEC = tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1)
+_SETTINGS_SPEC = tf.TensorSpec([5], tf.int32)
+# One traced graph per number of segments, shared by all packers.
+_PACK_FUNCTIONS = {
+    n: tf.function(_pack, input_signature=[[_SEGMENT_SPEC] * n, _SETTINGS_SPEC], autograph=False)
+    for n in (1, 2)
+}
+
+
 @keras.saving.register_keras_serializable(package="kbert")
 class BertPacker:
     """Packs token ids into `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]`.
@@ -140,10 +210,10 @@ class BertPacker:
 
     >>> packer = kbert.text.BertPacker(8, cls_token_id=101, sep_token_id=102)
     >>> out = packer(([7, 8, 9], [4, 5, 6, 3]))
-    >>> out["token_ids"]
-    array([101,   7,   8, 102,   4,   5, 102,   0], dtype=int32)
+    >>> out["token_ids"]  # 7 tokens do not fit in 8 - 3: B, longer, is cut.
+    array([101,   7,   8,   9, 102,   4,   5, 102], dtype=int32)
     >>> out["segment_ids"]
-    array([0, 0, 0, 0, 1, 1, 1, 0], dtype=int32)
+    array([0, 0, 0, 0, 0, 1, 1, 1], dtype=int32)
     """
 
     def __init__(
@@ -178,11 +248,6 @@ class BertPacker:
         self.sep_token_id = int(sep_token_id)
         self.pad_token_id = int(pad_token_id)
         self.truncate = truncate
-        spec = tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1)
-        self._pack_fns = {
-            n: tf.function(self._pack, input_signature=[[spec] * n], autograph=False)
-            for n in (1, 2)
-        }
 
     @tf.autograph.experimental.do_not_convert
     def __call__(self, inputs):
@@ -213,65 +278,25 @@ class BertPacker:
             )
         batched = batched.pop()
         segments = [s for s, _ in converted]
-        outputs = self._pack_fns[len(segments)](segments)
+        settings = tf.constant(
+            [
+                self.sequence_length,
+                self.cls_token_id,
+                self.sep_token_id,
+                self.pad_token_id,
+                int(self.truncate == "waterfall"),
+            ],
+            dtype=tf.int32,
+        )
+        outputs = _PACK_FUNCTIONS[len(segments)](segments, settings)
+        if not tf.executing_eagerly():
+            shape = [None, self.sequence_length]
+            outputs = {k: tf.ensure_shape(v, shape) for k, v in outputs.items()}
         if not batched:
             outputs = {k: v[0] for k, v in outputs.items()}
         if not use_tf:
             outputs = {k: v.numpy() for k, v in outputs.items()}
         return outputs
-
-    def _pack(self, segments):
-        """Packs RaggedTensors `[B, None]` into dense `[B, sequence_length]`."""
-        length = self.sequence_length
-        batch = segments[0].nrows(out_type=tf.int32)
-        if len(segments) == 2:
-            tf.debugging.assert_equal(
-                batch,
-                segments[1].nrows(out_type=tf.int32),
-                message="BertPacker: both segments must have the same batch size.",
-            )
-        lengths = [tf.cast(s.row_lengths(), tf.int32) for s in segments]
-        budget = length - 1 - len(segments)
-        if len(segments) == 1:
-            kept = [tf.minimum(lengths[0], budget)]
-        else:
-            kept = list(truncated_lengths(lengths[0], lengths[1], budget, self.truncate))
-        # Scatter every kept token to its place: [CLS] A [SEP] B [SEP].
-        rows = tf.range(batch)
-        indices = [tf.stack([rows, tf.zeros_like(rows)], axis=1)]
-        updates = [tf.fill([batch], self.cls_token_id)]
-        offset = tf.ones_like(rows)  # (batch,) first free position.
-        for segment, kept_length in zip(segments, kept):
-            row = tf.cast(segment.value_rowids(), tf.int32)
-            starts = tf.cast(segment.row_splits, tf.int32)
-            position = tf.range(tf.size(segment.flat_values)) - tf.gather(starts, row)
-            inside = position < tf.gather(kept_length, row)
-            row = tf.boolean_mask(row, inside)
-            position = tf.boolean_mask(position, inside) + tf.gather(offset, row)
-            indices.append(tf.stack([row, position], axis=1))
-            updates.append(tf.boolean_mask(segment.flat_values, inside))
-            offset = offset + kept_length
-            indices.append(tf.stack([rows, offset], axis=1))
-            updates.append(tf.fill([batch], self.sep_token_id))
-            offset = offset + 1
-        token_ids = tf.tensor_scatter_nd_update(
-            tf.fill([batch, length], self.pad_token_id),
-            tf.concat(indices, axis=0),
-            tf.concat(updates, axis=0),
-        )
-        positions = tf.range(length)[tf.newaxis, :]  # (1, sequence_length)
-        total = offset[:, tf.newaxis]  # (batch, 1) packed length.
-        padding_mask = tf.cast(positions < total, tf.int32)
-        if len(segments) == 2:
-            second = (kept[0] + 2)[:, tf.newaxis]
-            segment_ids = tf.cast((positions >= second) & (positions < total), tf.int32)
-        else:
-            segment_ids = tf.zeros_like(token_ids)
-        return {
-            "token_ids": token_ids,
-            "segment_ids": segment_ids,
-            "padding_mask": padding_mask,
-        }
 
     def get_config(self):
         return {

@@ -13,6 +13,11 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 def _sources(files_or_texts):
     """Splits the input into a list of ("file", path) / ("texts", iterable)."""
     if isinstance(files_or_texts, (str, os.PathLike)):
+        if not os.path.isfile(files_or_texts):
+            raise ValueError(
+                f"Training file not found: {os.fspath(files_or_texts)!r}. (To train "
+                f"on a text, pass a list of strings.)"
+            )
         files_or_texts = [files_or_texts]
     if isinstance(files_or_texts, tf.data.Dataset):
         return [("dataset", files_or_texts)]
@@ -104,9 +109,10 @@ def train_wordpiece_vocabulary(
     tokens than `vocabulary_size`.
 
     Args:
-        files_or_texts: a path, or a list whose items are paths of UTF-8 text
-            files (`os.PathLike`, or `str` naming an existing file) or texts
-            (other `str`), or a `tf.data.Dataset` of scalar strings.
+        files_or_texts: the path of a UTF-8 text file; or a list whose items
+            are file paths (`os.PathLike`, or a `str` naming an existing
+            file) or texts (any other `str`); or a `tf.data.Dataset` of
+            scalar strings. Files are read line by line.
         vocabulary_size: int. Target size, special tokens included.
         lowercase: bool. Train an uncased vocabulary. Defaults to `True`.
         strip_accents: bool or None. As in `BertTokenizer`: `None` strips
