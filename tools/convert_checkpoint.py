@@ -85,7 +85,8 @@ def main(argv=None):
 
 
 def _print_report(report):
-    print(f"\nParity report (max |diff| on real positions, tolerance {report['tolerance']:g})")
+    print(f"\nParity report (max |diff| on real positions, tolerance {report['tolerance']:g};")
+    print("  mlm logits relative to max(1, max |reference logit|))")
     if report["reference_note"]:
         print(f"  against source: not computed ({report['reference_note']})")
     for title, values in (("against source", report["against_source"]), ("round trip", report["round_trip"])):
