@@ -9,7 +9,12 @@ each word is lower-cased, NFD-decomposed and stripped of non-spacing marks.
 Everything except the Greek final-sigma rule of `str.lower()` is a function of
 a single code point, so we evaluate those functions once, with the very same
 Python calls as the reference, for every code point, and hand the result to
-TensorFlow as lookup tables. The graph then only does table look-ups, which
+TensorFlow as lookup tables. (The final sigma is handled in the graph from the
+Cased / Case_Ignorable flags stored here. One theoretical gap remains: NFD
+also reorders adjacent combining characters by combining class; per-character
+NFD cannot, which only matters for two adjacent non-Mn combining characters
+in non-canonical order, e.g. U+1D16D U+1D165, musical symbols: the marks the
+reference drops (Mn) do not count, and no BERT vocabulary is affected.) The graph then only does table look-ups, which
 keeps the character offsets exact (every output character knows the input
 character it came from) and keeps the behaviour identical to the reference,
 independent of the Unicode version of ICU or RE2 inside TensorFlow.
@@ -72,26 +77,6 @@ def is_punctuation(char):
     ):
         return True
     return unicodedata.category(char).startswith("P")
-
-
-def is_deleted(char):
-    """The reference `_clean_text` deletion rule."""
-    if char in "\t\n\r":
-        return False
-    code_point = ord(char)
-    if code_point == 0 or code_point == 0xFFFD:
-        return True
-    return unicodedata.category(char) in ("Cc", "Cf")
-
-
-def is_whitespace(char):
-    """Whitespace for the reference: its `_is_whitespace` plus `str.split()`.
-
-    `_clean_text` maps " ", tab, newline, CR and category Zs to a space;
-    `str.split()` then also splits on the other characters Python calls
-    whitespace that survived cleaning (U+2028, U+2029).
-    """
-    return char in " \t\n\r" or unicodedata.category(char) == "Zs" or char.isspace()
 
 
 def normalize_char(char, lowercase, strip_accents):

@@ -11,7 +11,6 @@ import tensorflow_text as tf_text
 
 from kbert.text._pretokenizer import PreTokenizer
 
-REQUIRED_SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[PAD]")
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
@@ -186,6 +185,15 @@ class BertTokenizer:
     `[MASK]`, `[PAD]` and the unknown token written verbatim (case-sensitive)
     in the raw text to their ids, like Hugging Face's default behaviour.
 
+    Where Hugging Face departs from the original, kbert follows the original:
+    Python's `str.lower()` turns a word-final capital sigma into `ς` (the
+    `tokenizers` library lower-cases character by character), private-use
+    and unassigned characters are kept (Hugging Face deletes every category
+    C* character, the original only Cc and Cf), character classes come from
+    the running Python's `unicodedata` (like the original), and no NFC
+    normalisation is applied (Hugging Face's Python tokenizer adds one).
+    Pair truncation in `BertPacker` also follows the original.
+
     Args:
         vocabulary: list of str, or str path of a `vocab.txt` (one token per
             line; the line index is the id). Must contain `[CLS]`, `[SEP]`,
@@ -254,7 +262,7 @@ class BertTokenizer:
                 f"`strip_accents` must be None, True or False. Received: "
                 f"strip_accents={strip_accents!r}"
             )
-        _check_vocabulary(tokens, REQUIRED_SPECIAL_TOKENS[:3] + (unknown_token,) + REQUIRED_SPECIAL_TOKENS[3:])
+        _check_vocabulary(tokens, ("[CLS]", "[SEP]", "[MASK]", unknown_token, "[PAD]"))
         self._vocabulary = tokens
         self._token_to_id = {t: i for i, t in enumerate(tokens)}
         self.lowercase = bool(lowercase)

@@ -11,16 +11,38 @@ implementations knowingly deviate from the original:
 
 import unicodedata
 
-from kbert.text import _unicode
+# The CJK Unified Ideographs blocks of the original `_is_chinese_char`.
+_CJK = (
+    (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
+)
+
+
+def is_cjk(char):
+    return any(low <= ord(char) <= high for low, high in _CJK)
+
+
+def is_whitespace(char):
+    return char in " \t\n\r" or unicodedata.category(char) == "Zs"
+
+
+def is_control(char):
+    return char not in "\t\n\r" and unicodedata.category(char) in ("Cc", "Cf")
+
+
+def is_punctuation(char):
+    code = ord(char)
+    if 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126:
+        return True
+    return unicodedata.category(char).startswith("P")
 
 
 def clean_text(text):
     out = []
     for char in text:
-        if _unicode.is_deleted(char):
+        if ord(char) in (0, 0xFFFD) or is_control(char):
             continue
-        is_space = char in " \t\n\r" or unicodedata.category(char) == "Zs"
-        out.append(" " if is_space else char)
+        out.append(" " if is_whitespace(char) else char)
     return "".join(out)
 
 
@@ -28,7 +50,7 @@ def basic_tokenize(text, lowercase=True, strip_accents=None):
     if strip_accents is None:
         strip_accents = lowercase
     text = clean_text(text)
-    text = "".join(f" {c} " if _unicode.is_cjk(ord(c)) else c for c in text)
+    text = "".join(f" {c} " if is_cjk(c) else c for c in text)
     words = []
     for token in text.split():
         if lowercase:
@@ -38,7 +60,7 @@ def basic_tokenize(text, lowercase=True, strip_accents=None):
             token = "".join(c for c in token if unicodedata.category(c) != "Mn")
         current = None
         for char in token:
-            if _unicode.is_punctuation(char):
+            if is_punctuation(char):
                 words.append(char)
                 current = None
             else:
