@@ -49,6 +49,7 @@ Hooks a model class implements to be loadable / exportable with its heads
 Head variables a hook does not name count as absent heads (see the policy above).
 """
 
+import inspect
 import json
 from pathlib import Path
 
@@ -95,9 +96,9 @@ def load(cls, path, fmt, load_weights=True, **kwargs):
         path: the checkpoint directory.
         fmt: "huggingface", "google" or "keras_hub" (from `detect`).
         load_weights: bool. Whether to load the weights (else fresh ones).
-        **kwargs: `fresh_heads` (see the module docstring), backbone arguments that override
-            the checkpoint's config (`dtype`, `dropout`, `flash_attention`...), and the
-            model's own arguments (e.g. `num_classes`).
+        **kwargs: `fresh_heads` (see the module docstring), `BertBackbone` arguments that
+            override the checkpoint's config (`dtype`, `dropout`, `flash_attention`, ...),
+            and the model's own arguments (e.g. `num_classes`).
     """
     if fmt not in _READERS:
         raise ValueError(f"Unknown checkpoint format {fmt!r}. Expected one of {sorted(_READERS)}")
@@ -108,7 +109,8 @@ def load(cls, path, fmt, load_weights=True, **kwargs):
     path = Path(path)
     config, vocabulary, raw = reader.read_config(path, require_weights=load_weights)
     check_vocabulary_size(vocabulary, config["vocabulary_size"], source=f"the config in {path}")
-    overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in config or k in ("dtype", "flash_attention")}
+    backbone_arguments = set(inspect.signature(BertBackbone.__init__).parameters) - {"self", "kwargs"}
+    overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in backbone_arguments}
     config.update(overrides)
     backbone = BertBackbone(**config)
     model_kwargs = getattr(cls, "huggingface_model_kwargs", None)

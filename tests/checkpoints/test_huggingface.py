@@ -135,7 +135,8 @@ def test_wrong_activation_is_detected(checkpoints, tmp_path):
 def test_variants_load_the_same_weights(checkpoints, tmp_path):
     """pytorch_model.bin, sharded safetensors and TF-style gamma/beta names give identical weights."""
     path, hf_model = checkpoints("exact_gelu", "pretraining")
-    reference = kbert.models.BertPretrainer.from_preset(path)
+    reference = kbert.models.BertPretrainer.from_preset(path, dropout=0.0, attention_dropout=0.0)
+    assert (reference.backbone.dropout, reference.backbone.attention_dropout) == (0.0, 0.0)
     expected = _weights(reference)
 
     torch_dir = tmp_path / "torch_bin"
