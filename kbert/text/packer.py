@@ -1,5 +1,7 @@
 """Packs one or two token-id segments into BERT's fixed-length model input."""
 
+import itertools
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -264,11 +266,9 @@ class BertPacker:
                 converted.append(_tensor_segment(segment, index))
             else:
                 rows, batched = _python_segment(segment, index)
-                ragged = tf.ragged.constant(rows, dtype=tf.int32, ragged_rank=1)
-                if not rows:
-                    ragged = tf.RaggedTensor.from_row_lengths(
-                        tf.zeros([0], tf.int32), tf.zeros([0], tf.int64)
-                    )
+                flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32)
+                lengths = np.array([len(row) for row in rows], dtype=np.int64)
+                ragged = tf.RaggedTensor.from_row_lengths(flat, lengths)
                 converted.append((ragged, batched))
         batched = {b for _, b in converted}
         if len(batched) != 1:

@@ -573,8 +573,9 @@ class BertTokenizer:
         `preset` is either a `vocab.txt` file, or a directory holding
         `vocab.txt` (a Hugging Face / kbert preset) or
         `assets/tokenizer/vocabulary.txt` (a keras-hub preset). Casing comes
-        from `tokenizer_config.json` (`do_lower_case`, `strip_accents`) when
-        present; keyword arguments override it.
+        from `tokenizer_config.json` (`do_lower_case`, `strip_accents`), else
+        from `tokenizer.json` (keras-hub config or Hugging Face normalizer),
+        when present; keyword arguments override it.
 
         Args:
             preset: str path.
@@ -611,11 +612,19 @@ class BertTokenizer:
             if isinstance(data.get("unk_token"), str):
                 config["unknown_token"] = data["unk_token"]
         elif os.path.isfile(keras_hub_config):
+            # keras-hub: {"config": {"lowercase": ...}}; Hugging Face fast
+            # tokenizers: {"normalizer": {"type": "BertNormalizer", ...}}.
             with open(keras_hub_config, encoding="utf-8") as f:
                 data = json.load(f)
-            inner = data.get("config", {}) if isinstance(data, dict) else {}
+            data = data if isinstance(data, dict) else {}
+            inner = data.get("config") or {}
+            normalizer = data.get("normalizer") or {}
             if "lowercase" in inner:
                 config["lowercase"] = bool(inner["lowercase"])
+            elif normalizer.get("type") == "BertNormalizer":
+                config["lowercase"] = bool(normalizer.get("lowercase", True))
+                if normalizer.get("strip_accents") is not None:
+                    config["strip_accents"] = bool(normalizer["strip_accents"])
         config.update(kwargs)
         return cls(vocabulary=vocabulary, **config)
 

@@ -373,6 +373,20 @@ def test_from_preset(tmp_path, minilm_dir, vocab_path, tokenizer):
     assert loaded.get_config() == cased.get_config() and loaded.lowercase is False
     assert loaded("Hello") == [tokenizer.unk_token_id] != tokenizer("Hello")
     assert BertTokenizer.from_preset(str(tmp_path / "cased"), lowercase=True).lowercase
+    keras_hub_dir = tmp_path / "keras_hub" / "assets" / "tokenizer"
+    keras_hub_dir.mkdir(parents=True)
+    (keras_hub_dir / "vocabulary.txt").write_text("\n".join(tokenizer.vocabulary) + "\n", "utf-8")
+    (tmp_path / "keras_hub" / "tokenizer.json").write_text('{"config": {"lowercase": false}}')
+    loaded = BertTokenizer.from_preset(tmp_path / "keras_hub")
+    assert loaded.lowercase is False and loaded.vocabulary == tokenizer.vocabulary
+    hf_fast_dir = tmp_path / "hf_fast"
+    hf_fast_dir.mkdir()
+    (hf_fast_dir / "vocab.txt").write_text("\n".join(tokenizer.vocabulary) + "\n", "utf-8")
+    (hf_fast_dir / "tokenizer.json").write_text(
+        '{"normalizer": {"type": "BertNormalizer", "lowercase": false, "strip_accents": true}}'
+    )
+    loaded = BertTokenizer.from_preset(hf_fast_dir)
+    assert (loaded.lowercase, loaded.strip_accents) == (False, True)
     with pytest.raises(ValueError, match="does not exist"):
         BertTokenizer.from_preset(str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
