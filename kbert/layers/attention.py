@@ -2,6 +2,7 @@
 
 import functools
 import math
+import warnings
 
 import keras
 from keras import ops
@@ -54,6 +55,13 @@ class HashDropout(keras.layers.Dropout):
         rate: float in [0, 1]. Fraction of the elements to drop.
         seed: int or None. Seed of the layer's seed generator.
 
+    Call arguments:
+        inputs: tensor of any rank.
+        training: bool. Dropout applies only when true.
+        seed: optional int tensor `(2,)`, the key to use instead of drawing one from the
+            layer's seed generator (see `next_seed`): a block that is recomputed in the
+            backward pass (`remat`) passes the same key to both passes.
+
     Example:
     >>> dropout = HashDropout(0.1)
     >>> y = dropout(np.ones((4, 1000)), training=True)
@@ -64,14 +72,25 @@ class HashDropout(keras.layers.Dropout):
         kwargs.pop("noise_shape", None)
         super().__init__(rate, seed=seed, **kwargs)
 
-    def call(self, inputs, training=False):
+    @property
+    def uses_hash(self):
+        """Whether masks come from the hash (JAX, TensorFlow) rather than the backend's dropout."""
+        return 0 < self.rate < 1 and keras.config.backend() in ("jax", "tensorflow")
+
+    def next_seed(self):
+        """Draws the key of the next call from the seed generator (`None` when none is used)."""
+        return self.seed_generator.next() if self.uses_hash else None
+
+    def call(self, inputs, training=False, seed=None):
         if not training or self.rate == 0:
             return inputs
         if self.rate >= 1:
             return ops.zeros_like(inputs)
-        if keras.config.backend() not in ("jax", "tensorflow"):
+        if not self.uses_hash:
             return super().call(inputs, training=training)
-        seed = ops.cast(self.seed_generator.next(), "int32")  # (2,)
+        if seed is None:
+            seed = self.seed_generator.next()
+        seed = ops.cast(seed, "int32")  # (2,)
         key_row = _mix32(seed[0] + ops.cast(_as_int32(0x9E3779B9), "int32"))
         key_column = _mix32(ops.bitwise_xor(seed[1], key_row))
         shape = ops.shape(inputs)
@@ -129,12 +148,18 @@ class BertSelfAttention(keras.layers.Layer):
         kernel_initializer: initializer of the four projections. Defaults to
             `TruncatedNormal(stddev=0.02)`.
         flash_attention: `None` (let the backend decide), `True` or `False`; passed to
-            `keras.ops.dot_product_attention`. Defaults to `None`.
+            `keras.ops.dot_product_attention`. Where `True` cannot be honoured (TensorFlow;
+            CPUs; GPUs or shapes the backend's flash kernel does not support; training with
+            attention dropout, which the fused op does not implement) the layer falls back to
+            the standard computation, with the same numbers, and says so in one warning.
+            Defaults to `None`.
 
     Call arguments:
         inputs: float tensor `(batch_size, sequence_length, hidden_dim)`.
         padding_mask: bool/int tensor `(batch_size, sequence_length)`, true for real tokens.
         training: bool.
+        dropout_seed: optional int tensor `(2,)`: the key of the attention-dropout mask
+            (see `HashDropout`); drawn from the layer's seed generator when omitted.
 
     Example:
     >>> attention = BertSelfAttention(num_heads=2, hidden_dim=8)
@@ -193,7 +218,10 @@ class BertSelfAttention(keras.layers.Layer):
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         return ops.reshape(x, (batch, length, self.num_heads, self.head_dim))
 
-    def call(self, inputs, padding_mask=None, training=None):
+    # Reasons already warned about, so that a fallback is reported once per process.
+    _flash_fallback_warned = set()
+
+    def call(self, inputs, padding_mask=None, training=None, dropout_seed=None):
         x = inputs
         query = self._split_heads(self.query_dense(x))  # (batch, seq, heads, head_dim)
         key = self._split_heads(self.key_dense(x))
@@ -207,24 +235,64 @@ class BertSelfAttention(keras.layers.Layer):
             keys = ops.logical_or(keys, empty)
             mask = keys[:, None, None, :]  # (batch, 1, 1, seq) -> broadcast over heads, queries
 
-        if (training and self.dropout > 0) or _fused_path_unsupported(self.compute_dtype):
-            context = self._explicit_attention(query, key, value, mask, training)
+        if training and self.dropout > 0:
+            if self.flash_attention:
+                self._warn_flash_fallback(
+                    "the fused attention op has no attention dropout; training with "
+                    f"attention dropout {self.dropout} uses the explicit softmax path"
+                )
+            context = self._explicit_attention(query, key, value, mask, training, dropout_seed)
+        elif _fused_path_unsupported(self.compute_dtype):
+            context = self._explicit_attention(query, key, value, mask, training, dropout_seed)
         else:
-            context = ops.dot_product_attention(
-                query, key, value, mask=mask, flash_attention=self.flash_attention
-            )  # (batch, seq, heads, head_dim)
+            context = self._fused_attention(query, key, value, mask)
+            # (batch, seq, heads, head_dim)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         context = ops.reshape(context, (batch, length, self.hidden_dim))
         return self.output_dense(context)
 
-    def _explicit_attention(self, query, key, value, mask, training):
+    def _fused_attention(self, query, key, value, mask):
+        """`keras.ops.dot_product_attention`, falling back from a flash kernel the backend lacks."""
+        if self.flash_attention and not getattr(self, "_flash_unavailable", False):
+            try:
+                return ops.dot_product_attention(
+                    query, key, value, mask=mask, flash_attention=True
+                )
+            except (RuntimeError, ValueError, ImportError, NotImplementedError) as error:
+                # The backend refused before computing anything; the same attention
+                # without the flash kernel gives the same numbers.
+                self._flash_unavailable = True
+                reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                self._warn_flash_fallback(
+                    f"the {keras.config.backend()} backend cannot run flash attention here "
+                    f"({type(error).__name__}: {reason[:200]})"
+                )
+        flash = False if self.flash_attention else self.flash_attention
+        return ops.dot_product_attention(query, key, value, mask=mask, flash_attention=flash)
+
+    def _warn_flash_fallback(self, reason):
+        key = reason.split("(")[0]
+        if key in BertSelfAttention._flash_fallback_warned:
+            return
+        BertSelfAttention._flash_fallback_warned.add(key)
+        warnings.warn(
+            f"`flash_attention=True` was requested but {reason}. Falling back to the "
+            "standard attention computation (same results, no flash kernel). Pass "
+            "`flash_attention=None` to let the backend choose and silence this warning.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+    def _explicit_attention(self, query, key, value, mask, training, dropout_seed=None):
         scale = 1.0 / math.sqrt(self.head_dim)
         scores = ops.einsum("bqhd,bkhd->bhqk", query * ops.cast(scale, query.dtype), key)
         scores = ops.cast(scores, "float32")  # (batch, heads, seq, seq), softmax in float32
         if mask is not None:
             scores = ops.where(mask, scores, ops.cast(-1e9, "float32"))
         probabilities = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
-        probabilities = self.probability_dropout(probabilities, training=training)
+        probabilities = self.probability_dropout(
+            probabilities, training=training, seed=dropout_seed
+        )
         return ops.einsum("bhqk,bkhd->bqhd", probabilities, value)  # (batch, seq, heads, head_dim)
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):

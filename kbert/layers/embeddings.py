@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from kbert.layers.attention import HashDropout
 from kbert.layers.utils import check_index_range, clone_initializer, float32_policy
 
 
@@ -115,7 +116,7 @@ class BertEmbeddings(keras.layers.Layer):
             dtype=float32_policy(self.dtype_policy),
             name="embeddings_layer_norm",
         )
-        self.dropout_layer = keras.layers.Dropout(
+        self.dropout_layer = HashDropout(
             dropout, dtype=self.dtype_policy, name="embeddings_dropout"
         )
 

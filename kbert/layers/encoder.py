@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from kbert.layers.attention import BertSelfAttention
+from kbert.layers.attention import BertSelfAttention, HashDropout
 from kbert.layers.utils import clone_initializer, float32_policy, get_activation
 
 
@@ -26,6 +26,11 @@ class TransformerEncoder(keras.layers.Layer):
         kernel_initializer: initializer for all kernels. Defaults to
             `TruncatedNormal(stddev=0.02)`.
         flash_attention: `None`, `True` or `False`; see `BertSelfAttention`.
+        remat: bool. Recompute the block in the backward pass instead of storing its
+            activations (`keras.remat`: `jax.checkpoint`, `tf.recompute_grad`,
+            `torch.utils.checkpoint`). The dropout keys are drawn before the block and
+            passed in, so both passes use the same masks and gradients equal those without
+            remat. Only training calls are rematerialised. Defaults to `False`.
 
     Call arguments:
         inputs: float tensor `(batch_size, sequence_length, hidden_dim)`.
@@ -50,6 +55,7 @@ class TransformerEncoder(keras.layers.Layer):
         layer_norm_epsilon=1e-12,
         kernel_initializer=None,
         flash_attention=None,
+        remat=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -61,6 +67,7 @@ class TransformerEncoder(keras.layers.Layer):
         self.attention_dropout = attention_dropout
         self.layer_norm_epsilon = layer_norm_epsilon
         self.flash_attention = flash_attention
+        self.remat = remat
         self.kernel_initializer = keras.initializers.get(
             kernel_initializer or keras.initializers.TruncatedNormal(stddev=0.02)
         )
@@ -78,7 +85,7 @@ class TransformerEncoder(keras.layers.Layer):
             name="self_attention",
         )
         self.self_attention.build(input_shape)
-        self.attention_dropout_layer = keras.layers.Dropout(
+        self.attention_dropout_layer = HashDropout(
             self.dropout, dtype=self.dtype_policy, name="self_attention_dropout"
         )
         self.attention_layer_norm = keras.layers.LayerNormalization(
@@ -101,7 +108,7 @@ class TransformerEncoder(keras.layers.Layer):
             name="output_dense",
         )
         self.output_dense.build(tuple(input_shape[:-1]) + (self.intermediate_dim,))
-        self.output_dropout_layer = keras.layers.Dropout(
+        self.output_dropout_layer = HashDropout(
             self.dropout, dtype=self.dtype_policy, name="output_dropout"
         )
         self.output_layer_norm = keras.layers.LayerNormalization(
@@ -113,13 +120,38 @@ class TransformerEncoder(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, padding_mask=None, training=None):
+        if not (self.remat and training):
+            return self._block(inputs, padding_mask, training)
+        # Keys drawn here, outside the recomputed function, so that its two runs agree.
+        dropouts = (
+            self.self_attention.probability_dropout,
+            self.attention_dropout_layer,
+            self.output_dropout_layer,
+        )
+        seeds = [layer.next_seed() for layer in dropouts]
+        used = [seed is not None for seed in seeds]
+        has_mask = padding_mask is not None
+
+        def block(x, *tensors):
+            tensors = list(tensors)
+            mask = tensors.pop(0) if has_mask else None
+            block_seeds = [tensors.pop(0) if use else None for use in used]
+            return self._block(x, mask, True, block_seeds)
+
+        tensors = ([padding_mask] if has_mask else []) + [s for s in seeds if s is not None]
+        return keras.remat(block)(inputs, *tensors)
+
+    def _block(self, inputs, padding_mask, training, seeds=(None, None, None)):
         x = inputs
-        attended = self.self_attention(x, padding_mask=padding_mask, training=training)
-        attended = self.attention_dropout_layer(attended, training=training)
+        attended = self.self_attention(
+            x, padding_mask=padding_mask, training=training, dropout_seed=seeds[0]
+        )
+        attended = self.attention_dropout_layer(attended, training=training, seed=seeds[1])
         x = ops.cast(self.attention_layer_norm(x + attended), self.compute_dtype)
 
         hidden = self.activation_fn(self.intermediate_dense(x))  # (batch, seq, intermediate)
-        hidden = self.output_dropout_layer(self.output_dense(hidden), training=training)
+        hidden = self.output_dense(hidden)  # (batch, seq, hidden)
+        hidden = self.output_dropout_layer(hidden, training=training, seed=seeds[2])
         return ops.cast(self.output_layer_norm(x + hidden), self.compute_dtype)
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
@@ -137,6 +169,7 @@ class TransformerEncoder(keras.layers.Layer):
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "flash_attention": self.flash_attention,
+                "remat": self.remat,
             }
         )
         return config
