@@ -55,6 +55,10 @@ class BertBackbone(PresetMixin, keras.Model):
             (tanh form of the original TensorFlow code) or `"relu"`. Defaults to `"gelu"`.
         layer_norm_epsilon: float. Defaults to `1e-12`.
         flash_attention: `None` (backend decides), `True` or `False`. Defaults to `None`.
+        remat: bool. Rematerialise (recompute) each transformer block in the backward pass
+            instead of keeping its activations: training memory grows with the number of
+            blocks' inputs only, at the cost of about one more forward pass. For long
+            sequences and large batches. Defaults to `False`.
         dtype: dtype policy, e.g. `"float32"`, `"mixed_bfloat16"`. Defaults to the global policy.
 
     Example:
@@ -86,6 +90,7 @@ class BertBackbone(PresetMixin, keras.Model):
         activation="gelu",
         layer_norm_epsilon=1e-12,
         flash_attention=None,
+        remat=False,
         dtype=None,
         **kwargs,
     ):
@@ -124,6 +129,7 @@ class BertBackbone(PresetMixin, keras.Model):
                 attention_dropout=attention_dropout,
                 layer_norm_epsilon=layer_norm_epsilon,
                 flash_attention=flash_attention,
+                remat=remat,
                 dtype=dtype,
                 name=f"transformer_layer_{i}",
             )
@@ -166,6 +172,97 @@ class BertBackbone(PresetMixin, keras.Model):
         self.activation = activation
         self.layer_norm_epsilon = layer_norm_epsilon
         self.flash_attention = flash_attention
+        self.remat = remat
+
+    @classmethod
+    def get_layout_map(
+        cls,
+        device_mesh,
+        model_parallel_dim_name="model",
+        data_parallel_dim_name="batch",
+    ):
+        """A `keras.distribution.LayoutMap` that shards the backbone Megatron-style.
+
+        Within every transformer block the query, key, value and intermediate kernels are
+        split by output column over the model-parallel axis (each device holds whole heads
+        and a slice of the feed-forward width) and the attention-output and output kernels
+        by input row, so each block needs one all-reduce after attention and one after the
+        feed-forward layer (Shoeybi et al., 2019, "Megatron-LM", section 3). Biases of
+        column-split layers are split with them. The embedding tables and the pooler are
+        split along the hidden dimension. The other dimension of every kernel is split over
+        the data-parallel axis (weights fully sharded and gathered when used, as keras-hub
+        does); pass `data_parallel_dim_name=None` to replicate weights along it. LayerNorm
+        parameters and the remaining biases are replicated.
+
+        Hidden and intermediate widths must be divisible by the size of the model axis
+        (and the hidden width by the data axis when weights are split over it), and
+        `num_heads` by the model axis so that heads stay whole; `kbert.distribution.
+        model_parallel(...)` checks this for a given configuration.
+
+        Use it with `keras.distribution.ModelParallel` (JAX), creating the model inside the
+        distribution's scope so that variables are created sharded.
+
+        Args:
+            device_mesh: `keras.distribution.DeviceMesh`.
+            model_parallel_dim_name: str. Mesh axis that splits the weights. Defaults to
+                `"model"`.
+            data_parallel_dim_name: str or None. Mesh axis that splits the batch (and the
+                other weight dimension). Defaults to `"batch"`.
+
+        Returns:
+            `keras.distribution.LayoutMap` keyed by regular expressions over variable paths.
+
+        Example:
+        >>> mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"])
+        >>> layout_map = BertBackbone.get_layout_map(mesh)
+        >>> distribution = keras.distribution.ModelParallel(
+        ...     layout_map=layout_map, batch_dim_name="batch")
+        >>> with distribution.scope():
+        ...     backbone = BertBackbone.from_preset("bert_base_en_uncased")
+        """
+        if not isinstance(device_mesh, keras.distribution.DeviceMesh):
+            raise ValueError(
+                "`device_mesh` must be a `keras.distribution.DeviceMesh`. "
+                f"Received: {type(device_mesh).__name__}"
+            )
+        axis_names = list(device_mesh.axis_names)
+        if model_parallel_dim_name not in axis_names:
+            raise ValueError(
+                f"The device mesh has no axis named {model_parallel_dim_name!r} "
+                "(`model_parallel_dim_name`) to split the weights over. "
+                f"Received a mesh with axes {axis_names} and shape {tuple(device_mesh.shape)}."
+            )
+        if data_parallel_dim_name is not None and data_parallel_dim_name not in axis_names:
+            raise ValueError(
+                f"The device mesh has no axis named {data_parallel_dim_name!r} "
+                "(`data_parallel_dim_name`; pass None for a model-parallel-only layout). "
+                f"Received a mesh with axes {axis_names} and shape {tuple(device_mesh.shape)}."
+            )
+        if data_parallel_dim_name == model_parallel_dim_name:
+            raise ValueError(
+                "`model_parallel_dim_name` and `data_parallel_dim_name` must differ. "
+                f"Received: both {model_parallel_dim_name!r}"
+            )
+        model, data = model_parallel_dim_name, data_parallel_dim_name
+        prefix = r"(.*/)?"  # The backbone may be nested in a task model.
+        block = prefix + r"transformer_layer_\d+/"
+        layout_map = keras.distribution.LayoutMap(device_mesh)
+        # Embeddings: the vocabulary size (30,522) rarely divides a mesh axis; split hidden.
+        layout_map[prefix + "embeddings/(token|position|segment)_embedding/embeddings"] = (
+            None,
+            model,
+        )
+        # Column-parallel: output features (whole heads) over the model axis.
+        layout_map[block + "self_attention/(query|key|value)/kernel"] = (data, model)
+        layout_map[block + "self_attention/(query|key|value)/bias"] = (model,)
+        layout_map[block + "intermediate_dense/kernel"] = (data, model)
+        layout_map[block + "intermediate_dense/bias"] = (model,)
+        # Row-parallel: input features over the model axis; the sum is all-reduced.
+        layout_map[block + "self_attention/attention_output/kernel"] = (model, data)
+        layout_map[block + "output_dense/kernel"] = (model, data)
+        layout_map[prefix + "pooler/pooler_dense/kernel"] = (data, model)
+        layout_map[prefix + "pooler/pooler_dense/bias"] = (model,)
+        return layout_map
 
     @property
     def token_embedding(self):
@@ -193,6 +290,7 @@ class BertBackbone(PresetMixin, keras.Model):
             "activation": self.activation,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "flash_attention": self.flash_attention,
+            "remat": self.remat,
         }
 
     @classmethod

@@ -18,6 +18,10 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
         total_steps: int. Number of training steps of the whole schedule.
         warmup_steps: int. Number of warm-up steps.
         end_learning_rate: float. Defaults to `0.0`.
+        accumulation_steps: int. Micro-batches per optimizer update. An optimizer with
+            `gradient_accumulation_steps=k` calls its schedule with the number of
+            micro-batches seen; the schedule then advances once every `k` of them, so
+            `warmup_steps` and `total_steps` keep counting updates. Defaults to `1`.
 
     Example:
     >>> schedule = WarmupLinearDecay(1e-4, total_steps=1000, warmup_steps=100)
@@ -25,18 +29,33 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
     5e-05
     """
 
-    def __init__(self, peak_learning_rate, total_steps, warmup_steps, end_learning_rate=0.0):
+    def __init__(
+        self,
+        peak_learning_rate,
+        total_steps,
+        warmup_steps,
+        end_learning_rate=0.0,
+        accumulation_steps=1,
+    ):
         if total_steps < 1 or warmup_steps < 0 or warmup_steps > total_steps:
             raise ValueError(
                 "Expected 0 <= warmup_steps <= total_steps and total_steps >= 1. "
                 f"Received: total_steps={total_steps}, warmup_steps={warmup_steps}"
             )
+        if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
+            raise ValueError(
+                "`accumulation_steps` must be a positive integer. "
+                f"Received: accumulation_steps={accumulation_steps!r}"
+            )
+        self.accumulation_steps = accumulation_steps
         self.peak_learning_rate = peak_learning_rate
         self.total_steps = total_steps
         self.warmup_steps = warmup_steps
         self.end_learning_rate = end_learning_rate
 
     def __call__(self, step):
+        if self.accumulation_steps > 1:
+            step = ops.floor_divide(step, self.accumulation_steps)
         step = ops.cast(step, "float32")
         peak = ops.cast(self.peak_learning_rate, "float32")
         warmup = ops.cast(max(self.warmup_steps, 1), "float32")
@@ -52,6 +71,7 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
             "total_steps": self.total_steps,
             "warmup_steps": self.warmup_steps,
             "end_learning_rate": self.end_learning_rate,
+            "accumulation_steps": self.accumulation_steps,
         }
 
 
@@ -66,6 +86,7 @@ def bert_optimizer(
     epsilon=1e-6,
     global_clipnorm=1.0,
     optimizer="adamw",
+    gradient_accumulation_steps=None,
 ):
     """The optimizer of the BERT paper: AdamW (decoupled decay) or LAMB, warm-up + linear decay.
 
@@ -82,13 +103,32 @@ def bert_optimizer(
         beta_1, beta_2, epsilon: Adam moments. Defaults to `0.9`, `0.999`, `1e-6`.
         global_clipnorm: float or None. Defaults to `1.0`.
         optimizer: `"adamw"` or `"lamb"`. Defaults to `"adamw"`.
+        gradient_accumulation_steps: int >= 2 or None. Average the gradients of this many
+            consecutive batches (micro-batches) and update once: the update of a batch `k`
+            times larger at the activation memory of one micro-batch. Steps of the schedule
+            (`total_steps`, `warmup_steps`) count updates, not micro-batches. Clipping and
+            weight decay apply to the averaged update. Defaults to `None` (update every batch).
 
     Example:
     >>> optimizer = bert_optimizer(5e-5, total_steps=2000, warmup_ratio=0.1)
+    >>> # Batches of 8, one update per 4 of them (an effective batch of 32):
+    >>> optimizer = bert_optimizer(5e-5, total_steps=2000, gradient_accumulation_steps=4)
     """
     if warmup_steps is None:
         warmup_steps = int(round(total_steps * warmup_ratio))
-    schedule = WarmupLinearDecay(learning_rate, total_steps, warmup_steps)
+    if gradient_accumulation_steps is not None and (
+        not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 2
+    ):
+        raise ValueError(
+            "`gradient_accumulation_steps` must be None or an integer >= 2. "
+            f"Received: gradient_accumulation_steps={gradient_accumulation_steps!r}"
+        )
+    schedule = WarmupLinearDecay(
+        learning_rate,
+        total_steps,
+        warmup_steps,
+        accumulation_steps=gradient_accumulation_steps or 1,
+    )
     common = dict(
         learning_rate=schedule,
         beta_1=beta_1,
@@ -96,6 +136,7 @@ def bert_optimizer(
         epsilon=epsilon,
         weight_decay=weight_decay,
         global_clipnorm=global_clipnorm,
+        gradient_accumulation_steps=gradient_accumulation_steps,
     )
     if optimizer == "adamw":
         result = keras.optimizers.AdamW(**common)
