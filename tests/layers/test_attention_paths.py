@@ -1,0 +1,213 @@
+"""Which attention path runs when, the flash-attention fallback, and the hash dropout.
+
+The fused path (`keras.ops.dot_product_attention`) must be taken at inference and in training
+without attention dropout; the explicit softmax path only when attention dropout is active;
+both give the reference numbers. `flash_attention=True` where the backend cannot do it falls
+back with one warning and identical outputs. `HashDropout` must behave as Bernoulli dropout.
+"""
+
+import math
+import warnings
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from kbert.layers import BertSelfAttention, TransformerEncoder
+from kbert.layers.attention import HashDropout
+from tests.test_case import to_numpy
+
+BACKEND = keras.backend.backend()
+
+
+def _on_cpu():
+    try:
+        return keras.distribution.list_devices()[0].lower().startswith("cpu")
+    except Exception:  # torch: no keras.distribution; the tests run on CPU machines.
+        import torch
+
+        return not torch.cuda.is_available()
+
+
+def _reference_attention(layer, x, padding_mask):
+    """NumPy multi-head attention with the layer's weights (keys masked, as BERT does)."""
+    w = {d.name: [np.asarray(to_numpy(v)) for v in d.weights] for d in (
+        layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense)}
+    batch, length, hidden = x.shape
+    heads, head_dim = layer.num_heads, layer.head_dim
+
+    def project(name):
+        kernel, bias = w[name]
+        return (x @ kernel + bias).reshape(batch, length, heads, head_dim).transpose(0, 2, 1, 3)
+
+    q, k, v = project("query"), project("key"), project("value")
+    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(head_dim)  # (batch, heads, seq, seq)
+    scores = np.where(padding_mask[:, None, None, :].astype(bool), scores, -1e9)
+    scores = scores - scores.max(-1, keepdims=True)
+    probabilities = np.exp(scores) / np.exp(scores).sum(-1, keepdims=True)
+    context = (probabilities @ v).transpose(0, 2, 1, 3).reshape(batch, length, hidden)
+    kernel, bias = w["attention_output"]
+    return context @ kernel + bias
+
+
+def _inputs(batch=2, length=6, hidden=8, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, length, hidden)).astype("float32")
+    padding_mask = np.ones((batch, length), "int32")
+    padding_mask[1, 4:] = 0
+    return x, padding_mask
+
+
+class _CallCounter:
+    """Counts calls of `keras.ops.dot_product_attention` while passing them through."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        original = keras.ops.dot_product_attention
+
+        def counting(*args, **kwargs):
+            self.calls += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(keras.ops, "dot_product_attention", counting)
+
+
+@pytest.mark.parametrize(
+    "dropout, training, fused",
+    [(0.0, False, True), (0.0, True, True), (0.2, False, True), (0.2, True, False)],
+)
+def test_path_choice_and_numbers(monkeypatch, dropout, training, fused):
+    x, padding_mask = _inputs()
+    layer = BertSelfAttention(num_heads=2, hidden_dim=8, dropout=dropout)
+    layer.build(x.shape)
+    counter = _CallCounter(monkeypatch)
+    output = to_numpy(layer(x, padding_mask=padding_mask, training=training))
+    assert counter.calls == (1 if fused else 0)
+    real = padding_mask.astype(bool)
+    if fused:  # No dropout active: the reference numbers, at real positions.
+        expected = _reference_attention(layer, x, padding_mask)
+        np.testing.assert_allclose(output[real], expected[real], atol=2e-5, rtol=1e-5)
+    else:  # Attention dropout active: outputs differ from the no-dropout reference.
+        expected = _reference_attention(layer, x, padding_mask)
+        assert np.abs(output[real] - expected[real]).max() > 1e-3
+
+
+def test_explicit_path_equals_fused_path_without_dropout():
+    x, padding_mask = _inputs(seed=1)
+    layer = BertSelfAttention(num_heads=2, hidden_dim=8, dropout=0.0)
+    layer.build(x.shape)
+    query = ops.reshape(layer.query_dense(x), (2, 6, 2, 4))
+    key = ops.reshape(layer.key_dense(x), (2, 6, 2, 4))
+    value = ops.reshape(layer.value_dense(x), (2, 6, 2, 4))
+    mask = ops.cast(padding_mask, "bool")[:, None, None, :]
+    explicit = to_numpy(layer._explicit_attention(query, key, value, mask, training=False))
+    fused = to_numpy(layer._fused_attention(query, key, value, mask))
+    np.testing.assert_allclose(explicit, fused, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.skipif(not _on_cpu(), reason="the fallback is exercised where flash is unavailable")
+def test_flash_attention_falls_back_with_one_warning():
+    x, padding_mask = _inputs(seed=2)
+    BertSelfAttention._flash_fallback_warned.clear()
+    keras.utils.set_random_seed(0)
+    plain = TransformerEncoder(num_heads=2, intermediate_dim=16, flash_attention=False)
+    plain.build(x.shape)
+    blocks = []
+    for _ in range(2):
+        block = TransformerEncoder(num_heads=2, intermediate_dim=16, flash_attention=True)
+        block.build(x.shape)
+        block.set_weights(plain.get_weights())
+        blocks.append(block)
+    expected = to_numpy(plain(x, padding_mask=padding_mask))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):  # Two layers, two calls each: still one warning.
+            for block in blocks:
+                np.testing.assert_array_equal(
+                    to_numpy(block(x, padding_mask=padding_mask)), expected
+                )
+    messages = [str(w.message) for w in caught if "flash_attention=True" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "Falling back" in messages[0] and BACKEND in messages[0]
+
+
+def test_flash_attention_with_training_dropout_warns_once():
+    x, padding_mask = _inputs(seed=3)
+    BertSelfAttention._flash_fallback_warned.clear()
+    layer = BertSelfAttention(num_heads=2, hidden_dim=8, dropout=0.1, flash_attention=True)
+    layer.build(x.shape)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            output = to_numpy(layer(x, padding_mask=padding_mask, training=True))
+            assert np.all(np.isfinite(output))
+    messages = [str(w.message) for w in caught if "attention dropout" in str(w.message)]
+    assert len(messages) == 1, messages
+
+
+def test_hash_dropout_is_bernoulli():
+    rate = 0.1
+    layer = HashDropout(rate)
+    x = np.ones((256, 12, 8, 64), "float32")
+    first = to_numpy(layer(x, training=True))
+    second = to_numpy(layer(x, training=True))
+    dropped, dropped_again = first == 0, second == 0
+    n = dropped.size
+    # Drop rate within 5 standard deviations; kept values scaled by exactly 1 / (1 - rate).
+    assert abs(dropped.mean() - rate) < 5 * math.sqrt(rate * (1 - rate) / n)
+    np.testing.assert_allclose(first[~dropped], 1 / (1 - rate), rtol=1e-6)
+    # A fresh mask at every call, independent of the last one.
+    assert abs((dropped & dropped_again).mean() - rate**2) < 5 * math.sqrt(rate**2 / n)
+    # No structure along rows, columns or neighbours.
+    flat = dropped.reshape(-1, 64)
+    column_rates = flat.mean(axis=0)
+    row_block_rates = flat.reshape(-1, 96, 64).mean(axis=(1, 2))
+    sigma_column = math.sqrt(rate * (1 - rate) / flat.shape[0])
+    sigma_row_block = math.sqrt(rate * (1 - rate) / (96 * 64))
+    assert np.abs(column_rates - rate).max() < 5 * sigma_column
+    assert np.abs(row_block_rates - rate).max() < 5 * sigma_row_block
+    both_neighbours = (flat[:, 1:] & flat[:, :-1]).mean()
+    assert abs(both_neighbours - rate**2) < 5 * math.sqrt(rate**2 / flat[:, 1:].size)
+    both_rows = (flat[1:] & flat[:-1]).mean()
+    assert abs(both_rows - rate**2) < 5 * math.sqrt(rate**2 / flat[1:].size)
+
+
+def test_hash_dropout_seeding_and_edge_rates():
+    x = np.ones((4, 32, 16), "float32")
+    keras.utils.set_random_seed(11)
+    a = to_numpy(HashDropout(0.3)(x, training=True))
+    keras.utils.set_random_seed(11)
+    b = to_numpy(HashDropout(0.3)(x, training=True))
+    np.testing.assert_array_equal(a, b)  # Reproducible under set_random_seed.
+    layer = HashDropout(0.3)
+    np.testing.assert_array_equal(to_numpy(layer(x, training=False)), x)
+    np.testing.assert_array_equal(to_numpy(HashDropout(0.0)(x, training=True)), x)
+    np.testing.assert_array_equal(to_numpy(HashDropout(1.0)(x, training=True)), 0 * x)
+    if layer.uses_hash:  # An explicit key gives the same mask every time.
+        seed = np.array([5, 9], "int32")
+        np.testing.assert_array_equal(
+            to_numpy(layer(x, training=True, seed=seed)), to_numpy(layer(x, training=True, seed=seed))
+        )
+    with pytest.raises(ValueError, match="rate"):
+        HashDropout(1.5)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="graph mode with an unknown batch size")
+def test_hash_dropout_in_tf_graph_with_unknown_batch():
+    import tensorflow as tf
+
+    layer = HashDropout(0.5)
+    run = tf.function(
+        lambda x: layer(x, training=True), input_signature=[tf.TensorSpec((None, 3, 40))]
+    )
+    output = run(tf.ones((64, 3, 40))).numpy()
+    assert abs((output == 0).mean() - 0.5) < 0.03
+    assert set(np.unique(output)) == {0.0, 2.0}
+
+
+def test_encoder_remat_round_trips_config():
+    block = TransformerEncoder(num_heads=2, intermediate_dim=16, remat=True)
+    config = block.get_config()
+    assert config["remat"] is True
+    assert TransformerEncoder.from_config(config).remat is True
