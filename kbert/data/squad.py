@@ -208,12 +208,6 @@ def prepare_squad_features(
     ):
         if not isinstance(value, (int, np.integer)) or value < minimum:
             raise ValueError(f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
-    if max_sequence_length - max_query_length - 3 < 1:
-        raise ValueError(
-            "`max_sequence_length` must leave room for the context after the question: "
-            "max_sequence_length - max_query_length - 3 >= 1. Received: "
-            f"max_sequence_length={max_sequence_length}, max_query_length={max_query_length}"
-        )
     examples = as_squad_examples(examples)
     questions = _as_lists(tokenizer.tokenize([e.question for e in examples])) if examples else []
     for example, question_ids in zip(examples, questions):
@@ -267,6 +261,13 @@ def prepare_squad_features(
                 answer_tokens = (int(inside[0]), int(inside[-1]))
 
         max_tokens = max_sequence_length - len(query) - 3
+        if max_tokens < 1:
+            raise ValueError(
+                f"Example {example.id!r}: its question ({len(query)} pieces after the "
+                f"max_query_length={max_query_length} cut) leaves no room for the context in "
+                f"max_sequence_length={max_sequence_length}. Expected len(question) + 3 < "
+                "max_sequence_length; lower max_query_length or raise max_sequence_length."
+            )
         spans = _window_spans(len(doc_ids), max_tokens, doc_stride)
         best_window = _max_context_windows(spans, len(doc_ids))
         offset = len(query) + 2

@@ -111,7 +111,7 @@ class BertQuestionAnswerer(BertTask):
     `context`, `answers` = `[{"text", "answer_start"}]`, e.g. from `kbert.data.read_squad`) or
     `x=(questions, contexts)` with `y` = one answer dict per question; the examples are
     windowed by `kbert.data.squad.prepare_squad_features` with this model's
-    `max_sequence_length`, `doc_stride` and `max_query_length` (answers that do not match the
+    `sequence_length`, `doc_stride` and `max_query_length` (answers that do not match the
     context at `answer_start` are reported and left out). `answer(questions, contexts)` returns
     answer strings, always exact substrings of the contexts; `predict_answers(examples)` returns
     `{id: answer}` for SQuAD scoring. Decoding uses `n_best_size`, `max_answer_length`, the
@@ -126,7 +126,7 @@ class BertQuestionAnswerer(BertTask):
         backbone: `kbert.models.BertBackbone`.
         preprocessor: `kbert.text.BertPreprocessor` or `None` (only its tokenizer is used).
             Defaults to `None`.
-        max_sequence_length: int. Window length. Defaults to `384`.
+        sequence_length: int. Window length. Defaults to `384`.
         doc_stride: int. Pieces between window starts. Defaults to `128`.
         max_query_length: int. Question length cap, in pieces. Defaults to `64`.
         max_answer_length: int. Longest answer, in pieces. Defaults to `30`.
@@ -154,7 +154,7 @@ class BertQuestionAnswerer(BertTask):
         self,
         backbone,
         preprocessor=None,
-        max_sequence_length=384,
+        sequence_length=384,
         doc_stride=128,
         max_query_length=64,
         max_answer_length=30,
@@ -170,7 +170,7 @@ class BertQuestionAnswerer(BertTask):
         self._check_backbone(backbone, "BertQuestionAnswerer")
         self._check_training_arguments(learning_rate, weight_decay, warmup_ratio, total_steps)
         for name, value in (
-            ("max_sequence_length", max_sequence_length),
+            ("sequence_length", sequence_length),
             ("doc_stride", doc_stride),
             ("max_query_length", max_query_length),
             ("max_answer_length", max_answer_length),
@@ -178,19 +178,12 @@ class BertQuestionAnswerer(BertTask):
         ):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-        if max_sequence_length > backbone.max_sequence_length:
+        if sequence_length > backbone.max_sequence_length:
             raise ValueError(
-                "`max_sequence_length` cannot exceed the backbone's learned positions. Received: "
-                f"max_sequence_length={max_sequence_length}, backbone.max_sequence_length="
+                "`sequence_length` cannot exceed the backbone's learned positions. Received: "
+                f"sequence_length={sequence_length}, backbone.max_sequence_length="
                 f"{backbone.max_sequence_length}"
             )
-        if max_sequence_length - max_query_length - 3 < 1:
-            raise ValueError(
-                "`max_sequence_length - max_query_length - 3` must be >= 1 to leave room for the "
-                f"context. Received: max_sequence_length={max_sequence_length}, "
-                f"max_query_length={max_query_length}"
-            )
-
         # === Layers ===
         span_dense = keras.layers.Dense(
             2,
@@ -219,7 +212,7 @@ class BertQuestionAnswerer(BertTask):
         self.span_logits = span_logits
 
         # === Config ===
-        self.max_sequence_length = int(max_sequence_length)
+        self.sequence_length = int(sequence_length)
         self.doc_stride = int(doc_stride)
         self.max_query_length = int(max_query_length)
         self.max_answer_length = int(max_answer_length)
@@ -254,7 +247,7 @@ class BertQuestionAnswerer(BertTask):
         return prepare_squad_features(
             examples,
             self.tokenizer,
-            max_sequence_length=self.max_sequence_length,
+            max_sequence_length=self.sequence_length,
             doc_stride=self.doc_stride,
             max_query_length=self.max_query_length,
             labels=labels,
@@ -298,7 +291,7 @@ class BertQuestionAnswerer(BertTask):
                     f"indices}}. Received: {type(y).__name__}"
                     + (f" with keys {sorted(y)}" if isinstance(y, dict) else "")
                 )
-            length = next(iter(x.values())).shape[1] if isinstance(x, dict) else self.max_sequence_length
+            length = next(iter(x.values())).shape[1] if isinstance(x, dict) else self.sequence_length
             y = {k: np.asarray(v).astype("int32") for k, v in y.items()}
             for key, value in y.items():
                 check_class_ids(value, length, key)
@@ -377,7 +370,7 @@ class BertQuestionAnswerer(BertTask):
         config = super().get_config()
         config.update(
             {
-                "max_sequence_length": self.max_sequence_length,
+                "sequence_length": self.sequence_length,
                 "doc_stride": self.doc_stride,
                 "max_query_length": self.max_query_length,
                 "max_answer_length": self.max_answer_length,

