@@ -210,6 +210,9 @@ class BertQuestionAnswerer(BertTask):
         )
         self.span_dense = span_dense
         self.span_logits = span_logits
+        # The pooler is unused by this head (Hugging Face's task class has none): frozen, so
+        # the optimizer neither tracks it nor warns about its missing gradients.
+        backbone.pooler.trainable = False
 
         # === Config ===
         self.sequence_length = int(sequence_length)

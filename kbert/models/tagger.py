@@ -129,6 +129,9 @@ class BertTagger(BertTask):
         )
         self.output_dropout = output_dropout
         self.output_dense = output_dense
+        # The pooler is unused by this head (Hugging Face's task class has none): frozen, so
+        # the optimizer neither tracks it nor warns about its missing gradients.
+        backbone.pooler.trainable = False
 
         # === Config ===
         self.num_classes = num_classes
