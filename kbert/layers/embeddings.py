@@ -8,7 +8,33 @@ from kbert.layers.utils import check_index_range, clone_initializer, float32_pol
 
 
 @keras.saving.register_keras_serializable(package="kbert")
-class ReversibleEmbedding(keras.layers.Embedding):
+class DenseGradientEmbedding(keras.layers.Embedding):
+    """`keras.layers.Embedding` whose table gets a dense gradient on every backend.
+
+    On TensorFlow a gather's gradient is an `IndexedSlices` with one row per looked-up id,
+    repeated ids included. Keras' TensorFlow optimizers apply such gradients row by row, so
+    Adam's second moment sees the squares of the parts instead of the square of their sum:
+    a token that occurs twice in a batch moves by more than the learning rate (and
+    `MirroredStrategy`, which concatenates the replicas' slices, moves even the position
+    table differently from one device). Summing the rows into a dense gradient first, as
+    JAX and PyTorch do, gives the same update on all three backends. Outputs are unchanged.
+
+    Args:
+        input_dim, output_dim, **kwargs: as `keras.layers.Embedding`.
+    """
+
+    def call(self, inputs):
+        if keras.config.backend() != "tensorflow":
+            return super().call(inputs)
+        if inputs.dtype not in ("int32", "int64"):
+            inputs = ops.cast(inputs, "int32")
+        # The gradient of the product is dense: its rows for repeated ids are summed.
+        table = ops.multiply(self.embeddings, ops.cast(1, self.embeddings.dtype))
+        return ops.cast(ops.take(table, inputs, axis=0), self.compute_dtype)
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class ReversibleEmbedding(DenseGradientEmbedding):
     """A token embedding that can also project hidden states back to the vocabulary.
 
     `call(token_ids)` looks rows up as `keras.layers.Embedding` does;
@@ -28,7 +54,7 @@ class ReversibleEmbedding(keras.layers.Embedding):
 
     def call(self, inputs, reverse=False):
         if not reverse:
-            return super().call(inputs)
+            return super().call(inputs)  # (..., output_dim)
         table = ops.cast(self.embeddings, self.compute_dtype)
         return ops.matmul(inputs, ops.transpose(table))  # (..., vocabulary_size)
 
@@ -97,14 +123,14 @@ class BertEmbeddings(keras.layers.Layer):
             dtype=self.dtype_policy,
             name="token_embedding",
         )
-        self.position_embedding = keras.layers.Embedding(
+        self.position_embedding = DenseGradientEmbedding(
             max_sequence_length,
             hidden_dim,
             embeddings_initializer=clone_initializer(self.initializer),
             dtype=self.dtype_policy,
             name="position_embedding",
         )
-        self.segment_embedding = keras.layers.Embedding(
+        self.segment_embedding = DenseGradientEmbedding(
             num_segments,
             hidden_dim,
             embeddings_initializer=clone_initializer(self.initializer),
