@@ -97,12 +97,11 @@ def _as_text_list(x):
 
 
 def _num_rows(x):
-    """Number of examples in an array, a list or a dict/tuple of them."""
+    """Number of examples in an array, a list, or a dict / tuple of arrays."""
     if isinstance(x, dict):
         x = next(iter(x.values()))
-    elif isinstance(x, (tuple, list)) and x and not np.isscalar(x[0]) and len(x) <= 2:
-        if isinstance(x, tuple):
-            x = x[0]
+    elif isinstance(x, (tuple, list)) and x and hasattr(x[0], "shape"):
+        x = x[0]
     return len(x)
 
 
@@ -187,9 +186,11 @@ class BertTask(PresetMixin, keras.Model):
 
     @staticmethod
     def _check_backbone(backbone, model_name):
+        """Raises a ValueError unless `backbone` is a kbert `BertBackbone`."""
         if not isinstance(backbone, BertBackbone):
             raise ValueError(
-                f"`backbone` must be a kbert BertBackbone. Received: {type(backbone).__name__}"
+                f"{model_name} needs a kbert BertBackbone as `backbone`. "
+                f"Received: {type(backbone).__name__}"
             )
 
     @staticmethod
@@ -346,8 +347,10 @@ class BertTask(PresetMixin, keras.Model):
         return x, y, sample_weight
 
     def _prepare_validation_data(self, validation_data):
-        if validation_data is None or is_dataset(validation_data):
-            return self._prepare_inputs(validation_data, mode="evaluate")[0] if validation_data is not None else None
+        if validation_data is None:
+            return None
+        if is_dataset(validation_data):
+            return self._prepare_inputs(validation_data, mode="evaluate")[0]
         if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
             raise ValueError(
                 "`validation_data` must be a dataset or a tuple (x, y) or (x, y, sample_weight). "
@@ -435,10 +438,6 @@ class BertTask(PresetMixin, keras.Model):
     def huggingface_config(self):
         """Extra `config.json` entries (label count and names) for the Hugging Face export."""
         return {}
-
-    def get_compile_config(self):
-        # Serialized so that `.keras` files keep the optimizer state (see compile_from_config).
-        return super().get_compile_config()
 
     def compile_from_config(self, config):
         """Called when a `.keras` file is loaded: the task compiled itself with its defaults
