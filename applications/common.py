@@ -202,16 +202,17 @@ def write_results(directory, application, metrics, history, args, extra=None):
     axes[0].set_title(f"{application}: training loss")
     epochs = history.epochs if history else []
     keys = sorted({k for e in epochs for k in e if k.startswith("val_")})
-    for key in keys:
-        axes[1].plot(range(1, len(epochs) + 1), [e.get(key, math.nan) for e in epochs], marker="o", label=key)
-    for name, value in metrics.items():
-        if isinstance(value, (int, float)):
-            axes[1].axhline(value, linestyle=":", color="gray")
-            axes[1].annotate(f"{name} = {value:.4g}", (1, value), fontsize=8)
-    axes[1].set_xlabel("epoch")
-    axes[1].set_title("evaluation")
-    if keys:
+    if keys:  # Validation curves per epoch.
+        for key in keys:
+            values = [e.get(key, math.nan) for e in epochs]
+            axes[1].plot(range(1, len(epochs) + 1), values, marker="o", label=key)
+        axes[1].set_xlabel("epoch")
         axes[1].legend()
+    scores = {k: v for k, v in metrics.items() if isinstance(v, float)}
+    if scores and not keys:  # Final scores as bars.
+        bars = axes[1].bar(list(scores), list(scores.values()), color="tab:green")
+        axes[1].bar_label(bars, fmt="%.4g")
+    axes[1].set_title(f"{application}: evaluation")
     figure.tight_layout()
     curve_path = directory / "training_curve.png"
     figure.savefig(curve_path, dpi=100)

@@ -136,7 +136,7 @@ def main(argv=None):
         scores = squad_scores(answers, data, version="2.0", na_probs=na_probs)
     else:
         scores = squad_scores(answers, data, version="1.1")
-    metrics = {k: float(v) for k, v in scores.items() if isinstance(v, (int, float))}
+    metrics = {k: (float(v) if isinstance(v, float) else v) for k, v in scores.items() if isinstance(v, (int, float))}
     common.print_metrics(f"squad v{args.version}", metrics)
     directory = common.output_dir(args, f"squad_v{args.version}")
     paths = common.write_results(
