@@ -112,7 +112,8 @@ class BertQuestionAnswerer(BertTask):
     `x=(questions, contexts)` with `y` = one answer dict per question; the examples are
     windowed by `kbert.data.squad.prepare_squad_features` with this model's
     `sequence_length`, `doc_stride` and `max_query_length` (answers that do not match the
-    context at `answer_start` are reported and left out). `answer(questions, contexts)` returns
+    context at `answer_start` are reported and left out). `predict` on raw input returns the
+    logits of every window (see `encode` for the windows). `answer(questions, contexts)` returns
     answer strings, always exact substrings of the contexts; `predict_answers(examples)` returns
     `{id: answer}` for SQuAD scoring. Decoding uses `n_best_size`, `max_answer_length`, the
     max-context window of each piece and, with `allow_no_answer` (SQuAD 2.0), the null-score
