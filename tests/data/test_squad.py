@@ -308,6 +308,8 @@ def test_windows_equal_huggingface_overflow_windows(minilm_dir, real_examples):
 
 @only_tensorflow
 def test_labels_point_at_the_answers_of_real_questions(minilm_dir, real_examples):
+    if not SQUAD_FILE.is_file():
+        pytest.skip("needs SQuAD dev-v1.1 from shared/data (the fallback contexts repeat their answers)")
     tokenizer = BertTokenizer.from_preset(minilm_dir)
     features = prepare_squad_features(real_examples, tokenizer, max_sequence_length=128, doc_stride=64, labels=True)
     matched = total = 0
