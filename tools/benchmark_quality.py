@@ -27,6 +27,11 @@ Recipes (identical on both sides; `DIR` is a Hugging Face BERT directory, e.g. a
   Both sides train on the same windows (`kbert.data.squad.prepare_squad_features`) and their
   logits go through the same decoder (n-best 20, max answer 30 pieces, max-context windows).
   HF logits are masked to the context like kbert's before decoding.
+
+Ablation `--torch-epsilon` (kbert only): Keras' Adam adds epsilon to the uncorrected sqrt(v),
+torch to the bias-corrected one, so with epsilon 1e-6 Keras damps small-gradient updates early in
+training where torch does not. The flag swaps kbert's default AdamW for one that adds
+`epsilon * sqrt(1 - beta_2^t)` (torch's update, exactly), with the same schedule and decay.
 """
 
 import argparse
@@ -109,6 +114,45 @@ def kbert_tokenizer(preset):
 
 
 # --------------------------------------------------------------------------- kbert
+def torch_epsilon_optimizer(num_steps):
+    """kbert's default AdamW recipe, with epsilon added as torch.optim.AdamW adds it."""
+    import keras
+    from keras import ops
+
+    from kbert.models import bert_optimizer
+
+    class TorchEpsilonAdamW(keras.optimizers.AdamW):
+        def update_step(self, gradient, variable, learning_rate):
+            lr = ops.cast(learning_rate, variable.dtype)
+            gradient = ops.cast(gradient, variable.dtype)
+            step = ops.cast(self.iterations + 1, variable.dtype)
+            beta_1_power = ops.power(ops.cast(self.beta_1, variable.dtype), step)
+            beta_2_power = ops.power(ops.cast(self.beta_2, variable.dtype), step)
+            m = self._momentums[self._get_variable_index(variable)]
+            v = self._velocities[self._get_variable_index(variable)]
+            alpha = lr * ops.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+            self.assign_add(m, ops.multiply(ops.subtract(gradient, m), 1 - self.beta_1))
+            self.assign_add(v, ops.multiply(ops.subtract(ops.square(gradient), v), 1 - self.beta_2))
+            denominator = ops.add(ops.sqrt(v), self.epsilon * ops.sqrt(1 - beta_2_power))
+            self.assign_sub(variable, ops.divide(ops.multiply(m, alpha), denominator))
+
+    reference = bert_optimizer(
+        LEARNING_RATE, total_steps=num_steps, warmup_steps=int(round(num_steps * WARMUP_RATIO)),
+        weight_decay=WEIGHT_DECAY, epsilon=EPSILON,
+    )
+    optimizer = TorchEpsilonAdamW(
+        learning_rate=reference._learning_rate, beta_1=0.9, beta_2=0.999, epsilon=EPSILON,
+        weight_decay=WEIGHT_DECAY, global_clipnorm=CLIP_NORM,
+    )
+    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+    return optimizer
+
+
+def _maybe_torch_epsilon(model, args, num_examples, batch_size):
+    if args.torch_epsilon:
+        model.compile(optimizer=torch_epsilon_optimizer(-(-num_examples // batch_size)))
+
+
 def run_kbert(task, args, recipe):
     import numpy as np
 
@@ -120,6 +164,7 @@ def run_kbert(task, args, recipe):
         model = BertClassifier.from_preset(
             args.preset, num_classes=2, sequence_length=recipe["max_length"], fresh_heads=True, **common
         )
+        _maybe_torch_epsilon(model, args, len(y), recipe["batch_size"])
         start = time.time()
         model.fit(x, y, batch_size=recipe["batch_size"], epochs=1, shuffle=False)
         seconds = time.time() - start
@@ -132,6 +177,9 @@ def run_kbert(task, args, recipe):
         model = BertTagger.from_preset(
             args.preset, labels=labels, sequence_length=recipe["max_length"], fresh_heads=True, **common
         )
+        if args.torch_epsilon:
+            num_rows = len(model.encode([w for w, _ in train]).sentence_ids)
+            model.compile(optimizer=torch_epsilon_optimizer(-(-num_rows // recipe["batch_size"])))
         start = time.time()
         model.fit([w for w, _ in train], [t for _, t in train], batch_size=recipe["batch_size"], epochs=1, shuffle=False)
         seconds = time.time() - start
@@ -150,6 +198,7 @@ def run_kbert(task, args, recipe):
         **common,
     )
     features = model.encode(train, labels=True)
+    _maybe_torch_epsilon(model, args, len(features), recipe["batch_size"])
     start = time.time()
     model.fit(features.inputs, features.labels, batch_size=recipe["batch_size"], epochs=1, shuffle=False)
     seconds = time.time() - start
@@ -348,6 +397,9 @@ def main(argv=None):
     parser.add_argument("--train-examples", type=int, default=None)
     parser.add_argument("--eval-examples", type=int, default=None)
     parser.add_argument("--results", default=str(REPO_ROOT / "runs" / "quality.jsonl"))
+    parser.add_argument(
+        "--torch-epsilon", action="store_true", help="kbert ablation: epsilon added as torch's AdamW adds it."
+    )
     parser.add_argument("--summary", action="store_true", help="Print the recorded results and exit.")
     args = parser.parse_args(argv)
     if args.summary:
@@ -375,7 +427,7 @@ def main(argv=None):
         metrics, seconds = run_hf(args.task, args, recipe)
     row = {
         "task": args.task,
-        "framework": args.framework,
+        "framework": args.framework + ("+torch_epsilon" if args.torch_epsilon else ""),
         "backend": args.backend if args.framework == "kbert" else "torch",
         "seed": args.seed,
         "recipe": recipe,
