@@ -16,9 +16,9 @@ EM / F1).
 
 What a run should reach: BERT-Base trained on the full SQuAD v1.1 train set reaches about
 81 EM / 88.5 F1 on dev (paper, table 2). Trained on only the ~5,000 questions of dev articles
-0-31, much less: with all-MiniLM-L6-v2 (2 epochs, length 384) expect an F1 in the 50s-60s on
-articles 32-47; the reduced recipe in BENCHMARKS.md gives the figures measured here, side by
-side with Hugging Face transformers.
+0-31, a small model reaches much less; the (further reduced) recipe of BENCHMARKS.md gives the
+figures measured here, side by side with Hugging Face transformers. The full default run was not
+made here (2-core CPU).
 
 Writes `metrics.json` (with the predictions' scores) and `training_curve.png` to `--output-dir`.
 """
