@@ -205,11 +205,13 @@ def device_name():
     return f"{cpu}, {os.cpu_count()} logical CPUs"
 
 
-def measure_matmul_peak(backend, precision, size=None, repeats=10):
+def measure_matmul_peak(backend, precision, size=None, repeats=7):
     """Median FLOP/s of a large square matmul on `backend` ("jax", "torch", "tensorflow").
 
     The operand dtype is the compute dtype of `precision`. The peak is measured, not taken
-    from a data sheet: MFU is reported against what this device does on this software.
+    from a data sheet: MFU is reported against what this device does on this software. The
+    size grows from 256 until one product takes 50 ms (or reaches 2048 on CPU, 8192 on GPU),
+    so that slow emulated dtypes (float16 on most CPUs) do not take minutes.
     """
     import numpy as np
 
@@ -217,30 +219,25 @@ def measure_matmul_peak(backend, precision, size=None, repeats=10):
         precision
     ]
     on_gpu = device_kind() == "gpu"
-    n = size or (8192 if on_gpu else 2048)
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype="float32")
-    b = rng.standard_normal((n, n), dtype="float32")
-    if backend == "jax":
-        import jax
-        import jax.numpy as jnp
+    largest = size or (8192 if on_gpu else 2048)
 
-        x, y = jnp.asarray(a, dtype=dtype), jnp.asarray(b, dtype=dtype)
-        fn = jax.jit(jnp.matmul)
+    def make_runner(n):
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((n, n), dtype="float32")
+        b = rng.standard_normal((n, n), dtype="float32")
+        if backend == "jax":
+            import jax
+            import jax.numpy as jnp
 
-        def run():
-            fn(x, y).block_until_ready()
+            x, y = jnp.asarray(a, dtype=dtype), jnp.asarray(b, dtype=dtype)
+            fn = jax.jit(jnp.matmul)
+            return lambda: fn(x, y).block_until_ready()
+        if backend == "tensorflow":
+            import tensorflow as tf
 
-    elif backend == "tensorflow":
-        import tensorflow as tf
-
-        x, y = tf.cast(tf.constant(a), dtype), tf.cast(tf.constant(b), dtype)
-        fn = tf.function(tf.linalg.matmul, jit_compile=False)
-
-        def run():
-            fn(x, y).numpy()
-
-    else:
+            x, y = tf.cast(tf.constant(a), dtype), tf.cast(tf.constant(b), dtype)
+            fn = tf.function(tf.linalg.matmul, jit_compile=False)
+            return lambda: fn(x, y).numpy()
         import torch
 
         device = "cuda" if on_gpu else "cpu"
@@ -253,8 +250,18 @@ def measure_matmul_peak(backend, precision, size=None, repeats=10):
                 torch.cuda.synchronize()
             return z
 
-    for _ in range(3):
+        return run
+
+    n = size or 256
+    while True:
+        run = make_runner(n)
+        run()  # Compilation / first-call set-up.
+        start = time.perf_counter()
         run()
+        elapsed = time.perf_counter() - start
+        if size or elapsed > 0.05 or n >= largest:
+            break
+        n *= 2
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
