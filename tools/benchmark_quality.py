@@ -375,6 +375,9 @@ def _hf_logits(model, inputs, batch_size=64):
 
 # -------------------------------------------------------------------------- driver
 def summary(results_path):
+    """Prints every recorded run, then per task x framework x backend the mean over seeds next to HF's."""
+    import numpy as np
+
     rows = [json.loads(line) for line in Path(results_path).read_text().splitlines() if line.strip()]
     print("| task | framework | backend | seed | metric | value | train s |")
     print("| --- | --- | --- | ---: | --- | ---: | ---: |")
@@ -384,6 +387,29 @@ def summary(results_path):
                 f"| {row['task']} | {row['framework']} | {row.get('backend', '-')} | {row['seed']} | {name} | "
                 f"{value:.4f} | {row['train_seconds']:.0f} |"
             )
+    groups = {}
+    for row in rows:
+        key = (row["task"], row["framework"], row.get("backend", "-"))
+        for name, value in row["metrics"].items():
+            groups.setdefault(key + (name,), {})[row["seed"]] = value
+    print()
+    print("| task | framework | backend | metric | seeds | mean | std | HF mean (same seeds) | difference |")
+    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for (task, framework, backend, name), by_seed in groups.items():
+        seeds = sorted(by_seed)
+        values = np.array([by_seed[s] for s in seeds])
+        reference = groups.get((task, "hf", "torch", name), {})
+        shared = [s for s in seeds if s in reference]
+        if framework != "hf" and shared:
+            ours = np.mean([by_seed[s] for s in shared])
+            theirs = np.mean([reference[s] for s in shared])
+            versus = f"{theirs:.4f} | {ours - theirs:+.4f}"
+        else:
+            versus = "- | -"
+        print(
+            f"| {task} | {framework} | {backend} | {name} | {','.join(map(str, seeds))} | "
+            f"{values.mean():.4f} | {values.std():.4f} | {versus} |"
+        )
 
 
 def main(argv=None):
