@@ -7,8 +7,9 @@ Subpackages:
     kbert.data         tf.data pipelines (pretraining, fine-tuning) and dataset readers.
     kbert.metrics      MCC, Pearson/Spearman, entity F1, SQuAD EM/F1.
     kbert.checkpoints  Readers/writers for HF, Google TF and keras-hub checkpoints.
+    kbert.distribution Data- and model-parallel training (keras.distribution) with BERT layouts.
 """
 
 __version__ = "0.1.0"
 
-from kbert import checkpoints, data, layers, metrics, models, text
+from kbert import checkpoints, data, distribution, layers, metrics, models, text
