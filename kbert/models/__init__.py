@@ -2,7 +2,7 @@
 
 from kbert.models.backbone import BertBackbone
 from kbert.models.classifier import BertClassifier
-from kbert.models.optimization import WarmupLinearDecay, bert_optimizer
+from kbert.models.optimization import BertAdamW, WarmupLinearDecay, bert_optimizer
 from kbert.models.presets import BACKBONE_PRESETS
 from kbert.models.pretrainer import BertPretrainer
 from kbert.models.question_answerer import BertQuestionAnswerer
@@ -11,6 +11,7 @@ from kbert.models.task import BertTask
 
 __all__ = [
     "BACKBONE_PRESETS",
+    "BertAdamW",
     "BertBackbone",
     "BertClassifier",
     "BertPretrainer",

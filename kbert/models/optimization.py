@@ -75,6 +75,46 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
+@keras.saving.register_keras_serializable(package="kbert")
+class BertAdamW(keras.optimizers.AdamW):
+    """AdamW whose epsilon is added after bias correction, as `torch.optim.AdamW` adds it.
+
+    Keras' `Adam` adds `epsilon` to the uncorrected `sqrt(v)`, which equals adding
+    `epsilon / sqrt(1 - beta_2**t)` to the corrected one: 32x `epsilon` at the first step,
+    still 2x after 250 steps. With BERT's `epsilon=1e-6` and fine-tuning's small gradients,
+    that damps the early updates noticeably. This class computes the update of PyTorch's
+    AdamW (and so of Hugging Face fine-tuning recipes) exactly:
+
+        m_hat = m / (1 - beta_1**t),  v_hat = v / (1 - beta_2**t)
+        variable -= learning_rate * m_hat / (sqrt(v_hat) + epsilon)
+
+    Everything else (decoupled weight decay, clipping, accumulation, loss scaling) is
+    Keras' `AdamW`.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.amsgrad:
+            raise ValueError("`BertAdamW` does not implement AMSGrad. Received: amsgrad=True")
+
+    def update_step(self, gradient, variable, learning_rate):
+        dtype = variable.dtype
+        learning_rate = ops.cast(learning_rate, dtype)
+        gradient = ops.cast(gradient, dtype)
+        step = ops.cast(self.iterations + 1, dtype)
+        beta_1_power = ops.power(ops.cast(self.beta_1, dtype), step)
+        beta_2_power = ops.power(ops.cast(self.beta_2, dtype), step)
+        index = self._get_variable_index(variable)
+        m, v = self._momentums[index], self._velocities[index]
+        self.assign_add(m, ops.multiply(ops.subtract(gradient, m), 1 - self.beta_1))
+        self.assign_add(v, ops.multiply(ops.subtract(ops.square(gradient), v), 1 - self.beta_2))
+        correction_2 = ops.sqrt(1 - beta_2_power)
+        step_size = learning_rate * correction_2 / (1 - beta_1_power)
+        # sqrt(v_hat) + eps == (sqrt(v) + eps * sqrt(1 - beta_2**t)) / sqrt(1 - beta_2**t)
+        denominator = ops.add(ops.sqrt(v), self.epsilon * correction_2)
+        self.assign_sub(variable, ops.divide(ops.multiply(m, step_size), denominator))
+
+
 def bert_optimizer(
     learning_rate=1e-4,
     total_steps=1_000_000,
@@ -87,6 +127,7 @@ def bert_optimizer(
     global_clipnorm=1.0,
     optimizer="adamw",
     gradient_accumulation_steps=None,
+    torch_epsilon=True,
 ):
     """The optimizer of the BERT paper: AdamW (decoupled decay) or LAMB, warm-up + linear decay.
 
@@ -108,6 +149,9 @@ def bert_optimizer(
             times larger at the activation memory of one micro-batch. Steps of the schedule
             (`total_steps`, `warmup_steps`) count updates, not micro-batches. Clipping and
             weight decay apply to the averaged update. Defaults to `None` (update every batch).
+        torch_epsilon: bool. AdamW only: add `epsilon` after bias correction, as PyTorch and
+            Hugging Face do (`BertAdamW`), rather than before it, as Keras' `AdamW` does.
+            Fine-tuning then follows the reference's training curve. Defaults to `True`.
 
     Example:
     >>> optimizer = bert_optimizer(5e-5, total_steps=2000, warmup_ratio=0.1)
@@ -139,7 +183,7 @@ def bert_optimizer(
         gradient_accumulation_steps=gradient_accumulation_steps,
     )
     if optimizer == "adamw":
-        result = keras.optimizers.AdamW(**common)
+        result = (BertAdamW if torch_epsilon else keras.optimizers.AdamW)(**common)
     elif optimizer == "lamb":
         result = keras.optimizers.Lamb(**common)
     else:

@@ -147,29 +147,40 @@ def test_real_checkpoint_on_raw_sentences_matches_huggingface(tmp_path):
 
 def test_training_steps_equal_huggingface_and_torch_adamw(tmp_path):
     """Five AdamW steps (weight decay except LayerNorm/biases, clipping, linear decay) from the same
-    HF checkpoint give the same logits as transformers + torch.optim.AdamW.
+    HF checkpoint give the same logits as transformers + torch.optim.AdamW, with BERT's epsilon.
 
-    Epsilon is set to 1e-12 on both sides: Keras adds epsilon to the uncorrected sqrt(v) where
-    torch adds it to the bias-corrected one, so with BERT's 1e-6 the two differ early in training
-    (by design of each library, not by kbert).
+    kbert's default AdamW adds epsilon after bias correction, as torch does; Keras' own AdamW adds
+    it before (`torch_epsilon=False`), which with epsilon 1e-6 and small gradients moves the
+    weights measurably differently: the test checks that it does, so it can tell the two apart.
     """
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    from kbert.models import bert_optimizer
+    from kbert.models import BertAdamW, bert_optimizer
 
+    epsilon = 1e-6
     reference = save_hf_model(transformers.BertForSequenceClassification, tmp_path, num_labels=2, initializer_range=0.02)
-    model = load_quietly(BertClassifier, tmp_path, dropout=0.0)
-    model.compile(optimizer=bert_optimizer(1e-3, total_steps=10, warmup_steps=0, epsilon=1e-12))
     inputs = random_backbone_inputs(8, 12)
     labels = np.random.default_rng(0).integers(0, 2, 8)
+
+    def kbert_logits(torch_epsilon):
+        model = load_quietly(BertClassifier, tmp_path, dropout=0.0)
+        optimizer = bert_optimizer(1e-3, total_steps=10, warmup_steps=0, epsilon=epsilon, torch_epsilon=torch_epsilon)
+        assert isinstance(optimizer, BertAdamW) == torch_epsilon
+        model.compile(optimizer=optimizer)
+        for _ in range(5):
+            model.train_on_batch(inputs, labels)
+        return to_numpy(model(inputs))
+
+    trained = kbert_logits(torch_epsilon=True)
+    keras_placement = kbert_logits(torch_epsilon=False)
+
     decay = [p for n, p in reference.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
     no_decay = [p for n, p in reference.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, eps=1e-12
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, eps=epsilon
     )
     schedule = transformers.get_linear_schedule_with_warmup(optimizer, 0, 10)
     for _ in range(5):
-        model.train_on_batch(inputs, labels)
         reference.train()
         loss = reference(
             input_ids=torch.tensor(inputs["token_ids"], dtype=torch.long),
@@ -185,7 +196,8 @@ def test_training_steps_equal_huggingface_and_torch_adamw(tmp_path):
     reference.eval()
     expected = hf_outputs(reference, inputs).logits.numpy()
     assert np.abs(expected).max() > 0.03 and float(loss) > 0  # the weights did move
-    assert_all_close(model(inputs), expected, atol=2e-5, rtol=1e-4)
+    assert_all_close(trained, expected, atol=2e-5, rtol=1e-4)
+    assert np.abs(keras_placement - expected).max() > 20 * 2e-5, np.abs(keras_placement - expected).max()
 
 
 # ------------------------------------------------------------ raw strings
