@@ -17,16 +17,22 @@ Recipes (identical on both sides; `DIR` is a Hugging Face BERT directory, e.g. a
   steps then linear decay to 0, dropout 0.1; metric: dev accuracy (872 rows). kbert tokenizes
   with `kbert.text`, HF with its `BertTokenizerFast` (they give identical ids).
 - `conll`: CoNLL-2003 (IOB2 tags), the first `--train-examples` (2,000) training sentences
-  after the seeded shuffle, length 128, batch 32, one epoch, same optimizer; metric: conlleval
+  after the seeded shuffle, length 128, batch 16, one epoch (125 steps), same optimizer at a
+  peak rate of 1e-4 (at 5e-5 and batch 32, 63 steps barely leave the start); metric: conlleval
   entity F1 on the first `--eval-examples` (1,000) eng.testa sentences. Both sides train and
   predict on the same features (`kbert.data.tagging.encode_tagging`: first piece of each word
   labelled), so only the model and training code differ.
 - `squad`: SQuAD v1.1 dev, `--train-examples` (1,500) questions of articles 0-31 after the
   seeded shuffle, `--eval-examples` (500) questions of articles 32-47, windows of length 256,
-  stride 128, question cap 64, batch 16, one epoch, same optimizer; metric: official EM / F1.
+  stride 128, question cap 64, batch 16, one epoch, same optimizer at a peak rate of 1e-4; metric: official EM / F1.
   Both sides train on the same windows (`kbert.data.squad.prepare_squad_features`) and their
   logits go through the same decoder (n-best 20, max answer 30 pieces, max-context windows).
   HF logits are masked to the context like kbert's before decoding.
+
+Ablation `--no-dropout` (sst2): both sides load one HF directory made from the checkpoint plus a
+classification head that HF initialises under `torch.manual_seed(seed)`, with dropout 0 in its
+config (and in kbert's head), so they start from identical weights and train without randomness:
+what remains between them is only floating-point rounding, not seed noise.
 
 Ablation `--torch-epsilon` (kbert only): Keras' Adam adds epsilon to the uncorrected sqrt(v),
 torch to the bias-corrected one, so with epsilon 1e-6 Keras damps small-gradient updates early in
@@ -46,11 +52,10 @@ sys.path.insert(0, str(REPO_ROOT))
 DEFAULT_DATA_DIR = Path(os.environ.get("KBERT_DATA_DIR", REPO_ROOT.parent / "shared" / "data"))
 
 RECIPES = {
-    "sst2": dict(train_examples=8000, eval_examples=None, max_length=64, batch_size=32),
-    "conll": dict(train_examples=2000, eval_examples=1000, max_length=128, batch_size=32),
-    "squad": dict(train_examples=1500, eval_examples=500, max_length=256, batch_size=16),
+    "sst2": dict(train_examples=8000, eval_examples=None, max_length=64, batch_size=32, learning_rate=5e-5),
+    "conll": dict(train_examples=2000, eval_examples=1000, max_length=128, batch_size=16, learning_rate=1e-4),
+    "squad": dict(train_examples=1500, eval_examples=500, max_length=256, batch_size=16, learning_rate=1e-4),
 }
-LEARNING_RATE = 5e-5
 WEIGHT_DECAY = 0.01
 WARMUP_RATIO = 0.1
 EPSILON = 1e-6
@@ -137,7 +142,7 @@ def torch_epsilon_optimizer(num_steps):
             self.assign_sub(variable, ops.divide(ops.multiply(m, alpha), denominator))
 
     reference = bert_optimizer(
-        LEARNING_RATE, total_steps=num_steps, warmup_steps=int(round(num_steps * WARMUP_RATIO)),
+        RECIPES["sst2"]["learning_rate"], total_steps=num_steps, warmup_steps=int(round(num_steps * WARMUP_RATIO)),
         weight_decay=WEIGHT_DECAY, epsilon=EPSILON,
     )
     optimizer = TorchEpsilonAdamW(
@@ -153,16 +158,40 @@ def _maybe_torch_epsilon(model, args, num_examples, batch_size):
         model.compile(optimizer=torch_epsilon_optimizer(-(-num_examples // batch_size)))
 
 
+def no_dropout_checkpoint(preset, seed):
+    """`preset` + a classification head initialised by HF under `torch.manual_seed(seed)`, with
+    dropout 0 in its config, saved once as an HF directory both frameworks load: the two then
+    start from the same weights and train without randomness."""
+    import torch
+    import transformers
+
+    target = REPO_ROOT / "runs" / f"sst2_no_dropout_seed{seed}"
+    if not (target / "config.json").exists():
+        torch.manual_seed(seed)
+        model = transformers.BertForSequenceClassification.from_pretrained(
+            preset, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+        )
+        model.save_pretrained(target)
+        transformers.BertTokenizerFast.from_pretrained(preset).save_pretrained(target)
+    return str(target)
+
+
 def run_kbert(task, args, recipe):
     import numpy as np
 
     from kbert.models import BertClassifier, BertQuestionAnswerer, BertTagger
 
-    common = dict(learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY, warmup_ratio=WARMUP_RATIO)
+    common = dict(learning_rate=recipe["learning_rate"], weight_decay=WEIGHT_DECAY, warmup_ratio=WARMUP_RATIO)
     if task == "sst2":
         x, y, dev_x, dev_y = sst2_data(args.data_dir, args.seed, recipe["train_examples"])
+        if args.no_dropout:  # HF's seeded head, dropout 0 in the saved config and in the head.
+            common.update(fresh_heads=False, dropout=0.0)
+            source = no_dropout_checkpoint(args.preset, args.seed)
+        else:
+            common.update(fresh_heads=True)
+            source = args.preset
         model = BertClassifier.from_preset(
-            args.preset, num_classes=2, sequence_length=recipe["max_length"], fresh_heads=True, **common
+            source, num_classes=2, sequence_length=recipe["max_length"], **common
         )
         _maybe_torch_epsilon(model, args, len(y), recipe["batch_size"])
         start = time.time()
@@ -208,7 +237,7 @@ def run_kbert(task, args, recipe):
 
 
 # ------------------------------------------------------------------------------ HF
-def _hf_optimizer(model, num_steps):
+def _hf_optimizer(model, num_steps, learning_rate):
     import torch
     import transformers
 
@@ -217,7 +246,7 @@ def _hf_optimizer(model, num_steps):
         (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(parameter)
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=LEARNING_RATE,
+        lr=learning_rate,
         betas=(0.9, 0.999),
         eps=EPSILON,
     )
@@ -227,11 +256,11 @@ def _hf_optimizer(model, num_steps):
     return optimizer, schedule
 
 
-def _hf_train(model, batches):
+def _hf_train(model, batches, learning_rate):
     """One epoch over `batches` (dicts of torch tensors with labels), with a progress line."""
     import torch
 
-    optimizer, schedule = _hf_optimizer(model, len(batches))
+    optimizer, schedule = _hf_optimizer(model, len(batches), learning_rate)
     model.train()
     start = time.time()
     running = 0.0
@@ -265,7 +294,11 @@ def run_hf(task, args, recipe):
     if task == "sst2":
         x, y, dev_x, dev_y = sst2_data(args.data_dir, args.seed, recipe["train_examples"])
         tokenizer = transformers.BertTokenizerFast.from_pretrained(args.preset)
-        model = transformers.BertForSequenceClassification.from_pretrained(args.preset, num_labels=2)
+        if args.no_dropout:
+            source = no_dropout_checkpoint(args.preset, args.seed)
+            model = transformers.BertForSequenceClassification.from_pretrained(source)
+        else:
+            model = transformers.BertForSequenceClassification.from_pretrained(args.preset, num_labels=2)
 
         def encode(texts):
             return tokenizer(texts, truncation=True, max_length=recipe["max_length"], padding=True, return_tensors="pt")
@@ -275,7 +308,7 @@ def run_hf(task, args, recipe):
             batch = dict(encode(x[part]))
             batch["labels"] = torch.tensor(np.asarray(y[part]), dtype=torch.long)
             batches.append(batch)
-        seconds = _hf_train(model, batches)
+        seconds = _hf_train(model, batches, recipe["learning_rate"])
         predictions = []
         with torch.no_grad():
             for part in _chunks(len(dev_x), 128):
@@ -303,7 +336,7 @@ def run_hf(task, args, recipe):
             }
             for part in _chunks(len(hf_labels), bs)
         ]
-        seconds = _hf_train(model, batches)
+        seconds = _hf_train(model, batches, recipe["learning_rate"])
         dev_features = encode_tagging([w for w, _ in dev], tokenizer, recipe["max_length"])
         logits = _hf_logits(model, dev_features.inputs)["logits"]
         ids = words_from_token_predictions(logits.argmax(-1), dev_features, fill_value=label_to_id["O"])
@@ -331,7 +364,7 @@ def run_hf(task, args, recipe):
         }
         for part in _chunks(len(features), bs)
     ]
-    seconds = _hf_train(model, batches)
+    seconds = _hf_train(model, batches, recipe["learning_rate"])
     eval_features = prepare_squad_features(eval_examples, tokenizer, **window)
     logits = _hf_logits(model, eval_features.inputs)
     allowed = _context_mask(eval_features.inputs)
@@ -398,9 +431,10 @@ def summary(results_path):
     for (task, framework, backend, name), by_seed in groups.items():
         seeds = sorted(by_seed)
         values = np.array([by_seed[s] for s in seeds])
-        reference = groups.get((task, "hf", "torch", name), {})
+        suffix = "+no_dropout" if framework.endswith("+no_dropout") else ""
+        reference = groups.get((task, "hf" + suffix, "torch", name), {})
         shared = [s for s in seeds if s in reference]
-        if framework != "hf" and shared:
+        if not framework.startswith("hf") and shared:
             ours = np.mean([by_seed[s] for s in shared])
             theirs = np.mean([reference[s] for s in shared])
             versus = f"{theirs:.4f} | {ours - theirs:+.4f}"
@@ -425,6 +459,11 @@ def main(argv=None):
     parser.add_argument("--results", default=str(REPO_ROOT / "runs" / "quality.jsonl"))
     parser.add_argument(
         "--torch-epsilon", action="store_true", help="kbert ablation: epsilon added as torch's AdamW adds it."
+    )
+    parser.add_argument(
+        "--no-dropout",
+        action="store_true",
+        help="sst2 only: dropout 0 and the same seeded head on both sides (a deterministic comparison)",
     )
     parser.add_argument("--summary", action="store_true", help="Print the recorded results and exit.")
     args = parser.parse_args(argv)
@@ -453,7 +492,9 @@ def main(argv=None):
         metrics, seconds = run_hf(args.task, args, recipe)
     row = {
         "task": args.task,
-        "framework": args.framework + ("+torch_epsilon" if args.torch_epsilon else ""),
+        "framework": args.framework
+        + ("+torch_epsilon" if args.torch_epsilon else "")
+        + ("+no_dropout" if args.no_dropout else ""),
         "backend": args.backend if args.framework == "kbert" else "torch",
         "seed": args.seed,
         "recipe": recipe,
