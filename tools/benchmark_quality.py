@@ -43,6 +43,7 @@ training where torch does not. The flag swaps kbert's default AdamW for one that
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -173,6 +174,7 @@ def no_dropout_checkpoint(preset, seed):
         )
         model.save_pretrained(target)
         transformers.BertTokenizerFast.from_pretrained(preset).save_pretrained(target)
+        shutil.copy(Path(preset) / "vocab.txt", target / "vocab.txt")  # kbert reads vocab.txt
     return str(target)
 
 
