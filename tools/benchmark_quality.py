@@ -29,8 +29,8 @@ Recipes (identical on both sides; `DIR` is a Hugging Face BERT directory, e.g. a
   logits go through the same decoder (n-best 20, max answer 30 pieces, max-context windows).
   HF logits are masked to the context like kbert's before decoding.
 
-Ablation `--no-dropout` (sst2): both sides load one HF directory made from the checkpoint plus a
-classification head that HF initialises under `torch.manual_seed(seed)`, with dropout 0 in its
+Ablation `--no-dropout` (every task): both sides load one HF directory made from the checkpoint plus
+the task's head that HF initialises under `torch.manual_seed(seed)`, with dropout 0 in its
 config (and in kbert's head), so they start from identical weights and train without randomness:
 what remains between them is only floating-point rounding, not seed noise.
 
@@ -159,23 +159,40 @@ def _maybe_torch_epsilon(model, args, num_examples, batch_size):
         model.compile(optimizer=torch_epsilon_optimizer(-(-num_examples // batch_size)))
 
 
-def no_dropout_checkpoint(preset, seed):
-    """`preset` + a classification head initialised by HF under `torch.manual_seed(seed)`, with
+HF_TASK_CLASSES = {
+    "sst2": "BertForSequenceClassification",
+    "conll": "BertForTokenClassification",
+    "squad": "BertForQuestionAnswering",
+}
+
+
+def no_dropout_checkpoint(preset, seed, task, num_labels=None):
+    """`preset` + the task's head initialised by HF under `torch.manual_seed(seed)`, with
     dropout 0 in its config, saved once as an HF directory both frameworks load: the two then
     start from the same weights and train without randomness."""
     import torch
     import transformers
 
-    target = REPO_ROOT / "runs" / f"sst2_no_dropout_seed{seed}"
+    target = REPO_ROOT / "runs" / f"{task}_no_dropout_seed{seed}"
     if not (target / "config.json").exists():
         torch.manual_seed(seed)
-        model = transformers.BertForSequenceClassification.from_pretrained(
-            preset, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+        extra = {} if num_labels is None else {"num_labels": num_labels}
+        model = getattr(transformers, HF_TASK_CLASSES[task]).from_pretrained(
+            preset, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **extra
         )
         model.save_pretrained(target)
-        transformers.BertTokenizerFast.from_pretrained(preset).save_pretrained(target)
-        shutil.copy(Path(preset) / "vocab.txt", target / "vocab.txt")  # kbert reads vocab.txt
+        shutil.copy(Path(preset) / "vocab.txt", target / "vocab.txt")  # both read vocab.txt
     return str(target)
+
+
+def _source(task, args, common, num_labels=None, head_dropout=True):
+    """The directory to load and the head arguments: the preset with a fresh head, or (with
+    `--no-dropout`) the shared HF-initialised head with every dropout at 0."""
+    if not args.no_dropout:
+        common.update(fresh_heads=True)
+        return args.preset
+    common.update(fresh_heads=False, **({"dropout": 0.0} if head_dropout else {}))
+    return no_dropout_checkpoint(args.preset, args.seed, task, num_labels)
 
 
 def run_kbert(task, args, recipe):
@@ -186,12 +203,7 @@ def run_kbert(task, args, recipe):
     common = dict(learning_rate=recipe["learning_rate"], weight_decay=WEIGHT_DECAY, warmup_ratio=WARMUP_RATIO)
     if task == "sst2":
         x, y, dev_x, dev_y = sst2_data(args.data_dir, args.seed, recipe["train_examples"])
-        if args.no_dropout:  # HF's seeded head, dropout 0 in the saved config and in the head.
-            common.update(fresh_heads=False, dropout=0.0)
-            source = no_dropout_checkpoint(args.preset, args.seed)
-        else:
-            common.update(fresh_heads=True)
-            source = args.preset
+        source = _source(task, args, common, num_labels=2)
         model = BertClassifier.from_preset(
             source, num_classes=2, sequence_length=recipe["max_length"], **common
         )
@@ -205,9 +217,8 @@ def run_kbert(task, args, recipe):
         from kbert.metrics import entity_f1
 
         train, dev, labels = conll_data(args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"])
-        model = BertTagger.from_preset(
-            args.preset, labels=labels, sequence_length=recipe["max_length"], fresh_heads=True, **common
-        )
+        source = _source(task, args, common, num_labels=len(labels))
+        model = BertTagger.from_preset(source, labels=labels, sequence_length=recipe["max_length"], **common)
         if args.torch_epsilon:
             num_rows = len(model.encode([w for w, _ in train]).sentence_ids)
             model.compile(optimizer=torch_epsilon_optimizer(-(-num_rows // recipe["batch_size"])))
@@ -220,12 +231,12 @@ def run_kbert(task, args, recipe):
     from kbert.metrics import squad_scores
 
     train, eval_examples, data = squad_data(args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"])
+    source = _source(task, args, common, head_dropout=False)
     model = BertQuestionAnswerer.from_preset(
-        args.preset,
+        source,
         sequence_length=recipe["max_length"],
         doc_stride=DOC_STRIDE,
         max_query_length=MAX_QUERY_LENGTH,
-        fresh_heads=True,
         **common,
     )
     features = model.encode(train, labels=True)
@@ -281,6 +292,17 @@ def _hf_train(model, batches, learning_rate):
     return time.time() - start
 
 
+def _hf_model(task, args, num_labels=None):
+    """The HF task model: the preset with a head HF initialises under the run's seed, or the
+    shared no-dropout directory (`--no-dropout`)."""
+    import transformers
+
+    model_class = getattr(transformers, HF_TASK_CLASSES[task])
+    if args.no_dropout:
+        return model_class.from_pretrained(no_dropout_checkpoint(args.preset, args.seed, task, num_labels))
+    return model_class.from_pretrained(args.preset, **({} if num_labels is None else {"num_labels": num_labels}))
+
+
 def _chunks(n, size):
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
@@ -296,11 +318,7 @@ def run_hf(task, args, recipe):
     if task == "sst2":
         x, y, dev_x, dev_y = sst2_data(args.data_dir, args.seed, recipe["train_examples"])
         tokenizer = transformers.BertTokenizerFast.from_pretrained(args.preset)
-        if args.no_dropout:
-            source = no_dropout_checkpoint(args.preset, args.seed)
-            model = transformers.BertForSequenceClassification.from_pretrained(source)
-        else:
-            model = transformers.BertForSequenceClassification.from_pretrained(args.preset, num_labels=2)
+        model = _hf_model(task, args, num_labels=2)
 
         def encode(texts):
             return tokenizer(texts, truncation=True, max_length=recipe["max_length"], padding=True, return_tensors="pt")
@@ -327,7 +345,7 @@ def run_hf(task, args, recipe):
         features = encode_tagging(
             [w for w, _ in train], tokenizer, recipe["max_length"], [t for _, t in train], label_to_id
         )
-        model = transformers.BertForTokenClassification.from_pretrained(args.preset, num_labels=len(labels))
+        model = _hf_model(task, args, num_labels=len(labels))
         hf_labels = np.where(features.sample_weight > 0, features.labels, -100)
         batches = [
             {
@@ -355,7 +373,7 @@ def run_hf(task, args, recipe):
         max_sequence_length=recipe["max_length"], doc_stride=DOC_STRIDE, max_query_length=MAX_QUERY_LENGTH
     )
     features = prepare_squad_features(train, tokenizer, labels=True, **window)
-    model = transformers.BertForQuestionAnswering.from_pretrained(args.preset)
+    model = _hf_model(task, args)
     batches = [
         {
             "input_ids": torch.tensor(features.inputs["token_ids"][part], dtype=torch.long),
@@ -465,7 +483,7 @@ def main(argv=None):
     parser.add_argument(
         "--no-dropout",
         action="store_true",
-        help="sst2 only: dropout 0 and the same seeded head on both sides (a deterministic comparison)",
+        help="dropout 0 and the same seeded head on both sides (a deterministic comparison)",
     )
     parser.add_argument("--summary", action="store_true", help="Print the recorded results and exit.")
     args = parser.parse_args(argv)
