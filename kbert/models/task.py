@@ -574,6 +574,8 @@ def _preprocessor_for_vocabulary(vocabulary_path, sequence_length, default_seque
 
 def _vocabulary_is_uncased(directory, vocabulary_path):
     """Lower-casing of a checkpoint's tokenizer: tokenizer_config.json, else the vocabulary itself."""
+    from kbert.text.tokenizer import vocabulary_is_uncased
+
     for name in ("tokenizer_config.json", "preprocessor.json"):
         config_file = directory / name
         if config_file.is_file():
@@ -583,12 +585,4 @@ def _vocabulary_is_uncased(directory, vocabulary_path):
                 continue
             if "do_lower_case" in config:
                 return bool(config["do_lower_case"])
-    # An uncased WordPiece vocabulary holds no upper-case pieces besides the special tokens.
-    with open(vocabulary_path, encoding="utf-8") as f:
-        for line in f:
-            token = line.strip()
-            if token.startswith("[") and token.endswith("]"):
-                continue
-            if any(c.isupper() for c in token):
-                return False
-    return True
+    return vocabulary_is_uncased(str(vocabulary_path))

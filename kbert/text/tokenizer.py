@@ -29,6 +29,30 @@ def load_vocabulary(path):
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
+def vocabulary_is_uncased(vocabulary):
+    """Whether a WordPiece vocabulary belongs to an uncased (lower-casing) model.
+
+    Used when a checkpoint says nothing about casing (a Google BERT directory, a Hugging Face
+    directory without `tokenizer_config.json`). An uncased vocabulary was built from
+    lower-cased text, so no piece other than the bracketed special tokens changes under
+    lower-casing; a cased one holds `The`, `John`, ... Characters that are upper-case but have
+    no lower-case form (`ℝ` in bert-base-uncased) do not count.
+
+    Args:
+        vocabulary: list of tokens or the path of a `vocab.txt`.
+
+    Returns:
+        bool.
+    """
+    if not isinstance(vocabulary, (list, tuple)):
+        vocabulary = load_vocabulary(vocabulary)
+    return not any(
+        token != token.lower()
+        for token in vocabulary
+        if not (token.startswith("[") and token.endswith("]"))
+    )
+
+
 def _check_vocabulary(vocabulary, required):
     if not vocabulary:
         raise ValueError("`vocabulary` is empty. Expected a non-empty list of tokens.")
@@ -575,7 +599,8 @@ class BertTokenizer:
         `assets/tokenizer/vocabulary.txt` (a keras-hub preset). Casing comes
         from `tokenizer_config.json` (`do_lower_case`, `strip_accents`), else
         from `tokenizer.json` (keras-hub config or Hugging Face normalizer),
-        when present; keyword arguments override it.
+        when present, else from the vocabulary itself (`vocabulary_is_uncased`:
+        a cased vocabulary holds upper-case pieces); keyword arguments override it.
 
         Args:
             preset: str path.
@@ -583,6 +608,7 @@ class BertTokenizer:
         """
         preset = os.fspath(preset)
         if os.path.isfile(preset):
+            kwargs.setdefault("lowercase", vocabulary_is_uncased(preset))
             return cls(vocabulary=preset, **kwargs)
         if not os.path.isdir(preset):
             raise ValueError(
@@ -625,6 +651,8 @@ class BertTokenizer:
                 config["lowercase"] = bool(normalizer.get("lowercase", True))
                 if normalizer.get("strip_accents") is not None:
                     config["strip_accents"] = bool(normalizer["strip_accents"])
+        if "lowercase" not in config:
+            config["lowercase"] = vocabulary_is_uncased(vocabulary)
         config.update(kwargs)
         return cls(vocabulary=vocabulary, **config)
 

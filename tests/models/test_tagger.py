@@ -142,3 +142,21 @@ def test_preset_and_keras_round_trips(tmp_path):
     loaded = keras.saving.load_model(tmp_path / "tagger.keras")
     assert loaded.labels == TAGS
     assert_all_close(loaded(features.inputs), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_from_preset_without_tokenizer_config_tokenizes_as_the_tokenizer_preset(tmp_path):
+    """An HF directory with weights and vocab.txt only: the attached preprocessor infers the
+    casing exactly as `BertTokenizer.from_preset` does (here: uncased, so capitalised words
+    are found in the vocabulary instead of becoming [UNK])."""
+    transformers = pytest.importorskip("transformers")
+    from kbert.text import BertTokenizer
+
+    vocabulary = list(TOY_VOCABULARY) + ["ℝ"]  # upper-case, but with no lower-case form
+    save_hf_model(transformers.BertForTokenClassification, tmp_path, num_labels=3, vocab_size=len(vocabulary))
+    (tmp_path / "vocab.txt").write_text("\n".join(vocabulary) + "\n", "utf-8")
+    tagger = load_quietly(BertTagger, tmp_path, sequence_length=16)
+    assert tagger.tokenizer.lowercase and BertTokenizer.from_preset(tmp_path).lowercase
+    words = [[word.capitalize() for word in TOY_VOCABULARY[5:9]]]
+    features = tagger.encode(words)
+    assert tagger.tokenizer.unk_token_id not in features.inputs["token_ids"][0]
+    np.testing.assert_array_equal(features.inputs["token_ids"], tagger.encode([[w.lower() for w in words[0]]]).inputs["token_ids"])

@@ -394,6 +394,25 @@ def test_from_preset(tmp_path, minilm_dir, vocab_path, tokenizer):
         BertTokenizer.from_preset(str(tmp_path / "empty"))
 
 
+def test_casing_comes_from_the_vocabulary_when_the_preset_does_not_say(tmp_path, vocabulary):
+    """A directory with only vocab.txt (Google checkpoints, bare HF directories): the uncased
+    bert-base vocabulary (which holds the case-less capital `ℝ`) lower-cases, a cased one does not."""
+    from kbert.text.tokenizer import vocabulary_is_uncased
+
+    assert "ℝ" in vocabulary and vocabulary_is_uncased(vocabulary)
+    cased_vocabulary = make_cased_vocabulary(vocabulary)
+    assert not vocabulary_is_uncased(cased_vocabulary)
+    for name, tokens, lowercase in (("uncased", vocabulary, True), ("cased", cased_vocabulary, False)):
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "vocab.txt").write_text("\n".join(tokens) + "\n", "utf-8")
+        assert BertTokenizer.from_preset(directory).lowercase is lowercase
+        assert BertTokenizer.from_preset(directory / "vocab.txt").lowercase is lowercase
+    uncased = BertTokenizer.from_preset(tmp_path / "uncased")
+    assert uncased(["Amoco in Yemen"]) == uncased(["amoco in yemen"])
+    assert uncased.unk_token_id not in uncased(["Amoco in Yemen"])[0]
+
+
 def test_vocabulary_file_reading(tmp_path):
     path = tmp_path / "vocab.txt"
     path.write_bytes("\r\n".join(SPECIALS + ["hello", "##s"]).encode("utf-8") + b"\r\n")
