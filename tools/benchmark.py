@@ -36,6 +36,7 @@ Example:
 python tools/benchmark.py --preset L6-H384-A12 --batch-size 32 --sequence-length 128 \
     --workload finetune inference --backend jax torch tensorflow --chart bench.png
 python tools/benchmark.py --preset bert_base_en_uncased --batch-size 8 --workload inference
+python tools/benchmark.py --suite cpu-goals --rounds 2   # the CPU goals, checked in one run
 python tools/benchmark.py --memory --preset bert_mini_en_uncased --sequence-length 512 \
     --batch-size 16 --backend jax torch
 ```
@@ -703,7 +704,49 @@ def spawn(spec, backend, nice, hugepages=False):
     raise RuntimeError(f"worker for {backend} exited with {process.returncode} and no result")
 
 
+# The CPU goals of the performance issue, measured together in one run by `--suite cpu-goals`:
+# a fine-tuning step of L6-H384-A12 at batch 32, length 128, and a BERT-Base forward pass at
+# batch 8, length 128, both float32. Each goal: (workload, what, threshold).
+SUITES = {
+    "cpu-goals": [
+        "finetune:L6-H384-A12:32:128",
+        "inference:bert_base_en_uncased:8:128",
+    ],
+}
+CPU_GOALS = (
+    ("finetune", "kbert/jax vs HF", 1.1),
+    ("finetune", "kbert/torch vs HF", 1.0),
+    ("inference", "best kbert backend, share of the matmul limit", 0.9),
+)
+
+
+def parse_cell(text, num_masks, precision="float32"):
+    """`WORKLOAD:PRESET:BATCH:LENGTH[:PRECISION]` -> a cell dict."""
+    parts = text.split(":")
+    if len(parts) not in (4, 5) or parts[0] not in WORKLOADS:
+        raise SystemExit(
+            f"--cell must be WORKLOAD:PRESET:BATCH:LENGTH[:PRECISION] with WORKLOAD in {WORKLOADS}. "
+            f"Received: {text!r}"
+        )
+    workload, preset, batch, length = parts[:4]
+    precision = parts[4] if len(parts) == 5 else precision
+    if precision not in PRECISIONS:
+        raise SystemExit(f"Unknown precision {precision!r} in --cell {text!r}; expected one of {PRECISIONS}")
+    resolve_preset(preset)
+    return {
+        "preset": preset,
+        "sequence_length": int(length),
+        "batch_size": int(batch),
+        "precision": precision,
+        "workload": workload,
+        "num_masks": num_masks,
+    }
+
+
 def build_cells(args):
+    explicit = list(args.cell or []) + [c for suite in (args.suite or []) for c in SUITES[suite]]
+    if explicit:
+        return [parse_cell(text, args.num_masks, args.precision[0]) for text in explicit]
     cells = []
     for preset in args.preset:
         resolve_preset(preset)  # Fails early on an unknown name.
@@ -789,6 +832,49 @@ def format_table(records):
             lines.append(
                 f"  {record['framework']:<10} {record['backend']:<11} {speed:>9.2f} "
                 f"{1000 * record['step_seconds']:>9.0f} {mfu:>7} {vs_hf:>7} {vs_hub:>13}"
+            )
+    return "\n".join(lines)
+
+
+def check_goals(records, peaks):
+    """Lines stating each CPU goal of the performance issue, the measured value and whether it is met.
+
+    The forward-pass goal divides kbert's FLOP rate by the highest matmul peak measured on
+    any backend in the run (the machine's matmul limit), and also reports each backend's own.
+    """
+    def find(workload, framework, backend=None):
+        return [
+            r for r in records
+            if r["workload"] == workload and r["framework"] == framework and "error" not in r
+            and (backend is None or r["backend"] == backend)
+        ]
+
+    lines = ["\ngoals (CPU, this run):"]
+    hf = {r["workload"]: r for r in find("finetune", "hf")}
+    for workload, what, threshold in CPU_GOALS:
+        if workload == "finetune":
+            backend = what.split()[0].split("/")[1]
+            ours = find(workload, "kbert", backend)
+            if not ours or workload not in hf:
+                lines.append(f"  {workload}: {what} >= {threshold:.2f}x: not measured")
+                continue
+            ratio = ours[0]["sequences_per_second"] / hf[workload]["sequences_per_second"]
+            verdict = "met" if ratio >= threshold else "NOT met"
+            lines.append(f"  {workload}: {what} = {ratio:.2f}x (goal >= {threshold:.2f}x): {verdict}")
+        else:
+            ours = find(workload, "kbert")
+            cpu_peaks = [v for k, v in peaks.items() if k.endswith("/float32")]
+            if not ours or not cpu_peaks:
+                lines.append(f"  {workload}: {what} >= {threshold:.0%}: not measured")
+                continue
+            best = max(ours, key=lambda r: r["sequences_per_second"])
+            limit = max(cpu_peaks)
+            share = best["sequences_per_second"] * best["flops_per_sequence"] / limit
+            own = ", ".join(f"{r['backend']} {100 * r['mfu']:.0f}% of its own" for r in ours if r.get("mfu"))
+            verdict = "met" if share >= threshold else "NOT met"
+            lines.append(
+                f"  {workload}: {what} = {share:.0%} ({best['backend']}, {best['sequences_per_second']:.2f} "
+                f"seq/s against {limit / 1e9:.0f} GFLOP/s; {own}) (goal >= {threshold:.0%}): {verdict}"
             )
     return "\n".join(lines)
 
@@ -944,6 +1030,18 @@ def parse_args(argv=None):
     parser.add_argument("--precision", nargs="+", choices=PRECISIONS, default=["float32"])
     parser.add_argument("--workload", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--framework", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
+    parser.add_argument(
+        "--cell",
+        action="append",
+        metavar="WORKLOAD:PRESET:BATCH:LENGTH[:PRECISION]",
+        help="measure exactly this cell (repeatable); replaces the preset x length x batch x workload product",
+    )
+    parser.add_argument(
+        "--suite",
+        nargs="+",
+        choices=sorted(SUITES),
+        help="named cell sets; cpu-goals = the issue's CPU goals, checked at the end of the run",
+    )
     parser.add_argument("--num-masks", type=int, default=20, help="masked positions per sequence")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per cell")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps (compilation)")
@@ -1000,6 +1098,8 @@ def main(argv=None):
         for name, peak in sorted(peaks.items()):
             print(f"measured matmul peak {name}: {peak / 1e9:.1f} GFLOP/s")
         print(format_table(records))
+        if "cpu-goals" in (args.suite or []):
+            print(check_goals(records, peaks))
         if args.chart:
             write_chart(records, args.chart)
             print(f"\nchart written to {args.chart}")
