@@ -34,6 +34,11 @@ the task's head that HF initialises under `torch.manual_seed(seed)`, with dropou
 config (and in kbert's head), so they start from identical weights and train without randomness:
 what remains between them is only floating-point rounding, not seed noise.
 
+Ablation `--unmasked-qa` (squad, kbert only): `BertQuestionAnswerer(context_only=False)`, the
+unmasked head of HF's `BertForQuestionAnswering`, whose loss spreads over every position (kbert's
+default masks the question, `[SEP]` and padding out of the softmax). With `--no-dropout` it
+reproduces HF's run; without the flag the difference is the masking alone.
+
 Ablation `--torch-epsilon` (kbert only): Keras' Adam adds epsilon to the uncorrected sqrt(v),
 torch to the bias-corrected one, so with epsilon 1e-6 Keras damps small-gradient updates early in
 training where torch does not. The flag swaps kbert's default AdamW for one that adds
@@ -234,6 +239,7 @@ def run_kbert(task, args, recipe):
     source = _source(task, args, common, head_dropout=False)
     model = BertQuestionAnswerer.from_preset(
         source,
+        context_only=not args.unmasked_qa,
         sequence_length=recipe["max_length"],
         doc_stride=DOC_STRIDE,
         max_query_length=MAX_QUERY_LENGTH,
@@ -244,7 +250,8 @@ def run_kbert(task, args, recipe):
     start = time.time()
     model.fit(features.inputs, features.labels, batch_size=recipe["batch_size"], epochs=1, shuffle=False)
     seconds = time.time() - start
-    answers = model.predict_answers(eval_examples, batch_size=64)
+    eval_features = model.encode(eval_examples)
+    answers = _decode_in_context(eval_examples, eval_features, model.predict(eval_features.inputs, batch_size=64))
     scores = squad_scores(answers, data)
     return {"exact_match": scores["exact_match"], "f1": scores["f1"]}, seconds
 
@@ -364,7 +371,7 @@ def run_hf(task, args, recipe):
         scores = entity_f1([t for _, t in dev], predicted, scheme="IOB2")
         return {"entity_f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"]}, seconds
 
-    from kbert.data.squad import decode_squad_predictions, prepare_squad_features
+    from kbert.data.squad import prepare_squad_features
     from kbert.metrics import squad_scores
 
     train, eval_examples, data = squad_data(args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"])
@@ -386,13 +393,22 @@ def run_hf(task, args, recipe):
     ]
     seconds = _hf_train(model, batches, recipe["learning_rate"])
     eval_features = prepare_squad_features(eval_examples, tokenizer, **window)
-    logits = _hf_logits(model, eval_features.inputs)
-    allowed = _context_mask(eval_features.inputs)
-    start = np.where(allowed, logits["start_logits"], -1e9)
-    end = np.where(allowed, logits["end_logits"], -1e9)
-    answers = decode_squad_predictions(eval_examples, eval_features, start, end)
+    answers = _decode_in_context(eval_examples, eval_features, _hf_logits(model, eval_features.inputs))
     scores = squad_scores(answers, data)
     return {"exact_match": scores["exact_match"], "f1": scores["f1"]}, seconds
+
+
+def _decode_in_context(examples, features, logits):
+    """Answers from start/end logits masked to the context first (a no-op for kbert's default
+    head), so both frameworks' n-best lists hold context positions only."""
+    import numpy as np
+
+    from kbert.data.squad import decode_squad_predictions
+
+    allowed = _context_mask(features.inputs)
+    start = np.where(allowed, np.asarray(logits["start_logits"]), -1e9)
+    end = np.where(allowed, np.asarray(logits["end_logits"]), -1e9)
+    return decode_squad_predictions(examples, features, start, end)
 
 
 def _context_mask(inputs):
@@ -485,6 +501,11 @@ def main(argv=None):
         action="store_true",
         help="dropout 0 and the same seeded head on both sides (a deterministic comparison)",
     )
+    parser.add_argument(
+        "--unmasked-qa",
+        action="store_true",
+        help="squad, kbert: context_only=False, HF's unmasked head (loss over every position)",
+    )
     parser.add_argument("--summary", action="store_true", help="Print the recorded results and exit.")
     args = parser.parse_args(argv)
     if args.summary:
@@ -514,6 +535,7 @@ def main(argv=None):
         "task": args.task,
         "framework": args.framework
         + ("+torch_epsilon" if args.torch_epsilon else "")
+        + ("+unmasked" if args.unmasked_qa else "")
         + ("+no_dropout" if args.no_dropout else ""),
         "backend": args.backend if args.framework == "kbert" else "torch",
         "seed": args.seed,

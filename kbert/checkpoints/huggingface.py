@@ -46,6 +46,7 @@ _CONFIG_DEFAULTS = {
     "max_position_embeddings": 512,
     "type_vocab_size": 2,
     "layer_norm_eps": 1e-12,
+    "pad_token_id": 0,
 }
 # HF `hidden_act` -> kbert activation. HF "gelu" is the exact erf form; the tanh forms differ
 # from it by up to ~1e-3, which is why they must not be confused.
@@ -128,6 +129,7 @@ def backbone_config_from_huggingface(config, source="config.json"):
         "attention_dropout": float(merged["attention_probs_dropout_prob"]),
         "activation": _ACTIVATIONS[hidden_act],
         "layer_norm_epsilon": float(merged["layer_norm_eps"]),
+        "pad_token_id": int(merged["pad_token_id"]),
     }
 
 
@@ -390,7 +392,7 @@ def huggingface_config(model):
         "type_vocab_size": backbone.num_segments,
         "initializer_range": 0.02,
         "layer_norm_eps": backbone.layer_norm_epsilon,
-        "pad_token_id": 0,
+        "pad_token_id": 0 if backbone.pad_token_id is None else backbone.pad_token_id,
         "position_embedding_type": "absolute",
         "tie_word_embeddings": True,
     }

@@ -49,7 +49,8 @@ class HashDropout(keras.layers.Dropout):
     `keras.random.SeedGenerator`: a few integer operations per element, fused by XLA into
     the surrounding computation. The hash is keyed afresh at every call, so masks differ
     between steps and are reproducible under `keras.utils.set_random_seed`. On torch the
-    native `torch.nn.functional.dropout` is already fast and is used.
+    mask comes from torch's global generator (see `_torch_dropout`), so
+    `torch.utils.checkpoint` replays it.
 
     Args:
         rate: float in [0, 1]. Fraction of the elements to drop.
@@ -86,6 +87,8 @@ class HashDropout(keras.layers.Dropout):
             return inputs
         if self.rate >= 1:
             return ops.zeros_like(inputs)
+        if keras.config.backend() == "torch":
+            return _torch_dropout(inputs, self.rate)
         if not self.uses_hash:
             return super().call(inputs, training=training)
         if seed is None:
@@ -118,23 +121,50 @@ class HashDropout(keras.layers.Dropout):
         return config
 
 
-def _torch_attention_with_dropout(query, key, value, mask, rate):
-    """Softmax attention with dropout on the probabilities, in one torch op.
+def _torch_dropout(inputs, rate):
+    """Inverted dropout on torch, with the mask drawn as `torch.rand(...) >= rate` on CPU.
 
-    `torch.nn.functional.scaled_dot_product_attention(..., dropout_p=rate)` is what the explicit
-    path computes (scale 1/sqrt(head_dim), boolean mask, probabilities dropped with rate and
-    scaled by 1/(1-rate)) without materialising the masked scores, probabilities and mask
-    separately: ~3x faster forward + backward on CPU than the explicit ops. Dropout draws from
-    torch's generator, as Keras' torch dropout does, so `torch.utils.checkpoint` (remat)
-    replays the same masks. Inputs and output are `(batch, seq, heads, head_dim)`.
+    `torch.nn.functional.dropout` draws its CPU mask with `bernoulli_`; `torch.rand` plus an
+    in-place comparison makes the whole dropout ~2x faster (it took 14 % of a BERT
+    fine-tuning step on CPU). The
+    mask has the same law (each element kept with probability `1 - rate`, kept values scaled
+    by `1 / (1 - rate)`) and comes from torch's global generator, which
+    `keras.utils.set_random_seed` seeds and `torch.utils.checkpoint` restores. On GPU the
+    native fused dropout is used.
     """
     import torch
 
-    query, key, value = (t.transpose(1, 2) for t in (query, key, value))
-    context = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=rate
-    )
-    return context.transpose(1, 2)
+    if inputs.device.type != "cpu":
+        return torch.nn.functional.dropout(inputs, p=rate, training=True)
+    # In place on the uniform draws: 0 or 1 / (1 - rate), with no boolean tensor to convert.
+    scale = torch.rand(inputs.shape, device=inputs.device).ge_(rate).mul_(1.0 / (1.0 - rate))
+    return inputs * scale.to(inputs.dtype)
+
+
+def _torch_attention_with_dropout(query, key, value, mask, rate):
+    """Softmax attention with dropout on the probabilities, in torch ops.
+
+    On GPU: `torch.nn.functional.scaled_dot_product_attention(..., dropout_p=rate)`, whose
+    fused kernels draw the dropout themselves. On CPU that op has no fused dropout and falls
+    back to softmax + `bernoulli_` internally; the same arithmetic written out with
+    `_torch_dropout`'s cheaper mask is ~25 % faster forward + backward. Either way: scale
+    1/sqrt(head_dim), boolean key mask, probabilities dropped with `rate` and scaled by
+    1/(1-rate), masks from torch's generator (so `torch.utils.checkpoint` replays them).
+    Inputs and output are `(batch, seq, heads, head_dim)`.
+    """
+    import torch
+
+    query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # (batch, heads, seq, dim)
+    if query.device.type != "cpu":
+        context = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=rate
+        )
+        return context.transpose(1, 2)
+    scores = torch.matmul(query * query.shape[-1] ** -0.5, key.transpose(-1, -2)).float()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9)
+    probabilities = _torch_dropout(torch.softmax(scores, dim=-1).to(value.dtype), rate)
+    return torch.matmul(probabilities, value).transpose(1, 2)
 
 
 @functools.lru_cache(maxsize=None)

@@ -78,6 +78,11 @@ class BertEmbeddings(keras.layers.Layer):
         dropout: float. Dropout rate after the LayerNorm. Defaults to `0.1`.
         initializer: initializer for the three tables. Defaults to
             `TruncatedNormal(stddev=0.02)`, as in the original.
+        pad_token_id: int or `None`. The token whose embedding row gets no gradient, as
+            `padding_idx` in Hugging Face's `BertEmbeddings` (its embedding still enters the
+            sum). Matters only where outputs at padded positions reach the loss (an unmasked
+            span-QA head). `None` trains every row, as Google's original. Defaults to `0`,
+            the id of `[PAD]` in BERT vocabularies.
 
     Call arguments:
         token_ids: int tensor of shape `(batch_size, sequence_length)`.
@@ -104,10 +109,12 @@ class BertEmbeddings(keras.layers.Layer):
         layer_norm_epsilon=1e-12,
         dropout=0.1,
         initializer=None,
+        pad_token_id=0,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.vocabulary_size = vocabulary_size
+        self.pad_token_id = None if pad_token_id is None else int(pad_token_id)
         self.hidden_dim = hidden_dim
         self.max_sequence_length = max_sequence_length
         self.num_segments = num_segments
@@ -170,6 +177,9 @@ class BertEmbeddings(keras.layers.Layer):
                 position_ids, self.max_sequence_length, "position_ids", "max_sequence_length"
             )
         x = self.token_embedding(token_ids)  # (batch, seq, hidden)
+        if self.pad_token_id is not None:
+            is_pad = ops.expand_dims(ops.equal(token_ids, self.pad_token_id), -1)
+            x = ops.where(is_pad, ops.stop_gradient(x), x)
         x = x + self.position_embedding(position_ids)  # broadcast over batch
         x = x + self.segment_embedding(segment_ids)
         x = ops.cast(self.layer_norm(x), self.compute_dtype)
@@ -189,6 +199,7 @@ class BertEmbeddings(keras.layers.Layer):
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "dropout": self.dropout,
                 "initializer": keras.initializers.serialize(self.initializer),
+                "pad_token_id": self.pad_token_id,
             }
         )
         return config

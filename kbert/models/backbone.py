@@ -54,6 +54,8 @@ class BertBackbone(PresetMixin, keras.Model):
         activation: str. Feed-forward activation: `"gelu"` (exact), `"gelu_approximate"`
             (tanh form of the original TensorFlow code) or `"relu"`. Defaults to `"gelu"`.
         layer_norm_epsilon: float. Defaults to `1e-12`.
+        pad_token_id: int or `None`. Token id whose embedding row is not trained (Hugging
+            Face's `padding_idx`; see `BertEmbeddings`). Defaults to `0`.
         flash_attention: `None` (backend decides), `True` or `False`. Defaults to `None`.
         remat: bool. Rematerialise (recompute) each transformer block in the backward pass
             instead of keeping its activations: training memory grows with the number of
@@ -89,6 +91,7 @@ class BertBackbone(PresetMixin, keras.Model):
         attention_dropout=0.1,
         activation="gelu",
         layer_norm_epsilon=1e-12,
+        pad_token_id=0,
         flash_attention=None,
         remat=False,
         dtype=None,
@@ -117,6 +120,7 @@ class BertBackbone(PresetMixin, keras.Model):
             num_segments=num_segments,
             layer_norm_epsilon=layer_norm_epsilon,
             dropout=dropout,
+            pad_token_id=pad_token_id,
             dtype=dtype,
             name="embeddings",
         )
@@ -171,6 +175,7 @@ class BertBackbone(PresetMixin, keras.Model):
         self.attention_dropout = attention_dropout
         self.activation = activation
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.pad_token_id = pad_token_id
         self.flash_attention = flash_attention
         self.remat = remat
 
@@ -289,6 +294,7 @@ class BertBackbone(PresetMixin, keras.Model):
             "attention_dropout": self.attention_dropout,
             "activation": self.activation,
             "layer_norm_epsilon": self.layer_norm_epsilon,
+            "pad_token_id": self.pad_token_id,
             "flash_attention": self.flash_attention,
             "remat": self.remat,
         }

@@ -126,3 +126,22 @@ def test_layer_configs_round_trip():
 def test_attention_rejects_indivisible_heads():
     with pytest.raises(ValueError, match="hidden_dim=10, num_heads=3"):
         BertSelfAttention(num_heads=3, hidden_dim=10)
+
+
+@pytest.mark.parametrize("pad_token_id", [0, None])
+def test_pad_row_gets_no_gradient_like_huggingface_padding_idx(pad_token_id):
+    """One SGD step on a loss that reads every position, padded ones included: the [PAD] row
+    stays put (HF's `padding_idx`) unless `pad_token_id=None`; every other used row moves."""
+    token_ids = np.array([[5, 6, 7, 0, 0], [8, 9, 0, 0, 0]], "int32")
+    tokens = keras.Input((None,), dtype="int32")
+    segments = keras.Input((None,), dtype="int32")
+    layer = BertEmbeddings(vocabulary_size=12, hidden_dim=8, dropout=0.0, pad_token_id=pad_token_id)
+    model = keras.Model([tokens, segments], layer(tokens, segments))
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")
+    before = to_numpy(layer.token_embedding.embeddings).copy()
+    targets = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
+    model.train_on_batch([token_ids, np.zeros_like(token_ids)], targets)
+    moved = np.abs(to_numpy(layer.token_embedding.embeddings) - before).max(axis=1) > 1e-6
+    assert moved[[5, 6, 7, 8, 9]].all() and not moved[[1, 2, 3, 4, 10, 11]].any()
+    assert moved[0] == (pad_token_id is None)
+    assert layer.get_config()["pad_token_id"] == pad_token_id

@@ -48,6 +48,64 @@ def test_huggingface_question_answering_loads_with_equal_logits(tmp_path):
     assert np.abs(to_numpy(fresh(inputs))["start_logits"][allowed] - expected.start_logits.numpy()[allowed]).max() > 1e-2
 
 
+def test_unmasked_head_trains_exactly_like_huggingface(tmp_path):
+    """`context_only=False` is HF's `BertForQuestionAnswering`: equal logits at every real
+    position, and three AdamW steps on the loss over all positions land on HF's weights. The
+    default (masked) head trains differently, by far more than the tolerance."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from kbert.models import bert_optimizer
+
+    reference = save_hf_model(transformers.BertForQuestionAnswering, tmp_path, num_labels=2)
+    inputs = random_backbone_inputs(4, 12)
+    real = inputs["padding_mask"] > 0
+    rng = np.random.default_rng(0)
+    # Answers anywhere in the real tokens, question included: only the unmasked head can learn these.
+    starts = np.array([rng.integers(0, n) for n in real.sum(1)])
+    ends = np.array([rng.integers(s, n) for s, n in zip(starts, real.sum(1))])
+
+    def kbert_logits(context_only):
+        model = load_quietly(BertQuestionAnswerer, tmp_path, sequence_length=40, context_only=context_only)
+        if not context_only:
+            before = to_numpy(model(inputs))
+            for key in ("start_logits", "end_logits"):
+                assert_all_close(before[key], getattr(hf_outputs(reference, inputs), key).numpy(), 1e-4, 1e-4, real)
+        model.compile(optimizer=bert_optimizer(1e-3, total_steps=10, warmup_steps=0))
+        for _ in range(3):
+            model.train_on_batch(inputs, {"start_logits": starts, "end_logits": ends})
+        return to_numpy(model(inputs))
+
+    unmasked, masked = kbert_logits(False), kbert_logits(True)
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": [p for n, p in reference.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)], "weight_decay": 0.01},
+            {"params": [p for n, p in reference.named_parameters() if n.endswith("bias") or "LayerNorm" in n], "weight_decay": 0.0},
+        ],
+        lr=1e-3,
+        eps=1e-6,
+    )
+    schedule = transformers.get_linear_schedule_with_warmup(optimizer, 0, 10)
+    for _ in range(3):
+        loss = reference(
+            input_ids=torch.tensor(inputs["token_ids"], dtype=torch.long),
+            token_type_ids=torch.tensor(inputs["segment_ids"], dtype=torch.long),
+            attention_mask=torch.tensor(inputs["padding_mask"], dtype=torch.long),
+            start_positions=torch.tensor(starts, dtype=torch.long),
+            end_positions=torch.tensor(ends, dtype=torch.long),
+        ).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+    expected = hf_outputs(reference.eval(), inputs)
+    allowed = allowed_positions(inputs)
+    for key in ("start_logits", "end_logits"):
+        hf_logits = getattr(expected, key).numpy()
+        assert_all_close(unmasked[key], hf_logits, atol=5e-4, rtol=1e-4, mask=real)
+        assert np.abs(masked[key][allowed] - hf_logits[allowed]).max() > 20 * 5e-4
+
+
 def test_export_to_huggingface_round_trip(tmp_path):
     transformers = pytest.importorskip("transformers")
     from kbert.checkpoints import export_to_huggingface
