@@ -67,6 +67,36 @@ def hf_outputs(model, inputs):
         )
 
 
+def train_huggingface(reference, inputs, steps, epsilon=1e-6, **labels):
+    """`steps` steps of the HF fine-tuning recipe the tests compare with: torch.optim.AdamW at 1e-3
+    (weight decay 0.01 except LayerNorm and biases), global-norm clipping at 1.0, linear decay
+    over 10 steps without warm-up. `labels` are the model's label arguments. Returns the last loss."""
+    import torch
+    import transformers
+
+    decay = [p for n, p in reference.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+    no_decay = [p for n, p in reference.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, eps=epsilon
+    )
+    schedule = transformers.get_linear_schedule_with_warmup(optimizer, 0, 10)
+    reference.train()
+    for _ in range(steps):
+        loss = reference(
+            input_ids=torch.tensor(inputs["token_ids"], dtype=torch.long),
+            token_type_ids=torch.tensor(inputs["segment_ids"], dtype=torch.long),
+            attention_mask=torch.tensor(inputs["padding_mask"], dtype=torch.long),
+            **{name: torch.tensor(value, dtype=torch.long) for name, value in labels.items()},
+        ).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+    reference.eval()
+    return loss
+
+
 def load_quietly(cls, source, **kwargs):
     """`cls.from_preset` without the expected warnings (unused pooler, fresh heads)."""
     import warnings
@@ -154,7 +184,7 @@ def test_training_steps_equal_huggingface_and_torch_adamw(tmp_path):
     weights measurably differently: the test checks that it does, so it can tell the two apart.
     """
     transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from kbert.models import BertAdamW, bert_optimizer
 
     epsilon = 1e-6
@@ -174,26 +204,7 @@ def test_training_steps_equal_huggingface_and_torch_adamw(tmp_path):
     trained = kbert_logits(torch_epsilon=True)
     keras_placement = kbert_logits(torch_epsilon=False)
 
-    decay = [p for n, p in reference.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
-    no_decay = [p for n, p in reference.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, eps=epsilon
-    )
-    schedule = transformers.get_linear_schedule_with_warmup(optimizer, 0, 10)
-    for _ in range(5):
-        reference.train()
-        loss = reference(
-            input_ids=torch.tensor(inputs["token_ids"], dtype=torch.long),
-            token_type_ids=torch.tensor(inputs["segment_ids"], dtype=torch.long),
-            attention_mask=torch.tensor(inputs["padding_mask"], dtype=torch.long),
-            labels=torch.tensor(labels, dtype=torch.long),
-        ).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
-    reference.eval()
+    loss = train_huggingface(reference, inputs, 5, epsilon=epsilon, labels=labels)
     expected = hf_outputs(reference, inputs).logits.numpy()
     assert np.abs(expected).max() > 0.03 and float(loss) > 0  # the weights did move
     assert_all_close(trained, expected, atol=2e-5, rtol=1e-4)

@@ -12,6 +12,7 @@ from tests.models.test_classifier import (
     save_hf_model,
     toy_backbone,
     toy_preprocessor,
+    train_huggingface,
 )
 from tests.test_case import assert_all_close, random_backbone_inputs, to_numpy
 
@@ -53,7 +54,7 @@ def test_unmasked_head_trains_exactly_like_huggingface(tmp_path):
     position, and three AdamW steps on the loss over all positions land on HF's weights. The
     default (masked) head trains differently, by far more than the tolerance."""
     transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from kbert.models import bert_optimizer
 
     reference = save_hf_model(transformers.BertForQuestionAnswering, tmp_path, num_labels=2)
@@ -76,29 +77,8 @@ def test_unmasked_head_trains_exactly_like_huggingface(tmp_path):
         return to_numpy(model(inputs))
 
     unmasked, masked = kbert_logits(False), kbert_logits(True)
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": [p for n, p in reference.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)], "weight_decay": 0.01},
-            {"params": [p for n, p in reference.named_parameters() if n.endswith("bias") or "LayerNorm" in n], "weight_decay": 0.0},
-        ],
-        lr=1e-3,
-        eps=1e-6,
-    )
-    schedule = transformers.get_linear_schedule_with_warmup(optimizer, 0, 10)
-    for _ in range(3):
-        loss = reference(
-            input_ids=torch.tensor(inputs["token_ids"], dtype=torch.long),
-            token_type_ids=torch.tensor(inputs["segment_ids"], dtype=torch.long),
-            attention_mask=torch.tensor(inputs["padding_mask"], dtype=torch.long),
-            start_positions=torch.tensor(starts, dtype=torch.long),
-            end_positions=torch.tensor(ends, dtype=torch.long),
-        ).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
-    expected = hf_outputs(reference.eval(), inputs)
+    train_huggingface(reference, inputs, 3, start_positions=starts, end_positions=ends)
+    expected = hf_outputs(reference, inputs)
     allowed = allowed_positions(inputs)
     for key in ("start_logits", "end_logits"):
         hf_logits = getattr(expected, key).numpy()
