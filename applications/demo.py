@@ -30,8 +30,9 @@ def parse_args(argv=None):
     parser.add_argument("--backend", choices=["tensorflow", "jax", "torch"], default=None,
                         help="Keras backend (default: $KERAS_BACKEND, else tensorflow).")
     parser.add_argument("--pretrain-steps", type=int, default=300)
-    parser.add_argument("--finetune-epochs", type=int, default=5)
+    parser.add_argument("--finetune-epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--finetune-learning-rate", type=float, default=3e-4)
     parser.add_argument("--sequence-length", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="runs/demo")
@@ -102,7 +103,7 @@ def main(argv=None):
         backbone,
         num_classes=2,
         preprocessor=kbert.text.BertPreprocessor(tokenizer, sequence_length=32),
-        learning_rate=1e-3,
+        learning_rate=args.finetune_learning_rate,
     )
     print(f"[3/3] Fine-tuning on {split} reviews, evaluating on {len(sentences) - split}")
     classifier.fit(
