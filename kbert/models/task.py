@@ -553,36 +553,29 @@ def _preprocessor_settings(preprocessor):
 
 
 def _preprocessor_for_vocabulary(vocabulary_path, sequence_length, default_sequence_length):
-    """A `kbert.text.BertPreprocessor` for a preset's vocab.txt (and its saved settings, if any)."""
+    """A `kbert.text.BertPreprocessor` for a preset's vocabulary (and its saved settings, if any).
+
+    The tokenizer comes from `BertTokenizer.from_preset` on the preset's directory, so a task
+    model reads casing and accents exactly as the tokenizer preset does (`tokenizer_config.json`,
+    `tokenizer.json`, else the vocabulary itself); settings saved by `save_to_preset` override.
+    """
     from kbert.text import BertPreprocessor, BertTokenizer
 
-    directory = Path(vocabulary_path).parent
+    vocabulary_path = Path(vocabulary_path)
+    directory = vocabulary_path.parent
     settings = {}
     settings_file = directory / PREPROCESSOR_CONFIG_FILE
     if settings_file.is_file():
         settings = json.loads(settings_file.read_text())
-    tokenizer_settings = dict(settings.get("tokenizer") or {})
-    if "lowercase" not in tokenizer_settings:
-        tokenizer_settings["lowercase"] = _vocabulary_is_uncased(directory, vocabulary_path)
-    tokenizer = BertTokenizer(str(vocabulary_path), **tokenizer_settings)
+    if vocabulary_path.name == "vocab.txt":
+        source = directory  # Hugging Face, Google and kbert presets
+    elif vocabulary_path.parts[-3:] == ("assets", "tokenizer", "vocabulary.txt"):
+        source = vocabulary_path.parents[2]  # keras-hub presets
+    else:
+        source = vocabulary_path
+    tokenizer = BertTokenizer.from_preset(source, **(settings.get("tokenizer") or {}))
     preprocessor_kwargs = {}
     if settings.get("truncate"):
         preprocessor_kwargs["truncate"] = settings["truncate"]
     length = sequence_length or settings.get("sequence_length") or default_sequence_length
     return BertPreprocessor(tokenizer, sequence_length=length, **preprocessor_kwargs)
-
-
-def _vocabulary_is_uncased(directory, vocabulary_path):
-    """Lower-casing of a checkpoint's tokenizer: tokenizer_config.json, else the vocabulary itself."""
-    from kbert.text.tokenizer import vocabulary_is_uncased
-
-    for name in ("tokenizer_config.json", "preprocessor.json"):
-        config_file = directory / name
-        if config_file.is_file():
-            try:
-                config = json.loads(config_file.read_text())
-            except json.JSONDecodeError:
-                continue
-            if "do_lower_case" in config:
-                return bool(config["do_lower_case"])
-    return vocabulary_is_uncased(str(vocabulary_path))

@@ -160,3 +160,8 @@ def test_from_preset_without_tokenizer_config_tokenizes_as_the_tokenizer_preset(
     features = tagger.encode(words)
     assert tagger.tokenizer.unk_token_id not in features.inputs["token_ids"][0]
     np.testing.assert_array_equal(features.inputs["token_ids"], tagger.encode([[w.lower() for w in words[0]]]).inputs["token_ids"])
+    # Whatever the directory says about the tokenizer, the task reads it as the tokenizer preset does.
+    (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": true, "strip_accents": false}')
+    tagger = load_quietly(BertTagger, tmp_path, sequence_length=16)
+    assert tagger.tokenizer.strip_accents is False
+    assert tagger.tokenizer.get_config() == BertTokenizer.from_preset(tmp_path).get_config()
