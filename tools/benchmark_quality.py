@@ -27,7 +27,7 @@ Recipes (identical on both sides; `DIR` is a Hugging Face BERT directory, e.g. a
   stride 128, question cap 64, batch 16, one epoch, same optimizer at a peak rate of 1e-4; metric: official EM / F1.
   Both sides train on the same windows (`kbert.data.squad.prepare_squad_features`) and their
   logits go through the same decoder (n-best 20, max answer 30 pieces, max-context windows).
-  HF logits are masked to the context like kbert's before decoding.
+  HF logits are masked to the context by kbert's `ContextSpanLogits` before decoding.
 
 Ablation `--no-dropout` (every task): both sides load one HF directory made from the checkpoint plus
 the task's head that HF initialises under `torch.manual_seed(seed)`, with dropout 0 in its
@@ -250,8 +250,7 @@ def run_kbert(task, args, recipe):
     start = time.time()
     model.fit(features.inputs, features.labels, batch_size=recipe["batch_size"], epochs=1, shuffle=False)
     seconds = time.time() - start
-    eval_features = model.encode(eval_examples)
-    answers = _decode_in_context(eval_examples, eval_features, model.predict(eval_features.inputs, batch_size=64))
+    answers = model.predict_answers(eval_examples, batch_size=64)  # context spans, either head
     scores = squad_scores(answers, data)
     return {"exact_match": scores["exact_match"], "f1": scores["f1"]}, seconds
 
@@ -399,28 +398,18 @@ def run_hf(task, args, recipe):
 
 
 def _decode_in_context(examples, features, logits):
-    """Answers from start/end logits masked to the context first (a no-op for kbert's default
-    head), so both frameworks' n-best lists hold context positions only."""
+    """HF's answers: its logits masked to the context as kbert's head masks them
+    (`ContextSpanLogits`), then kbert's decoder, so both frameworks' n-best lists hold context
+    positions only."""
+    import keras
     import numpy as np
 
     from kbert.data.squad import decode_squad_predictions
+    from kbert.models.question_answerer import ContextSpanLogits
 
-    allowed = _context_mask(features.inputs)
-    start = np.where(allowed, np.asarray(logits["start_logits"]), -1e9)
-    end = np.where(allowed, np.asarray(logits["end_logits"]), -1e9)
-    return decode_squad_predictions(examples, features, start, end)
-
-
-def _context_mask(inputs):
-    """Positions kbert's QA head allows: [CLS] and real segment-1 pieces before the last [SEP]."""
-    import numpy as np
-
-    real = inputs["padding_mask"] > 0
-    positions = np.arange(real.shape[1])[None, :]
-    last = real.sum(1, keepdims=True) - 1
-    allowed = real & (inputs["segment_ids"] == 1) & (positions < last)
-    allowed[:, 0] = True
-    return allowed
+    stacked = np.stack([logits["start_logits"], logits["end_logits"]], axis=-1)
+    start, end = ContextSpanLogits()(stacked, features.inputs["segment_ids"], features.inputs["padding_mask"])
+    return decode_squad_predictions(examples, features, keras.ops.convert_to_numpy(start), keras.ops.convert_to_numpy(end))
 
 
 def _hf_logits(model, inputs, batch_size=64):
