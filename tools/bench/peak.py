@@ -1,0 +1,81 @@
+"""The measured matmul peak of a device, against which MFU is reported."""
+
+import statistics
+import time
+
+from bench.devices import device_kind
+
+
+def measure_matmul_peak(backend, precision, size=None, repeats=7):
+    """Median FLOP/s of a large square matmul on `backend` ("jax", "torch", "tensorflow").
+
+    The operand dtype is the compute dtype of `precision`. The peak is measured, not taken
+    from a data sheet: MFU is reported against what this device does on this software. The
+    size grows from 256 until one product takes 50 ms (or reaches 2048 on CPU, 8192 on GPU),
+    so that slow emulated dtypes (float16 on most CPUs) do not take minutes. On a GPU every
+    size from 1024 up is timed and the largest median kept: one product of a large GPU takes
+    about a millisecond, and the figure of the largest size alone varies with clocks and
+    launch overhead (the largest stable figure is the device's limit).
+    """
+    import numpy as np
+
+    dtype = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}[
+        precision
+    ]
+    on_gpu = device_kind() == "gpu"
+    largest = size or (8192 if on_gpu else 2048)
+
+    def make_runner(n):
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((n, n), dtype="float32")
+        b = rng.standard_normal((n, n), dtype="float32")
+        if backend == "jax":
+            import jax
+            import jax.numpy as jnp
+
+            x, y = jnp.asarray(a, dtype=dtype), jnp.asarray(b, dtype=dtype)
+            fn = jax.jit(jnp.matmul)
+            return lambda: fn(x, y).block_until_ready()
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            x, y = tf.cast(tf.constant(a), dtype), tf.cast(tf.constant(b), dtype)
+            fn = tf.function(tf.linalg.matmul, jit_compile=False)
+            return lambda: fn(x, y).numpy()
+        import torch
+
+        device = "cuda" if on_gpu else "cpu"
+        x = torch.from_numpy(a).to(device=device, dtype=getattr(torch, dtype))
+        y = torch.from_numpy(b).to(device=device, dtype=getattr(torch, dtype))
+
+        def run():
+            z = x @ y
+            if on_gpu:
+                torch.cuda.synchronize()
+            return z
+
+        return run
+
+    n = size or 256
+    best = 0.0
+    while True:
+        run = make_runner(n)
+        run()  # Compilation / first-call set-up.
+        start = time.perf_counter()
+        run()
+        elapsed = time.perf_counter() - start
+        if on_gpu and not size and n >= 1024:
+            best = max(best, _median_flops(run, n, repeats))
+        if size or (elapsed > 0.05 and not on_gpu) or n >= largest:
+            break
+        n *= 2
+    return max(best, _median_flops(run, n, repeats))
+
+
+def _median_flops(run, n, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / statistics.median(times)
