@@ -308,9 +308,13 @@ def _chart(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kinds = [("pipeline", "sequences / CPU-second"), ("tokenizer", "tokens / CPU-second")]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
-    for ax, (kind, label) in zip(axes, kinds):
+    kinds = [
+        ("pipeline", "sequences / CPU-second", "Pretraining input pipelines (per core)"),
+        ("tokenizer", "tokens / CPU-second", "WordPiece tokenizers (per core)"),
+    ]
+    kinds = [k for k in kinds if any(r["kind"] == k[0] for r in results)]  # --skip-tokenizers
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 4.2), squeeze=False)
+    for ax, (kind, label, title) in zip(axes[0], kinds):
         rows = [r for r in results if r["kind"] == kind]
         names = [r["name"].replace(" ", "\n", 1) for r in rows]
         values = [r["per_cpu_s"] for r in rows]
@@ -321,8 +325,7 @@ def _chart(results, path):
         ax.set_xlabel(label)
         ax.set_xlim(0, max(values) * 1.25)
         ax.tick_params(axis="y", labelsize=8)
-    axes[0].set_title("Pretraining input pipelines (per core)")
-    axes[1].set_title("WordPiece tokenizers (per core)")
+        ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

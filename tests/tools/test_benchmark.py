@@ -1,0 +1,176 @@
+"""tools/benchmark.py and its parts (tools/bench/): FLOP counts, the common peak, goal lines,
+worker environments, and one tiny run of the GPU-goals and host-overhead suites end to end.
+
+The end-to-end run spawns its own worker processes (each sets its own `KERAS_BACKEND`), so it
+runs once, under the JAX backend of the test session, not once per backend.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS = REPO / "tools"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """The `bench` package, importable as `python tools/benchmark.py` imports it."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import bench.cells
+    import bench.flops
+    import bench.report
+    import bench.workers
+
+    return bench
+
+
+def test_forward_flops_count_every_kernel_of_a_real_backbone(bench):
+    """Forward FLOPs = 2 x (encoder kernel weights) per token + attention products + pooler,
+    counted here from the variables of a real kbert backbone."""
+    from kbert.models import BertBackbone
+
+    shape = bench.flops.resolve_preset("L2-H64-A2-V512")
+    assert shape["vocabulary_size"] == 512 and shape["intermediate_dim"] == 256
+    backbone = BertBackbone(**shape)
+    kernels = [v for v in backbone.weights if v.path.endswith("kernel")]
+    per_token = sum(math.prod(v.shape) for v in kernels if not v.path.startswith("pooler"))
+    pooler = sum(math.prod(v.shape) for v in kernels if v.path.startswith("pooler"))
+    s, h, layers = 16, shape["hidden_dim"], shape["num_layers"]
+    expected = 2 * s * per_token + 2 * pooler + layers * 2 * 2 * s * s * h
+    assert bench.flops.forward_flops(shape, s, "inference") == expected
+    assert bench.flops.step_flops(shape, s, "inference") == expected
+    assert bench.flops.step_flops(shape, s, "finetune") == 3 * (expected + 2 * h * 2)
+
+
+def test_bert_base_flops_are_the_issue_figures(bench):
+    shape = bench.flops.resolve_preset("bert_base_en_uncased")
+    giga = {w: bench.flops.step_flops(shape, 128, w) / 1e9 for w in ("pretrain", "finetune", "inference")}
+    assert giga == pytest.approx({"pretrain": 69.9, "finetune": 67.1, "inference": 22.4}, abs=0.05)
+
+
+def test_bad_preset_and_cell_are_rejected(bench):
+    with pytest.raises(ValueError, match="L<layers>-H<hidden>-A<heads>"):
+        bench.flops.resolve_preset("L2-H64")
+    with pytest.raises(SystemExit, match="WORKLOAD:PRESET:BATCH:LENGTH"):
+        bench.cells.parse_cell("train:L2-H64-A2:4:16", 20)
+
+
+def test_every_row_mfu_uses_the_largest_peak_of_its_precision(bench):
+    peaks = {"jax/mixed_bfloat16": 487e12, "torch/mixed_bfloat16": 765e12, "jax/float32": 10e9}
+    records = [
+        {"precision": "mixed_bfloat16", "achieved_flops": 206e12, "mfu": 206 / 487},
+        {"precision": "mixed_bfloat16", "achieved_flops": 100e12, "mfu": 100 / 765},
+        {"precision": "float32", "achieved_flops": 5e9, "mfu": 0.5},
+        {"precision": "float32", "error": "failed"},
+    ]
+    out = bench.report.apply_common_peaks(records, peaks)
+    assert out[0]["mfu"] == pytest.approx(206 / 765)  # Not 42 % against JAX's own figure.
+    assert out[0]["mfu_own_peak"] == pytest.approx(206 / 487)
+    assert out[1]["mfu"] == pytest.approx(100 / 765)
+    assert out[2]["mfu"] == pytest.approx(0.5)
+    assert "mfu" not in out[3]
+
+
+def _record(workload, framework, backend, speed, label=None, preset="bert_base_en_uncased", mfu=None):
+    record = {
+        "workload": workload,
+        "framework": framework,
+        "backend": backend,
+        "sequences_per_second": speed,
+        "preset": preset,
+        "mfu": mfu,
+        "matmul_peak_flops": 765e12,
+    }
+    if label:
+        record["label"] = label
+    return record
+
+
+def test_gpu_goal_lines_judge_each_goal(bench):
+    records = [
+        _record("pretrain", "kbert", "jax", 5700, mfu=0.52),
+        _record("pretrain", "kbert", "torch", 3000),
+        _record("pretrain", "hf", "torch", 2400),
+        _record("pretrain", "hf", "torch", 3500, label="hf-compile"),
+        _record("finetune", "kbert", "jax", 900),
+        _record("finetune", "hf", "torch", 600),
+        _record("inference", "kbert", "torch", 9700),
+        _record("inference", "hf", "torch", 9600),
+    ]
+    lines = bench.report.check_suite_goals(
+        "GPU", bench.cells.GPU_GOALS, records, full_preset="bert_base_en_uncased"
+    ).splitlines()
+    text = "\n".join(lines)
+    assert "pretrain: kbert/jax = 5,700 seq/s (goal >= 5,600): met" in text
+    assert "pretrain: kbert/jax MFU = 52.0%" in text and "(goal >= 50%): met" in text
+    # Against the compiled HF row, not the eager one: 3000 / 3500.
+    assert "pretrain: kbert/torch vs hf-compile = 0.86x (goal >= 1.00x): NOT met" in text
+    assert "finetune: kbert/jax vs hf = 1.50x (goal >= 1.50x): met" in text
+    assert "finetune: kbert/torch vs hf >= 1.50x: not measured" in text
+    assert "inference: kbert/jax >= 12,000 seq/s: not measured" in text
+    assert "inference: kbert/torch vs hf = 1.01x (goal >= 1.00x): met" in text
+
+
+def test_absolute_goals_are_not_judged_on_another_shape(bench):
+    records = [_record("pretrain", "kbert", "jax", 9e9, preset="L2-H64-A2-V512", mfu=0.9)]
+    text = bench.report.check_suite_goals(
+        "GPU", bench.cells.GPU_GOALS[:2], records, full_preset="bert_base_en_uncased"
+    )
+    assert text.count("not judged (L2-H64-A2-V512 is not bert_base_en_uncased)") == 2
+    assert "met" not in text.replace("not judged", "")
+
+
+def test_worker_environment_switches_allocator_settings(bench, monkeypatch):
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1:glibc.pthread.rseq=0")
+    env = bench.workers.worker_environment("jax", hugepages=False, allocator_tuning=False)
+    assert env["GLIBC_TUNABLES"] == "glibc.pthread.rseq=0"  # "off" removes the inherited one.
+    assert env["KBERT_MALLOC_TUNING"] == "0" and env["KERAS_BACKEND"] == "jax"
+    env = bench.workers.worker_environment("torch", hugepages=True)
+    assert env["GLIBC_TUNABLES"].split(":") == ["glibc.pthread.rseq=0", "glibc.malloc.hugetlb=1"]
+    assert "KBERT_MALLOC_TUNING" not in env or env["KBERT_MALLOC_TUNING"] != "0"
+
+
+@pytest.mark.large
+@pytest.mark.skipif(
+    keras.backend.backend() != "jax",
+    reason="spawns one worker per backend itself: run once, in the JAX session",
+)
+def test_gpu_goals_and_host_overhead_suites_run_end_to_end_on_a_tiny_config(tmp_path):
+    out = tmp_path / "run.json"
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    command = [
+        sys.executable, str(TOOLS / "benchmark.py"), "--suite", "gpu-goals", "host-overhead",
+        "--config", "tiny", "--plain", "--steps", "1", "--warmup", "1", "--json", str(out),
+    ]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1500)
+    assert result.returncode == 0, result.stderr[-3000:]
+    payload = json.loads(out.read_text())
+    rows = {
+        (r["workload"], r.get("label", r["framework"]), r["backend"]): r for r in payload["results"]
+    }
+    failed = {k: r["error"] for k, r in rows.items() if "error" in r}
+    assert not failed, failed
+    for workload in ("pretrain", "finetune", "inference"):
+        for row in (("kbert", "jax"), ("kbert", "torch"), ("hf", "torch")):
+            assert (workload,) + row in rows, (workload, row, sorted(rows))
+    assert ("pretrain", "hf-compile", "torch") in rows  # HF torch.compile, same run.
+    assert ("finetune", "kbert+AdamW", "torch") in rows  # --plain: Keras' own optimizer too.
+    # kbert's inference is timed with outputs left on the device, as HF's.
+    assert rows[("inference", "kbert", "jax")]["outputs"] == "on device"
+    # One common peak per precision for every row.
+    peak = payload["common_matmul_peaks"]["mixed_bfloat16"]
+    assert {r["matmul_peak_flops"] for r in payload["results"] if r["precision"] == "mixed_bfloat16"} == {peak}
+    assert payload["malloc_hugepages"] == "off"
+    assert payload["processes"]["keras/jax"]["allocator"]["reason"]
+    text = result.stdout
+    assert "goals (GPU, this run):" in text and "goals (host overhead, CPU, this run):" in text
+    assert "finetune: kbert/torch vs hf = " in text
+    assert "minor page faults per step" in text
+    assert "pretrain  L2-H64-A2-V512  batch=4  seq=16  mixed_bfloat16" in text
