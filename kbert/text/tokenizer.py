@@ -155,8 +155,9 @@ def _python_text(value):
 def _map_over_array(fn, array, num_outputs):
     """Applies `fn` (str -> tuple of lists) to every string of a numpy array: nested lists
     shaped like the array, one per output."""
-    if array.ndim == 0:
-        return fn(_python_text(array.item()))[:num_outputs]
+    if not isinstance(array, np.ndarray) or array.ndim == 0:
+        value = array.item() if isinstance(array, np.ndarray) else array
+        return fn(_python_text(value))[:num_outputs]
     parts = [_map_over_array(fn, row, num_outputs) for row in array]
     return tuple([part[k] for part in parts] for k in range(num_outputs))
 
