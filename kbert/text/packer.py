@@ -181,14 +181,19 @@ _PACK_FUNCTIONS = {}
 def _pack_function(num_segments):
     if num_segments not in _PACK_FUNCTIONS:
         tf = _tensorflow.tensorflow("BertPacker on TensorFlow tensors")
-        segment_spec = tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1)
-        settings_spec = tf.TensorSpec([5], tf.int32)
-        _PACK_FUNCTIONS[num_segments] = tf.function(
-            _pack,
-            input_signature=[[segment_spec] * num_segments, settings_spec],
-            autograph=False,
-        )
+        with tf.init_scope():
+            _PACK_FUNCTIONS[num_segments] = _trace_pack(tf, num_segments)
     return _PACK_FUNCTIONS[num_segments]
+
+
+def _trace_pack(tf, num_segments):
+    segment_spec = tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1)
+    settings_spec = tf.TensorSpec([5], tf.int32)
+    return tf.function(
+        _pack,
+        input_signature=[[segment_spec] * num_segments, settings_spec],
+        autograph=False,
+    )
 
 
 def _pack_numpy(segments, sequence_length, cls_token_id, sep_token_id, pad_token_id, truncate):

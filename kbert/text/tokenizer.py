@@ -338,7 +338,14 @@ class BertTokenizer:
             return self._graph
         what = "BertTokenizer on TensorFlow tensors (tf.data / tf.function)"
         tf = _tensorflow.tensorflow(what)
-        tf_text = _tensorflow.tensorflow_text(what)
+        _tensorflow.tensorflow_text(what)
+        # Tables and traced functions live outside any graph being traced (first use is
+        # often inside `Dataset.map`): build them eagerly.
+        with tf.init_scope():
+            return self._build_graph_state(tf)
+
+    def _build_graph_state(self, tf):
+        tf_text = _tensorflow.tensorflow_text()
         from kbert.text._pretokenizer import PreTokenizer
 
         graph = {}

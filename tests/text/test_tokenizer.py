@@ -306,6 +306,15 @@ def test_tf_data_graph_equals_eager(tokenizer):
     assert graph(tf.constant(HARD_STRINGS)).to_list() == eager[0]
 
 
+def test_first_use_inside_tf_data_map(vocab_path):
+    """The TensorFlow side is built lazily; built first inside `Dataset.map`, it must still
+    live outside the traced graph."""
+    fresh = BertTokenizer(vocab_path)
+    ds = tf.data.Dataset.from_tensor_slices(HARD_STRINGS[:3]).batch(3).map(fresh)
+    assert next(iter(ds)).to_list() == fresh(HARD_STRINGS[:3])
+    assert next(iter(ds)).to_list() == fresh(HARD_STRINGS[:3])
+
+
 def test_invalid_utf8_in_tf_data_is_replaced_not_fatal(tokenizer, vocabulary):
     """Invalid UTF-8 bytes decode to U+FFFD, which the original deletes (it
     decodes bytes with errors="ignore"): same ids, no crash in a worker."""
