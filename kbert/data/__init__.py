@@ -1,6 +1,12 @@
-"""kbert.data: tf.data pipelines for pretraining and fine-tuning, and dataset readers."""
+"""kbert.data: tf.data pipelines for pretraining and fine-tuning, and dataset readers.
 
-from kbert.data.pretraining import pretraining_dataset, read_documents, split_sentences
+The readers and the SQuAD / tagging preprocessing are plain Python and NumPy. The pretraining
+pipeline is `tf.data` and needs TensorFlow (`pip install "kbert[tensorflow]"`): its names are
+imported on first use, so `import kbert.data` works without TensorFlow and asking for them
+without it raises one clear error.
+"""
+
+from kbert import _tensorflow
 from kbert.data.readers import (
     GLUE_TASKS,
     GlueData,
@@ -39,3 +45,26 @@ __all__ = [
     "split_sentences",
     "words_from_token_predictions",
 ]
+
+# Names that live in modules needing TensorFlow, imported on first access.
+_TENSORFLOW_NAMES = {
+    "pretraining_dataset": "kbert.data.pretraining",
+    "read_documents": "kbert.data.pretraining",
+    "split_sentences": "kbert.data.pretraining",
+}
+
+
+def __getattr__(name):
+    if name in _TENSORFLOW_NAMES:
+        import importlib
+
+        _tensorflow.tensorflow(f"kbert.data.{name}")
+        module = importlib.import_module(_TENSORFLOW_NAMES[name])
+        value = getattr(module, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kbert.data' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_TENSORFLOW_NAMES))

@@ -110,6 +110,50 @@ def _case_flags(char, category):
     return flags
 
 
+def classify(code_point, lowercase, strip_accents, category=None):
+    """What the reference does with one code point, out of context.
+
+    Returns `(info, expansion)`: `info` is the kind (WORD, SINGLE, SPACE, DELETE or MAPPED)
+    with the CASED / CASE_IGNORABLE flags; for MAPPED, `expansion` is a tuple of
+    `(code_point, TYPE_WORD | TYPE_SINGLE)` pairs (possibly empty), else None. The TensorFlow
+    tables (`CharTables`) and the pure-Python tokenizer are both built from this function.
+    """
+    char = chr(code_point)
+    if category is None:
+        category = unicodedata.category(char)
+    base = SINGLE if is_cjk(code_point) else WORD
+    # Unassigned (Cn), private-use (Co) and surrogate (Cs) code points are
+    # plain word characters.
+    if category in ("Cn", "Co", "Cs"):
+        return base, None
+    if (category in ("Cc", "Cf") and char not in "\t\n\r") or code_point == 0xFFFD:
+        return DELETE, None
+    if category == "Zs" or char.isspace():
+        return SPACE, None
+    flags = _case_flags(char, category) if lowercase else 0
+    normalized = char
+    if lowercase:
+        normalized = char.lower()
+    if strip_accents and (
+        not unicodedata.is_normalized("NFD", normalized)
+        or any(unicodedata.category(c) == "Mn" for c in normalized)
+    ):
+        normalized = normalize_char(normalized, False, True)
+    if normalized == char:
+        if category[0] == "P" or (code_point < 128 and is_punctuation(char)):
+            return SINGLE | flags, None
+        return base | flags, None
+    if is_cjk(code_point) and len(normalized) != 1:
+        raise RuntimeError(
+            f"Unexpected multi-character normalisation of CJK U+{code_point:04X}."
+        )
+    expansion = tuple(
+        (ord(out), TYPE_SINGLE if is_cjk(code_point) or is_punctuation(out) else TYPE_WORD)
+        for out in normalized
+    )
+    return MAPPED | flags, expansion
+
+
 class CharTables:
     """Numpy tables for one (lowercase, strip_accents) setting.
 
@@ -128,56 +172,52 @@ class CharTables:
             kind[low : high + 1] = SINGLE
         keys, splits, values, types = [], [0], [], []
         categories = list(map(unicodedata.category, map(chr, range(MAX_CODE_POINT))))
-        # Unassigned (Cn), private-use (Co) and surrogate (Cs) code points are
-        # plain word characters: only the assigned ones need a closer look.
+        # Only the assigned code points need a closer look (see `classify`).
         assigned = [
             code_point
             for code_point, category in enumerate(categories)
             if category not in ("Cn", "Co", "Cs")
         ]
         for code_point in assigned:
-            char = chr(code_point)
-            category = categories[code_point]
-            if (category in ("Cc", "Cf") and char not in "\t\n\r") or code_point == 0xFFFD:
-                kind[code_point] = DELETE
-                continue
-            if category == "Zs" or char.isspace():
-                kind[code_point] = SPACE
-                continue
-            flags = _case_flags(char, category) if lowercase else 0
-            normalized = char
-            if lowercase:
-                normalized = char.lower()
-            if strip_accents and (
-                not unicodedata.is_normalized("NFD", normalized)
-                or any(categories[ord(c)] == "Mn" for c in normalized)
-            ):
-                normalized = normalize_char(normalized, False, True)
-            if normalized == char:
-                if category[0] == "P" or (code_point < 128 and is_punctuation(char)):
-                    kind[code_point] = SINGLE | flags
-                elif flags:
-                    kind[code_point] = kind[code_point] | flags
-                continue
-            kind[code_point] = MAPPED | flags
-            keys.append(code_point)
-            for out in normalized:
-                values.append(ord(out))
-                if is_cjk(code_point) or is_punctuation(out):
-                    types.append(TYPE_SINGLE)
-                else:
-                    types.append(TYPE_WORD)
-            splits.append(len(values))
-            if is_cjk(code_point) and len(normalized) != 1:
-                raise RuntimeError(
-                    f"Unexpected multi-character normalisation of CJK U+{code_point:04X}."
-                )
+            info, expansion = classify(
+                code_point, lowercase, strip_accents, categories[code_point]
+            )
+            kind[code_point] = info
+            if expansion is not None:
+                keys.append(code_point)
+                for value, value_type in expansion:
+                    values.append(value)
+                    types.append(value_type)
+                splits.append(len(values))
         self.kind = kind
         self.mapped_keys = np.asarray(keys, dtype=np.int32)
         self.mapped_ids = np.arange(len(keys), dtype=np.int32)
         self.expansion_splits = np.asarray(splits, dtype=np.int32)
         self.expansion_code_points = np.asarray(values, dtype=np.int32)
         self.expansion_types = np.asarray(types, dtype=np.int32)
+
+
+class CharClassifier(dict):
+    """`classify` for one setting, computed once per distinct character (pure Python).
+
+    `classifier[char]` is `(info, expansion)` as returned by `classify`.
+    """
+
+    def __init__(self, lowercase, strip_accents):
+        super().__init__()
+        self.lowercase = bool(lowercase)
+        self.strip_accents = bool(strip_accents)
+
+    def __missing__(self, char):
+        value = classify(ord(char), self.lowercase, self.strip_accents)
+        self[char] = value
+        return value
+
+
+@functools.lru_cache(maxsize=None)
+def char_classifier(lowercase, strip_accents):
+    """The shared (per process and setting) `CharClassifier`."""
+    return CharClassifier(bool(lowercase), bool(strip_accents))
 
 
 @functools.lru_cache(maxsize=None)

@@ -4,7 +4,8 @@ import itertools
 
 import keras
 import numpy as np
-import tensorflow as tf
+
+from kbert import _tensorflow
 
 TRUNCATION_STRATEGIES = ("longest_first", "waterfall")
 
@@ -33,15 +34,21 @@ def truncated_lengths(length_a, length_b, budget, truncate):
 
 
 def _minimum(a, b):
-    return tf.minimum(a, b) if tf.is_tensor(a) or tf.is_tensor(b) else np.minimum(a, b)
+    if _tensorflow.is_tensor(a) or _tensorflow.is_tensor(b):
+        return _tensorflow.tensorflow().minimum(a, b)
+    return np.minimum(a, b)
 
 
 def _maximum(a, b):
-    return tf.maximum(a, b) if tf.is_tensor(a) or tf.is_tensor(b) else np.maximum(a, b)
+    if _tensorflow.is_tensor(a) or _tensorflow.is_tensor(b):
+        return _tensorflow.tensorflow().maximum(a, b)
+    return np.maximum(a, b)
 
 
 def _where(c, a, b):
-    return tf.where(c, a, b) if tf.is_tensor(c) else np.where(c, a, b)
+    if _tensorflow.is_tensor(c):
+        return _tensorflow.tensorflow().where(c, a, b)
+    return np.where(c, a, b)
 
 
 def _is_int(value):
@@ -81,6 +88,7 @@ def _python_segment(segment, index):
 
 def _tensor_segment(segment, index):
     """A tensor segment as (RaggedTensor [B, None] int32, batched)."""
+    tf = _tensorflow.tensorflow()
     if not segment.dtype.is_integer:
         raise ValueError(
             f"Segment {index} must hold integer token ids. Received a tensor of "
@@ -110,6 +118,7 @@ def _pack(segments, settings):
     `settings` is an int32 tensor `[sequence_length, cls_token_id,
     sep_token_id, pad_token_id, waterfall]`, so one trace serves every packer.
     """
+    tf = _tensorflow.tensorflow()
     length, cls_token_id, sep_token_id, pad_token_id = tf.unstack(settings[:4])
     waterfall = settings[4] > 0
     batch = segments[0].nrows(out_type=tf.int32)
@@ -165,13 +174,55 @@ def _pack(segments, settings):
     }
 
 
-_SEGMENT_SPEC = tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1)
-_SETTINGS_SPEC = tf.TensorSpec([5], tf.int32)
-# One traced graph per number of segments, shared by all packers.
-_PACK_FUNCTIONS = {
-    n: tf.function(_pack, input_signature=[[_SEGMENT_SPEC] * n, _SETTINGS_SPEC], autograph=False)
-    for n in (1, 2)
-}
+# One traced graph per number of segments, shared by all packers (built on first use).
+_PACK_FUNCTIONS = {}
+
+
+def _pack_function(num_segments):
+    if num_segments not in _PACK_FUNCTIONS:
+        tf = _tensorflow.tensorflow("BertPacker on TensorFlow tensors")
+        with tf.init_scope():
+            _PACK_FUNCTIONS[num_segments] = _trace_pack(tf, num_segments)
+    return _PACK_FUNCTIONS[num_segments]
+
+
+def _trace_pack(tf, num_segments):
+    segment_spec = tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1)
+    settings_spec = tf.TensorSpec([5], tf.int32)
+    return tf.function(
+        _pack,
+        input_signature=[[segment_spec] * num_segments, settings_spec],
+        autograph=False,
+    )
+
+
+def _pack_numpy(segments, sequence_length, cls_token_id, sep_token_id, pad_token_id, truncate):
+    """`_pack` in NumPy, for Python / NumPy segments (lists of lists of int)."""
+    if len(segments) == 2 and len(segments[0]) != len(segments[1]):
+        raise ValueError(
+            f"BertPacker: both segments must have the same batch size. Received "
+            f"{len(segments[0])} and {len(segments[1])} sequences."
+        )
+    batch = len(segments[0])
+    budget = sequence_length - 1 - len(segments)
+    token_ids = np.full((batch, sequence_length), pad_token_id, dtype=np.int32)
+    segment_ids = np.zeros((batch, sequence_length), dtype=np.int32)
+    padding_mask = np.zeros((batch, sequence_length), dtype=np.int32)
+    for row in range(batch):
+        rows = [segment[row] for segment in segments]
+        if len(rows) == 1:
+            kept = [min(len(rows[0]), budget)]
+        else:
+            kept = [int(k) for k in truncated_lengths(len(rows[0]), len(rows[1]), budget, truncate)]
+        packed = [cls_token_id]
+        types = [0]
+        for index, (ids, length) in enumerate(zip(rows, kept)):
+            packed += ids[:length] + [sep_token_id]
+            types += [index] * (length + 1)
+        token_ids[row, : len(packed)] = packed
+        segment_ids[row, : len(types)] = types
+        padding_mask[row, : len(packed)] = 1
+    return {"token_ids": token_ids, "segment_ids": segment_ids, "padding_mask": padding_mask}
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -251,7 +302,7 @@ class BertPacker:
         self.pad_token_id = int(pad_token_id)
         self.truncate = truncate
 
-    @tf.autograph.experimental.do_not_convert
+    @_tensorflow.do_not_convert
     def __call__(self, inputs):
         segments = inputs if isinstance(inputs, tuple) else (inputs,)
         if len(segments) not in (1, 2):
@@ -259,7 +310,21 @@ class BertPacker:
                 f"BertPacker takes one or two segments. Received a tuple of "
                 f"{len(segments)} segments."
             )
-        use_tf = any(tf.is_tensor(s) for s in segments)
+        if not any(_tensorflow.is_tensor(s) for s in segments):
+            converted = [_python_segment(s, i) for i, s in enumerate(segments)]
+            batched = self._check_batched(converted)
+            outputs = _pack_numpy(
+                [rows for rows, _ in converted],
+                self.sequence_length,
+                self.cls_token_id,
+                self.sep_token_id,
+                self.pad_token_id,
+                self.truncate,
+            )
+            if not batched:
+                outputs = {k: v[0] for k, v in outputs.items()}
+            return outputs
+        tf = _tensorflow.tensorflow()
         converted = []
         for index, segment in enumerate(segments):
             if tf.is_tensor(segment):
@@ -270,13 +335,7 @@ class BertPacker:
                 lengths = np.array([len(row) for row in rows], dtype=np.int64)
                 ragged = tf.RaggedTensor.from_row_lengths(flat, lengths)
                 converted.append((ragged, batched))
-        batched = {b for _, b in converted}
-        if len(batched) != 1:
-            raise ValueError(
-                "Both segments must be batched, or both unbatched. Received one "
-                "single sequence and one batch."
-            )
-        batched = batched.pop()
+        batched = self._check_batched(converted)
         segments = [s for s, _ in converted]
         settings = tf.constant(
             [
@@ -288,15 +347,23 @@ class BertPacker:
             ],
             dtype=tf.int32,
         )
-        outputs = _PACK_FUNCTIONS[len(segments)](segments, settings)
+        outputs = _pack_function(len(segments))(segments, settings)
         if not tf.executing_eagerly():
             shape = [None, self.sequence_length]
             outputs = {k: tf.ensure_shape(v, shape) for k, v in outputs.items()}
         if not batched:
             outputs = {k: v[0] for k, v in outputs.items()}
-        if not use_tf:
-            outputs = {k: v.numpy() for k, v in outputs.items()}
         return outputs
+
+    @staticmethod
+    def _check_batched(converted):
+        batched = {b for _, b in converted}
+        if len(batched) != 1:
+            raise ValueError(
+                "Both segments must be batched, or both unbatched. Received one "
+                "single sequence and one batch."
+            )
+        return batched.pop()
 
     def get_config(self):
         return {

@@ -2,15 +2,16 @@
 
 import keras
 import numpy as np
-import tensorflow as tf
 
+from kbert import _tensorflow
 from kbert.text.packer import BertPacker
 from kbert.text.tokenizer import BertTokenizer
 
 
-def _segment_to_tensor(segment, index):
-    """A string segment as (tf.string tensor, came_from_tensor)."""
-    if tf.is_tensor(segment):
+def _convert_segment(segment, index):
+    """A string segment as ("tensor", tf.string tensor) or ("python", str or list of str)."""
+    if _tensorflow.is_tensor(segment):
+        tf = _tensorflow.tensorflow()
         if segment.dtype != tf.string:
             raise ValueError(
                 f"Segment {index} must hold strings. Received a tensor of dtype "
@@ -21,9 +22,9 @@ def _segment_to_tensor(segment, index):
                 f"Segment {index} must be a scalar or a 1-D batch of strings. "
                 f"Received shape {segment.shape}."
             )
-        return segment, True
+        return "tensor", segment
     if isinstance(segment, (str, bytes)):
-        return tf.constant(segment, dtype=tf.string), False
+        return "python", segment
     if isinstance(segment, np.ndarray):
         if segment.dtype.kind not in "USO" or segment.ndim not in (0, 1):
             raise ValueError(
@@ -32,7 +33,7 @@ def _segment_to_tensor(segment, index):
             )
         segment = segment.tolist()
         if isinstance(segment, (str, bytes)):
-            return tf.constant(segment, dtype=tf.string), False
+            return "python", segment
     if isinstance(segment, (list, tuple)):
         bad = [x for x in segment if not isinstance(x, (str, bytes))]
         if bad:
@@ -40,11 +41,17 @@ def _segment_to_tensor(segment, index):
                 f"Segment {index} must be a list of strings. Received an element "
                 f"of type {type(bad[0]).__name__}: {bad[0]!r}."
             )
-        return tf.constant(list(segment), dtype=tf.string, shape=[len(segment)]), False
+        return "python", list(segment)
     raise ValueError(
         f"Segment {index} must be a string, a list / numpy array of strings or a "
         f"string tensor. Received an object of type {type(segment).__name__}."
     )
+
+
+def _is_batch(kind, value):
+    if kind == "tensor":
+        return value.shape.rank == 1
+    return isinstance(value, list)
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -54,8 +61,9 @@ class BertPreprocessor:
     Tokenizes with a `BertTokenizer` and packs with a `BertPacker` into a dict
     `token_ids`, `segment_ids`, `padding_mask` (int32, shape
     `(batch_size, sequence_length)`). Call it on Python strings / lists /
-    numpy arrays (returns numpy arrays) or map it over a `tf.data.Dataset`
-    (returns tensors). Like keras-hub preprocessors it accepts `(x, y)` and
+    numpy arrays (returns numpy arrays; pure Python, no TensorFlow needed) or
+    map it over a `tf.data.Dataset` (returns tensors; needs TensorFlow). Like
+    keras-hub preprocessors it accepts `(x, y)` and
     `(x, y, sample_weight)` and passes `y` and `sample_weight` through, so
     `dataset.map(preprocessor)` works on labelled datasets.
 
@@ -106,7 +114,7 @@ class BertPreprocessor:
         self.sequence_length = self.packer.sequence_length
         self.truncate = truncate
 
-    @tf.autograph.experimental.do_not_convert
+    @_tensorflow.do_not_convert
     def __call__(self, x, y=None, sample_weight=None):
         segments = x if isinstance(x, tuple) else (x,)
         if len(segments) not in (1, 2):
@@ -114,16 +122,21 @@ class BertPreprocessor:
                 f"`x` must be strings or a tuple of one or two string batches. "
                 f"Received a tuple of {len(segments)} elements."
             )
-        converted = [_segment_to_tensor(s, i) for i, s in enumerate(segments)]
-        ranks = {t.shape.rank for t, _ in converted}
-        if len(ranks) != 1:
+        converted = [_convert_segment(s, i) for i, s in enumerate(segments)]
+        if len({_is_batch(kind, value) for kind, value in converted}) != 1:
             raise ValueError(
                 "Both segments of a pair must be single strings, or both batches."
             )
-        token_ids = tuple(self.tokenizer.tokenize(t) for t, _ in converted)
+        if any(kind == "tensor" for kind, _ in converted):
+            tf = _tensorflow.tensorflow()
+            tensors = [
+                value if kind == "tensor" else tf.constant(value, dtype=tf.string)
+                for kind, value in converted
+            ]
+            token_ids = tuple(self.tokenizer.tokenize(t) for t in tensors)
+        else:
+            token_ids = tuple(self.tokenizer.tokenize(value) for _, value in converted)
         outputs = self.packer(token_ids)
-        if not any(from_tensor for _, from_tensor in converted):
-            outputs = {k: v.numpy() for k, v in outputs.items()}
         return keras.utils.pack_x_y_sample_weight(outputs, y, sample_weight)
 
     def get_config(self):

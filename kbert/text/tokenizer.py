@@ -1,4 +1,4 @@
-"""BERT WordPiece tokenizer: identical ids to the reference, graph-capable."""
+"""BERT WordPiece tokenizer: identical ids to the reference, in Python and in tf.data graphs."""
 
 import json
 import os
@@ -6,10 +6,9 @@ import re
 
 import keras
 import numpy as np
-import tensorflow as tf
-import tensorflow_text as tf_text
 
-from kbert.text._pretokenizer import PreTokenizer
+from kbert import _tensorflow
+from kbert.text._python_engine import PythonEngine
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
@@ -118,7 +117,8 @@ def _as_python_text(value, name):
 
 
 def _classify_text_input(inputs, name="inputs"):
-    """Returns ("scalar" | "list" | "tensor", 1-D string tensor or tensor)."""
+    """Returns ("scalar" | "list", list of str/bytes), ("array", numpy array of object) for
+    a numpy array when TensorFlow is absent, or ("tensor", string tensor)."""
     if isinstance(inputs, (str, bytes)):
         return "scalar", [_as_python_text(inputs, name)]
     if isinstance(inputs, (list, tuple)):
@@ -129,12 +129,12 @@ def _classify_text_input(inputs, name="inputs"):
                 f"`{name}` must hold strings. Received a numpy array of dtype "
                 f"{inputs.dtype}."
             )
-        if inputs.dtype.kind == "O":
-            inputs = np.vectorize(lambda x: _as_python_text(x, name), otypes=[object])(
-                inputs
-            )
-        return "tensor", tf.constant(inputs, dtype=tf.string)
-    if isinstance(inputs, (tf.Tensor, tf.RaggedTensor)) or tf.is_tensor(inputs):
+        inputs = np.vectorize(lambda x: _as_python_text(x, name), otypes=[object])(inputs)
+        if not _tensorflow.available():
+            return "array", inputs
+        return "tensor", _tensorflow.tensorflow().constant(inputs.astype(object))
+    if _tensorflow.is_tensor(inputs):
+        tf = _tensorflow.tensorflow()
         if inputs.dtype != tf.string:
             raise ValueError(
                 f"`{name}` must be a string tensor. Received a tensor of dtype "
@@ -147,9 +147,25 @@ def _classify_text_input(inputs, name="inputs"):
     )
 
 
+def _python_text(value):
+    """A str (bytes decoded as UTF-8, invalid sequences as U+FFFD, deleted later)."""
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+
+
+def _map_over_array(fn, array, num_outputs):
+    """Applies `fn` (str -> tuple of lists) to every string of a numpy array: nested lists
+    shaped like the array, one per output."""
+    if not isinstance(array, np.ndarray) or array.ndim == 0:
+        value = array.item() if isinstance(array, np.ndarray) else array
+        return fn(_python_text(value))[:num_outputs]
+    parts = [_map_over_array(fn, row, num_outputs) for row in array]
+    return tuple([part[k] for part in parts] for k in range(num_outputs))
+
+
 def _map_over_strings(fn, inputs, num_outputs):
     """Applies `fn` (1-D strings -> tuple of RaggedTensor [B, None]) to a
     string tensor of any rank, keeping the outer shape."""
+    tf = _tensorflow.tensorflow()
     if isinstance(inputs, tf.RaggedTensor):
         outputs = _map_over_strings(fn, inputs.flat_values, num_outputs)
         return tuple(inputs.with_flat_values(o) for o in outputs)
@@ -184,11 +200,14 @@ class BertTokenizer:
     (longest match first); a word with no complete segmentation, or longer
     than `max_chars_per_word` characters, becomes `[UNK]`.
 
-    The normalisation runs as TensorFlow table look-ups built from Python's
-    `unicodedata` (the same functions the reference calls), and the
-    WordPiece step is tensorflow-text's `FastWordpieceTokenizer`. Everything
-    works eagerly on Python strings and inside `tf.data` / `tf.function` on
-    `tf.string` tensors.
+    Python strings are tokenized in plain Python, so the tokenizer works
+    without TensorFlow. String tensors (and anything inside `tf.data` /
+    `tf.function`) go through a TensorFlow graph: the normalisation as table
+    look-ups, the WordPiece step as tensorflow-text's
+    `FastWordpieceTokenizer` (needs `pip install "kbert[tensorflow]"`). Both
+    are built from the same per-character decisions, taken with Python's
+    `unicodedata` (the functions the reference calls), and give identical
+    ids, offsets and word ids.
 
     Input and output types:
     - a Python `str` gives a `list[int]`; a list of `str` gives a
@@ -299,39 +318,72 @@ class BertTokenizer:
         if self.special_tokens_in_strings:
             special_tokens = ["[CLS]", "[SEP]", "[MASK]", "[PAD]", unknown_token]
             _check_specials_do_not_overlap(special_tokens)
-        self._special_ids = tf.constant(
-            [self._token_to_id[t] for t in special_tokens] or [0], dtype=tf.int32
+        self._special_tokens = special_tokens
+        self._strip = self.lowercase if strip_accents is None else bool(strip_accents)
+        self._python_engine = PythonEngine(
+            self._token_to_id,
+            lowercase=self.lowercase,
+            strip_accents=self._strip,
+            special_tokens=special_tokens,
+            special_ids=[self._token_to_id[t] for t in special_tokens],
+            unknown_id=self._token_to_id[unknown_token],
+            max_chars_per_word=max_chars_per_word,
         )
-        do_strip = self.lowercase if strip_accents is None else bool(strip_accents)
-        self._pretokenizer = PreTokenizer(self.lowercase, do_strip, special_tokens)
+        self._graph = None  # TensorFlow objects, built on first use with tensors.
+
+    def _graph_state(self):
+        """The TensorFlow side (tables, tensorflow-text engine, traced functions), built on
+        the first tensor input; needs TensorFlow and tensorflow-text."""
+        if self._graph is not None:
+            return self._graph
+        what = "BertTokenizer on TensorFlow tensors (tf.data / tf.function)"
+        tf = _tensorflow.tensorflow(what)
+        _tensorflow.tensorflow_text(what)
+        # Tables and traced functions live outside any graph being traced (first use is
+        # often inside `Dataset.map`): build them eagerly.
+        with tf.init_scope():
+            return self._build_graph_state(tf)
+
+    def _build_graph_state(self, tf):
+        tf_text = _tensorflow.tensorflow_text()
+        from kbert.text._pretokenizer import PreTokenizer
+
+        graph = {}
+        graph["special_ids"] = tf.constant(
+            [self._token_to_id[t] for t in self._special_tokens] or [0], dtype=tf.int32
+        )
+        graph["special_tokens"] = tf.constant(self._special_tokens or [""], dtype=tf.string)
+        graph["pretokenizer"] = PreTokenizer(self.lowercase, self._strip, self._special_tokens)
         # Words longer than this many bytes are certainly longer than
         # `max_chars_per_word` characters; the engine gives them [UNK].
-        self._max_bytes = 4 * max_chars_per_word + 4
-        self._engine = tf_text.FastWordpieceTokenizer(
-            vocab=tokens,
+        max_bytes = 4 * self.max_chars_per_word + 4
+        graph["engine"] = tf_text.FastWordpieceTokenizer(
+            vocab=self._vocabulary,
             suffix_indicator="##",
-            max_bytes_per_word=self._max_bytes,
+            max_bytes_per_word=max_bytes,
             token_out_type=tf.int32,
-            unknown_token=unknown_token,
+            unknown_token=self.unknown_token,
             no_pretokenization=True,
         )
-        self._vocabulary_tensor = tf.constant(tokens, dtype=tf.string)
-        self._too_long_word = tf.constant("a" * (self._max_bytes + 1))
-        self._tokenize_fn = tf.function(
+        graph["vocabulary"] = tf.constant(self._vocabulary, dtype=tf.string)
+        graph["too_long_word"] = tf.constant("a" * (max_bytes + 1))
+        self._graph = graph
+        graph["tokenize"] = tf.function(
             self._tokenize_graph,
             input_signature=[tf.TensorSpec([None], tf.string)],
             autograph=False,
         )
-        self._split_fn = tf.function(
-            self._pretokenizer.split_words,
+        graph["split"] = tf.function(
+            self._split_graph,
             input_signature=[tf.TensorSpec([None], tf.string)],
             autograph=False,
         )
-        self._detokenize_fn = tf.function(
+        graph["detokenize"] = tf.function(
             self._detokenize_graph,
             input_signature=[tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1)],
             autograph=False,
         )
+        return graph
 
     # ------------------------------------------------------------------ #
     # Vocabulary.
@@ -351,7 +403,7 @@ class BertTokenizer:
 
     def id_to_token(self, id):
         """The token string of an integer id."""
-        if isinstance(id, (np.integer, tf.Tensor)):
+        if isinstance(id, np.integer) or _tensorflow.is_tensor(id):
             id = int(id)
         if not isinstance(id, int) or isinstance(id, bool):
             raise ValueError(f"`id` must be an integer. Received: id={id!r}")
@@ -395,15 +447,17 @@ class BertTokenizer:
     # ------------------------------------------------------------------ #
     def _tokenize_graph(self, texts):
         """1-D strings -> (ids, starts, ends, word_ids), RaggedTensor [B, None]."""
-        pre = self._pretokenizer(texts)
+        tf = _tensorflow.tensorflow()
+        graph = self._graph
+        pre = graph["pretokenizer"](texts)
         words = tf.strings.unicode_encode(pre.word_code_points, "UTF-8")
         special = pre.word_special >= 0
         too_long = (pre.word_length > self.max_chars_per_word) & ~special
-        words = tf.where(too_long, self._too_long_word, words)
+        words = tf.where(too_long, graph["too_long_word"], words)
         words = tf.where(special, "", words)
-        ids, byte_start, byte_end = self._engine.tokenize_with_offsets(words)
+        ids, byte_start, byte_end = graph["engine"].tokenize_with_offsets(words)
         if self.special_tokens_in_strings:
-            special_ids = tf.gather(self._special_ids, tf.maximum(pre.word_special, 0))
+            special_ids = tf.gather(graph["special_ids"], tf.maximum(pre.word_special, 0))
             special_rows = tf.RaggedTensor.from_row_lengths(
                 tf.boolean_mask(special_ids, special),
                 tf.cast(special, tf.int64),
@@ -449,7 +503,22 @@ class BertTokenizer:
             rows(word_ids),
         )
 
+    def _split_graph(self, texts):
+        """1-D strings -> RaggedTensor [B, None] of the normalised words; special tokens
+        as written (the pre-tokenizer codes them as their index)."""
+        tf = _tensorflow.tensorflow()
+        graph = self._graph
+        pre = graph["pretokenizer"](texts)
+        words = tf.strings.unicode_encode(pre.word_code_points, "UTF-8")
+        special = pre.word_special >= 0
+        words = tf.where(
+            special, tf.gather(graph["special_tokens"], tf.maximum(pre.word_special, 0)), words
+        )
+        row_splits = tf.ragged.segment_ids_to_row_splits(pre.word_row, num_segments=pre.num_rows)
+        return tf.RaggedTensor.from_row_splits(words, row_splits, validate=False)
+
     def _detokenize_graph(self, ids):
+        tf = _tensorflow.tensorflow()
         size = len(self._vocabulary)
         checks = [
             tf.debugging.assert_non_negative(
@@ -462,7 +531,7 @@ class BertTokenizer:
             ),
         ]
         with tf.control_dependencies(checks):
-            tokens = tf.gather(self._vocabulary_tensor, ids)
+            tokens = tf.gather(self._graph["vocabulary"], ids)
         text = tf.strings.reduce_join(tokens, axis=-1, separator=" ")
         text = tf.strings.regex_replace(text, " ##", "")
         return tf.strings.strip(text)
@@ -473,17 +542,23 @@ class BertTokenizer:
     def _run(self, inputs, num_outputs):
         kind, values = _classify_text_input(inputs)
         if kind == "tensor":
-            outputs = _map_over_strings(self._tokenize_fn, values, 4)
-            return outputs[:num_outputs]
-        outputs = self._tokenize_fn(tf.constant(values, dtype=tf.string, shape=[len(values)]))
-        outputs = [o.to_list() for o in outputs[:num_outputs]]
+            graph = self._graph_state()
+            return _map_over_strings(graph["tokenize"], values, 4)[:num_outputs]
+        tokenize = self._python_engine.tokenize
+        if kind == "array":
+            return _map_over_array(lambda t: tokenize(t), values, num_outputs)
+        rows = [tokenize(_python_text(text)) for text in values]
+        outputs = tuple([row[k] for row in rows] for k in range(num_outputs))
         if kind == "scalar":
-            outputs = [o[0] for o in outputs]
-        return tuple(outputs)
+            outputs = tuple(o[0] for o in outputs)
+        return outputs
 
-    @tf.autograph.experimental.do_not_convert
+    @_tensorflow.do_not_convert
     def tokenize(self, inputs):
         """Token ids of a string or a batch of strings.
+
+        Python strings are tokenized in Python (no TensorFlow needed); string tensors by the
+        TensorFlow graph (tensorflow-text), also inside `tf.data`. Both give identical results.
 
         Args:
             inputs: str, list of str, numpy array of str or `tf.string`
@@ -492,15 +567,16 @@ class BertTokenizer:
         Returns:
             `list[int]` for a str, `list[list[int]]` for a list, else int32
             tensors of shape `[..., None]` (dense 1-D for a scalar tensor,
-            `tf.RaggedTensor` otherwise).
+            `tf.RaggedTensor` otherwise). Without TensorFlow installed a numpy
+            array gives nested lists shaped like the array.
         """
         return self._run(inputs, 1)[0]
 
-    @tf.autograph.experimental.do_not_convert
+    @_tensorflow.do_not_convert
     def __call__(self, inputs):
         return self.tokenize(inputs)
 
-    @tf.autograph.experimental.do_not_convert
+    @_tensorflow.do_not_convert
     def tokenize_with_offsets(self, inputs):
         """Token ids with character offsets and word indices.
 
@@ -518,18 +594,23 @@ class BertTokenizer:
         """
         return self._run(inputs, 4)
 
-    @tf.autograph.experimental.do_not_convert
+    @_tensorflow.do_not_convert
     def split_words(self, inputs):
         """The normalised words of the reference's basic tokenizer (no
-        WordPiece): str -> list[str], batch -> RaggedTensor of strings."""
+        WordPiece): str -> list[str], list -> list[list[str]], string tensor ->
+        RaggedTensor of strings. Special tokens (with
+        `special_tokens_in_strings=True`) are words of their own, as written."""
         kind, values = _classify_text_input(inputs)
         if kind == "tensor":
-            return _map_over_strings(lambda t: (self._split_fn(t),), values, 1)[0]
-        words = self._split_fn(tf.constant(values, dtype=tf.string, shape=[len(values)]))
-        words = [[w.decode("utf-8") for w in row] for row in words.to_list()]
+            graph = self._graph_state()
+            return _map_over_strings(lambda t: (graph["split"](t),), values, 1)[0]
+        split = self._python_engine.split_words
+        if kind == "array":
+            return _map_over_array(lambda t: (split(t),), values, 1)[0]
+        words = [split(_python_text(text)) for text in values]
         return words[0] if kind == "scalar" else words
 
-    @tf.autograph.experimental.do_not_convert
+    @_tensorflow.do_not_convert
     def detokenize(self, ids):
         """Text of token ids: pieces joined by spaces, `##` pieces merged.
 
@@ -540,14 +621,27 @@ class BertTokenizer:
         Args:
             ids: list of int (-> str), list of lists of int (-> list of str),
                 or an int tensor `[..., None]` (-> `tf.string` `[...]`).
+
+        Raises:
+            ValueError: for an id outside `[0, vocabulary_size)` (inside a
+                `tf.function` / `tf.data` graph, where values are not known
+                in Python, an `InvalidArgumentError` at run time instead).
         """
-        if isinstance(ids, (tf.Tensor, tf.RaggedTensor)) or tf.is_tensor(ids):
+        if _tensorflow.is_tensor(ids):
             if not ids.dtype.is_integer:
                 raise ValueError(
                     f"`ids` must be integers. Received a tensor of dtype {ids.dtype.name}."
                 )
+            tf = _tensorflow.tensorflow()
+            if tf.executing_eagerly():
+                flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+                self._check_ids(np.asarray(flat).reshape(-1))
             return self._detokenize_tensor(tf.cast(ids, tf.int32))
         if isinstance(ids, np.ndarray):
+            if ids.dtype.kind not in "iu" and not (ids.dtype.kind == "O"):
+                raise ValueError(
+                    f"`ids` must be integers. Received a numpy array of dtype {ids.dtype}."
+                )
             ids = ids.tolist()
         if not isinstance(ids, (list, tuple)):
             raise ValueError(
@@ -558,19 +652,37 @@ class BertTokenizer:
             return self._detokenize_python(ids)
         return [self.detokenize(row) for row in ids]
 
+    def _check_ids(self, ids):
+        size = len(self._vocabulary)
+        bad = ids[(ids < 0) | (ids >= size)]
+        if bad.size:
+            raise ValueError(
+                f"`ids` must be token ids in [0, {size}) (the vocabulary size). Received "
+                f"{bad.size} id(s) out of range, e.g. {int(bad[0])}."
+            )
+
     def _detokenize_tensor(self, ids):
+        tf = _tensorflow.tensorflow()
+        detokenize = self._graph_state()["detokenize"]
         if isinstance(ids, tf.RaggedTensor):
             if ids.ragged_rank == 1:
-                return self._detokenize_fn(ids)
+                return detokenize(ids)
             return ids.with_values(self._detokenize_tensor(ids.values))
         if ids.shape.rank == 1:
-            return self._detokenize_fn(tf.RaggedTensor.from_tensor(ids[tf.newaxis]))[0]
+            return detokenize(tf.RaggedTensor.from_tensor(ids[tf.newaxis]))[0]
         shape = tf.shape(ids)
         flat = tf.RaggedTensor.from_tensor(tf.reshape(ids, [-1, shape[-1]]))
-        return tf.reshape(self._detokenize_fn(flat), shape[:-1])
+        return tf.reshape(detokenize(flat), shape[:-1])
 
     def _detokenize_python(self, ids):
-        tokens = [self.id_to_token(int(i)) for i in ids]
+        size = len(self._vocabulary)
+        for i in ids:
+            if not 0 <= int(i) < size:
+                raise ValueError(
+                    f"`ids` must be token ids in [0, {size}) (the vocabulary size). "
+                    f"Received: {int(i)}."
+                )
+        tokens = [self._vocabulary[int(i)] for i in ids]
         return " ".join(tokens).replace(" ##", "").strip()
 
     # ------------------------------------------------------------------ #

@@ -3,9 +3,8 @@
 import os
 
 import keras
-import tensorflow as tf
 
-from kbert.text._pretokenizer import PreTokenizer
+from kbert import _tensorflow
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -19,7 +18,7 @@ def _sources(files_or_texts):
                 f"on a text, pass a list of strings.)"
             )
         files_or_texts = [files_or_texts]
-    if isinstance(files_or_texts, tf.data.Dataset):
+    if _tensorflow.is_dataset(files_or_texts):
         return [("dataset", files_or_texts)]
     if not isinstance(files_or_texts, (list, tuple)):
         try:
@@ -159,6 +158,9 @@ def train_wordpiece_vocabulary(
         )
     sources = _sources(files_or_texts)
     do_strip = lowercase if strip_accents is None else bool(strip_accents)
+    tf = _tensorflow.tensorflow("train_wordpiece_vocabulary")
+    from kbert.text._pretokenizer import PreTokenizer
+
     pretokenizer = PreTokenizer(lowercase, do_strip)
     split = tf.function(
         lambda texts: pretokenizer.split_words(texts),

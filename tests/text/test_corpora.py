@@ -82,7 +82,7 @@ def wikitext():
 def test_corpus_matches_hugging_face(name, reader, count, tokenizer, hf_tokenizer):
     texts = reader()
     assert len(texts) == count
-    ids, starts, ends, _ = tokenizer.tokenize_with_offsets(texts)
+    ids, starts, ends, word_ids = tokenizer.tokenize_with_offsets(texts)
     encoded = hf_tokenizer(
         texts, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True
     )
@@ -90,3 +90,9 @@ def test_corpus_matches_hugging_face(name, reader, count, tokenizer, hf_tokenize
     assert not mismatched, f"{len(mismatched)} {name} lines differ, e.g. {mismatched[:3]}"
     for text, s, e, expected in zip(texts, starts, ends, encoded["offset_mapping"]):
         assert list(zip(s, e)) == [tuple(o) for o in expected], text
+    # Python strings take the pure-Python path; string tensors the TensorFlow graph: equal.
+    tf = pytest.importorskip("tensorflow")
+    python = (ids, starts, ends, word_ids)
+    graph = tokenizer.tokenize_with_offsets(tf.constant(texts))
+    for got, expected in zip(graph, python):
+        assert got.to_list() == expected

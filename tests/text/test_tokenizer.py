@@ -144,8 +144,13 @@ def test_unicode_sweep_matches_original_algorithm(vocabulary, vocab_path, lowerc
         for p in points
         if not 0xD800 <= p <= 0xDFFF
     ]
-    for text, got in zip(texts, tokenizer(texts)):
+    python = tokenizer.tokenize_with_offsets(texts)
+    for text, got in zip(texts, python[0]):
         assert got == oracle.tokenize(text), repr(text)
+    # The TensorFlow graph (tables + tensorflow-text) gives the same ids, offsets, word ids.
+    graph = tokenizer.tokenize_with_offsets(tf.constant(texts))
+    for got, expected in zip(graph, python):
+        assert got.to_list() == expected
 
 
 def test_split_words_is_the_basic_tokenizer(tokenizer):
@@ -221,9 +226,24 @@ def test_special_tokens_in_text(vocab_path, hf_tokenizer):
     encoded = hf_tokenizer(texts[0], add_special_tokens=False, return_offsets_mapping=True)
     assert list(zip(starts, ends)) == [tuple(o) for o in encoded["offset_mapping"]]
     assert ids[1] == honoured.mask_token_id and word_ids == [0, 1, 2]
+    # The graph path agrees, offsets and word ids included.
+    graph = honoured.tokenize_with_offsets(tf.constant(texts))
+    assert [g.to_list() for g in graph] == list(honoured.tokenize_with_offsets(texts))
     config = honoured.get_config()
     assert config["special_tokens_in_strings"] is True
     assert BertTokenizer.from_config(config).get_config() == config
+
+
+def test_split_words_keeps_special_tokens_as_written(vocab_path, hf_tokenizer):
+    honoured = BertTokenizer(vocab_path, special_tokens_in_strings=True)
+    text = "Hi [CLS]a[SEP] [MASK][PAD] [UNK]!"
+    expected = ["hi", "[CLS]", "a", "[SEP]", "[MASK]", "[PAD]", "[UNK]", "!"]
+    assert honoured.split_words(text) == expected
+    assert hf_tokenizer.tokenize(text) == expected  # Special tokens kept by the reference too.
+    words = honoured.split_words(tf.constant([text, "[UNK]"]))
+    assert words.to_list() == [[w.encode() for w in expected], [b"[UNK]"]]
+    # Without `special_tokens_in_strings` they are plain text.
+    assert BertTokenizer(vocab_path).split_words("[UNK]") == ["[", "unk", "]"]
 
 
 def test_words_longer_than_the_limit_are_unknown(vocab_path, hf_tokenizer):
@@ -286,6 +306,15 @@ def test_tf_data_graph_equals_eager(tokenizer):
     assert graph(tf.constant(HARD_STRINGS)).to_list() == eager[0]
 
 
+def test_first_use_inside_tf_data_map(vocab_path):
+    """The TensorFlow side is built lazily; built first inside `Dataset.map`, it must still
+    live outside the traced graph."""
+    fresh = BertTokenizer(vocab_path)
+    ds = tf.data.Dataset.from_tensor_slices(HARD_STRINGS[:3]).batch(3).map(fresh)
+    assert next(iter(ds)).to_list() == fresh(HARD_STRINGS[:3])
+    assert next(iter(ds)).to_list() == fresh(HARD_STRINGS[:3])
+
+
 def test_invalid_utf8_in_tf_data_is_replaced_not_fatal(tokenizer, vocabulary):
     """Invalid UTF-8 bytes decode to U+FFFD, which the original deletes (it
     decodes bytes with errors="ignore"): same ids, no crash in a worker."""
@@ -340,10 +369,18 @@ def test_detokenize_matches_reference(tokenizer, hf_legacy_tokenizer):
     assert dense.numpy().tolist() == [b"hello world", b"[CLS] [SEP]"]
     assert tokenizer.detokenize(tf.constant([7592, 2088])).numpy() == b"hello world"
     assert tokenizer.detokenize(tokenizer("unaffable")) == "unaffable"
-    with pytest.raises(ValueError, match="must be in"):
+    with pytest.raises(ValueError, match=r"in \[0, 30522\).*99999"):
         tokenizer.detokenize([1, 99999])
-    with pytest.raises(tf.errors.InvalidArgumentError):
+    with pytest.raises(ValueError, match=r"in \[0, 30522\).*-1"):
+        tokenizer.detokenize(np.array([[1, -1]]))
+    # An eager tensor gets kbert's error directly, not a failed graph assertion.
+    with pytest.raises(ValueError, match=r"in \[0, 30522\).*99999"):
         tokenizer.detokenize(tf.constant([[1, 99999]]))
+    with pytest.raises(ValueError, match=r"in \[0, 30522\).*30522"):
+        tokenizer.detokenize(tf.ragged.constant([[1], [30522, 2]]))
+    # Inside a graph the values are unknown when it is traced: checked when it runs.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="vocabulary size 30522"):
+        tf.function(tokenizer.detokenize)(tf.constant([[1, 99999]]))
 
 
 def test_config_round_trip(vocab_path):

@@ -1,0 +1,220 @@
+"""The BERT tokenizer in plain Python, for Python strings and machines without TensorFlow.
+
+Private module. It is the same algorithm as the TensorFlow graph of `_pretokenizer.py` +
+tensorflow-text's `FastWordpieceTokenizer`, fed from the same per-character decisions
+(`_unicode.classify`): text cleaning, CJK isolation, lower-casing with Python's final-sigma
+rule, NFD accent stripping, punctuation splitting, then greedy longest-match-first WordPiece.
+Every normalised code point remembers the input character it came from, so the character
+offsets are exact, as in the graph.
+"""
+
+import re
+
+from kbert.text import _unicode
+
+_WORD = _unicode.TYPE_WORD
+_SINGLE = _unicode.TYPE_SINGLE
+_SIGMA = chr(_unicode.CAPITAL_SIGMA)
+_FINAL_SIGMA = _unicode.FINAL_SIGMA
+
+
+class PythonEngine:
+    """Pre-tokenizer + WordPiece on one Python `str` at a time.
+
+    Args:
+        token_to_id: dict str -> int, the vocabulary.
+        lowercase: bool.
+        strip_accents: bool.
+        special_tokens: list of str matched verbatim in the raw text (empty: none).
+        special_ids: list of int, the id of each special token.
+        unknown_id: int.
+        max_chars_per_word: int.
+    """
+
+    def __init__(
+        self,
+        token_to_id,
+        lowercase,
+        strip_accents,
+        special_tokens,
+        special_ids,
+        unknown_id,
+        max_chars_per_word,
+    ):
+        self.token_to_id = token_to_id
+        self.lowercase = bool(lowercase)
+        self.special_tokens = list(special_tokens)
+        self.special_ids = list(special_ids)
+        self.unknown_id = unknown_id
+        self.max_chars_per_word = max_chars_per_word
+        self.max_token_length = max(len(t) for t in token_to_id)
+        self._chars = _unicode.char_classifier(lowercase, strip_accents)
+        self._special_index = {t: i for i, t in enumerate(self.special_tokens)}
+        self._special_pattern = (
+            re.compile("|".join(re.escape(t) for t in self.special_tokens))
+            if self.special_tokens
+            else None
+        )
+
+    # ------------------------------------------------------------------ #
+    def _final_sigmas(self, text, infos, covered):
+        """Positions where `str.lower()` turns a capital sigma into a final sigma.
+
+        A capital sigma preceded by a cased character and not followed by one, skipping
+        case-ignorable and deleted characters; special tokens are hard boundaries.
+        """
+        result = set()
+        n = len(text)
+
+        def anchor(j):
+            if j in covered:
+                return True
+            info = infos[j]
+            return (info & _unicode.KIND_MASK) != _unicode.DELETE and not (
+                info & _unicode.CASE_IGNORABLE
+            )
+
+        def cased(j):
+            info = infos[j]
+            return (
+                j not in covered
+                and (info & _unicode.KIND_MASK) != _unicode.DELETE
+                and bool(info & _unicode.CASED)
+            )
+
+        start = text.find(_SIGMA)
+        while start >= 0:
+            i = start
+            if i not in covered:
+                j = i - 1
+                while j >= 0 and not anchor(j):
+                    j -= 1
+                k = i + 1
+                while k < n and not anchor(k):
+                    k += 1
+                if j >= 0 and cased(j) and not (k < n and cased(k)):
+                    result.add(i)
+            start = text.find(_SIGMA, start + 1)
+        return result
+
+    def split(self, text):
+        """Normalised words of `text`: a list of `(chars, sources, special, start, end)`.
+
+        `chars` is the word's normalised text (one entry per code point), `sources[k]` the
+        input character index code point `k` came from, `special` the special-token index or
+        -1, `[start, end)` the characters of the input the word spans.
+        """
+        classifier = self._chars
+        infos_and_expansions = [classifier[c] for c in text]
+        infos = [pair[0] for pair in infos_and_expansions]
+        specials = {}
+        covered = set()
+        if self._special_pattern is not None:
+            for match in self._special_pattern.finditer(text):
+                specials[match.start()] = self._special_index[match.group()]
+                covered.update(range(match.start(), match.end()))
+        finals = (
+            self._final_sigmas(text, infos, covered)
+            if self.lowercase and _SIGMA in text
+            else ()
+        )
+        words = []
+        in_word = False  # The previous normalised code point is a word character.
+        current = None
+        for i, char in enumerate(text):
+            if covered and i in covered:
+                if i in specials:
+                    index = specials[i]
+                    token = self.special_tokens[index]
+                    words.append(([token], [i], index, i, i + len(token)))
+                    in_word = False
+                continue
+            info, expansion = infos_and_expansions[i]
+            kind = info & _unicode.KIND_MASK
+            if kind == _unicode.WORD and i not in finals:
+                elements = ((char, _WORD),)
+            elif kind == _unicode.DELETE:
+                continue
+            elif kind == _unicode.SPACE:
+                in_word = False
+                continue
+            elif i in finals:
+                elements = ((chr(_FINAL_SIGMA), _WORD),)
+            elif kind == _unicode.SINGLE:
+                elements = ((char, _SINGLE),)
+            else:  # MAPPED
+                elements = [(chr(cp), t) for cp, t in expansion]
+            for value, value_type in elements:
+                if value_type == _SINGLE:
+                    words.append(([value], [i], -1, i, i + 1))
+                    in_word = False
+                elif in_word:
+                    current[0].append(value)
+                    current[1].append(i)
+                else:
+                    current = ([value], [i], -1, i, i + 1)
+                    words.append(current)
+                    in_word = True
+        return [
+            (chars, sources, special, start, end if special >= 0 else sources[-1] + 1)
+            for chars, sources, special, start, end in words
+        ]
+
+    def split_words(self, text):
+        """The normalised words as strings (special tokens as written)."""
+        return ["".join(chars) for chars, _, _, _, _ in self.split(text)]
+
+    def _wordpiece(self, word):
+        """Greedy longest-match-first pieces of a word: list of (id, first, last + 1), or
+        None when the word has no complete segmentation."""
+        token_to_id = self.token_to_id
+        length = len(word)
+        pieces = []
+        start = 0
+        while start < length:
+            end = min(length, start + self.max_token_length)
+            found = None
+            while end > start:
+                piece = word[start:end]
+                if start > 0:
+                    piece = "##" + piece
+                found = token_to_id.get(piece)
+                if found is not None:
+                    break
+                end -= 1
+            if found is None:
+                return None
+            pieces.append((found, start, end))
+            start = end
+        return pieces
+
+    def tokenize(self, text):
+        """`(ids, starts, ends, word_ids)` of one string, as lists of int."""
+        ids, starts, ends, word_ids = [], [], [], []
+        for word_index, (chars, sources, special, start, end) in enumerate(self.split(text)):
+            if special >= 0:
+                pieces = None
+                ids.append(self.special_ids[special])
+                starts.append(start)
+                ends.append(end)
+                word_ids.append(word_index)
+                continue
+            pieces = None
+            if len(chars) <= self.max_chars_per_word:
+                pieces = self._wordpiece("".join(chars))
+            if pieces is None:
+                ids.append(self.unknown_id)
+                starts.append(start)
+                ends.append(end)
+                word_ids.append(word_index)
+                continue
+            for piece_id, first, last in pieces:
+                ids.append(piece_id)
+                if piece_id == self.unknown_id:
+                    starts.append(start)
+                    ends.append(end)
+                else:
+                    starts.append(sources[first])
+                    ends.append(sources[last - 1] + 1)
+                word_ids.append(word_index)
+        return ids, starts, ends, word_ids
