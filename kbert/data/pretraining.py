@@ -10,7 +10,7 @@ Pipeline (streaming; memory does not grow with the corpus):
 
 1. The files (this process's share) are read line by line and parsed into documents made of
    sentences; pre-tokenized shards (`kbert.data.shards`) skip this step and the next.
-2. Sentences are tokenized in chunks with the tokenizer, in a parallel `tf.data` map.
+2. Sentences are tokenized in chunks with the tokenizer, in worker threads.
 3. A Python generator passes the documents through a seeded buffer, builds the sentence pairs
    (target length, random `A` end, 50 % random next sentence from another buffered document,
    longest-first truncation from a random end), shuffles them in a bounded buffer and packs
@@ -20,6 +20,7 @@ Pipeline (streaming; memory does not grow with the corpus):
 """
 
 import collections
+import concurrent.futures
 import os
 import random
 import re
@@ -293,17 +294,18 @@ class _DocumentSource:
     are at least as many files as processes, else documents are (document `k` of the stream goes
     to process `k % num_processes`). Each pass reads this process's files in a seeded random
     order (with `shuffle`), `cycle_length` files at a time, one document from each in turn.
-    Text is tokenized in chunks of sentences by a parallel `tf.data` map.
+    Text is tokenized in chunks of sentences by worker threads.
     """
 
     def __init__(self, paths, kind, tokenizer, text_format, num_processes, process_index,
-                 shuffle, cycle_length=4, chunk_size=2048):
+                 shuffle, cycle_length=4, chunk_size=2048, num_threads=2):
         self.kind = kind
         self.tokenizer = tokenizer
         self.text_format = text_format
         self.shuffle = shuffle
         self.cycle_length = cycle_length
         self.chunk_size = chunk_size
+        self.num_threads = num_threads
         if len(paths) >= num_processes:
             self.paths = paths[process_index::num_processes]
             self.document_stride, self.document_offset = 1, 0
@@ -335,10 +337,10 @@ class _DocumentSource:
             document_ids.extend([document_id] * len(document))
             document_id += 1
             if len(sentences) >= self.chunk_size:
-                yield np.array(sentences, object), np.array(document_ids, np.int64)
+                yield sentences, document_ids
                 sentences, document_ids = [], []
         if sentences:
-            yield np.array(sentences, object), np.array(document_ids, np.int64)
+            yield sentences, document_ids
 
     def documents(self, rng):
         """Yields the documents of one pass: lists of non-empty int32 arrays."""
@@ -349,8 +351,9 @@ class _DocumentSource:
             return
         tokenize = self.tokenizer.tokenize
 
-        def tokenized(sentences, document_ids):
-            ids = tokenize(sentences)
+        def tokenized(chunk):
+            sentences, document_ids = chunk
+            ids = tokenize(tf.constant(sentences, tf.string))
             if not isinstance(ids, tf.RaggedTensor):
                 raise ValueError(
                     "`tokenizer.tokenize` must return a tf.RaggedTensor for a batch of "
@@ -358,26 +361,31 @@ class _DocumentSource:
                 )
             if ids.ragged_rank > 1:
                 ids = ids.merge_dims(1, -1)
-            return ids.row_lengths(), ids.flat_values, document_ids
+            return ids.row_lengths().numpy(), ids.flat_values.numpy(), document_ids
 
-        chunks = tf.data.Dataset.from_generator(
-            lambda: self._sentence_chunks(rng),
-            output_signature=(
-                tf.TensorSpec([None], tf.string),
-                tf.TensorSpec([None], tf.int64),
-            ),
-        )
-        chunks = chunks.map(tokenized, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        # Eager tokenization in worker threads (TensorFlow ops run outside the GIL), a few
+        # chunks ahead, in order.
         current, current_id = [], None
-        for lengths, flat, document_ids in chunks.prefetch(4).as_numpy_iterator():
-            segments = np.split(flat.astype(np.int32), np.cumsum(lengths)[:-1])
-            for segment, document_id in zip(segments, document_ids):
-                if document_id != current_id:
-                    if current:
-                        yield current
-                    current, current_id = [], document_id
-                if len(segment):
-                    current.append(segment)
+        with concurrent.futures.ThreadPoolExecutor(self.num_threads) as pool:
+            pending = collections.deque()
+            chunks = self._sentence_chunks(rng)
+            while True:
+                while len(pending) < 2 * self.num_threads:
+                    chunk = next(chunks, None)
+                    if chunk is None:
+                        break
+                    pending.append(pool.submit(tokenized, chunk))
+                if not pending:
+                    break
+                lengths, flat, document_ids = pending.popleft().result()
+                segments = np.split(flat.astype(np.int32), np.cumsum(lengths)[:-1])
+                for segment, document_id in zip(segments, document_ids):
+                    if document_id != current_id:
+                        if current:
+                            yield current
+                        current, current_id = [], document_id
+                    if len(segment):
+                        current.append(segment)
         if current:
             yield current
 
@@ -813,8 +821,8 @@ def pretraining_dataset(
 ):
     """Builds the BERT pretraining `tf.data.Dataset` (masked LM + next sentence prediction).
 
-    The files are read as streams: text is parsed line by line and tokenized in chunks by a
-    parallel `tf.data` map while training runs (or read pre-tokenized from shards written by
+    The files are read as streams: text is parsed line by line and tokenized in chunks by
+    worker threads while training runs (or read pre-tokenized from shards written by
     `tools/prepare_pretraining_data.py`), so memory is bounded by the buffers below, not by the
     corpus, and the first batch comes after a few thousand sentences. Each pass over the returned
     dataset builds new sentence pairs (google-research/bert's `create_pretraining_data.py`
