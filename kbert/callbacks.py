@@ -470,6 +470,12 @@ def resumable_fit(model, stream, epochs, steps_per_epoch, backup, callbacks=(), 
         )
     if 0 < start < total:
         stream.skip_to(start)
+    if backup._metric_state is not None and [tuple(v.shape) for v in backup._metric_state] != [
+        tuple(v.shape) for v in model.metrics_variables
+    ]:
+        # TensorFlow builds the compiled metrics when it first traces a step; one evaluation
+        # step builds them now (fit resets them), so the backed-up sums can be put back.
+        model.evaluate(stream.dataset(start), steps=1, verbose=0)
     epoch, offset = divmod(start, steps_per_epoch)
     segments = []
     if offset:  # Finish the interrupted epoch, then run the others.
