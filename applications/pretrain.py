@@ -16,7 +16,8 @@ WordPiece vocabulary trained on the input text (`kbert.text.train_wordpiece_voca
 Google BERT or keras-hub) continues pretraining from its weights (and its MLM/NSP heads when it
 has them) with its own vocabulary. A line of output says which of these was chosen.
 
-Training: `kbert.data.pretraining_dataset` reads and tokenizes the text once, then every pass
+Training: `kbert.data.pretraining_dataset` streams the text (memory does not grow with the
+corpus; pre-tokenized shards from `tools/prepare_pretraining_data.py` work too), and every pass
 over it builds new sentence pairs and new dynamic masks; `kbert.models.BertPretrainer` trains
 with AdamW, weight decay 0.01, linear warm-up (`--warmup-ratio` or `--warmup-steps`) and linear
 decay to 0 over `epochs x steps-per-epoch` steps. An epoch is `--steps-per-epoch` batches, by
@@ -25,24 +26,27 @@ start-up to count them; training then starts with the second). Training reads th
 to back as one stream of batches, and batch `k` of the stream depends only on the seed, the
 text and the settings.
 
-Resume: the training state (weights, optimizer moments and step, dropout random state, the
-loss history and a trained vocabulary) is backed up to `<output-dir>/backup/` at the end of
+Resume (`kbert.callbacks.TrainingBackup` and `resumable_fit`; this script only wires them up):
+the training state (weights, optimizer moments and step, dropout random state, the running
+metrics of the epoch, the loss history and a trained vocabulary) is backed up to `<output-dir>/backup/` at the end of
 every epoch and, with `--backup-every N`, every N steps, by writing a new file and renaming it
 over the old one, so a kill never leaves a half-written backup. Running the same command again
 after an interruption (Ctrl-C, kill, crash) restores that state, fast-forwards the data stream
 to the next batch and continues from that step, mid-epoch included: the result equals an
 uninterrupted run's (the same updates on the same batches with the same dropout masks), bit for
 bit wherever the backend's kernels are deterministic (checked on CPU with JAX, TensorFlow, and
-torch with one thread, killing and re-running real processes). The backup records the settings that shape the run; a re-run with different ones stops with the
-list of differences (`--restart` discards the backup and starts over).
+torch with one thread, killing real processes with SIGKILL). The backup records the settings
+that shape the run; a re-run with different ones stops naming the differences (`--restart`
+discards the backup and starts over). A disk that fills during a backup stops the run and
+leaves the last good backup in place.
 
 Output, in `--output-dir` (default `runs/pretrain`): `preset/` (a kbert preset: config, backbone
 and MLM/NSP weights, vocab.txt and tokenizer_config.json; loads with `BertBackbone.from_preset`,
 `BertClassifier.from_preset(dir, num_classes=...)`, or `BertPretrainer.from_preset` to continue
 pretraining), written to a temporary sibling folder first and renamed into place (an existing
 preset is only replaced with `--overwrite`); `metrics.json` (`metrics`: the last epoch's mean
-`mlm_accuracy`, `mlm_loss`, `nsp_accuracy`, `nsp_loss` and total `loss`, over the steps run
-since the resume when a run was resumed inside its last epoch; `train_steps`,
+`mlm_accuracy`, `mlm_loss`, `nsp_accuracy`, `nsp_loss` and total `loss`, over the whole epoch
+even when the run was resumed inside it; `train_steps`,
 `train_seconds`, the per-step loss and per-epoch logs of the whole run, resumed parts included)
 and `training_curve.png`. The backup folder is removed once the preset is written.
 
@@ -57,15 +61,11 @@ more text and steps (BERT-Base: 1M steps of 256 sequences).
 
 import argparse
 import glob
-import hashlib
 import json
 import os
 import shutil
 import sys
 import tempfile
-import threading
-import time
-from collections import OrderedDict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -77,9 +77,11 @@ DEFAULT_PRESET = "bert_tiny_en_uncased"
 TEXT_PATTERNS = ("*.txt", "*.raw")
 PRESET_DIR = "preset"
 BACKUP_DIR = "backup"
-BACKUP_FILE = "state.npz"
-BACKUP_FORMAT = 1
 _STAGING_PREFIX = ".preset-partial-"
+_NO_BATCH = (
+    "It holds fewer sequences than --batch-size: add text, or lower --batch-size or "
+    "--sequence-length."
+)
 _GLOB_CHARACTERS = "*?["
 
 
@@ -276,7 +278,9 @@ def resolve_preset(preset):
 
 
 def _vocabulary_digest(tokens):
-    return hashlib.sha256("\n".join(tokens).encode("utf-8")).hexdigest()[:16]
+    from kbert.data.shards import vocabulary_digest
+
+    return vocabulary_digest(tokens)
 
 
 def choose_tokenizer(args, kind, backup_dir, files):
@@ -326,270 +330,6 @@ def choose_tokenizer(args, kind, backup_dir, files):
     return tokenizer, f"trained on the input text ({len(tokens):,} of at most {target:,} tokens)", True
 
 
-# ---------------------------------------------------------------------------- data stream
-class BatchStream:
-    """The run's training batches, addressed by their global index.
-
-    Batch `k` is the `k`-th full batch of passes 0, 1, 2, ... of a `pretraining_dataset`
-    (`repeat=False`), read back to back by this object alone: pass `p` is the `p`-th iteration
-    of that dataset (its pass counter), so batch `k` depends only on the dataset's arguments.
-    `dataset(start)` hands Keras a `tf.data.Dataset` that starts at batch `start` each time it is
-    iterated. Keras may start an iteration, read a batch and start again (to build the model),
-    so recent batches are cached.
-    """
-
-    def __init__(self, source, cache_size=256):
-        self._source = source
-        self._iterator = None
-        self._next_index = 0
-        self._pass_had_batches = False
-        self._cache = OrderedDict()
-        self._cache_size = cache_size
-        self._lock = threading.Lock()
-        self.passes_started = 0
-
-    def _read(self):
-        import tensorflow as tf
-
-        while True:
-            if self._iterator is None:
-                self._iterator = iter(self._source)
-                self.passes_started += 1
-                self._pass_had_batches = False
-            try:
-                batch = next(self._iterator)
-            except StopIteration:
-                self._iterator = None
-                if not self._pass_had_batches:
-                    raise ValueError(
-                        "A pass over the text gives no full batch: it holds fewer sequences "
-                        "than --batch-size. Add text, or lower --batch-size or --sequence-length."
-                    ) from None
-                continue
-            self._pass_had_batches = True
-            return tf.nest.map_structure(lambda t: t.numpy(), batch)
-
-    def count_pass(self):
-        """Reads one whole pass (before any batch is taken) and returns its number of batches."""
-        if self._next_index or self._iterator is not None:
-            raise RuntimeError("count_pass() must run before the stream is read.")
-        self._iterator = iter(self._source)
-        self.passes_started += 1
-        count = sum(1 for _ in self._iterator)
-        self._iterator = None
-        if not count:
-            raise ValueError(
-                "A pass over the text gives no full batch: it holds fewer sequences than "
-                "--batch-size. Add text, or lower --batch-size or --sequence-length."
-            )
-        return count
-
-    def get(self, index):
-        with self._lock:
-            while self._next_index <= index:
-                self._cache[self._next_index] = self._read()
-                self._next_index += 1
-                while len(self._cache) > self._cache_size:
-                    self._cache.popitem(last=False)
-            if index not in self._cache:
-                raise RuntimeError(
-                    f"Batch {index} of the training stream was asked for again after it left the "
-                    f"cache (batches {min(self._cache)}-{max(self._cache)} are cached)."
-                )
-            return self._cache[index]
-
-    def skip_to(self, index, verbose=True):
-        """Generates (and drops) the batches before `index`, with a progress bar."""
-        import keras
-
-        missing = index - self._next_index
-        if missing <= 0:
-            return
-        progbar = keras.utils.Progbar(missing, unit_name="batch") if verbose else None
-        with self._lock:
-            while self._next_index < index:
-                self._read()
-                self._next_index += 1
-                if progbar is not None:
-                    progbar.add(1)
-
-    def dataset(self, start):
-        import tensorflow as tf
-
-        def batches():
-            index = start
-            while True:
-                yield self.get(index)
-                index += 1
-
-        return tf.data.Dataset.from_generator(batches, output_signature=self._source.element_spec)
-
-
-# -------------------------------------------------------------------------- backup state
-def _state_variables(model):
-    """The variables that define the training state: weights, dropout seeds, optimizer slots."""
-    seeds = [v for v in model.variables if v.path.endswith("seed_generator_state")]
-    return list(model.weights) + seeds, list(model.optimizer.variables)
-
-
-def _global_random_state():
-    """Arrays of the backend's global random generators that training draws from.
-
-    With the torch backend, Keras draws the dropout masks of layers built without an explicit
-    seed from torch's global generators (its fast, unseeded dropout), not from the layers'
-    seed generators; their state is part of the training state there. Keras' torch data loader
-    also draws from them each time it starts iterating (at the start of every `fit`), so the
-    state is carried from the last step to the next one by `TrainingBackup`, not left to `fit`.
-    """
-    import keras
-
-    if keras.backend.backend() != "torch":
-        return {}
-    import torch
-
-    state = {"random/torch_cpu": torch.get_rng_state().numpy()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for i, value in enumerate(torch.cuda.get_rng_state_all()):
-            state[f"random/torch_cuda/{i}"] = value.numpy()
-    return state
-
-
-def _set_global_random_state(data):
-    if "random/torch_cpu" not in data:
-        return
-    import torch
-
-    torch.set_rng_state(torch.from_numpy(data["random/torch_cpu"]))
-    cuda = sorted(k for k in data if k.startswith("random/torch_cuda/"))
-    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all([torch.from_numpy(data[k]) for k in cuda])
-
-
-def save_backup(path, model, metadata):
-    """Writes the training state to `path` (an .npz) atomically: a new file renamed over the old."""
-    import keras
-    import numpy as np
-
-    model_variables, optimizer_variables = _state_variables(model)
-    arrays = {f"model/{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(model_variables)}
-    arrays.update(
-        {f"optimizer/{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(optimizer_variables)}
-    )
-    metadata = dict(
-        metadata,
-        format=BACKUP_FORMAT,
-        model_variables=[list(v.shape) for v in model_variables],
-        optimizer_variables=[list(v.shape) for v in optimizer_variables],
-    )
-    arrays.update(_global_random_state())
-    arrays["metadata"] = np.array(json.dumps(metadata))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
-
-
-def read_backup_metadata(path):
-    import numpy as np
-
-    with np.load(path) as data:
-        return json.loads(str(data["metadata"]))
-
-
-def restore_backup(path, model):
-    """Loads a `save_backup` file into `model` and its optimizer.
-
-    Returns the metadata and the saved state of the global random generators (for
-    `TrainingBackup` to set right before the next step).
-    """
-    import numpy as np
-
-    model.optimizer.build(model.trainable_variables)
-    model_variables, optimizer_variables = _state_variables(model)
-    with np.load(path) as data:
-        metadata = json.loads(str(data["metadata"]))
-        for group, variables in (("model", model_variables), ("optimizer", optimizer_variables)):
-            # Variables are matched by position (their names depend on what the process built
-            # before); the shapes must agree.
-            saved = [tuple(shape) for shape in metadata[f"{group}_variables"]]
-            current = [tuple(v.shape) for v in variables]
-            if saved != current:
-                raise SystemExit(
-                    f"The backup {path} does not fit this model: its {group} state has "
-                    f"{len(saved)} variables, this run's {len(current)}, or their shapes differ. "
-                    "Pass --restart to discard it."
-                )
-            for i, variable in enumerate(variables):
-                variable.assign(data[f"{group}/{i}"])
-        random_state = {k: data[k] for k in data.files if k.startswith("random/")}
-    return metadata, random_state
-
-
-def training_callbacks(history, backup_path, every, step, settings, seconds_before, random_state):
-    import keras
-
-    class TrainingBackup(keras.callbacks.Callback):
-        """Counts the global step and backs up the state at epoch ends and every `every` steps.
-
-        It also hands the global random state (torch) from the end of one step to the start of
-        the next, across `fit` calls and from a restored backup, so that only training steps
-        advance it (see `_global_random_state`).
-        """
-
-        def __init__(self):
-            super().__init__()
-            self.step = step
-            self.saved_step = step
-            self.session_start = None
-            self.seconds_before = seconds_before
-            self.random_state = random_state or None
-            self.first_batch = True
-
-        def seconds(self):
-            return self.seconds_before + (time.time() - self.session_start if self.session_start else 0)
-
-        def on_train_begin(self, logs=None):
-            if self.session_start is None:
-                self.session_start = time.time()
-            self.first_batch = True
-
-        def on_train_batch_begin(self, batch, logs=None):
-            if self.first_batch and self.random_state is not None:
-                _set_global_random_state(self.random_state)
-            self.first_batch = False
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.random_state = _global_random_state() or None
-            self.step += 1
-            if every and self.step % every == 0:
-                self.save()
-
-        def on_epoch_end(self, epoch, logs=None):
-            if self.saved_step != self.step:
-                self.save()
-
-        def save(self):
-            metadata = {
-                "global_step": self.step,
-                "settings": settings,
-                "step_loss": history.step_loss,
-                "epochs": history.epochs,
-                "train_seconds": self.seconds(),
-            }
-            save_backup(backup_path, self.model, metadata)
-            self.saved_step = self.step
-
-    class StopAfterEpoch(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            self.model.stop_training = True
-
-    return TrainingBackup(), StopAfterEpoch()
-
-
 # --------------------------------------------------------------------------------- output
 def write_preset(model, tokenizer, target, overwrite):
     """Writes the preset into a temporary sibling folder, then renames it to `target`."""
@@ -615,13 +355,6 @@ def write_preset(model, tokenizer, target, overwrite):
         raise
 
 
-def _differences(saved, current):
-    keys = sorted(set(saved) | set(current))
-    return [
-        f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)
-    ]
-
-
 def _describe(backbone):
     return (
         f"{backbone.num_layers} layers, hidden {backbone.hidden_dim}, {backbone.num_heads} heads, "
@@ -636,6 +369,7 @@ def main(argv=None, callbacks=()):
     args = common.parse_args(parser, argv)
     check_arguments(parser, args)
     common.seed_everything(args.seed)
+    from kbert.callbacks import BatchStream, TrainingBackup, resumable_fit
     from kbert.data import pretraining_dataset
     from kbert.models import BACKBONE_PRESETS, BertPretrainer
 
@@ -643,7 +377,6 @@ def main(argv=None, callbacks=()):
     directory = common.output_dir(args, "pretrain")
     preset_path = directory / PRESET_DIR
     backup_dir = directory / BACKUP_DIR
-    backup_path = backup_dir / BACKUP_FILE
     if preset_path.exists() and not args.overwrite:
         raise SystemExit(
             f"{preset_path} already exists (a finished run?). Pass --overwrite to replace it, "
@@ -721,7 +454,8 @@ def main(argv=None, callbacks=()):
             print("Counting the batches of one pass over the text (the epoch length) ...")
             steps_per_epoch = stream.count_pass()
     except ValueError as error:
-        raise SystemExit(f"Cannot build pretraining data from {names}: {error}") from None
+        hint = _NO_BATCH if "gives no batch" in str(error) else ""
+        raise SystemExit(f"Cannot build pretraining data from {names}: {error} {hint}") from None
     total_steps = args.epochs * steps_per_epoch
     warmup_steps = args.warmup_steps
     if warmup_steps is None:
@@ -752,66 +486,45 @@ def main(argv=None, callbacks=()):
         "warmup_steps": warmup_steps,
         "seed": args.seed,
     }
-    history = common.step_history()
-    start_step, seconds_before, random_state = 0, 0.0, None
-    if backup_path.is_file():
-        saved = read_backup_metadata(backup_path)
-        changed = _differences(saved["settings"], settings)
-        if changed:
+    backup = TrainingBackup(backup_dir, save_every=args.backup_every, settings=settings)
+    if backup.exists():
+        try:
+            start_step = backup.read_metadata()["global_step"]
+        except (OSError, ValueError, KeyError) as error:
             raise SystemExit(
-                f"The backup in {backup_dir} was made by a run with other settings:\n  "
-                + "\n  ".join(changed)
-                + "\nRe-run with the same settings to resume it, or pass --restart to discard it."
-            )
-        _, random_state = restore_backup(backup_path, model)
-        start_step, seconds_before = saved["global_step"], saved["train_seconds"]
-        history.step_loss = list(saved["step_loss"])
-        history.epochs = list(saved["epochs"])
+                f"The backup in {backup_dir} cannot be read ({error}); pass --restart to "
+                "discard it."
+            ) from None
         epoch, offset = divmod(start_step, steps_per_epoch)
         where = f"epoch {epoch + 1}" if offset == 0 else f"epoch {epoch + 1}, step {offset + 1}"
         print(f"Resuming from the backup in {backup_dir}: {start_step} of {total_steps} steps "
               f"done; continuing at {where}.")
         if 0 < start_step < total_steps:
-            print(f"Fast-forwarding the data stream past the {start_step} batches already used:")
-            stream.skip_to(start_step)
+            print(f"Fast-forwarding the data stream past the {start_step} batches already used.")
     else:
+        start_step = 0
         every = f"every {args.backup_every} steps and " if args.backup_every else ""
         print(f"Starting from step 0; the training state is backed up {every}at every epoch end "
               f"to {backup_dir} (re-run the same command to resume).")
 
     # === Training ===
-    if start_step < total_steps:
+    if start_step == 0:
         try:
-            stream.get(start_step)  # Fails early (no full batch in a pass) rather than in fit.
+            stream.get(0)  # Fails early (no full batch in a pass) rather than in fit.
         except ValueError as error:
-            raise SystemExit(f"Cannot build pretraining data from {names}: {error}") from None
-    backup, stop_after_epoch = training_callbacks(
-        history, backup_path, args.backup_every, start_step, settings, seconds_before, random_state
-    )
-    extra_callbacks = list(callbacks)
-    epoch, offset = divmod(start_step, steps_per_epoch)
-    segments = []  # (initial_epoch, steps_per_epoch, stop after that epoch)
-    if offset:  # Finish the interrupted epoch, then run the others.
-        segments.append((epoch, steps_per_epoch - offset, True))
-        epoch += 1
-    if epoch < args.epochs:
-        segments.append((epoch, steps_per_epoch, False))
+            raise SystemExit(f"Cannot build pretraining data from {names}: {error} {_NO_BATCH}") from None
     try:
-        for initial_epoch, steps, stop in segments:
-            model.fit(
-                stream.dataset(start=backup.step),
-                epochs=args.epochs,
-                initial_epoch=initial_epoch,
-                steps_per_epoch=steps,
-                shuffle=False,  # The stream is already shuffled, reproducibly.
-                callbacks=[history, backup] + ([stop_after_epoch] if stop else []) + extra_callbacks,
-            )
+        resumable_fit(model, stream, args.epochs, steps_per_epoch, backup,
+                      callbacks=list(callbacks))
     except KeyboardInterrupt:
         raise SystemExit(
             f"\nInterrupted at step {backup.step}. The last backup (step {backup.saved_step}) is "
             f"in {backup_dir}; run the same command again to resume from it."
         ) from None
+    except ValueError as error:
+        raise SystemExit(f"Cannot resume: {error} (--restart discards the backup.)") from None
     train_seconds = backup.seconds()
+    history = backup  # step_loss and epochs of the whole run, resumed parts included.
 
     # === Outputs ===
     last = history.epochs[-1] if history.epochs else {}

@@ -6,24 +6,29 @@ mask per example into files, the masks are drawn in the `tf.data` pipeline for e
 the data (as RoBERTa does), with stateless random ops, so a given seed always reproduces the
 same batches.
 
-Pipeline:
+Pipeline (streaming; memory does not grow with the corpus):
 
-1. `read_documents` parses the text files into documents made of sentences (plain Python,
-   done once when the dataset is built).
-2. All sentences are tokenized once with the tokenizer, in a batched `tf.data` map.
-3. A Python generator builds the sentence pairs of one pass (target length, random `A` end,
-   50 % random next sentence, longest-first truncation from a random end) and packs them into
-   padded batches `[CLS] A [SEP] B [SEP]`.
+1. The files (this process's share) are read line by line and parsed into documents made of
+   sentences; pre-tokenized shards (`kbert.data.shards`) skip this step and the next.
+2. Sentences are tokenized in chunks with the tokenizer, in worker threads.
+3. A Python generator passes the documents through a seeded buffer, builds the sentence pairs
+   (target length, random `A` end, 50 % random next sentence from another buffered document,
+   longest-first truncation from a random end), shuffles them in a bounded buffer and packs
+   them into padded batches `[CLS] A [SEP] B [SEP]`.
 4. A batched `Dataset.map` in TensorFlow ops chooses the masked positions and applies the
    80 % `[MASK]` / 10 % random token / 10 % unchanged replacement.
 """
 
+import collections
+import concurrent.futures
 import os
 import random
 import re
 
 import numpy as np
 import tensorflow as tf
+
+from kbert.data.shards import SHARD_SUFFIX, check_shards, read_shard_documents
 
 # A WikiText article title: " = Title = ". Section headings (" = = Section = = ") do not match.
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
@@ -175,45 +180,6 @@ def _check_tokenizer(tokenizer):
         )
 
 
-def _tokenize_documents(documents, tokenizer, batch_size=1024, verbose=False):
-    """Tokenizes every sentence once; returns documents as lists of int32 arrays."""
-    sentences = [s for doc in documents for s in doc]
-    lengths, pieces = [], []
-    dataset = tf.data.Dataset.from_tensor_slices(tf.constant(sentences, tf.string))
-    dataset = dataset.batch(batch_size).map(
-        tokenizer.tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-    )
-    progbar = None
-    if verbose:
-        import keras
-
-        progbar = keras.utils.Progbar(len(sentences), unit_name="sentence")
-    for ids in dataset.prefetch(tf.data.AUTOTUNE):
-        if not isinstance(ids, tf.RaggedTensor):
-            raise ValueError(
-                "`tokenizer.tokenize` must return a tf.RaggedTensor for a batch of strings. "
-                f"Received: {type(ids).__name__}"
-            )
-        if ids.ragged_rank > 1:
-            ids = ids.merge_dims(1, -1)
-        lengths.append(ids.row_lengths().numpy())
-        pieces.append(ids.flat_values.numpy().astype(np.int32))
-        if progbar is not None:
-            progbar.add(len(lengths[-1]))
-    if not sentences:
-        return []
-    flat = np.concatenate(pieces)
-    splits = np.cumsum(np.concatenate(lengths))[:-1]
-    segments = np.split(flat, splits)
-    tokenized, start = [], 0
-    for doc in documents:
-        segs = [seg for seg in segments[start : start + len(doc)] if len(seg)]
-        start += len(doc)
-        if segs:
-            tokenized.append(segs)
-    return tokenized
-
-
 def _truncate_pair(a, b, max_num_tokens, rng):
     """Longest-first truncation, each removed token taken from the front or back at random."""
     a_start, a_end, b_start, b_end = 0, len(a), 0, len(b)
@@ -241,16 +207,204 @@ def _truncate_single(a, max_num_tokens, rng):
     return a[start:end]
 
 
+# ------------------------------------------------------------------------- streaming documents
+_PROBE_BYTES = 1 << 16
+_WARM_UP_DOCUMENTS = 64
+_WARM_UP_EXAMPLES = 1024
+_AUTO_PROBE_LINES = 20000
+
+
+def _check_text_file(path):
+    """Refuses empty and binary files before any training starts."""
+    with tf.io.gfile.GFile(path, "rb") as f:
+        head = f.read(_PROBE_BYTES)
+    if not head.strip():
+        with tf.io.gfile.GFile(path, "rb") as f:
+            has_text = any(line.strip() for line in f)
+        if not has_text:
+            raise ValueError(
+                f"The file {path!r} is empty (it holds no text). Expected text files with one "
+                "sentence per line (or WikiText raw files); remove it from `files`."
+            )
+    if b"\x00" in head:
+        raise ValueError(
+            f"The file {path!r} is binary (it holds NUL bytes), not text. Expected UTF-8 text "
+            f"files or pretraining shards ({SHARD_SUFFIX} files written by "
+            "tools/prepare_pretraining_data.py)."
+        )
+
+
+def _detect_format(path, text_format):
+    if text_format != "auto":
+        return text_format
+    with tf.io.gfile.GFile(path, "rb") as f:
+        for i, line in enumerate(f):
+            if i >= _AUTO_PROBE_LINES:
+                break
+            if _WIKITEXT_TITLE.match(line.decode("utf-8", errors="replace").rstrip("\r\n")):
+                return "wikitext"
+    return "lines"
+
+
+def _iter_text_documents(path, text_format):
+    """Yields the documents (lists of sentence strings) of one text file, reading it as a stream."""
+    text_format = _detect_format(path, text_format)
+    document = []
+    with tf.io.gfile.GFile(path, "rb") as f:
+        for raw in f:
+            line = raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
+            stripped = line.strip()
+            if text_format == "lines":
+                if stripped:
+                    document.append(stripped)
+                elif document:
+                    yield document
+                    document = []
+                continue
+            if _WIKITEXT_TITLE.match(line):
+                if document:
+                    yield document
+                document = []
+            elif stripped.startswith("=") and stripped.endswith("="):
+                continue
+            elif stripped:
+                document.extend(split_sentences(stripped))
+    if document:
+        yield document
+
+
+def _round_robin(iterators):
+    """Interleaves iterators one item at a time, dropping each when it ends."""
+    iterators = list(iterators)
+    while iterators:
+        alive = []
+        for iterator in iterators:
+            try:
+                yield next(iterator)
+            except StopIteration:
+                continue
+            alive.append(iterator)
+        iterators = alive
+
+
+class _DocumentSource:
+    """The tokenized documents of one pass of one process, read as a stream.
+
+    Files are split across processes (file `i` goes to process `i % num_processes`) when there
+    are at least as many files as processes, else documents are (document `k` of the stream goes
+    to process `k % num_processes`). Each pass reads this process's files in a seeded random
+    order (with `shuffle`), `cycle_length` files at a time, one document from each in turn.
+    Text is tokenized in chunks of sentences by worker threads.
+    """
+
+    def __init__(self, paths, kind, tokenizer, text_format, num_processes, process_index,
+                 shuffle, cycle_length=4, chunk_size=2048, num_threads=2):
+        self.kind = kind
+        self.tokenizer = tokenizer
+        self.text_format = text_format
+        self.shuffle = shuffle
+        self.cycle_length = cycle_length
+        self.chunk_size = chunk_size
+        self.num_threads = num_threads
+        if len(paths) >= num_processes:
+            self.paths = paths[process_index::num_processes]
+            self.document_stride, self.document_offset = 1, 0
+        else:
+            self.paths = list(paths)
+            self.document_stride, self.document_offset = num_processes, process_index
+
+    def _raw_documents(self, rng):
+        paths = list(self.paths)
+        if self.shuffle:
+            rng.shuffle(paths)
+        for start in range(0, len(paths), self.cycle_length):
+            group = paths[start : start + self.cycle_length]
+            if self.kind == "shards":
+                iterators = [read_shard_documents(p) for p in group]
+            else:
+                iterators = [_iter_text_documents(p, self.text_format) for p in group]
+            yield from _round_robin(iterators)
+
+    def _my_documents(self, rng):
+        for k, document in enumerate(self._raw_documents(rng)):
+            if k % self.document_stride == self.document_offset:
+                yield document
+
+    def _sentence_chunks(self, rng):
+        sentences, document_ids, document_id = [], [], 0
+        for document in self._my_documents(rng):
+            sentences.extend(document)
+            document_ids.extend([document_id] * len(document))
+            document_id += 1
+            if len(sentences) >= self.chunk_size:
+                yield sentences, document_ids
+                sentences, document_ids = [], []
+        if sentences:
+            yield sentences, document_ids
+
+    def documents(self, rng):
+        """Yields the documents of one pass: lists of non-empty int32 arrays."""
+        if self.kind == "shards":
+            for document in self._my_documents(rng):
+                if document:
+                    yield document
+            return
+        tokenize = self.tokenizer.tokenize
+
+        def tokenized(chunk):
+            sentences, document_ids = chunk
+            ids = tokenize(tf.constant(sentences, tf.string))
+            if not isinstance(ids, tf.RaggedTensor):
+                raise ValueError(
+                    "`tokenizer.tokenize` must return a tf.RaggedTensor for a batch of "
+                    f"strings. Received: {type(ids).__name__}"
+                )
+            if ids.ragged_rank > 1:
+                ids = ids.merge_dims(1, -1)
+            return ids.row_lengths().numpy(), ids.flat_values.numpy(), document_ids
+
+        # Eager tokenization in worker threads (TensorFlow ops run outside the GIL), a few
+        # chunks ahead, in order.
+        current, current_id = [], None
+        with concurrent.futures.ThreadPoolExecutor(self.num_threads) as pool:
+            pending = collections.deque()
+            chunks = self._sentence_chunks(rng)
+            while True:
+                while len(pending) < 2 * self.num_threads:
+                    chunk = next(chunks, None)
+                    if chunk is None:
+                        break
+                    pending.append(pool.submit(tokenized, chunk))
+                if not pending:
+                    break
+                lengths, flat, document_ids = pending.popleft().result()
+                segments = np.split(flat.astype(np.int32), np.cumsum(lengths)[:-1])
+                for segment, document_id in zip(segments, document_ids):
+                    if document_id != current_id:
+                        if current:
+                            yield current
+                        current, current_id = [], document_id
+                    if len(segment):
+                        current.append(segment)
+        if current:
+            yield current
+
+
 class _PairGenerator:
     """Builds and packs the (optionally paired) segments of one pass; one call = one pass.
 
-    The object counts the passes it has started, so every new iteration of the dataset (every
-    epoch of `fit`) gets new pairs and new masks while staying a pure function of the seed.
+    Documents stream from a `_DocumentSource` through a seeded buffer of `document_buffer`
+    documents: with `shuffle`, the document turned into examples next is drawn at random from the
+    buffer (else the oldest), and the "random other document" of a NotNext pair is drawn
+    uniformly from the rest of the buffer and the `document_buffer` documents used last. The
+    examples then go through a seeded shuffle buffer of `example_buffer` examples. The object
+    counts the passes it has started, so every new iteration of the dataset (every epoch of
+    `fit`) gets new pairs and new masks while staying a pure function of the seed.
     """
 
     def __init__(
         self,
-        documents,
+        source,
         sequence_length,
         nsp,
         short_seq_prob,
@@ -263,8 +417,10 @@ class _PairGenerator:
         cls_id,
         sep_id,
         pad_id,
+        document_buffer,
+        example_buffer,
     ):
-        self.documents = documents
+        self.source = source
         self.sequence_length = sequence_length
         self.nsp = nsp
         self.max_num_tokens = sequence_length - (3 if nsp else 2)
@@ -276,14 +432,11 @@ class _PairGenerator:
         self.drop_remainder = drop_remainder
         self.seed = seed
         self.cls_id, self.sep_id, self.pad_id = cls_id, sep_id, pad_id
+        self.document_buffer = document_buffer
+        self.example_buffer = example_buffer
         self.passes_started = 0
 
-    def _random_other_document(self, doc_index, rng):
-        other = rng.randrange(len(self.documents) - 1)
-        return other + 1 if other >= doc_index else other
-
-    def _document_instances(self, doc_index, rng, out):
-        document = self.documents[doc_index]
+    def _document_instances(self, document, others, rng, out):
         max_num_tokens = self.max_num_tokens
         target_length = max_num_tokens
         if rng.random() < self.short_seq_prob:
@@ -302,7 +455,7 @@ class _PairGenerator:
                     if len(chunk) == 1 or rng.random() < 0.5:
                         is_random_next = 1
                         target_b_length = target_length - len(tokens_a)
-                        other = self.documents[self._random_other_document(doc_index, rng)]
+                        other = others(rng)
                         start = rng.randint(0, len(other) - 1)
                         parts, b_length = [], 0
                         for segment in other[start:]:
@@ -322,18 +475,78 @@ class _PairGenerator:
             i += 1
 
     def pass_instances(self, pass_index):
-        """All instances of one pass, in output order (a pure function of seed and pass)."""
+        """Yields the instances of one pass in output order (a pure function of seed and pass)."""
         rng = random.Random(f"kbert-pretraining:{self.seed}:{pass_index}")
-        instances = []
-        order = list(range(len(self.documents)))
-        for _ in range(self.dupe_factor):
+        buffer = []
+        recent = collections.deque(maxlen=self.document_buffer)
+        current = [None]
+
+        def others(rng):
+            # Uniform over the buffer (the current document is not in it) and the documents
+            # used last; a copy of the current document (dupe_factor > 1) is drawn again, up to
+            # 10 times, as the reference retries.
+            count = len(buffer) + len(recent)
+            if count == 0:
+                raise ValueError(
+                    "Next sentence prediction needs at least two documents (the random next "
+                    "sentence comes from another document), but the files hold one. Separate "
+                    "documents with blank lines (or WikiText ` = Title = ` lines), or pass "
+                    "nsp=False."
+                )
+            for _ in range(10):
+                k = rng.randrange(count)
+                key, other = buffer[k] if k < len(buffer) else recent[k - len(buffer)]
+                if key != current[0]:
+                    break
+            return other
+
+        pool = []
+        arrivals = [0, 0]  # documents, examples
+
+        def emit(item):
+            current[0], document = item
+            made = []
+            self._document_instances(document, others, rng, made)
+            recent.append(item)
+            for instance in made:
+                if not self.shuffle:
+                    yield instance
+                    continue
+                arrivals[1] += 1
+                # The pool fills to `example_buffer`; past _WARM_UP_EXAMPLES it already
+                # hands out one example for every two new ones, so the first batch comes early.
+                if len(pool) < self.example_buffer and (
+                    len(pool) < _WARM_UP_EXAMPLES or arrivals[1] % 2
+                ):
+                    pool.append(instance)
+                    continue
+                k = rng.randrange(len(pool))
+                pool[k], instance = instance, pool[k]
+                yield instance
+
+        def take():
+            k = rng.randrange(len(buffer)) if self.shuffle else 0
             if self.shuffle:
-                rng.shuffle(order)
-            for doc_index in order:
-                self._document_instances(doc_index, rng, instances)
+                buffer[k], buffer[-1] = buffer[-1], buffer[k]
+                return buffer.pop()
+            return buffer.pop(0)
+
+        for dupe in range(self.dupe_factor):
+            order_rng = random.Random(f"kbert-pretraining-files:{self.seed}:{pass_index}:{dupe}")
+            for document in self.source.documents(order_rng):
+                key = (len(document), document[0].tobytes(), document[-1].tobytes())
+                buffer.append((hash(key), document))
+                arrivals[0] += 1
+                # As the example pool: full buffer, or past the warm-up one in two arrivals.
+                if len(buffer) > self.document_buffer or (
+                    len(buffer) > _WARM_UP_DOCUMENTS and arrivals[0] % 2 == 0
+                ):
+                    yield from emit(take())
+        while buffer:
+            yield from emit(take())
         if self.shuffle:
-            rng.shuffle(instances)
-        return instances
+            rng.shuffle(pool)
+        yield from pool
 
     def pack(self, instances):
         n, length = len(instances), self.sequence_length
@@ -361,13 +574,24 @@ class _PairGenerator:
         while True:
             pass_index = self.passes_started
             self.passes_started += 1
-            instances = self.pass_instances(pass_index)
-            for batch_index, start in enumerate(range(0, len(instances), self.batch_size)):
-                batch = instances[start : start + self.batch_size]
-                if self.drop_remainder and len(batch) < self.batch_size:
-                    break
+            batch, batch_index = [], 0
+            for instance in self.pass_instances(pass_index):
+                batch.append(instance)
+                if len(batch) == self.batch_size:
+                    mask_seed = np.array([self.seed, (pass_index << 32) + batch_index], np.int64)
+                    yield self.pack(batch) + (mask_seed,)
+                    batch, batch_index = [], batch_index + 1
+            if batch and not self.drop_remainder:
                 mask_seed = np.array([self.seed, (pass_index << 32) + batch_index], np.int64)
                 yield self.pack(batch) + (mask_seed,)
+                batch_index += 1
+            if batch_index == 0 and not self.repeat:
+                return
+            if batch_index == 0:
+                raise ValueError(
+                    "A pass over the files gives no batch: they hold fewer sequences than "
+                    f"batch_size={self.batch_size} (with drop_remainder=True)."
+                )
             if not self.repeat:
                 return
 
@@ -544,6 +768,33 @@ def _check_positive_int(name, value, minimum=1):
         raise ValueError(f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
 
 
+def _process_split(num_processes, process_index):
+    """Resolves and checks `num_processes` / `process_index` (from JAX when both are None)."""
+    if num_processes is None and process_index is None:
+        num_processes, process_index = 1, 0
+        import sys
+
+        if "jax" in sys.modules:
+            import jax
+
+            num_processes, process_index = jax.process_count(), jax.process_index()
+        return num_processes, process_index
+    if num_processes is None or process_index is None:
+        raise ValueError(
+            "Pass both `num_processes` and `process_index`, or neither. Received: "
+            f"num_processes={num_processes!r}, process_index={process_index!r}"
+        )
+    _check_positive_int("num_processes", num_processes)
+    _check_positive_int("process_index", process_index, minimum=0)
+    if process_index >= num_processes:
+        raise ValueError(
+            f"`process_index` must be smaller than `num_processes` (processes are numbered "
+            f"0 to {num_processes - 1}). Received: process_index={process_index}, "
+            f"num_processes={num_processes}"
+        )
+    return int(num_processes), int(process_index)
+
+
 def pretraining_dataset(
     files,
     tokenizer,
@@ -563,14 +814,39 @@ def pretraining_dataset(
     text_format="auto",
     drop_remainder=False,
     verbose=False,
+    num_processes=None,
+    process_index=None,
+    document_buffer=1000,
+    example_buffer=10000,
 ):
     """Builds the BERT pretraining `tf.data.Dataset` (masked LM + next sentence prediction).
 
-    The text is read and tokenized once, when this function runs. Each pass over the returned
-    dataset then builds new sentence pairs (google-research/bert's `create_pretraining_data.py`
+    The files are read as streams: text is parsed line by line and tokenized in chunks by
+    worker threads while training runs (or read pre-tokenized from shards written by
+    `tools/prepare_pretraining_data.py`), so memory is bounded by the buffers below, not by the
+    corpus, and the first batch comes after a few thousand sentences. Each pass over the returned
+    dataset builds new sentence pairs (google-research/bert's `create_pretraining_data.py`
     recipe) and draws new masks (dynamic masking), so every epoch of `fit` sees different
-    examples. Pass `k` is a pure function of `(seed, k)`: two datasets built with the same
-    arguments and seed yield identical batches, masks included.
+    examples. Pass `k` is a pure function of `(seed, k)` and the process split: two datasets
+    built with the same arguments and seed yield identical batches, masks included.
+
+    Streaming. Each pass reads this process's files in a seeded random order, up to 4 at a time,
+    one document from each in turn. Documents go through a buffer of `document_buffer` documents;
+    the next document made into examples is drawn from it at random (the oldest with
+    `shuffle=False`). Examples go through a shuffle buffer of `example_buffer` examples. Both
+    buffers start handing out items before they are full (one for every two new ones), so the
+    first batch comes early. Deviation from the in-memory reference: the "random other document"
+    of a NotNext pair is drawn uniformly from the document buffer and the `document_buffer`
+    documents used last, not from the whole corpus; the NotNext rate (about 50 %) and the fact
+    that B comes from another document are unchanged. With a corpus smaller than the buffer, the
+    whole corpus is the pool, as in the reference.
+
+    Several processes (hosts). With `num_processes > 1`, each process reads a disjoint part:
+    file `i` goes to process `i % num_processes` when there are at least as many files as
+    processes (write enough shards), else document `k` of the stream goes to process
+    `k % num_processes` (each process then reads, but skips, the others' text). By default
+    (`None`) the split comes from `jax.process_count()` / `jax.process_index()` when JAX is
+    loaded, else one process.
 
     Pairs. For each document, a target length of `sequence_length - 3` tokens (uniform in
     `[2, sequence_length - 3]` with probability `short_seq_prob`) is filled with whole
@@ -599,7 +875,11 @@ def pretraining_dataset(
     Args:
         files: str, path-like, or list of them. Text files or glob patterns; see
             `read_documents` for the formats (BERT's one sentence per line with blank lines
-            between documents, or WikiText raw). Invalid UTF-8 is decoded as U+FFFD.
+            between documents, or WikiText raw). Invalid UTF-8 is decoded as U+FFFD. `"auto"`
+            looks for a WikiText title line in the first 20,000 lines of each file. Or shards
+            (`*.tfrecord`) written by `tools/prepare_pretraining_data.py` with this
+            tokenizer's vocabulary (shards of another vocabulary are refused). Empty and binary
+            files are refused.
         tokenizer: a `kbert.text.BertTokenizer` or an object with the same interface:
             `tokenize(tf.string batch) -> tf.RaggedTensor` of ids, `vocabulary` (list of str)
             and `cls_token_id`, `sep_token_id`, `pad_token_id`, `mask_token_id`,
@@ -631,7 +911,14 @@ def pretraining_dataset(
         text_format: str. `"auto"`, `"lines"` or `"wikitext"`; see `read_documents`.
             Defaults to `"auto"`.
         drop_remainder: bool. Drop the last, smaller batch of each pass. Defaults to `False`.
-        verbose: bool. Show a progress bar while tokenizing. Defaults to `False`.
+        verbose: bool. Print one line describing the input. Defaults to `False`.
+        num_processes: int or `None`. Number of processes reading the data (see above).
+            Pass it together with `process_index`. Defaults to `None`.
+        process_index: int or `None`. This process's index, in `[0, num_processes)`.
+            Defaults to `None`.
+        document_buffer: int. Documents held for choosing the next document and the random
+            next sentence. Defaults to 1000.
+        example_buffer: int. Examples held for shuffling. Defaults to 10000.
 
     Returns:
         A `tf.data.Dataset` of `(x, y, sample_weight)`, the input of `BertPretrainer.fit`:
@@ -690,20 +977,52 @@ def pretraining_dataset(
         raise ValueError(f"`seed` must be a non-negative integer or None. Received: seed={seed!r}")
     seed = int(seed) % (2**63)
 
-    raw_documents = read_documents(files, text_format=text_format)
-    documents = _tokenize_documents(raw_documents, tokenizer, verbose=verbose)
-    if not documents:
-        raise ValueError(f"No text found: the files hold no tokens. Received: files={files!r}")
-    if nsp and len(documents) < 2:
+    _check_positive_int("document_buffer", document_buffer)
+    _check_positive_int("example_buffer", example_buffer)
+    if text_format not in _TEXT_FORMATS:
         raise ValueError(
-            "Next sentence prediction needs at least two documents (the random next sentence "
-            "comes from another document), but the files hold one. Separate documents with "
-            "blank lines (or WikiText ` = Title = ` lines), or pass nsp=False. "
-            f"Received: files={files!r}"
+            f"`text_format` must be one of {_TEXT_FORMATS}. Received: text_format={text_format!r}"
         )
+    num_processes, process_index = _process_split(num_processes, process_index)
+    paths = _expand_files(files)
+    shards = [p for p in paths if p.endswith(SHARD_SUFFIX)]
+    if shards and len(shards) != len(paths):
+        raise ValueError(
+            f"`files` mixes pretraining shards ({SHARD_SUFFIX}) and text files; pass one kind. "
+            f"Received: {len(shards)} shard(s) and {len(paths) - len(shards)} text file(s)"
+        )
+    kind = "shards" if shards else "text"
+    if kind == "shards":
+        check_shards(paths, tokenizer)
+    else:
+        for path in paths:
+            _check_text_file(path)
+        found = 0
+        for path in paths:
+            for _ in _iter_text_documents(path, text_format):
+                found += 1
+                if found >= 2:
+                    break
+            if found >= 2:
+                break
+        if not found:
+            raise ValueError(f"No text found: the files hold no text. Received: files={files!r}")
+        if nsp and found < 2:
+            raise ValueError(
+                "Next sentence prediction needs at least two documents (the random next "
+                "sentence comes from another document), but the files hold one. Separate "
+                "documents with blank lines (or WikiText ` = Title = ` lines), or pass nsp=False. "
+                f"Received: files={files!r}"
+            )
+    source = _DocumentSource(
+        paths, kind, tokenizer, text_format, num_processes, process_index, shuffle
+    )
+    if verbose:
+        print(f"Pretraining data: {len(paths)} {kind} file(s), streamed; process "
+              f"{process_index} of {num_processes}.")
 
     generator = _PairGenerator(
-        documents,
+        source,
         sequence_length=sequence_length,
         nsp=nsp,
         short_seq_prob=short_seq_prob,
@@ -716,6 +1035,8 @@ def pretraining_dataset(
         cls_id=int(tokenizer.cls_token_id),
         sep_id=int(tokenizer.sep_token_id),
         pad_id=int(tokenizer.pad_token_id),
+        document_buffer=document_buffer,
+        example_buffer=example_buffer,
     )
     masker = _DynamicMasker(
         tokenizer,

@@ -1,5 +1,7 @@
 """Training a WordPiece vocabulary from raw text."""
 
+import collections
+import heapq
 import os
 
 import keras
@@ -79,6 +81,92 @@ def _batches(sources, batch_size, progress):
                 progress(done)
 
 
+def _learn_wordpiece(word_counts, vocabulary_size, min_frequency, limit_alphabet, head, verbose):
+    """Deterministic WordPiece vocabulary learning (count-based merges, as HF's trainer).
+
+    Words start as characters (`##`-prefixed inside a word); the most frequent adjacent pair is
+    merged until the vocabulary is full or the best pair occurs fewer than `min_frequency`
+    times. Ties are broken by the pair's strings (smallest first) and the alphabet is ranked
+    by count then character, so the result is a pure function of the text (Hugging Face's
+    `WordPieceTrainer` breaks ties by hash-map order: two trainings differ).
+    """
+    char_counts = collections.Counter()
+    for word, count in word_counts.items():
+        for char in word:
+            char_counts[char] += count
+    chars = sorted(char_counts, key=lambda ch: (-char_counts[ch], ch))
+    if limit_alphabet is not None:
+        chars = chars[:limit_alphabet]
+    alphabet = set(chars)
+    vocabulary, seen = list(head), set(head)
+
+    def add(token):
+        if token not in seen:
+            seen.add(token)
+            vocabulary.append(token)
+
+    words, counts = [], []
+    for word, count in sorted(word_counts.items()):
+        symbols = []
+        for char in word:
+            if char in alphabet:
+                symbols.append("##" + char if symbols else char)
+        if symbols:
+            words.append(symbols)
+            counts.append(count)
+    for token in sorted({s for symbols in words for s in symbols},
+                        key=lambda t: (t.startswith("##"), t)):
+        add(token)
+    pair_counts = collections.defaultdict(int)
+    where = collections.defaultdict(set)
+    for i, (symbols, count) in enumerate(zip(words, counts)):
+        for pair in zip(symbols, symbols[1:]):
+            pair_counts[pair] += count
+            where[pair].add(i)
+    heap = [(-count, a, b) for (a, b), count in pair_counts.items()]
+    heapq.heapify(heap)
+    progbar = keras.utils.Progbar(vocabulary_size, unit_name="token", verbose=1 if verbose else 0)
+    while len(vocabulary) < vocabulary_size and heap:
+        negative, a, b = heapq.heappop(heap)
+        count = pair_counts.get((a, b), 0)
+        if count != -negative:
+            continue  # Stale entry: the current count was pushed when it changed.
+        if count < min_frequency:
+            break
+        new = a + b[2:]
+        add(new)
+        changed = set()
+        for i in sorted(where.pop((a, b), ())):
+            symbols, word_count = words[i], counts[i]
+            old_pairs = list(zip(symbols, symbols[1:]))
+            merged, j = [], 0
+            while j < len(symbols):
+                if j + 1 < len(symbols) and symbols[j] == a and symbols[j + 1] == b:
+                    merged.append(new)
+                    j += 2
+                else:
+                    merged.append(symbols[j])
+                    j += 1
+            if len(merged) == len(symbols):
+                continue
+            words[i] = merged
+            new_pairs = list(zip(merged, merged[1:]))
+            for pair in old_pairs:
+                pair_counts[pair] -= word_count
+            for pair in new_pairs:
+                pair_counts[pair] += word_count
+                where[pair].add(i)
+            changed.update(old_pairs)
+            changed.update(new_pairs)
+        pair_counts.pop((a, b), None)
+        for pair in sorted(changed):
+            count = pair_counts.get(pair, 0)
+            if count > 0 and pair != (a, b):
+                heapq.heappush(heap, (-count, pair[0], pair[1]))
+        progbar.update(len(vocabulary))
+    return vocabulary
+
+
 def train_wordpiece_vocabulary(
     files_or_texts,
     vocabulary_size,
@@ -94,14 +182,19 @@ def train_wordpiece_vocabulary(
     """Learns a WordPiece vocabulary for `kbert.text.BertTokenizer`.
 
     The text is first normalised and split into words exactly as
-    `BertTokenizer` will do it (same `lowercase` / `strip_accents`), then
-    Hugging Face `tokenizers`' `WordPieceTrainer` (a dependency of keras-hub)
-    learns the sub-words, with `##` marking word-internal pieces.
+    `BertTokenizer` will do it (same `lowercase` / `strip_accents`), then the
+    sub-words are learned as Hugging Face `tokenizers`' `WordPieceTrainer`
+    does (start from characters, `##` marking word-internal pieces, merge the
+    most frequent adjacent pair until the vocabulary is full), but
+    deterministically: ties are broken by the pieces' text, so the same text
+    and arguments always give the same vocabulary (HF's trainer breaks ties by
+    hash-map order and differs from one training to the next).
 
     The vocabulary starts with `[PAD] [UNK] [CLS] [SEP] [MASK]` (ids 0 to 4),
     then `reserved_tokens` (e.g. `[unused0]`...), then the learned tokens:
     single characters (the alphabet, capped at `limit_alphabet` most frequent
-    characters) and their `##` forms first, then merged pieces. (The original
+    characters, then their `##` forms, each sorted) first, then merged pieces
+    in the order they were learned. (The original
     English BERT vocabularies put `[PAD]` at 0, `[unused*]` slots, then
     `[UNK]`=100 `[CLS]`=101 `[SEP]`=102 `[MASK]`=103; kbert looks special
     tokens up by name, so either order works.) A small corpus can give fewer
@@ -138,11 +231,6 @@ def train_wordpiece_vocabulary(
     ... )
     >>> tokenizer = kbert.text.BertTokenizer("my_bert/vocab.txt")
     """
-    from tokenizers import Tokenizer
-    from tokenizers import models as tk_models
-    from tokenizers import pre_tokenizers
-    from tokenizers import trainers
-
     if not isinstance(vocabulary_size, int) or vocabulary_size <= len(SPECIAL_TOKENS):
         raise ValueError(
             f"`vocabulary_size` must be an integer larger than the "
@@ -176,27 +264,17 @@ def train_wordpiece_vocabulary(
     if verbose:
         print("Normalising and splitting the text into words:")
 
-    def normalised_lines():
-        for batch in _batches(sources, batch_size, lambda done: bar.update(done)):
-            words = split(tf.constant(batch, dtype=tf.string, shape=[len(batch)]))
-            yield [b" ".join(row).decode("utf-8") for row in words.to_list()]
-
-    model = tk_models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##")
-    tokenizer = Tokenizer(model)
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocabulary_size,
-        min_frequency=min_frequency,
-        show_progress=bool(verbose),
-        special_tokens=list(SPECIAL_TOKENS) + reserved_tokens,
-        limit_alphabet=limit_alphabet,
-        continuing_subword_prefix="##",
-    )
-    tokenizer.train_from_iterator(normalised_lines(), trainer=trainer)
-    learned = tokenizer.get_vocab()
-    ordered = sorted(learned, key=learned.get)
+    word_counts = collections.Counter()
+    for batch in _batches(sources, batch_size, lambda done: bar.update(done)):
+        words = split(tf.constant(batch, dtype=tf.string, shape=[len(batch)]))
+        for row in words.to_list():
+            word_counts.update(w.decode("utf-8") for w in row)
+    if verbose:
+        print("Learning the sub-words:")
     head = list(SPECIAL_TOKENS) + reserved_tokens
-    vocabulary = head + [t for t in ordered if t not in set(head)]
+    vocabulary = _learn_wordpiece(
+        word_counts, vocabulary_size, min_frequency, limit_alphabet, head, verbose
+    )
 
     if output_path is not None:
         output_path = os.fspath(output_path)

@@ -210,6 +210,10 @@ def test_output_structure(nsp_batches):
 
 
 def test_segment_layout_and_pairs_come_from_the_documents(nsp_batches, corpus):
+    _check_pairs(nsp_batches, corpus)
+
+
+def _check_pairs(nsp_batches, corpus):
     original = _rebuild(nsp_batches)
     streams = corpus["streams"]
     for row in range(len(original)):
@@ -500,9 +504,27 @@ def test_bad_files(tmp_path, tokenizer):
     empty.write_text("", encoding="utf-8")
     blank = tmp_path / "blank.txt"
     blank.write_text("\n  \n\t\n", encoding="utf-8")
-    for files in (str(empty), [str(empty), str(blank)]):
-        with pytest.raises(ValueError, match="No text found"):
+    for files in (str(empty), [str(empty), str(blank)], str(blank)):
+        with pytest.raises(ValueError, match="empty.txt' is empty|blank.txt' is empty"):
             pretraining_dataset(files, tokenizer)
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"\x89HDF\r\n\x1a\n\x00\x00\x00\x01" * 10)
+    with pytest.raises(ValueError, match="weights.bin' is binary"):
+        pretraining_dataset(str(binary), tokenizer)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_processes=2, process_index=2), "process_index=2, num_processes=2"),
+        (dict(num_processes=2, process_index=-1), "process_index"),
+        (dict(num_processes=0, process_index=0), "num_processes"),
+        (dict(num_processes=2), "Pass both"),
+    ],
+)
+def test_bad_process_split(corpus, tokenizer, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        pretraining_dataset(corpus["path"], tokenizer, **kwargs)
 
 
 def test_bad_tokenizer(corpus):
@@ -535,9 +557,7 @@ def test_invalid_utf8_short_and_empty_documents(tmp_path, tokenizer):
         + ((stem + " ") * 200 + ".\n").encode("utf-8")
         + f"\n{stem} {stem} .\n".encode("utf-8")
     )
-    empty = tmp_path / "empty.txt"
-    empty.write_bytes(b"")
-    batches = _collect(pretraining_dataset([str(path), str(empty)], tokenizer, sequence_length=16,
+    batches = _collect(pretraining_dataset([str(path)], tokenizer, sequence_length=16,
                                            max_predictions=3, batch_size=4, seed=0, dupe_factor=5))
     original = _rebuild(batches)
     lengths = batches["x/padding_mask"].sum(axis=1)
@@ -587,3 +607,106 @@ def test_feeds_bert_pretrainer_fit(corpus, tokenizer):
     assert np.isfinite(base)
     assert loss(in_padding) == pytest.approx(base, rel=1e-6)
     assert abs(loss(in_real) - base) > 1e-3
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming: a bounded document buffer, shards, several processes.
+# ---------------------------------------------------------------------------------------------
+def test_nsp_statistics_hold_with_a_small_document_buffer(corpus, tokenizer):
+    # The random next sentence comes from a buffer of 4 documents (plus the 4 used last) instead
+    # of the whole corpus: still half IsNext, and NotNext segments come from another document.
+    batches = _collect(_build(corpus, tokenizer, short_seq_prob=0.0, batch_size=128,
+                              dupe_factor=6, document_buffer=4, example_buffer=64))
+    assert len(batches["y/nsp"]) > 1500
+    assert abs(batches["y/nsp"].mean() - 0.5) <= 0.06
+    _check_pairs(batches, corpus)
+    # The "other" documents are spread over the corpus, not stuck on a few.
+    original = _rebuild(batches)
+    sources = set()
+    for row in np.flatnonzero(batches["y/nsp"] == 1):
+        tokens = original[row]
+        seps = np.flatnonzero(tokens == SEP)
+        b_text = _encode(tokens[seps[0] + 1 : seps[1]])
+        sources.update(d for d, s in enumerate(corpus["streams"]) if b_text in s)
+    assert len(sources) >= 45
+
+
+def _whole_documents(dataset_kwargs, files, tokenizer):
+    """Each document of the files as one row (nsp=False, long rows): the rows' token strings."""
+    batches = _collect(pretraining_dataset(
+        files, tokenizer, sequence_length=512, max_predictions=4, nsp=False, short_seq_prob=0.0,
+        batch_size=16, seed=0, **dataset_kwargs))
+    original = _rebuild(batches)
+    lengths = batches["x/padding_mask"].sum(axis=1)
+    return [_encode(row[1 : n - 1]) for row, n in zip(original, lengths)]
+
+
+@pytest.fixture(scope="module")
+def shards(corpus, tokenizer, tmp_path_factory):
+    from kbert.data.shards import write_pretraining_shards
+
+    folder = tmp_path_factory.mktemp("shards")
+    return write_pretraining_shards(corpus["path"], tokenizer, str(folder), num_shards=5,
+                                    verbose=False)
+
+
+def test_shards_hold_the_tokenized_documents(corpus, tokenizer, shards, tmp_path):
+    rows = _whole_documents({}, shards, tokenizer)
+    assert sorted(rows) == sorted(corpus["streams"])
+    # One shard gives the very batches of the text it was made from (same seed).
+    from kbert.data.shards import write_pretraining_shards
+
+    (single,) = write_pretraining_shards(corpus["path"], tokenizer, str(tmp_path), num_shards=1,
+                                         verbose=False)
+    _assert_same(_collect(_build(corpus, tokenizer)),
+                 _collect(pretraining_dataset(single, tokenizer, sequence_length=SEQ_LEN,
+                                              max_predictions=MAX_PRED, batch_size=32, seed=1)))
+
+
+@pytest.mark.parametrize("kind", ["shards", "text"])
+def test_two_processes_read_disjoint_parts_that_cover_the_corpus(corpus, tokenizer, shards, kind):
+    files = shards if kind == "shards" else corpus["path"]  # One text file: split by documents.
+    parts = [
+        _whole_documents(dict(num_processes=2, process_index=i), files, tokenizer)
+        for i in range(2)
+    ]
+    assert parts[0] and parts[1]
+    assert not set(parts[0]) & set(parts[1])
+    assert sorted(parts[0] + parts[1]) == sorted(corpus["streams"])
+
+
+def test_shards_of_another_vocabulary_are_refused(shards, tmp_path):
+    from kbert.data.shards import vocabulary_digest
+
+    other = BertTokenizer(VOCAB[:-1] + ["##est"])
+    with pytest.raises(ValueError, match=(
+        f"digest {vocabulary_digest(VOCAB)}.*digest {vocabulary_digest(other.vocabulary)}"
+    )):
+        pretraining_dataset(shards, other)
+    text = tmp_path / "text.txt"
+    text.write_text("a b .\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="mixes pretraining shards"):
+        pretraining_dataset([shards[0], str(text)], BertTokenizer(VOCAB))
+    bogus = tmp_path / "bogus.tfrecord"
+    bogus.write_bytes(b"not a record")
+    with pytest.raises(ValueError, match="bogus.tfrecord"):
+        pretraining_dataset(str(bogus), BertTokenizer(VOCAB))
+
+
+def test_prepare_pretraining_data_tool(corpus, tmp_path, capsys):
+    import importlib.util
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
+    path = Path(__file__).resolve().parents[2] / "tools" / "prepare_pretraining_data.py"
+    spec = importlib.util.spec_from_file_location("prepare_pretraining_data", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    written = tool.main(["--vocab", str(vocab), "--output-dir", str(tmp_path / "out"),
+                         "--num-shards", "3", corpus["path"]])
+    assert len(written) == 3 and "Wrote 50 documents" in capsys.readouterr().out
+    rows = _whole_documents({}, written, BertTokenizer(VOCAB))
+    assert sorted(rows) == sorted(corpus["streams"])
+    with pytest.raises(SystemExit, match="No file matches"):
+        tool.main(["--vocab", str(vocab), "--output-dir", str(tmp_path / "x"),
+                   str(tmp_path / "*.nothing")])
