@@ -99,8 +99,8 @@ class BertTagger(BertTask):
                 "`num_classes` must be a positive integer (or give `labels`). "
                 f"Received: num_classes={num_classes!r}"
             )
-        if not 0 <= dropout < 1:
-            raise ValueError(f"`dropout` must lie in [0, 1). Received: dropout={dropout}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ValueError(f"`dropout` must be a number in [0, 1). Received: dropout={dropout!r}")
         num_classes = int(num_classes)
 
         # === Layers ===
