@@ -123,13 +123,11 @@ def atomic_directory(path, owned_files=()):
         raise ValueError(f"Cannot write a directory at {path}: a file of that name exists.")
     path.parent.mkdir(parents=True, exist_ok=True)
     recover(path)
-    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}{_PARTIAL}"))
-    # Name it after our pid so that `recover` in another process knows whether it is alive.
-    named = _sibling(path, f"{_PARTIAL}{os.getpid()}")
-    if named.exists():
-        shutil.rmtree(named)
-    os.replace(staging, named)
-    staging = named
+    # Named after our pid, so that `recover` in another process knows whether it is alive.
+    staging = _sibling(path, f"{_PARTIAL}{os.getpid()}")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
     try:
         yield staging
         if path.is_dir():

@@ -49,6 +49,14 @@ def _model_tokenizer(model):
     return None
 
 
+def _vocabulary_source(model):
+    """The vocabulary (token list) or vocabulary file attached to a model, if any."""
+    tokenizer = _model_tokenizer(model)
+    if tokenizer is not None:
+        return list(tokenizer.vocabulary)
+    return getattr(model, "preset_vocabulary_path", None)
+
+
 def _vocabulary_tokenizer(vocabulary_path):
     """The tokenizer of the preset a model was loaded from (by its vocabulary file), or None."""
     from kbert.text import BertTokenizer

@@ -130,7 +130,7 @@ def validate_backbone_config(config, source=None):
     activation = config.get("activation", "gelu")
     if not isinstance(activation, str) or activation not in _ACTIVATION_NAMES:
         raise ValueError(
-            f"`activation` must be one of {list(_ACTIVATION_NAMES)} (a name, so that the config "
+            f"Unknown `activation`: it must be one of {list(_ACTIVATION_NAMES)} (a name, so that the config "
             f"can be saved and loaded). Received: activation={activation!r}{where}"
         )
     pad = config.get("pad_token_id", 0)
