@@ -23,6 +23,14 @@ def detect_format(path):
     from kbert.checkpoints import formats
 
     detected = formats.detect(path)
+    config_file = path / "config.json"
+    if detected in (None, "huggingface") and config_file.is_file():
+        try:
+            import json
+
+            json.loads(config_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{config_file} is not valid JSON: {error}") from None
     if detected is None:
         raise ValueError(
             f"{path} is not a known BERT checkpoint. Expected a kbert preset (config.json with "
