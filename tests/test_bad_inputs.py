@@ -15,6 +15,8 @@ import pytest
 
 from kbert.checkpoints import export_to_huggingface
 from kbert.data import read_conll, read_glue, read_squad
+from kbert.data.squad import prepare_squad_features
+from kbert.data.tagging import encode_tagging
 from kbert.models import BertBackbone, BertClassifier, BertQuestionAnswerer
 from kbert.text import BertTokenizer
 from tests.test_case import tiny_backbone_kwargs
@@ -47,6 +49,7 @@ class Context:
         self.root = root
         backbone = BertBackbone(**tiny_backbone_kwargs(vocabulary_size=len(VOCABULARY)))
         tokenizer = BertTokenizer(VOCABULARY, lowercase=True)
+        self.tokenizer = tokenizer
         self.classifier = BertClassifier(backbone, num_classes=2)
         self.regressor = BertClassifier(backbone, num_classes=1)
         self.preset = root / "preset"
@@ -209,6 +212,14 @@ CASES = [
     _case("squad-question-without-id", lambda c: read_squad(c.squad("no_id", _squad({"context": "a film", "qas": [{"question": "What?"}]}))), ValueError, "question 0"),
     _case("squad-no-data-key", lambda c: read_squad(c.squad("no_data", {"version": "1.1"})), ValueError, "no 'data' key"),
     _case("squad-version", lambda c: read_squad({"data": []}, version="3"), ValueError, "'3'"),
+    # --- feature builders -------------------------------------------------------------------
+    _case("squad-features-stride-0", lambda c: prepare_squad_features([], c.tokenizer, doc_stride=0), ValueError, "doc_stride=0"),
+    _case("squad-features-empty-question", lambda c: prepare_squad_features([{"id": "q9", "question": " ", "context": "a film"}], c.tokenizer), ValueError, "'q9'"),
+    _case("squad-features-context-not-str", lambda c: prepare_squad_features([{"id": "q", "question": "What?", "context": 3}], c.tokenizer), ValueError, "context of type int"),
+    _case("tagging-sequence-length-2", lambda c: encode_tagging([["a"]], c.tokenizer, sequence_length=2), ValueError, "sequence_length=2"),
+    _case("tagging-label-count", lambda c: encode_tagging([["the", "film"]], c.tokenizer, word_labels=[["O"]], label_to_id={"O": 0}), ValueError, "2 words but 1 labels"),
+    _case("tagging-unknown-label", lambda c: encode_tagging([["the"]], c.tokenizer, word_labels=[["B-XYZ"]], label_to_id={"O": 0}), ValueError, "'B-XYZ'"),
+    _case("tagging-word-not-str", lambda c: encode_tagging([["the", 5]], c.tokenizer), ValueError, "5 (type int)"),
 ]
 
 

@@ -217,12 +217,15 @@ class BertTagger(BertTask):
             verbose: Keras `predict` verbosity. Defaults to `"auto"`.
 
         Returns:
-            list (per sentence) of lists (per word) of tag names or ids. Words that produce
+            list (per sentence) of lists (per word) of tag names or ids (`[]` for no
+            sentences). Words that produce
             no WordPiece (only characters the tokenizer deletes) get `"O"` when that label
             exists, else the label with id 0.
         """
         from kbert.data.tagging import words_from_token_predictions
 
+        if hasattr(sentences, "__len__") and len(sentences) == 0:
+            return []  # No sentences, no tags (Keras' predict would fail on 0 rows).
         features = self.encode(sentences)
         logits = super().predict(features.inputs, batch_size=batch_size, verbose=verbose)
         fill = self.label_to_id.get("O", 0) if self.labels is not None else 0
