@@ -20,17 +20,49 @@ import sys
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--source", required=True, help="checkpoint directory or preset name")
-    parser.add_argument("--output", required=True, help="output directory")
-    parser.add_argument("--format", choices=("kbert", "huggingface"), default="kbert")
-    parser.add_argument("--model", choices=("backbone", "pretrainer"), default="backbone")
+    parser.add_argument(
+        "--source",
+        required=True,
+        help="checkpoint directory: a kbert preset, a Hugging Face BERT directory, an original "
+        "Google BERT directory or a keras-hub BERT preset",
+    )
+    parser.add_argument(
+        "--output",
+        required=True,
+        help="output directory, replaced atomically. To install a named preset, use "
+        "$KBERT_PRESETS_DIR/<name> (default ~/.cache/kbert/presets/<name>)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("kbert", "huggingface"),
+        default="kbert",
+        help="what to write: a kbert preset or a Hugging Face directory (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--model",
+        choices=("backbone", "pretrainer"),
+        default="backbone",
+        help="convert the backbone alone, or with the masked-LM and next-sentence heads "
+        "(default: %(default)s)",
+    )
     parser.add_argument(
         "--fresh-heads",
         action="store_true",
         help="start the pretraining heads fresh instead of loading them",
     )
-    parser.add_argument("--tolerance", type=float, default=1e-4)
-    parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"), default=None)
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-4,
+        help="largest max |diff| accepted in the parity report; exit status 1 above it "
+        "(default: %(default)g)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("tensorflow", "jax", "torch"),
+        default=None,
+        help="Keras backend to run on (default: $KERAS_BACKEND, else tensorflow)",
+    )
     return parser.parse_args(argv)
 
 
@@ -43,9 +75,12 @@ def main(argv=None):
     from kbert.checkpoints import detect_format, export_to_huggingface, parity
 
     cls = kbert.models.BertPretrainer if args.model == "pretrainer" else kbert.models.BertBackbone
-    fmt = detect_format(args.source) if os.path.isdir(args.source) else "preset name"
-    print(f"[1/4] Loading {args.source} ({fmt}) as {cls.__name__}", flush=True)
-    model = cls.from_preset(args.source, fresh_heads=True if args.fresh_heads else None)
+    try:
+        fmt = detect_format(args.source) if os.path.isdir(args.source) else "preset name"
+        print(f"[1/4] Loading {args.source} ({fmt}) as {cls.__name__}", flush=True)
+        model = cls.from_preset(args.source, fresh_heads=True if args.fresh_heads else None)
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"--source {args.source}: {error}") from None
     backbone = getattr(model, "backbone", model)
     inputs = parity.sample_inputs(backbone)
     outputs = parity.model_outputs(model, inputs)

@@ -284,3 +284,56 @@ def head_entries(model, hook_name):
             entries.append(WeightEntry(f"<no checkpoint name: {variable.path}>", variable, IDENTITY, HEAD))
             covered.add(id(variable))
     return entries
+
+
+def check_config_sizes(config, shapes, names, source, config_file):
+    """Compares a backbone config's sizes with the tensor shapes of a checkpoint's header.
+
+    Called before the model is built, so a config that does not match its weights (or a
+    hostile one: `hidden_size: 1e9`, `num_hidden_layers: 1e6`) fails with a clear error
+    instead of allocating a model of the wrong size.
+
+    Args:
+        config: dict of `BertBackbone` arguments.
+        shapes: `{tensor name: shape}` from the checkpoint's header/index (no data read).
+        names: dict with the checkpoint names of `"word"`, `"position"` and `"segment"`
+            embeddings (each `(rows, hidden)`), `"intermediate"`: `(name, transposed)` of
+            layer 0's intermediate kernel, and `"layer"`: a regex whose group 1 is a layer index.
+        source: str. The checkpoint, for messages.
+        config_file: str. The config file, for messages.
+    """
+    import re
+
+    shapes = {name: tuple(int(d) for d in shape) for name, shape in shapes.items()}
+    problems = []
+
+    def compare(tensor, want, meaning):
+        have = shapes.get(tensor)
+        if have is None:
+            return  # Reported as a missing tensor by the full load.
+        if have != tuple(want):
+            problems.append(
+                f"{tensor}: shape {list(have)} in the checkpoint, expected {list(want)} from "
+                f"{meaning}"
+            )
+
+    h, v = config["hidden_dim"], config["vocabulary_size"]
+    compare(names["word"], (v, h), f"vocabulary_size={v}, hidden_dim={h}")
+    p, s = config["max_sequence_length"], config["num_segments"]
+    compare(names["position"], (p, h), f"max_sequence_length={p}, hidden_dim={h}")
+    compare(names["segment"], (s, h), f"num_segments={s}, hidden_dim={h}")
+    intermediate, transposed = names["intermediate"]
+    i = config["intermediate_dim"]
+    compare(intermediate, (i, h) if transposed else (h, i), f"hidden_dim={h}, intermediate_dim={i}")
+    pattern = re.compile(names["layer"])
+    indices = {int(m.group(1)) for m in map(pattern.search, shapes) if m}
+    if indices and len(indices) != config["num_layers"]:
+        problems.append(
+            f"the checkpoint has {len(indices)} transformer layers, the config num_layers="
+            f"{config['num_layers']}"
+        )
+    if problems:
+        raise ValueError(
+            f"The config {config_file} does not match the weights of {source}; nothing was "
+            "built or loaded:\n  " + "\n  ".join(problems)
+        )

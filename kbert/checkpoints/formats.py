@@ -53,7 +53,7 @@ import inspect
 import json
 from pathlib import Path
 
-from kbert.checkpoints import google, huggingface, keras_hub
+from kbert.checkpoints import _weights, google, huggingface, keras_hub
 from kbert.checkpoints.vocabulary import check_vocabulary_size
 
 _READERS = {"huggingface": huggingface, "google": google, "keras_hub": keras_hub}
@@ -102,7 +102,7 @@ def load(cls, path, fmt, load_weights=True, **kwargs):
     """
     if fmt not in _READERS:
         raise ValueError(f"Unknown checkpoint format {fmt!r}. Expected one of {sorted(_READERS)}")
-    from kbert.models.backbone import BertBackbone
+    from kbert.models.backbone import BertBackbone, validate_backbone_config
 
     reader = _READERS[fmt]
     fresh_heads = kwargs.pop("fresh_heads", None)
@@ -112,6 +112,13 @@ def load(cls, path, fmt, load_weights=True, **kwargs):
     backbone_arguments = set(inspect.signature(BertBackbone.__init__).parameters) - {"self", "kwargs"}
     overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in backbone_arguments}
     config.update(overrides)
+    config_file = str(path / (reader.CONFIG_FILE if hasattr(reader, "CONFIG_FILE") else "config.json"))
+    validate_backbone_config(config, source=config_file)
+    header_shapes = getattr(reader, "header_shapes", None)
+    if load_weights and header_shapes is not None:
+        shapes = header_shapes(path)
+        if shapes:
+            _weights.check_config_sizes(config, shapes, reader.SIZE_TENSORS, str(path), config_file)
     backbone = BertBackbone(**config)
     model_kwargs = getattr(cls, "huggingface_model_kwargs", None)
     if fmt == "huggingface" and callable(model_kwargs):

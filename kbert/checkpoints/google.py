@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kbert import _tensorflow
 from kbert.checkpoints import _weights
+from kbert.checkpoints._config import config_float, config_int
 
 CONFIG_FILE = "bert_config.json"
 CHECKPOINT_PREFIX = "bert_model.ckpt"
@@ -53,15 +54,15 @@ def backbone_config_from_google(config, source=CONFIG_FILE):
             f"{sorted(_ACTIVATIONS)} (Google's 'gelu' is the tanh approximation)."
         )
     return {
-        "vocabulary_size": int(config["vocab_size"]),
-        "num_layers": int(config["num_hidden_layers"]),
-        "num_heads": int(config["num_attention_heads"]),
-        "hidden_dim": int(config["hidden_size"]),
-        "intermediate_dim": int(config["intermediate_size"]),
-        "max_sequence_length": int(config.get("max_position_embeddings", 512)),
-        "num_segments": int(config.get("type_vocab_size", 16)),
-        "dropout": float(config.get("hidden_dropout_prob", 0.1)),
-        "attention_dropout": float(config.get("attention_probs_dropout_prob", 0.1)),
+        "vocabulary_size": config_int(config, "vocab_size", source),
+        "num_layers": config_int(config, "num_hidden_layers", source),
+        "num_heads": config_int(config, "num_attention_heads", source),
+        "hidden_dim": config_int(config, "hidden_size", source),
+        "intermediate_dim": config_int(config, "intermediate_size", source),
+        "max_sequence_length": config_int(config, "max_position_embeddings", source, 512),
+        "num_segments": config_int(config, "type_vocab_size", source, 16),
+        "dropout": config_float(config, "hidden_dropout_prob", source, 0.1),
+        "attention_dropout": config_float(config, "attention_probs_dropout_prob", source, 0.1),
         "activation": _ACTIVATIONS[hidden_act],
         "layer_norm_epsilon": 1e-12,
     }
@@ -126,7 +127,23 @@ def open_weights(path):
         except tf.errors.OpError as error:  # A cut .data file fails here.
             raise ValueError(f"Cannot read {name!r} from {prefix} (damaged file?): {error}") from None
 
-    return _weights.TensorSource(f"the Google checkpoint {prefix}", shapes, read)
+    source = _weights.TensorSource(f"the Google checkpoint {prefix}", shapes, read)
+    source.shapes = dict(shapes)
+    return source
+
+
+SIZE_TENSORS = {
+    "word": PREFIX + "embeddings/word_embeddings",
+    "position": PREFIX + "embeddings/position_embeddings",
+    "segment": PREFIX + "embeddings/token_type_embeddings",
+    "intermediate": (PREFIX + "encoder/layer_0/intermediate/dense/kernel", False),
+    "layer": r"^bert/encoder/layer_(\d+)/",
+}
+
+
+def header_shapes(path):
+    """`{variable name: shape}` from the checkpoint's index file (no tensor data read)."""
+    return open_weights(path).shapes
 
 
 def backbone_entries(backbone):

@@ -13,8 +13,6 @@ Safetensors files are read with NumPy alone (`kbert.checkpoints.safetensors_io`)
 """
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import keras
@@ -22,6 +20,8 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from kbert.checkpoints import _weights
+from kbert.checkpoints._config import config_float, config_int
+from kbert.checkpoints.atomic import atomic_directory, fix_file_modes
 from kbert.checkpoints.safetensors_io import read_safetensors, read_safetensors_header
 from kbert.checkpoints.vocabulary import resolve_vocabulary, write_vocabulary
 
@@ -118,18 +118,18 @@ def backbone_config_from_huggingface(config, source="config.json"):
             f"{sorted(_ACTIVATIONS)}."
         )
     return {
-        "vocabulary_size": int(merged["vocab_size"]),
-        "num_layers": int(merged["num_hidden_layers"]),
-        "num_heads": int(merged["num_attention_heads"]),
-        "hidden_dim": int(merged["hidden_size"]),
-        "intermediate_dim": int(merged["intermediate_size"]),
-        "max_sequence_length": int(merged["max_position_embeddings"]),
-        "num_segments": int(merged["type_vocab_size"]),
-        "dropout": float(merged["hidden_dropout_prob"]),
-        "attention_dropout": float(merged["attention_probs_dropout_prob"]),
+        "vocabulary_size": config_int(merged, "vocab_size", source),
+        "num_layers": config_int(merged, "num_hidden_layers", source),
+        "num_heads": config_int(merged, "num_attention_heads", source),
+        "hidden_dim": config_int(merged, "hidden_size", source),
+        "intermediate_dim": config_int(merged, "intermediate_size", source),
+        "max_sequence_length": config_int(merged, "max_position_embeddings", source),
+        "num_segments": config_int(merged, "type_vocab_size", source),
+        "dropout": config_float(merged, "hidden_dropout_prob", source),
+        "attention_dropout": config_float(merged, "attention_probs_dropout_prob", source),
         "activation": _ACTIVATIONS[hidden_act],
-        "layer_norm_epsilon": float(merged["layer_norm_eps"]),
-        "pad_token_id": int(merged["pad_token_id"]),
+        "layer_norm_epsilon": config_float(merged, "layer_norm_eps", source),
+        "pad_token_id": config_int(merged, "pad_token_id", source),
     }
 
 
@@ -210,6 +210,30 @@ def _read_torch_file(file):
             tensor = tensor.to(torch.float32)
         arrays[name] = tensor.numpy()
     return arrays
+
+
+SIZE_TENSORS = {
+    "word": PREFIX + "embeddings.word_embeddings.weight",
+    "position": PREFIX + "embeddings.position_embeddings.weight",
+    "segment": PREFIX + "embeddings.token_type_embeddings.weight",
+    "intermediate": (PREFIX + "encoder.layer.0.intermediate.dense.weight", True),
+    "layer": r"^bert\.encoder\.layer\.(\d+)\.",
+}
+
+
+def header_shapes(path):
+    """`{canonical name: shape}` from the safetensors headers (no tensor data read), or `None`
+    for `pytorch_model.bin` checkpoints, whose shapes are only known after unpickling."""
+    kind, files = _weight_files(path)
+    if kind != "safetensors":
+        return None
+    shapes = {}
+    for file in files:
+        header = read_safetensors_header(file)[0]
+        for name, entry in header.items():
+            if name != "__metadata__" and isinstance(entry, dict):
+                shapes[_canonical_name(name)] = tuple(entry.get("shape") or ())
+    return shapes
 
 
 def _canonical_name(name):
@@ -409,7 +433,8 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None):
     `huggingface_architecture`: `BertModel`, `BertForPreTraining` or a task class),
     `model.safetensors` (float32, written with NumPy; backbone names without prefix for
     `BertModel`, with `bert.` otherwise) and, when a vocabulary is known, `vocab.txt` and
-    `tokenizer_config.json`. Files are staged in a temporary directory and moved into place.
+    `tokenizer_config.json`. The directory is replaced atomically (see
+    `kbert.checkpoints.atomic`): a kill leaves the old or the new complete export.
 
     Args:
         model: a kbert model: `BertBackbone`, `BertPretrainer` or a task model implementing
@@ -448,9 +473,8 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None):
     if lowercase is None:
         lowercase = _tokenizer_lowercase(model)
 
-    path.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path, prefix=".tmp-") as staging:
-        staging = Path(staging)
+    owned = (CONFIG_FILE, SAFETENSORS_FILE, VOCABULARY_FILE, "tokenizer_config.json")
+    with atomic_directory(path, owned_files=owned) as staging:
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
         if tokens is not None:
@@ -464,8 +488,7 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None):
             (staging / "tokenizer_config.json").write_text(
                 json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8"
             )
-        for file in staging.iterdir():
-            os.replace(file, path / file.name)
+        fix_file_modes(staging)  # safetensors writes 0600; every file gets the usual mode.
     return path
 
 

@@ -6,9 +6,6 @@ used when the same class is loaded again.
 """
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import keras
@@ -30,50 +27,148 @@ def is_kbert_preset(path):
         return False
 
 
-def _vocabulary_source(model):
-    """The vocabulary file or token list attached to a model (through its preprocessor), if any."""
+PREPROCESSOR_FILE = "preprocessor.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+# Files a kbert preset save owns: an old copy is dropped unless the new save writes it again.
+OWNED_FILES = (
+    CONFIG_FILE,
+    BACKBONE_WEIGHTS_FILE,
+    TASK_WEIGHTS_FILE,
+    VOCABULARY_FILE,
+    PREPROCESSOR_FILE,
+    TOKENIZER_CONFIG_FILE,
+)
+
+
+def _model_tokenizer(model):
+    """The tokenizer attached to a model (through its preprocessor), if any."""
     preprocessor = getattr(model, "preprocessor", None)
     tokenizer = getattr(preprocessor, "tokenizer", None) or getattr(model, "tokenizer", None)
     if tokenizer is not None and getattr(tokenizer, "vocabulary", None) is not None:
+        return tokenizer
+    return None
+
+
+def _vocabulary_source(model):
+    """The vocabulary (token list) or vocabulary file attached to a model, if any."""
+    tokenizer = _model_tokenizer(model)
+    if tokenizer is not None:
         return list(tokenizer.vocabulary)
     return getattr(model, "preset_vocabulary_path", None)
 
 
-def save_preset(model, path):
-    """Writes `model` as a kbert preset directory at `path`.
+def _vocabulary_tokenizer(vocabulary_path):
+    """The tokenizer of the preset a model was loaded from (by its vocabulary file), or None."""
+    from kbert.text import BertTokenizer
 
-    Files are first written to a temporary directory beside `path` and then moved into place
-    one by one with an atomic rename, so an interrupted save never leaves a half-written file
-    under a name a loader would trust.
+    vocabulary_path = Path(vocabulary_path)
+    if not vocabulary_path.is_file():
+        return None
+    if vocabulary_path.name == VOCABULARY_FILE:
+        return BertTokenizer.from_preset(vocabulary_path.parent)
+    if vocabulary_path.parts[-3:] == ("assets", "tokenizer", "vocabulary.txt"):
+        return BertTokenizer.from_preset(vocabulary_path.parents[2])  # keras-hub preset
+    return BertTokenizer.from_preset(vocabulary_path)
+
+
+def tokenizer_settings(tokenizer):
+    """A tokenizer's constructor arguments other than the vocabulary (written to preprocessor.json)."""
+    config = tokenizer.get_config() if hasattr(tokenizer, "get_config") else {}
+    return {
+        k: v for k, v in config.items() if k not in ("vocabulary", "name", "trainable", "dtype")
+    }
+
+
+def preprocessor_settings(preprocessor):
+    """A preprocessor's settings other than the vocabulary (which the preset stores as vocab.txt)."""
+    settings = {"sequence_length": getattr(preprocessor, "sequence_length", None)}
+    if hasattr(preprocessor, "truncate"):
+        settings["truncate"] = preprocessor.truncate
+    tokenizer = getattr(preprocessor, "tokenizer", None)
+    if tokenizer is not None:
+        settings["tokenizer"] = tokenizer_settings(tokenizer)
+    return settings
+
+
+def _save_weights(model, weights_path, include_optimizer):
+    """`model.save_weights`, leaving the optimizer's state out unless `include_optimizer`."""
+    optimizer = getattr(model, "optimizer", None)
+    if include_optimizer or optimizer is None:
+        model.save_weights(weights_path)
+        return
+    model.optimizer = None
+    try:
+        model.save_weights(weights_path)
+    finally:
+        model.optimizer = optimizer
+
+
+def save_preset(model, path, tokenizer=None, include_optimizer=False):
+    """Writes `model` as a kbert preset directory at `path`, atomically.
+
+    Writes `config.json`, `model.weights.h5` (the backbone), `task.weights.h5` (the whole
+    model, when it is more than a backbone), and when the model has a tokenizer (its
+    preprocessor's, the `tokenizer` argument, or the vocabulary of the preset it was loaded
+    from): `vocab.txt`, `tokenizer_config.json` (casing, for any BERT tokenizer) and
+    `preprocessor.json` (tokenizer settings and, with a preprocessor, its `sequence_length`
+    and `truncate`).
+
+    The new version is written into a sibling directory and swapped in with renames (see
+    `kbert.checkpoints.atomic`): a kill at any instant leaves the old or the new complete
+    preset, which `from_preset` reads consistently.
+
+    Args:
+        model: a kbert model.
+        path: str or path. The preset directory.
+        tokenizer: optional `kbert.text.BertTokenizer` to store with the model (e.g. for a
+            `BertPretrainer`, which has no preprocessor). Defaults to the model's own.
+        include_optimizer: bool. Also store the optimizer's state (to resume training).
+            Defaults to `False`.
     """
+    from kbert.checkpoints.atomic import atomic_directory, fix_file_modes
+
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     backbone = getattr(model, "backbone", model)
     config = {
         "format": FORMAT_NAME,
         "class_name": type(model).__name__,
         "backbone": backbone.get_config(),
         "task": None if backbone is model else model.get_config(),
+        "optimizer_state": bool(include_optimizer and getattr(model, "optimizer", None) is not None),
     }
     if config["task"] is not None:
         config["task"] = dict(config["task"])
         config["task"].pop("backbone", None)
         config["task"].pop("preprocessor", None)
-    with tempfile.TemporaryDirectory(dir=path, prefix=".tmp-") as staging:
-        staging = Path(staging)
-        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=_json_default))
-        backbone.save_weights(staging / BACKBONE_WEIGHTS_FILE)
+    config_text = json.dumps(config, indent=2, default=_json_default)
+    if tokenizer is None:
+        tokenizer = _model_tokenizer(model)
+    if tokenizer is None and getattr(model, "preset_vocabulary_path", None) is not None:
+        tokenizer = _vocabulary_tokenizer(model.preset_vocabulary_path)
+    preprocessor = getattr(model, "preprocessor", None)
+    settings = {}
+    if preprocessor is not None:
+        settings = preprocessor_settings(preprocessor)
+    if tokenizer is not None:
+        settings["tokenizer"] = tokenizer_settings(tokenizer)
+    with atomic_directory(path, owned_files=OWNED_FILES) as staging:
+        (staging / CONFIG_FILE).write_text(config_text)
+        _save_weights(backbone, staging / BACKBONE_WEIGHTS_FILE, include_optimizer and backbone is model)
         if backbone is not model:
-            model.save_weights(staging / TASK_WEIGHTS_FILE)
-        vocabulary = _vocabulary_source(model)
-        if isinstance(vocabulary, (list, tuple)):
+            _save_weights(model, staging / TASK_WEIGHTS_FILE, include_optimizer)
+        if tokenizer is not None:
+            vocabulary = list(tokenizer.vocabulary)
             (staging / VOCABULARY_FILE).write_text("\n".join(vocabulary) + "\n", encoding="utf-8")
-        elif vocabulary is not None and Path(vocabulary).resolve() != (path / VOCABULARY_FILE).resolve():
-            shutil.copyfile(vocabulary, staging / VOCABULARY_FILE)
-        for file in staging.iterdir():
-            os.replace(file, path / file.name)
-        if backbone is model and (path / TASK_WEIGHTS_FILE).exists():
-            (path / TASK_WEIGHTS_FILE).unlink()  # A stale task file would not match this config.
+            hf_settings = {"tokenizer_class": "BertTokenizer"}
+            if isinstance(getattr(tokenizer, "lowercase", None), bool):
+                hf_settings["do_lower_case"] = tokenizer.lowercase
+            if isinstance(getattr(tokenizer, "strip_accents", None), bool):
+                hf_settings["strip_accents"] = tokenizer.strip_accents
+            if isinstance(getattr(tokenizer, "unknown_token", None), str):
+                hf_settings["unk_token"] = tokenizer.unknown_token
+            (staging / TOKENIZER_CONFIG_FILE).write_text(json.dumps(hf_settings, indent=2))
+            (staging / PREPROCESSOR_FILE).write_text(json.dumps(settings, indent=2))
+        fix_file_modes(staging)
 
 
 def _json_default(value):
@@ -84,45 +179,195 @@ def _json_default(value):
 
 def read_config(path):
     path = Path(path)
+    file = path / CONFIG_FILE
     try:
-        return json.loads((path / CONFIG_FILE).read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path / CONFIG_FILE} is not valid JSON: {error}") from None
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{file} is not valid JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{file} must hold a JSON object. Received: {type(config).__name__}")
+    if not isinstance(config.get("backbone"), dict):
+        raise ValueError(
+            f"{file} has no \"backbone\" object (the BertBackbone arguments). "
+            f"Received: backbone={config.get('backbone')!r}"
+        )
+    if config.get("task") is not None and not isinstance(config["task"], dict):
+        raise ValueError(f"{file}: \"task\" must be an object or null. Received: {config['task']!r}")
+    return config
+
+
+# Shapes of the backbone's tensors in a Keras `model.weights.h5`, by the path below the model's
+# group: `layers/<layer>/.../vars/<i>`. `H`, `I`, `V`, `P`, `S` are the config's sizes.
+_H5_SHAPES = {
+    "bert_embeddings/token_embedding/vars/0": ("V", "H"),
+    "bert_embeddings/position_embedding/vars/0": ("P", "H"),
+    "bert_embeddings/segment_embedding/vars/0": ("S", "H"),
+    "bert_embeddings/layer_norm/vars/0": ("H",),
+    "bert_embeddings/layer_norm/vars/1": ("H",),
+    "bert_pooler/dense/vars/0": ("H", "H"),
+    "bert_pooler/dense/vars/1": ("H",),
+}
+_H5_LAYER_SHAPES = {
+    "attention_layer_norm/vars/0": ("H",),
+    "attention_layer_norm/vars/1": ("H",),
+    "intermediate_dense/vars/0": ("H", "I"),
+    "intermediate_dense/vars/1": ("I",),
+    "output_dense/vars/0": ("I", "H"),
+    "output_dense/vars/1": ("H",),
+    "output_layer_norm/vars/0": ("H",),
+    "output_layer_norm/vars/1": ("H",),
+    "self_attention/key_dense/vars/0": ("H", "H"),
+    "self_attention/key_dense/vars/1": ("H",),
+    "self_attention/output_dense/vars/0": ("H", "H"),
+    "self_attention/output_dense/vars/1": ("H",),
+    "self_attention/query_dense/vars/0": ("H", "H"),
+    "self_attention/query_dense/vars/1": ("H",),
+    "self_attention/value_dense/vars/0": ("H", "H"),
+    "self_attention/value_dense/vars/1": ("H",),
+}
+_SIZE_KEYS = {
+    "H": "hidden_dim",
+    "I": "intermediate_dim",
+    "V": "vocabulary_size",
+    "P": "max_sequence_length",
+    "S": "num_segments",
+}
+
+
+def h5_shapes(weights_path, group=""):
+    """`{dataset path: shape}` of an HDF5 weights file, read from its metadata alone (no data)."""
+    import h5py
+
+    shapes = {}
+    try:
+        with h5py.File(weights_path, "r") as file:
+            root = file[group] if group else file
+            root.visititems(
+                lambda name, item: shapes.__setitem__(name, tuple(int(d) for d in item.shape))
+                if isinstance(item, h5py.Dataset)
+                else None
+            )
+    except KeyError:
+        return {}
+    except OSError as error:
+        raise ValueError(
+            f"Cannot read the weights file {weights_path}: it is damaged, truncated or not an "
+            f"HDF5 file ({error}). Save the preset again or restore it from a copy."
+        ) from None
+    return shapes
+
+
+def check_weights_header(weights_path, backbone_config, group=""):
+    """Compares the backbone tensors' shapes in a `.weights.h5` file with a backbone config.
+
+    Reads the file's metadata only. Raises a ValueError listing every tensor whose shape
+    differs from what the config implies, and missing or extra transformer layers, before
+    any model is built (so a config that does not match its weights cannot allocate a
+    model of the wrong size).
+    """
+    shapes = h5_shapes(weights_path, group)
+    prefix = "layers/"
+    if not any(name.startswith(prefix + "bert_embeddings/") for name in shapes):
+        return  # Another layout (e.g. a future Keras): the full load reports mismatches.
+    sizes = {letter: backbone_config.get(key) for letter, key in _SIZE_KEYS.items()}
+    expected = {}
+    for name, shape in _H5_SHAPES.items():
+        expected[prefix + name] = shape
+    num_layers = backbone_config.get("num_layers")
+    layer_names = {name.split("/")[1] for name in shapes if name.startswith(prefix + "transformer_encoder")}
+    problems = []
+    if len(layer_names) != num_layers:
+        problems.append(
+            f"the file has {len(layer_names)} transformer layers, the config num_layers={num_layers}"
+        )
+    for i in range(min(len(layer_names), num_layers)):
+        layer = "transformer_encoder" + (f"_{i}" if i else "")
+        for name, shape in _H5_LAYER_SHAPES.items():
+            expected[f"{prefix}{layer}/{name}"] = shape
+    for name, letters in expected.items():
+        want = tuple(sizes[letter] for letter in letters)
+        have = shapes.get(name)
+        if have is None:
+            problems.append(f"{name}: missing from the file, expected shape {list(want)}")
+        elif have != want:
+            meaning = ", ".join(f"{_SIZE_KEYS[letter]}={sizes[letter]}" for letter in dict.fromkeys(letters))
+            problems.append(
+                f"{name}: shape {list(have)} in the file, expected {list(want)} from the config ({meaning})"
+            )
+    if problems:
+        shown = problems[:20] + ([f"... ({len(problems) - 20} more)"] if len(problems) > 20 else [])
+        raise ValueError(
+            f"The weights in {weights_path} do not match the backbone config in "
+            f"{Path(weights_path).parent / CONFIG_FILE}; nothing was loaded:\n  " + "\n  ".join(shown)
+        )
 
 
 def load_kbert_preset(cls, path, load_weights=True, fresh_heads=None, **kwargs):
     """Builds `cls` from a kbert preset directory (see the module docstring).
 
-    With `fresh_heads=True` only the backbone weights are loaded, even when the preset holds
-    a model of the same class (start a new task head from a fine-tuned preset).
+    The backbone config is validated and, with `load_weights`, compared with the tensor
+    shapes in the weights file's header before anything is built. With `fresh_heads=True`
+    only the backbone weights are loaded, even when the preset holds a model of the same
+    class (start a new task head from a fine-tuned preset).
     """
-    from kbert.models.backbone import BertBackbone
+    from kbert.checkpoints.atomic import recover
+    from kbert.models.backbone import BertBackbone, validate_backbone_config
 
-    path = Path(path)
+    path = recover(path)
     config = read_config(path)
     backbone_config = dict(config["backbone"])
     backbone_overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in backbone_config}
     backbone_config.update(backbone_overrides)
-    backbone = BertBackbone.from_config(backbone_config)
+    validate_backbone_config(backbone_config, source=f"{path / CONFIG_FILE} \"backbone\"")
     same_task = config.get("class_name") == cls.__name__ and config.get("task") is not None
     same_task = same_task and not fresh_heads
+    if load_weights:
+        if same_task:
+            _require_file(path / TASK_WEIGHTS_FILE)
+            check_weights_header(path / TASK_WEIGHTS_FILE, backbone_config, group="layers/bert_backbone")
+        else:
+            _require_file(path / BACKBONE_WEIGHTS_FILE)
+            check_weights_header(path / BACKBONE_WEIGHTS_FILE, backbone_config)
+    backbone = BertBackbone.from_config(backbone_config)
     if same_task:
         task_config = {k: v for k, v in config["task"].items() if k not in ("name", "trainable")}
         kwargs = {**task_config, **kwargs}
         kwargs.pop("dtype", None)
+    with_optimizer = bool(config.get("optimizer_state"))
     if load_weights and not same_task:
-        _load_weights(backbone, path / BACKBONE_WEIGHTS_FILE)
+        _load_weights(backbone, path / BACKBONE_WEIGHTS_FILE, with_optimizer and backbone is model)
     model = cls.from_backbone(backbone, **kwargs)
     if load_weights and same_task:
-        _load_weights(model, path / TASK_WEIGHTS_FILE)
+        _load_weights(model, path / TASK_WEIGHTS_FILE, with_optimizer)
     if (path / VOCABULARY_FILE).is_file():
         model.preset_vocabulary_path = str(path / VOCABULARY_FILE)
     return model
 
 
-def _load_weights(model, weights_path):
+def _require_file(weights_path):
     if not weights_path.is_file():
         raise FileNotFoundError(
             f"The preset has no weights file {weights_path.name}. Expected {weights_path}"
         )
-    model.load_weights(weights_path)
+
+
+def _load_weights(model, weights_path, with_optimizer=False):
+    """`model.load_weights` with the path in errors; the optimizer state only `with_optimizer`."""
+    _require_file(weights_path)
+    optimizer = getattr(model, "optimizer", None)
+    try:
+        if optimizer is None:
+            model.load_weights(weights_path)
+        elif with_optimizer:
+            optimizer.build(model.trainable_variables)
+            model.load_weights(weights_path)
+        else:
+            model.optimizer = None  # The file holds no optimizer state (see `_save_weights`).
+            try:
+                model.load_weights(weights_path)
+            finally:
+                model.optimizer = optimizer
+    except (OSError, ValueError, KeyError) as error:
+        raise ValueError(
+            f"Cannot load the weights file {weights_path} into {type(model).__name__}: {error}"
+        ) from None

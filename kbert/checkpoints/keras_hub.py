@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from kbert.checkpoints import _weights
+from kbert.checkpoints._config import config_float, config_int
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
@@ -74,18 +75,19 @@ def read_config(path, require_weights=True):
 
     path = Path(path)
     raw = read_json(path / CONFIG_FILE)
-    fields = _backbone_fields(raw, str(path / CONFIG_FILE))
+    source = str(path / CONFIG_FILE)
+    fields = _backbone_fields(raw, source)
     if require_weights and not (path / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"The keras-hub preset {path} has no {WEIGHTS_FILE}")
-    dropout = float(fields.get("dropout", 0.1))
+    dropout = config_float(fields, "dropout", source, 0.1)
     config = {
-        "vocabulary_size": int(fields["vocabulary_size"]),
-        "num_layers": int(fields["num_layers"]),
-        "num_heads": int(fields["num_heads"]),
-        "hidden_dim": int(fields["hidden_dim"]),
-        "intermediate_dim": int(fields["intermediate_dim"]),
-        "max_sequence_length": int(fields.get("max_sequence_length", 512)),
-        "num_segments": int(fields.get("num_segments", 2)),
+        "vocabulary_size": config_int(fields, "vocabulary_size", source),
+        "num_layers": config_int(fields, "num_layers", source),
+        "num_heads": config_int(fields, "num_heads", source),
+        "hidden_dim": config_int(fields, "hidden_dim", source),
+        "intermediate_dim": config_int(fields, "intermediate_dim", source),
+        "max_sequence_length": config_int(fields, "max_sequence_length", source, 512),
+        "num_segments": config_int(fields, "num_segments", source, 2),
         "dropout": dropout,
         "attention_dropout": dropout,  # keras-hub uses one rate for both.
         "activation": "gelu_approximate",

@@ -1,12 +1,9 @@
 """`load_model`: one entry point from a preset name or checkpoint directory to a kbert model."""
 
 import os
-import warnings
 from pathlib import Path
 
 from kbert.checkpoints.kbert_preset import is_kbert_preset, load_kbert_preset
-
-_WARNED_FRESH = set()
 
 
 def installed_presets_dir():
@@ -26,6 +23,14 @@ def detect_format(path):
     from kbert.checkpoints import formats
 
     detected = formats.detect(path)
+    config_file = path / "config.json"
+    if detected in (None, "huggingface") and config_file.is_file():
+        try:
+            import json
+
+            json.loads(config_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{config_file} is not valid JSON: {error}") from None
     if detected is None:
         raise ValueError(
             f"{path} is not a known BERT checkpoint. Expected a kbert preset (config.json with "
@@ -41,8 +46,20 @@ def load_model(cls, source, load_weights=True, **kwargs):
     """Builds `cls` (a kbert model class) from a preset name or a checkpoint directory."""
     from kbert.models.presets import BACKBONE_PRESETS
 
+    from kbert.checkpoints.atomic import recover
+
     fresh_heads = kwargs.pop("fresh_heads", None)  # See kbert.checkpoints.formats.
+    if not isinstance(source, (str, os.PathLike)):
+        raise ValueError(
+            "`source` must be a preset name or a checkpoint directory (str or path). "
+            f"Received: {type(source).__name__} {source!r}"
+        )
+    if not isinstance(load_weights, bool):
+        raise ValueError(f"`load_weights` must be True or False. Received: load_weights={load_weights!r}")
     source_str = os.fspath(source)
+    if not source_str:
+        raise ValueError("`source` is empty. Expected a preset name or a checkpoint directory.")
+    source_str = os.fspath(recover(source_str))  # Completes a save that was interrupted.
     if not Path(source_str).exists() and "/" not in source_str and "\\" not in source_str:
         if source_str not in BACKBONE_PRESETS:
             raise ValueError(
@@ -71,12 +88,14 @@ def _fresh_from_name(cls, name, load_weights, **kwargs):
     from kbert.models.backbone import BertBackbone
     from kbert.models.presets import BACKBONE_PRESETS
 
-    if load_weights and name not in _WARNED_FRESH:
-        _WARNED_FRESH.add(name)
-        warnings.warn(
-            f"No weights are installed for preset {name!r} (looked in {installed_presets_dir()}); "
-            "building the architecture with freshly initialised weights.",
-            stacklevel=3,
+    if load_weights:
+        raise FileNotFoundError(
+            f"No weights are installed for preset {name!r}: {installed_presets_dir() / name} does "
+            "not exist. Convert a checkpoint into that directory with "
+            f"`python tools/convert_checkpoint.py --source <Hugging Face or Google BERT directory> "
+            f"--output {installed_presets_dir() / name}` (set $KBERT_PRESETS_DIR to keep presets "
+            "elsewhere), pass a checkpoint directory instead of the name, or pass "
+            "load_weights=False for the architecture with freshly initialised weights."
         )
     config = dict(BACKBONE_PRESETS[name]["config"])
     config.update({k: kwargs.pop(k) for k in list(kwargs) if k in config or k == "dtype"})

@@ -118,12 +118,27 @@ class GlueData:
 
 def _read_lines(path, encoding):
     """Lines split on "\\n" only (GLUE text may hold other Unicode breaks)."""
-    with open(path, encoding=encoding, newline="") as f:
-        text = f.read()
+    text = _decode_file(path, encoding)
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the file's final newline
     return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _decode_file(path, encoding):
+    """The text of a file; a ValueError naming the file, line and byte for undecodable bytes."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise ValueError(
+            f"{path}:{line}: byte {data[error.start:error.start + 1]!r} at column {column} is not "
+            f"valid {encoding} ({error.reason}). Expected a {encoding} text file; re-encode it, "
+            "e.g. with `iconv -f latin1 -t utf-8`."
+        ) from None
 
 
 def _glue_path(task_spec, split, data_dir):
@@ -229,6 +244,12 @@ def read_glue(task, split, data_dir):
                 raise ValueError(
                     f"{path}:{line_number}: the score {raw_label!r} is not a number."
                 ) from None
+            if not np.isfinite(label):
+                raise ValueError(
+                    f"{path}:{line_number}: the score {raw_label!r} is not a finite number; "
+                    "expected a similarity score such as 3.8 (a NaN label would make the "
+                    "training loss NaN)."
+                )
         else:
             if raw_label not in label_index:
                 raise ValueError(
@@ -505,8 +526,10 @@ def read_squad(path_or_dict, version="1.1"):
     source = "the SQuAD data"
     if isinstance(path_or_dict, (str, os.PathLike)):
         source = os.fspath(path_or_dict)
-        with open(source, encoding="utf-8") as f:
-            path_or_dict = json.load(f)
+        try:
+            path_or_dict = json.loads(_decode_file(source, "utf-8"))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{source} is not valid JSON: {error}") from None
     data = path_or_dict
     if isinstance(data, dict):
         if "data" not in data:
@@ -528,9 +551,33 @@ def read_squad(path_or_dict, version="1.1"):
                 "SQuAD's layout."
             )
         title = article.get("title", "")
-        for paragraph_index, paragraph in enumerate(article["paragraphs"]):
+        paragraphs = article["paragraphs"]
+        if not isinstance(paragraphs, list):
+            raise ValueError(
+                f"{source}: article {article_index} ({title!r}): 'paragraphs' must be a list. "
+                f"Received: {type(paragraphs).__name__}"
+            )
+        for paragraph_index, paragraph in enumerate(paragraphs):
+            where = f"{source}: article {article_index} ({title!r}), paragraph {paragraph_index}"
+            if not isinstance(paragraph, dict):
+                raise ValueError(f"{where}: expected an object with 'context' and 'qas'. Received: {paragraph!r:.80}")
+            missing = [key for key in ("context", "qas") if key not in paragraph]
+            if missing:
+                raise ValueError(
+                    f"{where} has no {missing}; expected SQuAD's {{'context': str, 'qas': [...]}}."
+                )
             context = paragraph["context"]
-            for qa in paragraph["qas"]:
+            if not isinstance(context, str) or not isinstance(paragraph["qas"], list):
+                raise ValueError(
+                    f"{where}: 'context' must be a string and 'qas' a list. Received: "
+                    f"{type(context).__name__} and {type(paragraph['qas']).__name__}"
+                )
+            for qa_index, qa in enumerate(paragraph["qas"]):
+                if not isinstance(qa, dict) or "question" not in qa or "id" not in qa:
+                    raise ValueError(
+                        f"{where}, question {qa_index}: expected an object with 'id', 'question' "
+                        f"and 'answers'. Received: {qa!r:.80}"
+                    )
                 qid = qa["id"]
                 impossible = bool(qa.get("is_impossible", False))
                 if impossible and version == "1.1":
@@ -540,8 +587,16 @@ def read_squad(path_or_dict, version="1.1"):
                     )
                 answers = []
                 raw_answers = [] if impossible else qa.get("answers", [])
+                if not isinstance(raw_answers, list):
+                    raise ValueError(f"{where}, question {qid!r}: 'answers' must be a list. Received: {raw_answers!r:.80}")
                 for answer in raw_answers:
-                    text, start = answer["text"], int(answer["answer_start"])
+                    text = answer.get("text") if isinstance(answer, dict) else None
+                    start = answer.get("answer_start") if isinstance(answer, dict) else None
+                    if not isinstance(text, str) or isinstance(start, bool) or not isinstance(start, int):
+                        raise ValueError(
+                            f"{where}, question {qid!r}: an answer must be {{'text': str, "
+                            f"'answer_start': int}}. Received: {answer!r:.120}"
+                        )
                     if 0 <= start and context[start : start + len(text)] == text:
                         answers.append({"text": text, "answer_start": start})
                     else:

@@ -24,6 +24,136 @@ def check_input_keys(inputs, expected, model_name):
         )
 
 
+_ACTIVATION_NAMES = ("gelu", "gelu_approximate", "relu", "tanh")
+_SIZE_ARGUMENTS = (
+    "vocabulary_size",
+    "num_layers",
+    "num_heads",
+    "hidden_dim",
+    "intermediate_dim",
+    "max_sequence_length",
+    "num_segments",
+)
+_REQUIRED_ARGUMENTS = _SIZE_ARGUMENTS[:5]
+# Far beyond any published BERT (48 layers): a bound so that a mistaken or hostile config
+# (`num_hidden_layers: 1e6`) fails at once instead of building layers until killed.
+MAX_LAYERS = 1024
+_BACKBONE_ARGUMENTS = _SIZE_ARGUMENTS + (
+    "dropout",
+    "attention_dropout",
+    "activation",
+    "layer_norm_epsilon",
+    "pad_token_id",
+    "flash_attention",
+    "remat",
+    "dtype",
+    "name",
+    "trainable",
+)
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool) or (
+        type(value).__module__ == "numpy" and getattr(value, "dtype", None) is not None
+        and value.dtype.kind in "iu"
+    )
+
+
+def _host_memory_bytes():
+    try:
+        import os
+
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def backbone_parameter_count(vocabulary_size, num_layers, hidden_dim, intermediate_dim,
+                             max_sequence_length=512, num_segments=2, **unused):
+    """The number of weights of a `BertBackbone` configuration, computed without building it."""
+    h, i = hidden_dim, intermediate_dim
+    embeddings = (vocabulary_size + max_sequence_length + num_segments) * h + 2 * h
+    layer = 4 * (h * h + h) + 2 * h * i + i + h + 4 * h
+    return embeddings + num_layers * layer + h * h + h
+
+
+def validate_backbone_config(config, source=None):
+    """Raises a ValueError for a `BertBackbone` configuration that cannot be built.
+
+    Checks, before any layer is created: required and unknown arguments, types (sizes are
+    integers, rates floats), ranges (positive sizes, dropout in [0, 1), epsilon > 0,
+    `pad_token_id` a valid id), `hidden_dim % num_heads == 0`, a known activation name, and
+    that the weights fit in the host's memory (a hostile `hidden_dim` or `num_layers` fails
+    here in microseconds instead of exhausting the host).
+
+    Args:
+        config: dict of `BertBackbone` arguments.
+        source: optional str naming where the config came from (a file), used in messages.
+    """
+    where = f" (in {source})" if source else ""
+    if not isinstance(config, dict):
+        raise ValueError(f"A backbone config must be a dict{where}. Received: {type(config).__name__}")
+    missing = [k for k in _REQUIRED_ARGUMENTS if k not in config]
+    if missing:
+        raise ValueError(f"The backbone config lacks required arguments {missing}{where}.")
+    unknown = sorted(k for k in config if k not in _BACKBONE_ARGUMENTS)
+    if unknown:
+        raise ValueError(
+            f"Unknown BertBackbone arguments {unknown}{where}. Expected some of "
+            f"{sorted(_BACKBONE_ARGUMENTS)}."
+        )
+    for name in _SIZE_ARGUMENTS:
+        value = config.get(name, 1)
+        if not _is_int(value) or value < 1:
+            raise ValueError(
+                f"`{name}` must be a positive integer. Received: {name}={value!r}"
+                f" ({type(value).__name__}){where}"
+            )
+    if config["num_layers"] > MAX_LAYERS:
+        raise ValueError(
+            f"`num_layers` must be at most {MAX_LAYERS}. Received: num_layers={config['num_layers']}{where}"
+        )
+    if config["hidden_dim"] % config["num_heads"]:
+        raise ValueError(
+            "`hidden_dim` must be divisible by `num_heads`. Received: "
+            f"hidden_dim={config['hidden_dim']}, num_heads={config['num_heads']}{where}"
+        )
+    for name in ("dropout", "attention_dropout"):
+        value = config.get(name, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={value!r}{where}")
+    epsilon = config.get("layer_norm_epsilon", 1e-12)
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
+        raise ValueError(
+            f"`layer_norm_epsilon` must be a number in (0, 1). Received: layer_norm_epsilon={epsilon!r}{where}"
+        )
+    activation = config.get("activation", "gelu")
+    if not isinstance(activation, str) or activation not in _ACTIVATION_NAMES:
+        raise ValueError(
+            f"Unknown `activation`: it must be one of {list(_ACTIVATION_NAMES)} (a name, so that the config "
+            f"can be saved and loaded). Received: activation={activation!r}{where}"
+        )
+    pad = config.get("pad_token_id", 0)
+    if pad is not None and (not _is_int(pad) or not 0 <= pad < config["vocabulary_size"]):
+        raise ValueError(
+            f"`pad_token_id` must be None or a token id in [0, vocabulary_size={config['vocabulary_size']}). "
+            f"Received: pad_token_id={pad!r}{where}"
+        )
+    for name in ("flash_attention",):
+        if config.get(name) not in (None, True, False):
+            raise ValueError(f"`{name}` must be None, True or False. Received: {name}={config[name]!r}{where}")
+    if not isinstance(config.get("remat", False), bool):
+        raise ValueError(f"`remat` must be True or False. Received: remat={config['remat']!r}{where}")
+    count = backbone_parameter_count(**{k: config[k] for k in config if k in _SIZE_ARGUMENTS})
+    memory = _host_memory_bytes()
+    if memory and count * 4 > memory:
+        raise ValueError(
+            f"This backbone config has {count:,} weights ({count * 4 / 2**30:,.1f} GiB in float32), "
+            f"more than this machine's memory ({memory / 2**30:,.1f} GiB){where}. Received: "
+            + ", ".join(f"{k}={config[k]}" for k in _SIZE_ARGUMENTS if k in config)
+        )
+
+
 @keras.saving.register_keras_serializable(package="kbert")
 class BertBackbone(PresetMixin, keras.Model):
     """The BERT encoder: embeddings, `num_layers` post-LayerNorm transformer blocks, pooler.
@@ -52,7 +182,8 @@ class BertBackbone(PresetMixin, keras.Model):
         dropout: float. Dropout on embeddings and block outputs. Defaults to `0.1`.
         attention_dropout: float. Dropout on attention probabilities. Defaults to `0.1`.
         activation: str. Feed-forward activation: `"gelu"` (exact), `"gelu_approximate"`
-            (tanh form of the original TensorFlow code) or `"relu"`. Defaults to `"gelu"`.
+            (tanh form of the original TensorFlow code), `"relu"` or `"tanh"`; a name, so
+            that the config can be saved. Defaults to `"gelu"`.
         layer_norm_epsilon: float. Defaults to `1e-12`.
         pad_token_id: int or `None`. Token id whose embedding row is not trained (Hugging
             Face's `padding_idx`; see `BertEmbeddings`). Defaults to `0`.
@@ -97,20 +228,29 @@ class BertBackbone(PresetMixin, keras.Model):
         dtype=None,
         **kwargs,
     ):
-        if hidden_dim % num_heads != 0:
+        validate_backbone_config(
+            {
+                "vocabulary_size": vocabulary_size,
+                "num_layers": num_layers,
+                "num_heads": num_heads,
+                "hidden_dim": hidden_dim,
+                "intermediate_dim": intermediate_dim,
+                "max_sequence_length": max_sequence_length,
+                "num_segments": num_segments,
+                "dropout": dropout,
+                "attention_dropout": attention_dropout,
+                "activation": activation,
+                "layer_norm_epsilon": layer_norm_epsilon,
+                "pad_token_id": pad_token_id,
+                "flash_attention": flash_attention,
+                "remat": remat,
+            }
+        )
+        unknown = sorted(set(kwargs) - {"name", "trainable"})
+        if unknown:
             raise ValueError(
-                "`hidden_dim` must be divisible by `num_heads`. "
-                f"Received: hidden_dim={hidden_dim}, num_heads={num_heads}"
+                f"Unknown BertBackbone arguments {unknown}. Expected some of {sorted(_BACKBONE_ARGUMENTS)}."
             )
-        for name, value in (
-            ("vocabulary_size", vocabulary_size),
-            ("num_layers", num_layers),
-            ("intermediate_dim", intermediate_dim),
-            ("max_sequence_length", max_sequence_length),
-            ("num_segments", num_segments),
-        ):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
 
         # === Layers ===
         embeddings = BertEmbeddings(

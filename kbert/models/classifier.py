@@ -78,8 +78,10 @@ class BertClassifier(BertTask):
             raise ValueError(
                 f"`num_classes` must be a positive integer. Received: num_classes={num_classes!r}"
             )
-        if not 0 <= dropout < 1:
-            raise ValueError(f"`dropout` must lie in [0, 1). Received: dropout={dropout}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ValueError(f"`dropout` must be a number in [0, 1). Received: dropout={dropout!r}")
+        if not isinstance(multi_label, bool):
+            raise ValueError(f"`multi_label` must be True or False. Received: multi_label={multi_label!r}")
         num_classes = int(num_classes)
 
         # === Layers ===
@@ -147,6 +149,14 @@ class BertClassifier(BertTask):
                 raise ValueError(
                     "Regression labels (num_classes=1) must be numbers. "
                     f"Received dtype {labels.dtype}"
+                )
+            finite = np.isfinite(labels.astype("float64"))
+            if not finite.all():
+                where = np.argwhere(~finite)[:5].tolist()
+                raise ValueError(
+                    "Regression labels must be finite numbers (a NaN or infinite label makes the "
+                    f"loss and then every weight NaN). Received {int((~finite).sum())} non-finite "
+                    f"labels, e.g. {labels[~finite][:5].tolist()} at rows {where}"
                 )
             return
         if self.multi_label:

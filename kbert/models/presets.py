@@ -103,24 +103,43 @@ class PresetMixin:
         """Builds the model from a preset name or a checkpoint directory.
 
         Args:
-            source: str or path. A built-in preset name (architecture with fresh weights,
-                or the weights of an installed preset directory of that name) or a directory.
-            load_weights: bool. Load the weights (otherwise fresh ones). Defaults to `True`.
+            source: str or path. A built-in preset name (the installed preset directory
+                `$KBERT_PRESETS_DIR/<name>`, see `tools/convert_checkpoint.py`) or a directory.
+            load_weights: bool. Load the weights; `False` builds the architecture with
+                freshly initialised weights (the only way to use a preset name whose
+                weights are not installed). Defaults to `True`.
             **kwargs: model arguments (e.g. `num_classes`, `dropout`, `dtype`) that
                 override or complete the stored configuration.
 
         Example:
-        >>> backbone = BertBackbone.from_preset("bert_tiny_en_uncased")
+        >>> backbone = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
         """
         from kbert.checkpoints import load_model
 
         return load_model(cls, source, load_weights=load_weights, **kwargs)
 
-    def save_to_preset(self, path):
-        """Writes config, weights and (when known) the vocabulary to the directory `path`."""
+    def save_to_preset(self, path, tokenizer=None, include_optimizer=False):
+        """Writes the model as a kbert preset directory that `from_preset` loads as it was.
+
+        Writes `config.json`, the weights and, when the model has a tokenizer (its
+        preprocessor's, the vocabulary of the preset it came from, or `tokenizer`),
+        `vocab.txt`, `tokenizer_config.json` and `preprocessor.json` (tokenizer settings and
+        the preprocessor's `sequence_length`). The save is atomic: a kill at any instant
+        leaves the previous or the new complete preset. See `kbert.checkpoints.save_preset`.
+
+        Args:
+            path: str or path. The preset directory (created or replaced).
+            tokenizer: optional `kbert.text.BertTokenizer` to store with the model, e.g.
+                for a `BertPretrainer` or a backbone, which have no preprocessor.
+            include_optimizer: bool. Also store the optimizer state. Defaults to `False`.
+
+        Example:
+        >>> pretrainer.save_to_preset("my_bert", tokenizer=tokenizer)
+        >>> classifier = BertClassifier.from_preset("my_bert", num_classes=2)
+        """
         from kbert.checkpoints import save_preset
 
-        save_preset(self, path)
+        save_preset(self, path, tokenizer=tokenizer, include_optimizer=include_optimizer)
 
     @classmethod
     def from_backbone(cls, backbone, **kwargs):

@@ -143,9 +143,12 @@ class BertQuestionAnswerer(BertTask):
         backbone: `kbert.models.BertBackbone`.
         preprocessor: `kbert.text.BertPreprocessor` or `None` (only its tokenizer is used).
             Defaults to `None`.
-        sequence_length: int. Window length. Defaults to `384`.
-        doc_stride: int. Pieces between window starts. Defaults to `128`.
-        max_query_length: int. Question length cap, in pieces. Defaults to `64`.
+        sequence_length: int. Window length. Defaults to `384`, or the backbone's
+            `max_sequence_length` when it has fewer positions.
+        doc_stride: int. Pieces between window starts. Defaults to `128` (at most a third
+            of `sequence_length`).
+        max_query_length: int. Question length cap, in pieces. Defaults to `64` (at most a
+            quarter of `sequence_length`).
         max_answer_length: int. Longest answer, in pieces. Defaults to `30`.
         n_best_size: int. Candidates per window in decoding. Defaults to `20`.
         allow_no_answer: bool. SQuAD 2.0 decoding (may answer `""`). Defaults to `False`.
@@ -177,9 +180,9 @@ class BertQuestionAnswerer(BertTask):
         self,
         backbone,
         preprocessor=None,
-        sequence_length=384,
-        doc_stride=128,
-        max_query_length=64,
+        sequence_length=None,
+        doc_stride=None,
+        max_query_length=None,
         max_answer_length=30,
         n_best_size=20,
         allow_no_answer=False,
@@ -193,6 +196,13 @@ class BertQuestionAnswerer(BertTask):
     ):
         self._check_backbone(backbone, "BertQuestionAnswerer")
         self._check_training_arguments(learning_rate, weight_decay, warmup_ratio, total_steps)
+        self._check_unknown_arguments(kwargs)
+        if sequence_length is None:
+            sequence_length = min(self.default_sequence_length, backbone.max_sequence_length)
+        if doc_stride is None and isinstance(sequence_length, int):
+            doc_stride = min(128, max(1, sequence_length // 3))
+        if max_query_length is None and isinstance(sequence_length, int):
+            max_query_length = min(64, max(1, sequence_length // 4))
         for name, value in (
             ("sequence_length", sequence_length),
             ("doc_stride", doc_stride),

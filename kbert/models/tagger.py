@@ -99,8 +99,8 @@ class BertTagger(BertTask):
                 "`num_classes` must be a positive integer (or give `labels`). "
                 f"Received: num_classes={num_classes!r}"
             )
-        if not 0 <= dropout < 1:
-            raise ValueError(f"`dropout` must lie in [0, 1). Received: dropout={dropout}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ValueError(f"`dropout` must be a number in [0, 1). Received: dropout={dropout!r}")
         num_classes = int(num_classes)
 
         # === Layers ===
@@ -217,12 +217,15 @@ class BertTagger(BertTask):
             verbose: Keras `predict` verbosity. Defaults to `"auto"`.
 
         Returns:
-            list (per sentence) of lists (per word) of tag names or ids. Words that produce
+            list (per sentence) of lists (per word) of tag names or ids (`[]` for no
+            sentences). Words that produce
             no WordPiece (only characters the tokenizer deletes) get `"O"` when that label
             exists, else the label with id 0.
         """
         from kbert.data.tagging import words_from_token_predictions
 
+        if hasattr(sentences, "__len__") and len(sentences) == 0:
+            return []  # No sentences, no tags (Keras' predict would fail on 0 rows).
         features = self.encode(sentences)
         logits = super().predict(features.inputs, batch_size=batch_size, verbose=verbose)
         fill = self.label_to_id.get("O", 0) if self.labels is not None else 0

@@ -105,6 +105,21 @@ def _num_rows(x):
     return len(x)
 
 
+def _is_empty_batch(x):
+    """True for an empty list/tuple/array, or a dict/tuple of them, given to `predict`."""
+    if isinstance(x, dict):
+        return len(x) > 0 and all(_is_empty_batch(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        if len(x) == 0:
+            return True
+        return isinstance(x, tuple) and all(
+            isinstance(part, (list, tuple, np.ndarray)) and len(part) == 0 for part in x
+        )
+    if isinstance(x, np.ndarray):
+        return x.size == 0 or (x.ndim >= 1 and x.shape[0] == 0)
+    return False
+
+
 def _element_has_strings(element_spec):
     """True when a tf.data element spec holds a string tensor anywhere."""
     leaves = keras.tree.flatten(element_spec)
@@ -174,6 +189,7 @@ class BertTask(PresetMixin, keras.Model):
         **kwargs,
     ):
         kwargs.pop("dtype", None)  # The task follows its backbone's dtype policy.
+        self._check_unknown_arguments(kwargs)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
         self.backbone = backbone
         self.preprocessor = preprocessor
@@ -191,6 +207,17 @@ class BertTask(PresetMixin, keras.Model):
             raise ValueError(
                 f"{model_name} needs a kbert BertBackbone as `backbone`. "
                 f"Received: {type(backbone).__name__}"
+            )
+
+    @classmethod
+    def _check_unknown_arguments(cls, kwargs):
+        """Raises a ValueError naming keyword arguments the task does not know."""
+        unknown = sorted(set(kwargs) - {"name", "trainable", "dtype"})
+        if unknown:
+            known = sorted(cls._constructor_arguments() - {"self", "kwargs"})
+            raise ValueError(
+                f"Unknown arguments for {cls.__name__}: {unknown}. Expected some of {known}, "
+                "or (in from_preset) BertBackbone arguments such as `dtype`."
             )
 
     @staticmethod
@@ -419,6 +446,11 @@ class BertTask(PresetMixin, keras.Model):
 
     def predict(self, x, batch_size=None, **kwargs):
         """`keras.Model.predict` that also takes raw text when a preprocessor is attached."""
+        if _is_empty_batch(x):
+            raise ValueError(
+                f"{type(self).__name__}.predict received an empty batch ({type(x).__name__} with "
+                "0 rows). Expected at least one string, pair or packed row."
+            )
         x, _, _ = self._prepare_inputs(x, mode="predict")
         return super().predict(x, batch_size=batch_size, **kwargs)
 
@@ -493,8 +525,11 @@ class BertTask(PresetMixin, keras.Model):
         if auto and vocabulary_path is not None:
             if sequence_length is None and "sequence_length" in cls._constructor_arguments():
                 sequence_length = model.sequence_length
+            backbone = getattr(model, "backbone", model)
             model.preprocessor = _preprocessor_for_vocabulary(
-                vocabulary_path, sequence_length, cls.default_sequence_length
+                vocabulary_path,
+                sequence_length,
+                min(cls.default_sequence_length, backbone.max_sequence_length),
             )
         return model
 
@@ -504,12 +539,12 @@ class BertTask(PresetMixin, keras.Model):
 
         return set(inspect.signature(cls.__init__).parameters)
 
-    def save_to_preset(self, path):
-        """Writes config, weights, vocabulary and the preprocessor settings to the directory `path`."""
-        super().save_to_preset(path)
-        if self.preprocessor is not None:
-            settings = _preprocessor_settings(self.preprocessor)
-            (Path(path) / PREPROCESSOR_CONFIG_FILE).write_text(json.dumps(settings, indent=2))
+    def save_to_preset(self, path, tokenizer=None, include_optimizer=False):
+        """Writes config, weights, vocabulary and the preprocessor settings to the directory `path`.
+
+        See `kbert.checkpoints.save_preset` (atomic: a kill leaves the old or the new preset).
+        """
+        super().save_to_preset(path, tokenizer=tokenizer, include_optimizer=include_optimizer)
 
     # ------------------------------------------------------------------- config
     def get_config(self):
@@ -537,21 +572,6 @@ class BertTask(PresetMixin, keras.Model):
         return cls(**config)
 
 
-def _preprocessor_settings(preprocessor):
-    """The preprocessor's settings other than the vocabulary (which the preset stores as vocab.txt)."""
-    settings = {"sequence_length": getattr(preprocessor, "sequence_length", None)}
-    tokenizer = getattr(preprocessor, "tokenizer", None)
-    for name in ("truncate",):
-        if hasattr(preprocessor, name):
-            settings[name] = getattr(preprocessor, name)
-    if tokenizer is not None:
-        tokenizer_config = tokenizer.get_config() if hasattr(tokenizer, "get_config") else {}
-        settings["tokenizer"] = {
-            k: v for k, v in tokenizer_config.items() if k not in ("vocabulary", "name", "trainable", "dtype")
-        }
-    return settings
-
-
 def _preprocessor_for_vocabulary(vocabulary_path, sequence_length, default_sequence_length):
     """A `kbert.text.BertPreprocessor` for a preset's vocabulary (and its saved settings, if any).
 
@@ -566,7 +586,12 @@ def _preprocessor_for_vocabulary(vocabulary_path, sequence_length, default_seque
     settings = {}
     settings_file = directory / PREPROCESSOR_CONFIG_FILE
     if settings_file.is_file():
-        settings = json.loads(settings_file.read_text())
+        try:
+            settings = json.loads(settings_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{settings_file} is not valid JSON: {error}") from None
+        if not isinstance(settings, dict):
+            raise ValueError(f"{settings_file} must hold a JSON object. Received: {settings!r}")
     if vocabulary_path.name == "vocab.txt":
         source = directory  # Hugging Face, Google and kbert presets
     elif vocabulary_path.parts[-3:] == ("assets", "tokenizer", "vocabulary.txt"):

@@ -1,0 +1,24 @@
+"""Typed reads of checkpoint config values, with errors naming the key and the file."""
+
+
+def config_int(config, key, source, default=None):
+    """`config[key]` as an int; a ValueError naming `key` and `source` unless it is an integer."""
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**31:
+            return int(value)
+        raise ValueError(
+            f"{source}: {key!r} must be an integer. Received: {key}={value!r} "
+            f"({type(value).__name__})"
+        )
+    return value
+
+
+def config_float(config, key, source, default=None):
+    """`config[key]` as a float; a ValueError naming `key` and `source` unless it is a number."""
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(
+            f"{source}: {key!r} must be a number. Received: {key}={value!r} ({type(value).__name__})"
+        )
+    return float(value)
