@@ -443,6 +443,50 @@ class BertBackbone(PresetMixin, keras.Model):
     def from_config(cls, config):
         return cls(**config)
 
+    # === LoRA (see kbert/models/lora.py) ===
+    def enable_lora(self, rank, alpha=None, feedforward=False):
+        """Enables LoRA (Keras' `Dense.enable_lora`) and freezes every other backbone weight.
+
+        Adapts the query, key, value and attention-output projections of every block (and
+        the two feed-forward layers with `feedforward=True`); embeddings, LayerNorms, biases
+        and the pooler are frozen. Full saves (`save_weights`, `.keras`, `save_to_preset`)
+        store the adapter merged into the kernels; `save_lora_weights` stores it alone.
+
+        Args:
+            rank: int. Rank of the update, in `[1, min(kernel dimensions)]`.
+            alpha: float or `None`. The update is scaled by `alpha / rank`. Defaults to
+                `None`, i.e. `rank` (a scale of 1).
+            feedforward: bool. Also adapt `intermediate_dense` and `output_dense`.
+                Defaults to `False`.
+
+        Example:
+        >>> backbone.enable_lora(rank=8)
+        >>> sum(int(np.prod(v.shape)) for v in backbone.trainable_weights)  # A and B only
+        """
+        from kbert.models import lora
+
+        lora.enable_lora(self, rank, alpha=alpha, feedforward=feedforward)
+
+    def save_lora_weights(self, path):
+        """Writes the LoRA matrices alone to the `.safetensors` file `path` (atomically)."""
+        from kbert.models import lora
+
+        lora.save_lora_weights(self, path)
+
+    def load_lora_weights(self, path):
+        """Reads LoRA matrices written by `save_lora_weights`; LoRA must be enabled with the
+        same rank, alpha and layers (a mismatch names the tensor and both shapes)."""
+        from kbert.models import lora
+
+        lora.load_lora_weights(self, path)
+
+    def merge_lora(self):
+        """Returns a new model of this class with the LoRA update merged into the kernels and
+        no LoRA variables (same outputs up to float rounding; for export and serving)."""
+        from kbert.models import lora
+
+        return lora.merge_lora(self)
+
     # === Checkpoint hooks (see kbert/checkpoints/formats.py) ===
     huggingface_architecture = "BertModel"
 

@@ -454,6 +454,29 @@ class BertTask(PresetMixin, keras.Model):
         x, _, _ = self._prepare_inputs(x, mode="predict")
         return super().predict(x, batch_size=batch_size, **kwargs)
 
+    # LoRA: see `BertBackbone.enable_lora` and kbert/models/lora.py. The head stays trainable.
+    def enable_lora(self, rank, alpha=None, feedforward=False):
+        """Enables LoRA on the backbone (see `BertBackbone.enable_lora`); the head keeps training."""
+        from kbert.models import lora
+
+        lora.enable_lora(self.backbone, rank, alpha=alpha, feedforward=feedforward)
+        lora.refresh_optimizer(self)
+
+    def save_lora_weights(self, path):
+        """Writes the backbone's LoRA matrices alone (see `BertBackbone.save_lora_weights`)."""
+        self.backbone.save_lora_weights(path)
+
+    def load_lora_weights(self, path):
+        """Reads LoRA matrices into the backbone (see `BertBackbone.load_lora_weights`)."""
+        self.backbone.load_lora_weights(path)
+
+    def merge_lora(self):
+        """Returns a new model with the LoRA update merged into the kernels (see
+        `BertBackbone.merge_lora`); the preprocessor, if any, is shared."""
+        from kbert.models import lora
+
+        return lora.merge_lora(self)
+
     # ---------------------------------------------------------- checkpoint hook
     # See kbert/checkpoints/formats.py. Subclasses set the `transformers` class name.
     huggingface_architecture = None

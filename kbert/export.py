@@ -1,0 +1,242 @@
+"""Export kbert models for serving: a TensorFlow SavedModel that takes raw strings, and ONNX.
+
+`export_saved_model(model, path)` writes a SavedModel whose signatures run the whole pipeline
+- tokenizer, packer and model - in one TensorFlow graph:
+
+- `serving_default(text)`: a batch of strings, `tf.string` of shape `(batch_size,)`;
+- `serve_pairs(text, text_pair)`: sentence pairs (two string batches of the same size);
+- `serve_ids(token_ids, segment_ids, padding_mask)`: packed int32 inputs.
+
+Each returns the model's outputs as a dict: `logits` for `BertClassifier` / `BertTagger`,
+`start_logits` / `end_logits` for `BertQuestionAnswerer`, `sequence_output` /
+`pooled_output` for `BertBackbone`. The model may come from any backend: on JAX and PyTorch
+its config and weights are handed to a TensorFlow-backend subprocess that rebuilds and
+exports it. A LoRA model is exported with the adapter merged.
+
+Loading needs TensorFlow and tensorflow-text (the WordPiece step is tensorflow-text's
+`FastWordpieceTokenizer` op), not kbert:
+
+>>> import tensorflow as tf, tensorflow_text  # noqa: F401  (registers the op)
+>>> served = tf.saved_model.load("exported")
+>>> served.signatures["serving_default"](text=tf.constant(["a great film"]))["logits"]
+
+`export_onnx(model, path)` writes ONNX through Keras' own `Model.export(format="onnx")`:
+packed int32 ids in, the model's outputs out (no tokenizer).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import keras
+
+_PACKED_INPUTS = ("token_ids", "segment_ids", "padding_mask")
+
+
+def _check_exportable(model, what):
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"{what} exports a keras.Model. Received: {type(model).__name__}")
+    if not model.built:
+        raise ValueError(
+            f"{what}: the model {model.name!r} was never built, so its input shapes and weights "
+            "are unknown. Build it first (call it on a batch, or `model.build(input_shape)`)."
+        )
+
+
+def _check_path(path, what):
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{what} writes a directory, but {str(path)!r} is an existing file.")
+    return path
+
+
+def export_saved_model(model, path, preprocessor=None):
+    """Writes a TensorFlow SavedModel that answers raw strings (see the module docstring).
+
+    Args:
+        model: a kbert model (`BertClassifier`, `BertTagger`, `BertQuestionAnswerer`,
+            `BertBackbone`), built, on any backend.
+        path: str or path. Directory to write; written beside it first and renamed into
+            place, so an interrupted export leaves any earlier export at `path` intact.
+        preprocessor: `kbert.text.BertPreprocessor` or `None`. Defaults to the model's own
+            (`model.preprocessor`); required for a model without one.
+
+    Example:
+    >>> classifier = BertClassifier.from_preset("path/to/hf_dir", num_classes=2)
+    >>> classifier.fit(["a good film", "a dull film"], [1, 0])
+    >>> kbert.export.export_saved_model(classifier, "exported")
+    """
+    _check_exportable(model, "export_saved_model")
+    preprocessor = preprocessor if preprocessor is not None else getattr(model, "preprocessor", None)
+    if preprocessor is None:
+        raise ValueError(
+            "export_saved_model needs a preprocessor to put the tokenizer into the SavedModel: "
+            f"{type(model).__name__} has none. Pass `preprocessor=kbert.text.BertPreprocessor(...)` "
+            "or build the model with `from_preset(<directory with vocab.txt>)`."
+        )
+    if not all(hasattr(preprocessor, name) for name in ("tokenizer", "packer", "get_config")):
+        raise ValueError(
+            "`preprocessor` must be a kbert.text.BertPreprocessor. "
+            f"Received: {type(preprocessor).__name__}"
+        )
+    path = _check_path(path, "export_saved_model")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
+    try:
+        target = staging / "saved_model"
+        if keras.config.backend() == "tensorflow":
+            _write_saved_model(model, preprocessor, target)
+        else:
+            _export_in_tensorflow_process(model, preprocessor, target, staging)
+        _move_into_place(target, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_into_place(source, path):
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        os.replace(path, old)
+    os.replace(source, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _export_in_tensorflow_process(model, preprocessor, target, staging):
+    """Saves config + weights (LoRA merged by Keras) and rebuilds them on TensorFlow to export."""
+    config = model.get_config()
+    if "preprocessor" in config:  # Handed over separately; the rebuilt model needs none.
+        config = dict(config, preprocessor=None)
+    (staging / "model.json").write_text(
+        json.dumps({"module": type(model).__module__, "class_name": type(model).__name__, "config": config})
+    )
+    model.save_weights(staging / "model.weights.h5")
+    (staging / "preprocessor.json").write_text(
+        json.dumps(keras.saving.serialize_keras_object(preprocessor))
+    )
+    environment = dict(os.environ, KERAS_BACKEND="tensorflow")
+    environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    result = subprocess.run(
+        [sys.executable, "-m", "kbert.export", str(staging), str(target)],
+        env=environment,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            "Exporting through a TensorFlow-backend process failed (exit status "
+            f"{result.returncode}):\n{result.stderr[-4000:]}"
+        )
+
+
+def _rebuild_and_export(staging, target):
+    """In the TensorFlow-backend subprocess: rebuild the model and write the SavedModel."""
+    import importlib
+
+    staging = Path(staging)
+    spec = json.loads((staging / "model.json").read_text())
+    cls = getattr(importlib.import_module(spec["module"]), spec["class_name"])
+    model = cls.from_config(spec["config"])
+    model.load_weights(staging / "model.weights.h5")
+    preprocessor = keras.saving.deserialize_keras_object(
+        json.loads((staging / "preprocessor.json").read_text())
+    )
+    _write_saved_model(model, preprocessor, Path(target))
+
+
+def _tokenizer_resources(preprocessor):
+    """The TensorFlow resources (lookup tables, tensorflow-text ops) the tokenizer's graph uses."""
+    tokenizer = preprocessor.tokenizer
+    resources = [tokenizer._engine]
+    table = getattr(tokenizer._pretokenizer, "_mapped", None)
+    if table is not None:
+        resources.append(table)
+    return resources
+
+
+def _write_saved_model(model, preprocessor, target):
+    import tensorflow as tf
+
+    def outputs_of(packed):
+        outputs = model(packed, training=False)
+        if not isinstance(outputs, dict):
+            outputs = {"logits": outputs}
+        return {name: tf.convert_to_tensor(value) for name, value in outputs.items()}
+
+    def packed_of(segments):
+        return {
+            name: tf.cast(value, "int32")
+            for name, value in preprocessor.packer(
+                tuple(preprocessor.tokenizer.tokenize(s) for s in segments)
+            ).items()
+        }
+
+    def serve(text):
+        return outputs_of(packed_of((text,)))
+
+    def serve_pairs(text, text_pair):
+        tf.debugging.assert_equal(
+            tf.shape(text), tf.shape(text_pair), message="`text` and `text_pair` must have the same size"
+        )
+        return outputs_of(packed_of((text, text_pair)))
+
+    def serve_ids(token_ids, segment_ids, padding_mask):
+        return outputs_of(
+            {"token_ids": token_ids, "segment_ids": segment_ids, "padding_mask": padding_mask}
+        )
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    for resource in _tokenizer_resources(preprocessor):
+        archive.track(resource)
+    strings = tf.TensorSpec([None], tf.string, name="text")
+    archive.add_endpoint("serve", serve, input_signature=[strings])
+    archive.add_endpoint(
+        "serve_pairs",
+        serve_pairs,
+        input_signature=[strings, tf.TensorSpec([None], tf.string, name="text_pair")],
+    )
+    archive.add_endpoint(
+        "serve_ids",
+        serve_ids,
+        input_signature=[tf.TensorSpec([None, None], tf.int32, name=name) for name in _PACKED_INPUTS],
+    )
+    archive.write_out(str(target), verbose=False)
+
+
+def export_onnx(model, path):
+    """Writes the model as ONNX with Keras' `Model.export(format="onnx")`.
+
+    Inputs are the packed int32 `token_ids`, `segment_ids` and `padding_mask` of shape
+    `(batch_size, sequence_length)`; outputs are the model's (see the module docstring).
+    Keras exports ONNX from TensorFlow (with `tf2onnx`), JAX and PyTorch (with `onnxscript`).
+
+    Args:
+        model: a built kbert model.
+        path: str or path of the `.onnx` file; written beside it first and renamed.
+    """
+    _check_exportable(model, "export_onnx")
+    path = Path(path)
+    if path.suffix != ".onnx":
+        raise ValueError(f"export_onnx writes a `.onnx` file. Received: path={str(path)!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".onnx")
+    os.close(handle)
+    try:
+        signature = {
+            name: keras.InputSpec(shape=(None, None), dtype="int32", name=name) for name in _PACKED_INPUTS
+        }
+        keras.Model.export(model, staging, format="onnx", input_signature=[signature], verbose=False)
+        os.replace(staging, path)
+    finally:
+        if os.path.exists(staging):
+            os.remove(staging)
+
+
+if __name__ == "__main__":  # The TensorFlow-backend subprocess of `export_saved_model`.
+    _rebuild_and_export(sys.argv[1], sys.argv[2])

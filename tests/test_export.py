@@ -1,0 +1,108 @@
+"""kbert.export: SavedModel on raw strings (loaded where kbert never was), ONNX, errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from kbert import export
+from kbert.models import BertBackbone, BertClassifier
+from kbert.models.lora import lora_layers
+from tests.models.test_classifier import toy_preprocessor
+from tests.test_case import random_backbone_inputs, tiny_backbone_kwargs
+
+TEXTS = ["a good film", "the plot was very dull and boring", "john smith sings in paris ."]
+PAIRS = ["a cat sat", "not a dog", "who wrote it ?"]
+
+# Runs in a fresh interpreter: plain TensorFlow (+ tensorflow-text for the WordPiece op).
+LOADER = """
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  registers the FastWordpieceTokenizer op
+served = tf.saved_model.load(sys.argv[1])
+texts, pairs = json.loads(sys.argv[2])
+single = served.signatures["serving_default"](text=tf.constant(texts))
+pair = served.signatures["serve_pairs"](text=tf.constant(texts), text_pair=tf.constant(pairs))
+print(json.dumps({
+    "single": {k: v.numpy().tolist() for k, v in single.items()},
+    "pair": {k: v.numpy().tolist() for k, v in pair.items()},
+    "kbert_imported": any(name == "kbert" or name.startswith("kbert.") for name in sys.modules),
+}))
+"""
+
+
+def toy_classifier():
+    backbone = BertBackbone(**tiny_backbone_kwargs(max_sequence_length=32))
+    return BertClassifier(backbone, num_classes=3, dropout=0.0, preprocessor=toy_preprocessor(16))
+
+
+@pytest.mark.large
+def test_saved_model_answers_raw_strings_without_kbert(tmp_path):
+    """Trained (here: LoRA-adapted, adapter randomized) on the current backend, served by plain TF."""
+    model = toy_classifier()
+    model.enable_lora(2)
+    rng = np.random.default_rng(0)
+    for dense in lora_layers(model.backbone).values():
+        for variable in (dense.lora_kernel_a, dense.lora_kernel_b):
+            variable.assign(rng.normal(0, 0.3, variable.shape).astype("float32"))
+    expected_single = model.predict(TEXTS, verbose=0)
+    expected_pair = model.predict((TEXTS, PAIRS), verbose=0)
+
+    export.export_saved_model(model, tmp_path / "served")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["served"]  # No staging left behind.
+    environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KERAS_BACKEND")}
+    result = subprocess.run(
+        [sys.executable, "-c", LOADER, str(tmp_path / "served"), json.dumps([TEXTS, PAIRS])],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,  # Not the repository: `import kbert` could not find the worktree here.
+        env=environment,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    served = json.loads(result.stdout.strip().splitlines()[-1])
+    assert served["kbert_imported"] is False
+    np.testing.assert_allclose(served["single"]["logits"], expected_single, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(served["pair"]["logits"], expected_pair, atol=1e-4, rtol=1e-4)
+    # The pair signature really packs the second segment.
+    assert not np.allclose(expected_single, expected_pair, atol=1e-3)
+
+
+def test_export_errors(tmp_path):
+    unbuilt = keras.Sequential([keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="never built"):
+        export.export_saved_model(unbuilt, tmp_path / "a")
+    with pytest.raises(ValueError, match="never built"):
+        export.export_onnx(unbuilt, tmp_path / "a.onnx")
+    backbone = BertBackbone(**tiny_backbone_kwargs())
+    with pytest.raises(ValueError, match="needs a preprocessor"):
+        export.export_saved_model(backbone, tmp_path / "b")
+    with pytest.raises(ValueError, match="must be a kbert.text.BertPreprocessor. Received: dict"):
+        export.export_saved_model(backbone, tmp_path / "b", preprocessor={})
+    (tmp_path / "file").write_text("keep me")
+    with pytest.raises(ValueError, match="existing file"):
+        export.export_saved_model(toy_classifier(), tmp_path / "file")
+    assert (tmp_path / "file").read_text() == "keep me"
+    with pytest.raises(ValueError, match=r"\.onnx"):
+        export.export_onnx(backbone, tmp_path / "model.bin")
+    assert not list(tmp_path.glob(".*"))
+
+
+@pytest.mark.large
+def test_onnx_matches_predict(tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    model = toy_classifier()
+    inputs = random_backbone_inputs(batch_size=3, sequence_length=10)
+    expected = model.predict(inputs, verbose=0)
+    export.export_onnx(model, tmp_path / "model.onnx")
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    feed = {}
+    for name in names:
+        key = next(k for k in inputs if k in name)
+        feed[name] = inputs[key].astype("int32")
+    (actual,) = session.run(None, feed)
+    np.testing.assert_allclose(actual, expected, atol=1e-4, rtol=1e-4)
