@@ -175,6 +175,23 @@ def _fused_path_unsupported(compute_dtype):
     return keras.distribution.list_devices()[0].lower().startswith("cpu")
 
 
+@functools.lru_cache(maxsize=None)
+def _flash_unavailable_reason():
+    """Why `flash_attention=True` cannot be honoured on this backend and device, or `None`."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return "the tensorflow backend has no flash attention kernel"
+    if backend == "torch":
+        import torch
+
+        on_cpu = not torch.cuda.is_available()
+    else:
+        on_cpu = keras.distribution.list_devices()[0].lower().startswith("cpu")
+    if on_cpu:
+        return f"the {backend} backend has no flash attention kernel on CPU"
+    return None
+
+
 @keras.saving.register_keras_serializable(package="kbert")
 class BertSelfAttention(keras.layers.Layer):
     """Multi-head self-attention with query/key/value/output projections, as in BERT.
@@ -282,7 +299,13 @@ class BertSelfAttention(keras.layers.Layer):
             # Rows with no real key at all would softmax over nothing: let them see everything.
             empty = ops.logical_not(ops.any(keys, axis=-1, keepdims=True))  # (batch, 1)
             keys = ops.logical_or(keys, empty)
-            mask = keys[:, None, None, :]  # (batch, 1, 1, seq) -> broadcast over heads, queries
+            # A full (batch, 1, seq, seq) mask, broadcast over heads only: cuDNN's fused
+            # attention (JAX) refuses a (batch, 1, 1, seq) mask ("Bias must have same seq
+            # length as QKV"), and torch's fused SDPA kernels take this form.
+            length = ops.shape(keys)[1]
+            mask = ops.broadcast_to(
+                keys[:, None, None, :], (ops.shape(keys)[0], 1, length, length)
+            )
 
         if training and self.dropout > 0 and keras.config.backend() == "torch":
             # torch's fused attention takes the dropout itself (and picks flash where it can).
@@ -305,6 +328,12 @@ class BertSelfAttention(keras.layers.Layer):
 
     def _fused_attention(self, query, key, value, mask):
         """`keras.ops.dot_product_attention`, falling back from a flash kernel the backend lacks."""
+        if self.flash_attention and not getattr(self, "_flash_unavailable", False):
+            reason = _flash_unavailable_reason()
+            if reason is not None:
+                # Known before trying: no attempt, so no backend error or logged traceback.
+                self._flash_unavailable = True
+                self._warn_flash_fallback(reason)
         if self.flash_attention and not getattr(self, "_flash_unavailable", False):
             try:
                 return ops.dot_product_attention(

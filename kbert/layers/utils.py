@@ -43,31 +43,65 @@ def float32_policy(dtype_policy):
     return dtype_policy
 
 
-def concrete_value(x):
-    """`x` as a NumPy array when it holds concrete values, `None` for symbolic or traced tensors.
+def host_values(x):
+    """`x` as a NumPy array when it already lives in host memory (NumPy, lists, scalars), else `None`.
 
-    Inside `jax.jit`, a `tf.function` graph or a Keras functional build the values are not
-    known yet; range checks are then skipped (out-of-range ids in compiled graphs are
-    clipped by the gather on JAX and CPU-TensorFlow, and raise on torch).
+    Backend tensors (also eager ones on CPU) are never converted: reading a device tensor's
+    values is a device-to-host transfer that stalls an accelerator, so inside training and
+    inference steps, and for traced or symbolic tensors, value checks are left to the model's
+    input boundary (see `kbert.models.input_checks`).
     """
-    if isinstance(x, keras.KerasTensor):
-        return None
     if isinstance(x, np.ndarray):
         return x
-    try:
-        return keras.ops.convert_to_numpy(x)
-    except Exception:  # Traced (jit) or graph tensors have no value yet.
-        return None
+    if isinstance(x, (list, tuple, int, np.integer)):
+        try:
+            return np.asarray(x)
+        except ValueError:  # Ragged nested lists.
+            return None
+    return None
+
+
+def check_integer_dtype(ids, ids_name):
+    """Raises a ValueError when `ids` (array, tensor, traced or symbolic) has a non-integer dtype.
+
+    A static check: it reads the dtype only, so it costs nothing inside compiled steps. Float
+    ids would otherwise be truncated silently by the cast to int32.
+    """
+    dtype = getattr(ids, "dtype", None)
+    if dtype is None:
+        return
+    name = keras.backend.standardize_dtype(dtype)
+    if not (name.startswith("int") or name.startswith("uint")):
+        raise ValueError(
+            f"`{ids_name}` must be integer ids. Received an array of dtype {name}"
+            + _example(ids)
+        )
+
+
+def _example(ids):
+    values = host_values(ids)
+    if values is None or values.size == 0:
+        return "."
+    return f" (first values {values.ravel()[:4].tolist()})."
 
 
 def check_index_range(ids, upper, ids_name, upper_name):
-    """Raises a ValueError when concrete integer ids fall outside `[0, upper)`."""
-    values = concrete_value(ids)
+    """Raises a ValueError when host-resident integer ids fall outside `[0, upper)`.
+
+    Only NumPy arrays and Python lists are read (see `host_values`); the dtype check applies
+    to every input.
+    """
+    check_integer_dtype(ids, ids_name)
+    values = host_values(ids)
     if values is None or values.size == 0:
         return
     low, high = int(values.min()), int(values.max())
     if low < 0 or high >= upper:
-        raise ValueError(
-            f"`{ids_name}` must lie in [0, {upper_name}) = [0, {upper}). "
-            f"Received values in [{low}, {high}]."
-        )
+        raise ValueError(index_range_message(ids_name, upper_name, upper, low, high))
+
+
+def index_range_message(ids_name, upper_name, upper, low, high):
+    return (
+        f"`{ids_name}` must lie in [0, {upper_name}) = [0, {upper}). "
+        f"Received values in [{low}, {high}]."
+    )

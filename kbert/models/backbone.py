@@ -3,9 +3,27 @@
 import keras
 
 from kbert.layers import BertEmbeddings, BertPooler, TransformerEncoder
+from kbert.models.input_checks import HostInputChecks, check_model_inputs
 from kbert.models.presets import PresetMixin
 
 BACKBONE_INPUTS = ("token_ids", "segment_ids", "padding_mask")
+
+
+def resolve_dtype_policy(dtype):
+    """`dtype` (a name, config dict, policy or `None` for the global policy) as a DTypePolicy.
+
+    Raises a ValueError naming the received value when it is not a dtype policy.
+    """
+    if dtype is None:
+        return keras.dtype_policies.get(keras.config.dtype_policy())
+    try:
+        return keras.dtype_policies.get(dtype)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"Unknown dtype policy: dtype={dtype!r}. Expected a float dtype name such as "
+            '"float32" or "bfloat16", "mixed_bfloat16", "mixed_float16", or a '
+            f"`keras.DTypePolicy`. ({error})"
+        ) from None
 
 
 def check_input_keys(inputs, expected, model_name):
@@ -155,7 +173,7 @@ def validate_backbone_config(config, source=None):
 
 
 @keras.saving.register_keras_serializable(package="kbert")
-class BertBackbone(PresetMixin, keras.Model):
+class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
     """The BERT encoder: embeddings, `num_layers` post-LayerNorm transformer blocks, pooler.
 
     A functional `keras.Model` that runs unchanged on TensorFlow, JAX and PyTorch. Inputs are a
@@ -164,12 +182,14 @@ class BertBackbone(PresetMixin, keras.Model):
     Outputs are a dict of `sequence_output` `(batch_size, sequence_length, hidden_dim)` and
     `pooled_output` `(batch_size, hidden_dim)` (dense + tanh on [CLS]).
 
-    Token ids outside `[0, vocabulary_size)`, segment ids outside `[0, num_segments)` and
-    sequences longer than `max_sequence_length` raise a `ValueError` when the model is called
-    eagerly (TensorFlow eager, PyTorch, JAX outside `jit`). Inside compiled graphs (`fit`,
-    `predict`, `jax.jit`, `tf.function`) values are not known when the graph is built, so only
-    the length check applies; out-of-range ids are then clipped by the embedding gather on
-    JAX and TensorFlow-CPU, and fail inside the op on torch.
+    Token ids outside `[0, vocabulary_size)`, segment ids outside `[0, num_segments)`, float
+    ids and sequences longer than `max_sequence_length` raise a `ValueError` on every backend.
+    Ids are checked on the host, before they reach the device: NumPy and list inputs of
+    `model(x)`, `fit`, `evaluate`, `predict` and `*_on_batch` once per call, and every batch
+    of a `tf.data.Dataset` inside its pipeline (see `kbert.models.input_checks`). No step
+    reads a device tensor back. Backend tensors passed to `model(x)` directly and batches
+    from Python generators are not range-checked: on JAX an out-of-range id there gives a
+    NaN row, on TensorFlow-XLA the last row, on torch an index error.
 
     Args:
         vocabulary_size: int. Size of the WordPiece vocabulary.
@@ -251,6 +271,7 @@ class BertBackbone(PresetMixin, keras.Model):
             raise ValueError(
                 f"Unknown BertBackbone arguments {unknown}. Expected some of {sorted(_BACKBONE_ARGUMENTS)}."
             )
+        dtype = resolve_dtype_policy(dtype)
 
         # === Layers ===
         embeddings = BertEmbeddings(
@@ -298,6 +319,9 @@ class BertBackbone(PresetMixin, keras.Model):
             dtype=dtype,
             **kwargs,
         )
+        # A functional `keras.Model` drops `dtype`: keep the policy on the model itself, so
+        # that heads built from `backbone.dtype_policy` and the saved config follow it.
+        self.dtype_policy = dtype
         # Layer attributes are set after `Model.__init__` (torch modules require it).
         self.embeddings = embeddings
         self.transformer_layers = transformer_layers
@@ -416,6 +440,7 @@ class BertBackbone(PresetMixin, keras.Model):
 
     def call(self, inputs, training=None, mask=None):
         check_input_keys(inputs, BACKBONE_INPUTS, "BertBackbone")
+        check_model_inputs(inputs, self)
         return super().call(inputs, training=training, mask=mask)
 
     def get_config(self):

@@ -4,6 +4,7 @@ import keras
 
 from kbert.layers import MaskedLMHead, NextSentenceHead
 from kbert.models.backbone import BACKBONE_INPUTS, BertBackbone, check_input_keys
+from kbert.models.input_checks import HostInputChecks, check_model_inputs
 from kbert.models.optimization import bert_optimizer
 from kbert.models.presets import PresetMixin
 
@@ -18,7 +19,7 @@ def masked_lm_loss():
 
 
 @keras.saving.register_keras_serializable(package="kbert")
-class BertPretrainer(PresetMixin, keras.Model):
+class BertPretrainer(PresetMixin, HostInputChecks, keras.Model):
     """BERT with its pretraining heads: masked LM (tied decoder) and next-sentence prediction.
 
     Inputs are the backbone's dict plus `mask_positions` `(batch_size, num_predictions)`.
@@ -79,6 +80,7 @@ class BertPretrainer(PresetMixin, keras.Model):
         }
         kwargs.pop("dtype", None)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        self.dtype_policy = backbone.dtype_policy  # The heads follow the backbone's policy.
         self.backbone = backbone
         self.masked_lm_head = masked_lm_head
         self.next_sentence_head = next_sentence_head
@@ -94,6 +96,7 @@ class BertPretrainer(PresetMixin, keras.Model):
 
     def call(self, inputs, training=None, mask=None):
         check_input_keys(inputs, PRETRAINER_INPUTS, "BertPretrainer")
+        check_model_inputs(inputs, self.backbone)
         return super().call(inputs, training=training, mask=mask)
 
     def compile(

@@ -30,6 +30,7 @@ import keras
 import numpy as np
 
 from kbert.models.backbone import BACKBONE_INPUTS, BertBackbone, check_input_keys
+from kbert.models.input_checks import HostInputChecks, check_model_inputs
 from kbert.models.optimization import bert_optimizer
 from kbert.models.presets import PresetMixin
 
@@ -151,7 +152,7 @@ def check_class_ids(labels, num_classes, name):
         )
 
 
-class BertTask(PresetMixin, keras.Model):
+class BertTask(PresetMixin, HostInputChecks, keras.Model):
     """Base class of kbert's task models: backbone + head + optional preprocessor.
 
     Subclasses build their functional graph, call `super().__init__(inputs=..., outputs=...,
@@ -191,6 +192,7 @@ class BertTask(PresetMixin, keras.Model):
         kwargs.pop("dtype", None)  # The task follows its backbone's dtype policy.
         self._check_unknown_arguments(kwargs)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        self.dtype_policy = backbone.dtype_policy
         self.backbone = backbone
         self.preprocessor = preprocessor
         self.learning_rate = self.default_learning_rate if learning_rate is None else learning_rate
@@ -236,6 +238,7 @@ class BertTask(PresetMixin, keras.Model):
     # ------------------------------------------------------------------ calling
     def call(self, inputs, training=None, mask=None):
         check_input_keys(inputs, BACKBONE_INPUTS, type(self).__name__)
+        check_model_inputs(inputs, self.backbone)
         return super().call(inputs, training=training, mask=mask)
 
     # ---------------------------------------------------------------- compiling

@@ -231,3 +231,42 @@ def test_encoder_remat_round_trips_config():
     config = block.get_config()
     assert config["remat"] is True
     assert TransformerEncoder.from_config(config).remat is True
+
+
+def test_mask_reaching_the_fused_op_is_full_and_boolean(monkeypatch):
+    """cuDNN refuses (batch, 1, 1, seq) masks; the layer passes (batch, 1, seq, seq) booleans."""
+    x, padding_mask = _inputs(seed=4)
+    padding_mask[0, :] = 0  # An all-padding row attends everywhere instead.
+    layer = BertSelfAttention(num_heads=2, hidden_dim=8)
+    layer.build(x.shape)
+    masks = []
+    original = keras.ops.dot_product_attention
+
+    def recording(query, key, value, *args, mask=None, **kwargs):
+        masks.append(to_numpy(mask))
+        return original(query, key, value, *args, mask=mask, **kwargs)
+
+    monkeypatch.setattr(keras.ops, "dot_product_attention", recording)
+    output = to_numpy(layer(x, padding_mask=padding_mask))
+    (mask,) = masks
+    assert mask.dtype == bool and mask.shape == (2, 1, 6, 6)
+    expected_keys = padding_mask.astype(bool)
+    expected_keys[0, :] = True
+    np.testing.assert_array_equal(mask, np.broadcast_to(expected_keys[:, None, None, :], (2, 1, 6, 6)))
+    expected = _reference_attention(layer, x, np.where(expected_keys, 1, 0))
+    np.testing.assert_allclose(output, expected, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not _on_cpu(), reason="the fallback is exercised where flash is unavailable")
+def test_flash_fallback_logs_nothing(caplog):
+    import logging
+
+    x, padding_mask = _inputs(seed=5)
+    BertSelfAttention._flash_fallback_warned.clear()
+    layer = BertSelfAttention(num_heads=2, hidden_dim=8, flash_attention=True)
+    layer.build(x.shape)
+    with caplog.at_level(logging.DEBUG), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        layer(x, padding_mask=padding_mask)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.records
+    assert len([w for w in caught if "flash_attention=True" in str(w.message)]) == 1

@@ -1,0 +1,121 @@
+"""No device-to-host transfer inside a training, evaluation or inference step, on any backend.
+
+Every step method is wrapped so that, while it runs, reading a tensor back to the host
+raises: `keras.ops.convert_to_numpy` on every backend; on torch also `Tensor.item`, `.numpy`,
+`.tolist`, `.cpu` and `bool(tensor)` (each a device sync on a GPU); on JAX the steps run under
+`jax.transfer_guard_device_to_host("disallow")` (effective on accelerators). On TensorFlow
+the steps are graphs, where a host read can only come from a py_function; the spy still catches
+kbert code that would try one at trace time.
+"""
+
+import contextlib
+
+import keras
+import numpy as np
+import pytest
+
+from kbert.models import BertBackbone, BertClassifier, BertPretrainer
+from tests.test_case import random_backbone_inputs, tiny_backbone_kwargs
+
+
+class HostTransfer(AssertionError):
+    pass
+
+
+@pytest.fixture
+def no_transfer_in_steps(monkeypatch):
+    state = {"in_step": 0, "steps": 0}
+
+    def guard(name, original):
+        def guarded(*args, **kwargs):
+            if state["in_step"]:
+                raise HostTransfer(f"{name} called inside a step")
+            return original(*args, **kwargs)
+
+        return guarded
+
+    monkeypatch.setattr(keras.ops, "convert_to_numpy", guard("convert_to_numpy", keras.ops.convert_to_numpy))
+    if keras.config.backend() == "torch":
+        import torch
+
+        for method in ("item", "numpy", "tolist", "cpu", "__bool__"):
+            monkeypatch.setattr(torch.Tensor, method, guard(f"Tensor.{method}", getattr(torch.Tensor, method)))
+
+    def watch(model):
+        for name in ("train_step", "test_step", "predict_step"):
+            step = getattr(model, name)
+
+            def watched(*args, _step=step, **kwargs):
+                state["in_step"] += 1
+                state["steps"] += 1
+                try:
+                    return _step(*args, **kwargs)
+                finally:
+                    state["in_step"] -= 1
+
+            object.__setattr__(model, name, watched)
+        return model
+
+    watch.state = state
+    return watch
+
+
+def _guard():
+    if keras.config.backend() == "jax":
+        import jax
+
+        return jax.transfer_guard_device_to_host("disallow")
+    return contextlib.nullcontext()
+
+
+def _run_all(model, x, y, sample_weight=None):
+    with _guard():
+        model.fit(x, y, sample_weight=sample_weight, batch_size=2, epochs=2, verbose=0)
+        model.evaluate(x, y, sample_weight=sample_weight, batch_size=2, verbose=0)
+        model.predict(x, batch_size=2, verbose=0)
+        model.train_on_batch(x, y, sample_weight=sample_weight)
+        model.predict_on_batch(x)
+
+
+def test_classifier_steps_do_not_read_back(no_transfer_in_steps):
+    backbone = BertBackbone(**tiny_backbone_kwargs(dropout=0.1, attention_dropout=0.1))
+    model = no_transfer_in_steps(BertClassifier(backbone, num_classes=2))
+    x = random_backbone_inputs(4, 8)
+    _run_all(model, x, np.array([0, 1, 1, 0], "int32"))
+    assert no_transfer_in_steps.state["steps"] > 0
+
+
+def test_pretrainer_steps_do_not_read_back(no_transfer_in_steps):
+    backbone = BertBackbone(**tiny_backbone_kwargs(dropout=0.1, attention_dropout=0.1))
+    model = no_transfer_in_steps(BertPretrainer(backbone))
+    inputs = random_backbone_inputs(4, 8)
+    positions = np.array([[1, 2], [1, 3], [2, 4], [1, 5]], "int32")
+    x = dict(inputs, mask_positions=positions)
+    y = {"mlm": np.take_along_axis(inputs["token_ids"], positions, 1), "nsp": np.array([0, 1, 0, 1])}
+    weights = {"mlm": np.ones((4, 2), "float32"), "nsp": np.ones(4, "float32")}
+    _run_all(model, x, y, weights)
+    assert no_transfer_in_steps.state["steps"] > 0
+
+
+def test_the_spy_catches_a_read_back(no_transfer_in_steps):
+    """The check can fail: a layer that reads its input's values inside the step is caught."""
+    if keras.config.backend() == "jax":
+        pytest.skip("On JAX, steps are traced: reading a traced value back already raises.")
+
+    class ReadsBack(keras.layers.Layer):
+        def call(self, x):
+            if keras.config.backend() == "torch":
+                x.max().item()
+            else:
+                keras.ops.convert_to_numpy(x)
+            return x
+
+        def compute_output_shape(self, shape):
+            return shape
+
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(ReadsBack()(inputs)))
+    model.compile(optimizer="sgd", loss="mse", run_eagerly=keras.config.backend() == "torch")
+    no_transfer_in_steps(model)
+    with pytest.raises(Exception, match="called inside a step"):
+        model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0)
