@@ -129,6 +129,16 @@ def _num_rows(x):
     return len(x)
 
 
+_UNKNOWN_CARDINALITY = -2  # tf.data.UNKNOWN_CARDINALITY (-1 is INFINITE)
+
+
+def _cardinality(dataset):
+    try:
+        return int(dataset.cardinality())
+    except (TypeError, ValueError):
+        return None
+
+
 def _count_batches(dataset):
     """Number of elements of a `tf.data.Dataset` (one pass over it); `None` when it is empty."""
     count = int(dataset.reduce(np.int64(0), lambda count, *_: count + 1))
@@ -358,11 +368,8 @@ class BertTask(PresetMixin, keras.Model):
         if steps_per_epoch is not None:
             return steps_per_epoch
         if is_dataset(x):
-            try:
-                cardinality = int(x.cardinality())
-            except (TypeError, ValueError):
-                return None
-            return cardinality if cardinality > 0 else None
+            cardinality = _cardinality(x)
+            return cardinality if cardinality is not None and cardinality > 0 else None
         if isinstance(x, keras.utils.PyDataset):
             return len(x)
         try:
@@ -411,15 +418,15 @@ class BertTask(PresetMixin, keras.Model):
         schedule = planned_schedule(self.optimizer)
         if schedule is not None:
             steps = self._steps_per_epoch(x, batch_size, steps_per_epoch, validation_split)
-            if steps is None and is_dataset(x):
+            if steps is None and is_dataset(x) and _cardinality(x) == _UNKNOWN_CARDINALITY:
                 steps = _count_batches(x)
                 # Each epoch takes exactly `steps` batches of the repeated dataset: no
                 # "ran out of data" stop when a later pass yields fewer batches.
                 x, steps_per_epoch = x.repeat(), steps
             if steps is None:
                 warnings.warn(
-                    f"{type(self).__name__}.fit could not count the training steps (a generator "
-                    "or an empty dataset), so the learning rate stays at its peak without warm-up "
+                    f"{type(self).__name__}.fit could not count the training steps (a generator, "
+                    "an infinite or an empty dataset), so the learning rate stays at its peak without warm-up "
                     "or decay. Pass `steps_per_epoch` or give the model `total_steps`.",
                     stacklevel=2,
                 )
