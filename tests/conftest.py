@@ -26,3 +26,22 @@ def _seed_and_reset():
     keras.config.set_dtype_policy("float32")
     yield
     keras.config.set_dtype_policy("float32")
+
+
+# Data tests skip with reasons written in many files ("shared data folder not present", ...):
+# say, in every such reason, which variable enables them.
+_DATA_SKIP_WORDS = ("shared data", "datasets not available", "data folder")
+_DATA_SKIP_HINT = (
+    " - set KBERT_DATA_DIR to a folder holding glue/, conll2003/, squad/ (see README, "
+    "'The two commands') to run it"
+)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        path, line, reason = report.longrepr
+        if any(word in reason for word in _DATA_SKIP_WORDS) and "KBERT_DATA_DIR=" not in reason:
+            report.longrepr = (path, line, reason + _DATA_SKIP_HINT)

@@ -1,6 +1,7 @@
 """BERT's optimizer: AdamW (or LAMB) with linear warm-up and linear decay."""
 
 import keras
+import numpy as np
 from keras import ops
 
 # Variables that BERT excludes from weight decay: biases and LayerNorm scale/offset.
@@ -9,14 +10,29 @@ NO_DECAY_VARIABLE_NAMES = ["bias", "gamma", "beta"]
 
 @keras.saving.register_keras_serializable(package="kbert")
 class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up from 0 to `peak_learning_rate` over `warmup_steps`, then linear decay.
+    """Linear warm-up from 0 to `peak_learning_rate`, then linear decay to `end_learning_rate`.
 
-    The rate reaches `end_learning_rate` at `total_steps` and stays there.
+    Two ways to give the schedule its length:
+
+    - **fixed**: `total_steps` (and `warmup_steps`, else `warmup_ratio * total_steps`) given
+      here. The rate reaches `end_learning_rate` at `total_steps` and stays there.
+    - **planned** (`total_steps=None`): the length is set just before training by
+      `plan(num_steps, start_step)`; kbert's task models call it at the start of every `fit`
+      with the number of steps that `fit` will run (epochs x steps per epoch), as Hugging
+      Face's `Trainer.train()` does. Warm-up is `warmup_steps` if given, else
+      `round(warmup_ratio * num_steps)`. The planned length lives in two non-trainable
+      variables of the optimizer (`track(optimizer)`, which `bert_optimizer` calls), so the
+      compiled training step reads it on every backend and planning never recompiles. Until
+      `plan` is called (or when the schedule is not tracked) the rate is `peak_learning_rate`.
 
     Args:
         peak_learning_rate: float. The rate at the end of warm-up.
-        total_steps: int. Number of training steps of the whole schedule.
-        warmup_steps: int. Number of warm-up steps.
+        total_steps: int or `None`. Number of training steps of the whole schedule; `None`
+            for a planned schedule. Defaults to `None`.
+        warmup_steps: int or `None`. Number of warm-up steps; `None` uses `warmup_ratio`.
+            Defaults to `None`.
+        warmup_ratio: float. Warm-up as a fraction of the schedule's length when
+            `warmup_steps` is `None`. Defaults to `0.0`.
         end_learning_rate: float. Defaults to `0.0`.
         accumulation_steps: int. Micro-batches per optimizer update. An optimizer with
             `gradient_accumulation_steps=k` calls its schedule with the number of
@@ -32,14 +48,27 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
     def __init__(
         self,
         peak_learning_rate,
-        total_steps,
-        warmup_steps,
+        total_steps=None,
+        warmup_steps=None,
+        warmup_ratio=0.0,
         end_learning_rate=0.0,
         accumulation_steps=1,
     ):
-        if total_steps < 1 or warmup_steps < 0 or warmup_steps > total_steps:
+        if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
             raise ValueError(
-                "Expected 0 <= warmup_steps <= total_steps and total_steps >= 1. "
+                f"`total_steps` must be a positive integer or None. Received: total_steps={total_steps!r}"
+            )
+        if warmup_steps is not None and (not isinstance(warmup_steps, int) or warmup_steps < 0):
+            raise ValueError(
+                f"`warmup_steps` must be an integer >= 0 or None. Received: warmup_steps={warmup_steps!r}"
+            )
+        if not 0 <= warmup_ratio <= 1:
+            raise ValueError(f"`warmup_ratio` must lie in [0, 1]. Received: warmup_ratio={warmup_ratio}")
+        if total_steps is not None and warmup_steps is None:
+            warmup_steps = int(round(total_steps * warmup_ratio))
+        if total_steps is not None and warmup_steps > total_steps:
+            raise ValueError(
+                "Expected 0 <= warmup_steps <= total_steps. "
                 f"Received: total_steps={total_steps}, warmup_steps={warmup_steps}"
             )
         if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
@@ -51,25 +80,100 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
         self.peak_learning_rate = peak_learning_rate
         self.total_steps = total_steps
         self.warmup_steps = warmup_steps
+        self.warmup_ratio = warmup_ratio
         self.end_learning_rate = end_learning_rate
+        self._planned_start = None  # optimizer step (micro-batches) where the plan begins
+        self._planned_steps = None  # length of the plan, in updates; 0 = not planned yet
+
+    @property
+    def planned(self):
+        """True when the length is set by `plan` (built with `total_steps=None`)."""
+        return self.total_steps is None
+
+    def track(self, optimizer):
+        """Creates the planned length's variables in `optimizer` (once; a fixed schedule has none).
+
+        They are ordinary non-trainable optimizer variables: saved and restored with the
+        optimizer's state, and passed to the compiled training step like its iteration count.
+        """
+        if not self.planned or self._planned_steps is not None:
+            return
+        self._planned_start = optimizer.add_variable(
+            (), initializer="zeros", dtype="float32", name="schedule_start_step"
+        )
+        self._planned_steps = optimizer.add_variable(
+            (), initializer="zeros", dtype="float32", name="schedule_num_steps"
+        )
+        optimizer.kbert_schedule = self  # found again by `planned_schedule(optimizer)`
+
+    def plan(self, num_steps, start_step=0):
+        """Sets a planned schedule to span `num_steps` training steps from `start_step` on.
+
+        Args:
+            num_steps: int >= 1. Batches (micro-batches with gradient accumulation) to train.
+            start_step: int. The optimizer's `iterations` when that training starts.
+        """
+        if not self.planned:
+            raise ValueError(
+                f"This schedule has a fixed length (total_steps={self.total_steps}); only a schedule "
+                "built with total_steps=None is planned."
+            )
+        if self._planned_steps is None:
+            raise ValueError(
+                "Call `schedule.track(optimizer)` (done by `bert_optimizer`) before `plan`."
+            )
+        if not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
+            raise ValueError(f"`num_steps` must be a positive integer. Received: num_steps={num_steps!r}")
+        updates = -(-int(num_steps) // self.accumulation_steps)
+        self._planned_start.assign(float(start_step))
+        self._planned_steps.assign(float(updates))
+
+    def planned_length(self):
+        """`(total_steps, warmup_steps)` of the current plan in updates (`(0, 0)` before `plan`)."""
+        if not self.planned:
+            return self.total_steps, self.warmup_steps
+        if self._planned_steps is None:
+            return 0, 0
+        total = int(round(float(np.asarray(ops.convert_to_numpy(self._planned_steps)))))
+        return total, self._warmup_of(total)
+
+    def _warmup_of(self, total):
+        if self.warmup_steps is not None:
+            return min(self.warmup_steps, total)
+        return int(round(total * self.warmup_ratio))
 
     def __call__(self, step):
-        if self.accumulation_steps > 1:
-            step = ops.floor_divide(step, self.accumulation_steps)
-        step = ops.cast(step, "float32")
         peak = ops.cast(self.peak_learning_rate, "float32")
-        warmup = ops.cast(max(self.warmup_steps, 1), "float32")
-        decay_steps = ops.cast(max(self.total_steps - self.warmup_steps, 1), "float32")
-        warming = peak * step / warmup
-        progress = ops.minimum((step - self.warmup_steps) / decay_steps, 1.0)
+        if not self.planned:
+            if self.accumulation_steps > 1:
+                step = ops.floor_divide(step, self.accumulation_steps)
+            return self._rate(ops.cast(step, "float32"), float(self.total_steps), float(self.warmup_steps))
+        if self._planned_steps is None:
+            return peak
+        step = ops.cast(step, "float32") - self._planned_start
+        if self.accumulation_steps > 1:
+            step = ops.floor_divide(step, float(self.accumulation_steps))
+        total = ops.cast(self._planned_steps, "float32")
+        if self.warmup_steps is not None:
+            warmup = ops.minimum(float(self.warmup_steps), total)
+        else:
+            # round half to even, as Python's round() used by `planned_length`
+            warmup = ops.round(total * self.warmup_ratio)
+        return ops.where(total > 0, self._rate(step, total, warmup), peak)
+
+    def _rate(self, step, total, warmup):
+        peak = ops.cast(self.peak_learning_rate, "float32")
+        warming = peak * step / ops.maximum(warmup, 1.0)
+        progress = ops.minimum((step - warmup) / ops.maximum(total - warmup, 1.0), 1.0)
         decaying = peak + (self.end_learning_rate - peak) * progress
-        return ops.where(step < self.warmup_steps, warming, decaying)
+        return ops.where(step < warmup, warming, decaying)
 
     def get_config(self):
         return {
             "peak_learning_rate": self.peak_learning_rate,
             "total_steps": self.total_steps,
             "warmup_steps": self.warmup_steps,
+            "warmup_ratio": self.warmup_ratio,
             "end_learning_rate": self.end_learning_rate,
             "accumulation_steps": self.accumulation_steps,
         }
@@ -187,7 +291,7 @@ def _torch_foreach_adamw(optimizer, params, grads, moments, velocities, step, lr
 
 def bert_optimizer(
     learning_rate=1e-4,
-    total_steps=1_000_000,
+    total_steps=None,
     warmup_steps=None,
     warmup_ratio=0.01,
     weight_decay=0.01,
@@ -206,10 +310,15 @@ def bert_optimizer(
 
     Args:
         learning_rate: float. Peak learning rate. Defaults to `1e-4` (pretraining).
-        total_steps: int. Length of the schedule in steps. Defaults to `1_000_000`.
+        total_steps: int or None. Length of the schedule in steps. `None` (the default)
+            leaves the length to be planned: kbert's task models (`BertClassifier`,
+            `BertPretrainer`, ...) set it at the start of each `fit` to the steps that `fit`
+            runs (see `WarmupLinearDecay.plan`); with other models the rate stays at
+            `learning_rate` until `optimizer.learning_rate_schedule.plan(...)` is called.
+            The paper's pretraining: `1_000_000`.
         warmup_steps: int or None. Warm-up steps; `None` uses `warmup_ratio`.
-        warmup_ratio: float. Warm-up as a fraction of `total_steps` (the paper: 10k of 1M).
-            Defaults to `0.01`.
+        warmup_ratio: float. Warm-up as a fraction of the schedule's length (the paper:
+            10k of 1M). Defaults to `0.01`.
         weight_decay: float. Defaults to `0.01`.
         beta_1, beta_2, epsilon: Adam moments. Defaults to `0.9`, `0.999`, `1e-6`.
         global_clipnorm: float or None. Defaults to `1.0`.
@@ -228,8 +337,6 @@ def bert_optimizer(
     >>> # Batches of 8, one update per 4 of them (an effective batch of 32):
     >>> optimizer = bert_optimizer(5e-5, total_steps=2000, gradient_accumulation_steps=4)
     """
-    if warmup_steps is None:
-        warmup_steps = int(round(total_steps * warmup_ratio))
     if gradient_accumulation_steps is not None and (
         not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 2
     ):
@@ -239,8 +346,9 @@ def bert_optimizer(
         )
     schedule = WarmupLinearDecay(
         learning_rate,
-        total_steps,
-        warmup_steps,
+        total_steps=total_steps,
+        warmup_steps=warmup_steps,
+        warmup_ratio=warmup_ratio,
         accumulation_steps=gradient_accumulation_steps or 1,
     )
     common = dict(
@@ -259,4 +367,16 @@ def bert_optimizer(
     else:
         raise ValueError(f'`optimizer` must be "adamw" or "lamb". Received: optimizer={optimizer!r}')
     result.exclude_from_weight_decay(var_names=NO_DECAY_VARIABLE_NAMES)
+    schedule.track(result)
     return result
+
+
+def planned_schedule(optimizer):
+    """The optimizer's `WarmupLinearDecay` if its length is planned by `fit`, else `None`.
+
+    Finds schedules registered by `WarmupLinearDecay.track` (as `bert_optimizer` does), also
+    behind a `keras.optimizers.LossScaleOptimizer` (mixed float16).
+    """
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    schedule = getattr(optimizer, "kbert_schedule", None)
+    return schedule if isinstance(schedule, WarmupLinearDecay) and schedule.planned else None

@@ -3,10 +3,8 @@
 import keras
 
 from kbert.layers import MaskedLMHead, NextSentenceHead
-from kbert.models.backbone import BACKBONE_INPUTS, BertBackbone, check_input_keys
-from kbert.models.input_checks import HostInputChecks, check_model_inputs
-from kbert.models.optimization import bert_optimizer
-from kbert.models.presets import PresetMixin
+from kbert.models.backbone import BACKBONE_INPUTS, BertBackbone
+from kbert.models.task import BertTask
 
 PRETRAINER_INPUTS = BACKBONE_INPUTS + ("mask_positions",)
 
@@ -19,31 +17,42 @@ def masked_lm_loss():
 
 
 @keras.saving.register_keras_serializable(package="kbert")
-class BertPretrainer(PresetMixin, HostInputChecks, keras.Model):
+class BertPretrainer(BertTask):
     """BERT with its pretraining heads: masked LM (tied decoder) and next-sentence prediction.
 
     Inputs are the backbone's dict plus `mask_positions` `(batch_size, num_predictions)`.
     Outputs are a dict: `mlm` logits `(batch_size, num_predictions, vocabulary_size)` and `nsp`
     logits `(batch_size, 2)` (0 = IsNext, 1 = NotNext).
 
-    The model comes compiled with the paper's recipe: AdamW at 1e-4, beta 0.9/0.999, weight
-    decay 0.01 (not on LayerNorm or biases), linear warm-up then linear decay, and the loss
-    `mlm` cross-entropy averaged over real predictions plus `nsp` cross-entropy. `fit` takes
-    `(x, y, sample_weight)` with `y = {"mlm": ids at mask_positions, "nsp": labels}` and
-    `sample_weight = {"mlm": 1 for real predictions / 0 for padded slots, "nsp": ...}` -
-    exactly what `kbert.data.pretraining_dataset` yields. `compile(optimizer=...)` alone keeps
-    the default losses and metrics (masked-LM accuracy, NSP accuracy).
+    The model is a `kbert.models.BertTask` and comes compiled, once, with the paper's recipe:
+    AdamW at 1e-4, beta 0.9/0.999, weight decay 0.01 (not on LayerNorm or biases), linear
+    warm-up then linear decay, and the loss `mlm` cross-entropy averaged over real predictions
+    plus `nsp` cross-entropy. `fit` takes `(x, y, sample_weight)` with `y = {"mlm": ids at
+    mask_positions, "nsp": labels}` and `sample_weight = {"mlm": 1 for real predictions / 0
+    for padded slots, "nsp": ...}` - exactly what `kbert.data.pretraining_dataset` yields.
+    `compile(optimizer=...)` alone keeps the default losses and metrics (masked-LM accuracy,
+    NSP accuracy).
+
+    With `total_steps=None` (the default) each `fit` call plans the schedule over the steps
+    it runs, warming up for `warmup_steps` of them (or `warmup_ratio` of them), as the
+    fine-tuning tasks do (see `BertTask.fit`); the paper's run is `total_steps=1_000_000,
+    warmup_steps=10_000`.
 
     Args:
         backbone: `BertBackbone`.
         optimizer: `"adamw"` or `"lamb"` for the default compile. Defaults to `"adamw"`.
         learning_rate: float. Peak rate of the default schedule. Defaults to `1e-4`.
-        total_steps: int. Length of the default schedule. Defaults to `1_000_000`.
-        warmup_steps: int. Warm-up of the default schedule. Defaults to `10_000`.
+        total_steps: int or `None`. Length of the default schedule; `None` plans it in each
+            `fit`. Defaults to `None`.
+        warmup_steps: int or `None`. Warm-up of the default schedule; `None` uses
+            `warmup_ratio`. Defaults to `None`.
+        warmup_ratio: float. Warm-up as a fraction of the schedule. Defaults to `0.01` (the
+            paper's 10k of 1M steps).
+        weight_decay: float. Defaults to `0.01`.
 
     Example:
-    >>> backbone = BertBackbone.from_preset("bert_tiny_en_uncased")
-    >>> pretrainer = BertPretrainer(backbone, total_steps=1000, warmup_steps=100)
+    >>> backbone = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
+    >>> pretrainer = BertPretrainer(backbone)
     >>> pretrainer.fit(kbert.data.pretraining_dataset(files, tokenizer), epochs=1)
     """
 
@@ -52,8 +61,10 @@ class BertPretrainer(PresetMixin, HostInputChecks, keras.Model):
         backbone,
         optimizer="adamw",
         learning_rate=1e-4,
-        total_steps=1_000_000,
-        warmup_steps=10_000,
+        total_steps=None,
+        warmup_steps=None,
+        warmup_ratio=0.01,
+        weight_decay=0.01,
         **kwargs,
     ):
         if not isinstance(backbone, BertBackbone):
@@ -78,84 +89,57 @@ class BertPretrainer(PresetMixin, HostInputChecks, keras.Model):
             "mlm": masked_lm_head(features["sequence_output"], inputs["mask_positions"]),
             "nsp": next_sentence_head(features["pooled_output"]),
         }
-        kwargs.pop("dtype", None)
-        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
-        self.dtype_policy = backbone.dtype_policy  # The heads follow the backbone's policy.
-        self.backbone = backbone
+        self._check_training_arguments(learning_rate, weight_decay, warmup_ratio, total_steps)
+        if optimizer not in ("adamw", "lamb"):
+            raise ValueError(f'`optimizer` must be "adamw" or "lamb". Received: optimizer={optimizer!r}')
+        if warmup_steps is not None and (not isinstance(warmup_steps, int) or warmup_steps < 0):
+            raise ValueError(
+                f"`warmup_steps` must be an integer >= 0 or None. Received: warmup_steps={warmup_steps!r}"
+            )
+        kwargs.pop("preprocessor", None)  # Pretraining inputs come from kbert.data, not strings.
+        super().__init__(
+            inputs=inputs,
+            outputs=outputs,
+            backbone=backbone,
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            warmup_ratio=warmup_ratio,
+            total_steps=total_steps,
+            **kwargs,
+        )
         self.masked_lm_head = masked_lm_head
         self.next_sentence_head = next_sentence_head
 
         # === Config ===
         self.optimizer_name = optimizer
-        self.learning_rate = learning_rate
-        self.total_steps = total_steps
         self.warmup_steps = warmup_steps
 
         # === Default compile ===
         self.compile()
 
-    def call(self, inputs, training=None, mask=None):
-        check_input_keys(inputs, PRETRAINER_INPUTS, "BertPretrainer")
-        check_model_inputs(inputs, self.backbone)
-        return super().call(inputs, training=training, mask=mask)
+    input_names = PRETRAINER_INPUTS
 
-    def compile(
-        self, optimizer="auto", loss="auto", metrics="auto", weighted_metrics="auto", **kwargs
-    ):
-        """`keras.Model.compile` with BERT's pretraining defaults for every argument left "auto"."""
-        if optimizer == "auto":
-            optimizer = bert_optimizer(
-                self.learning_rate,
-                total_steps=self.total_steps,
-                warmup_steps=self.warmup_steps,
-                optimizer=self.optimizer_name,
-            )
-        if loss == "auto":
-            loss = {
-                "mlm": masked_lm_loss(),
-                "nsp": keras.losses.SparseCategoricalCrossentropy(from_logits=True, name="nsp_loss"),
-            }
-        if metrics == "auto":
-            metrics = None
-        if weighted_metrics == "auto":
-            weighted_metrics = {
-                "mlm": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-                "nsp": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-            }
-        super().compile(
-            optimizer=optimizer,
-            loss=loss,
-            metrics=metrics,
-            weighted_metrics=weighted_metrics,
-            **kwargs,
-        )
+    def _default_loss(self):
+        return {
+            "mlm": masked_lm_loss(),
+            "nsp": keras.losses.SparseCategoricalCrossentropy(from_logits=True, name="nsp_loss"),
+        }
 
-    # LoRA: see `BertBackbone.enable_lora` and kbert/models/lora.py. The head stays trainable.
-    def enable_lora(self, rank, alpha=None, feedforward=False):
-        """Enables LoRA on the backbone (see `BertBackbone.enable_lora`); the head keeps training."""
-        from kbert.models import lora
+    def _default_weighted_metrics(self):
+        return {
+            "mlm": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+            "nsp": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        }
 
-        lora.enable_lora(self.backbone, rank, alpha=alpha, feedforward=feedforward)
-        lora.refresh_optimizer(self)
+    @classmethod
+    def from_preset(cls, source, load_weights=True, **kwargs):
+        """Builds the pretrainer from a preset name or a checkpoint directory (see `BertTask`).
 
-    def save_lora_weights(self, path):
-        """Writes the backbone's LoRA matrices alone (see `BertBackbone.save_lora_weights`)."""
-        self.backbone.save_lora_weights(path)
-
-    def load_lora_weights(self, path):
-        """Reads LoRA matrices into the backbone (see `BertBackbone.load_lora_weights`)."""
-        self.backbone.load_lora_weights(path)
-
-    def merge_lora(self):
-        """Returns a new model with the LoRA update merged into the kernels (see
-        `BertBackbone.merge_lora`); the preprocessor, if any, is shared."""
-        from kbert.models import lora
-
-        return lora.merge_lora(self)
-
-    def get_compile_config(self):
-        # The model compiles itself with its defaults when it is rebuilt from its config.
-        return None
+        The pretrainer takes no text preprocessor: its inputs come from
+        `kbert.data.pretraining_dataset`.
+        """
+        kwargs.setdefault("preprocessor", None)
+        return super().from_preset(source, load_weights=load_weights, **kwargs)
 
     @classmethod
     def from_backbone(cls, backbone, **kwargs):
@@ -170,14 +154,9 @@ class BertPretrainer(PresetMixin, HostInputChecks, keras.Model):
             "learning_rate": self.learning_rate,
             "total_steps": self.total_steps,
             "warmup_steps": self.warmup_steps,
+            "warmup_ratio": self.warmup_ratio,
+            "weight_decay": self.weight_decay,
         }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        if isinstance(config["backbone"], dict):
-            config["backbone"] = keras.layers.deserialize(config["backbone"])
-        return cls(**config)
 
     # === Checkpoint hooks (see kbert/checkpoints/formats.py) ===
     huggingface_architecture = "BertForPreTraining"

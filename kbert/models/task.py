@@ -3,11 +3,12 @@
 A task model is a functional `keras.Model`: the backbone's input dict, the backbone, and a small
 head. On top of that every task:
 
-- comes compiled with BERT's fine-tuning recipe (AdamW, weight decay 0.01 except LayerNorm and
-  biases, global-norm clipping at 1.0, 10 % linear warm-up then linear decay to 0). When
-  `total_steps` is left `None`, each `fit` call plans that schedule over exactly the steps it
-  will run, as Hugging Face's `Trainer.train()` does. `compile(optimizer=...)` alone keeps the
-  default loss and metrics;
+- comes compiled, once, with BERT's fine-tuning recipe (AdamW, weight decay 0.01 except
+  LayerNorm and biases, global-norm clipping at 1.0, 10 % linear warm-up then linear decay to
+  0). When `total_steps` is left `None`, each `fit` call sets that schedule's length to exactly
+  the steps it will run, as Hugging Face's `Trainer.train()` does, without recompiling (the
+  length is an optimizer variable). `compile(optimizer=...)` alone keeps the default loss and
+  metrics;
 - may carry a `preprocessor` (a `kbert.text.BertPreprocessor`). With one attached, `fit`,
   `evaluate` and `predict` accept raw strings (and `(a, b)` pairs); without one, packed dicts of
   `token_ids`, `segment_ids` and `padding_mask`. `from_preset` attaches one whenever the source
@@ -31,7 +32,7 @@ import numpy as np
 
 from kbert.models.backbone import BACKBONE_INPUTS, BertBackbone, check_input_keys
 from kbert.models.input_checks import HostInputChecks, check_model_inputs
-from kbert.models.optimization import bert_optimizer
+from kbert.models.optimization import bert_optimizer, planned_schedule
 from kbert.models.presets import PresetMixin
 
 PREPROCESSOR_CONFIG_FILE = "preprocessor.json"
@@ -47,35 +48,52 @@ def is_dataset(x):
     return hasattr(x, "element_spec") and hasattr(x, "map") and hasattr(x, "batch")
 
 
-def _is_string_batch(x):
-    if isinstance(x, (str, bytes)):
+def _is_text(value):
+    """True for one string or a batch of them (list, NumPy array, TensorFlow string tensor)."""
+    if isinstance(value, (str, bytes)):
         return True
-    if isinstance(x, np.ndarray):
-        return x.dtype.kind in "US" or (
-            x.dtype.kind == "O" and x.size > 0 and isinstance(x.flat[0], (str, bytes))
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind in "US" or (
+            value.dtype.kind == "O" and value.size > 0 and isinstance(value.flat[0], (str, bytes))
         )
-    if isinstance(x, list):
-        return len(x) > 0 and isinstance(x[0], (str, bytes))
-    dtype = getattr(x, "dtype", None)
-    return getattr(dtype, "name", None) == "string"  # A TensorFlow string tensor.
-
-
-def _is_list_of_pairs(x):
-    return (
-        isinstance(x, list)
-        and len(x) > 0
-        and isinstance(x[0], tuple)
-        and len(x[0]) == 2
-        and all(isinstance(part, (str, bytes)) for part in x[0])
-    )
+    if isinstance(value, list):
+        return len(value) > 0 and isinstance(value[0], (str, bytes))
+    return getattr(getattr(value, "dtype", None), "name", None) == "string"
 
 
 def is_raw_text(x):
     """True when `x` is text: a string, a batch of strings, an `(a, b)` pair of batches or a
-    list of `(a, b)` string pairs."""
+    list of `(a, b)` string pairs. `text_parts` turns such an `x` into lists of `str`."""
     if isinstance(x, tuple) and len(x) in (1, 2):
-        return all(_is_string_batch(part) for part in x)
-    return _is_string_batch(x) or _is_list_of_pairs(x)
+        return all(_is_text(part) for part in x)
+    if isinstance(x, list) and x and isinstance(x[0], tuple):  # [(a, b), ...]
+        return len(x[0]) == 2 and all(isinstance(part, (str, bytes)) for part in x[0])
+    return _is_text(x)
+
+
+def text_parts(x):
+    """Raw text (see `is_raw_text`) as a list of one or two equally long lists of `str`.
+
+    The one place where kbert reads the shapes raw text comes in: single strings, batches,
+    `(first, second)` batches and lists of `(first, second)` pairs; bytes are decoded as UTF-8.
+    """
+    if isinstance(x, list) and x and isinstance(x[0], tuple):
+        bad = [i for i, pair in enumerate(x) if not (isinstance(pair, tuple) and len(pair) == 2)]
+        if bad:
+            raise ValueError(
+                f"Expected every item to be a (first, second) pair of strings. Item {bad[0]} is "
+                f"{x[bad[0]]!r}"
+            )
+        x = ([pair[0] for pair in x], [pair[1] for pair in x])
+    parts = [_as_text_list(part) for part in (x if isinstance(x, tuple) else (x,))]
+    if len(parts) == 2 and len(parts[0]) != len(parts[1]):
+        raise ValueError(
+            "The two parts of a sentence pair must have the same number of rows. "
+            f"Received: {len(parts[0])} and {len(parts[1])}"
+        )
+    if not parts[0]:
+        raise ValueError("Received an empty batch of strings.")
+    return parts
 
 
 def _as_text_list(x):
@@ -95,6 +113,12 @@ def _as_text_list(x):
             )
         out.append(value)
     return out
+
+
+def dataset_has_strings(dataset):
+    """True when the elements of a `tf.data.Dataset` hold a string tensor anywhere."""
+    leaves = keras.tree.flatten(dataset.element_spec)
+    return any(getattr(getattr(spec, "dtype", None), "name", None) == "string" for spec in leaves)
 
 
 def _num_rows(x):
@@ -121,10 +145,20 @@ def _is_empty_batch(x):
     return False
 
 
-def _element_has_strings(element_spec):
-    """True when a tf.data element spec holds a string tensor anywhere."""
-    leaves = keras.tree.flatten(element_spec)
-    return any(getattr(getattr(spec, "dtype", None), "name", None) == "string" for spec in leaves)
+_UNKNOWN_CARDINALITY = -2  # tf.data.UNKNOWN_CARDINALITY (-1 is INFINITE)
+
+
+def _cardinality(dataset):
+    try:
+        return int(dataset.cardinality())
+    except (TypeError, ValueError):
+        return None
+
+
+def _count_batches(dataset):
+    """Number of elements of a `tf.data.Dataset` (one pass over it); `None` when it is empty."""
+    count = int(dataset.reduce(np.int64(0), lambda count, *_: count + 1))
+    return count or None
 
 
 def check_class_ids(labels, num_classes, name):
@@ -170,7 +204,9 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
             LayerNorm parameters and biases). Defaults to `0.01`.
         warmup_ratio: float. Fraction of the schedule spent warming up. Defaults to `0.1`.
         total_steps: int or `None`. Length of the default schedule; `None` plans it in each
-            `fit` call from the data size, batch size and epochs. Defaults to `None`.
+            `fit` call from the data size, batch size and epochs (see `fit`). Defaults to `None`.
+
+    The task compiles itself once, in its constructor; `fit` never recompiles.
     """
 
     default_learning_rate = 5e-5
@@ -199,8 +235,6 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
         self.weight_decay = weight_decay
         self.warmup_ratio = warmup_ratio
         self.total_steps = total_steps
-        self._auto_optimizer = False
-        self._compile_request = {}
 
     @staticmethod
     def _check_backbone(backbone, model_name):
@@ -236,8 +270,11 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
             )
 
     # ------------------------------------------------------------------ calling
+    # Keys of the model's input dict.
+    input_names = BACKBONE_INPUTS
+
     def call(self, inputs, training=None, mask=None):
-        check_input_keys(inputs, BACKBONE_INPUTS, type(self).__name__)
+        check_input_keys(inputs, self.input_names, type(self).__name__)
         check_model_inputs(inputs, self.backbone)
         return super().call(inputs, training=training, mask=mask)
 
@@ -254,13 +291,20 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
     def _default_loss_weights(self):
         return None
 
-    def _default_optimizer(self, total_steps):
-        warmup_steps = int(round(total_steps * self.warmup_ratio))
+    # Name of the default optimizer's update rule for `bert_optimizer` ("adamw" or "lamb").
+    optimizer_name = "adamw"
+    # Fixed warm-up length of the default schedule; `None` uses `warmup_ratio`.
+    warmup_steps = None
+
+    def _default_optimizer(self):
+        """BERT's optimizer; with `total_steps=None` its schedule is planned by each `fit`."""
         return bert_optimizer(
             self.learning_rate,
-            total_steps=total_steps,
-            warmup_steps=warmup_steps,
+            total_steps=self.total_steps,
+            warmup_steps=self.warmup_steps,
+            warmup_ratio=self.warmup_ratio,
             weight_decay=self.weight_decay,
+            optimizer=self.optimizer_name,
         )
 
     def compile(
@@ -268,19 +312,14 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
     ):
         """`keras.Model.compile` with the task's defaults for every argument left `"auto"`.
 
-        The default optimizer is AdamW with linear warm-up and linear decay (see the class
-        docstring); with `total_steps=None` its schedule is planned by each `fit` call.
+        The default optimizer is `kbert.models.bert_optimizer` (AdamW, linear warm-up and
+        linear decay; see the class docstring). The task compiles itself once, in its
+        constructor; `fit` never compiles. With `total_steps=None` the schedule's length is
+        planned at the start of each `fit` from what `fit` receives (see `fit`): the schedule
+        keeps its length in optimizer variables, so planning changes no compiled function.
         """
-        self._compile_request = dict(
-            loss=loss, metrics=metrics, weighted_metrics=weighted_metrics, **kwargs
-        )
-        self._auto_optimizer = isinstance(optimizer, str) and optimizer == "auto"
-        if self._auto_optimizer:
-            # Until `fit` plans it: warm-up-free, practically constant rate.
-            optimizer = self._default_optimizer(self.total_steps or 10**9)
-        self._compile_resolved(optimizer, **self._compile_request)
-
-    def _compile_resolved(self, optimizer, loss, metrics, weighted_metrics, **kwargs):
+        if isinstance(optimizer, str) and optimizer == "auto":
+            optimizer = self._default_optimizer()
         if isinstance(loss, str) and loss == "auto":
             loss = self._default_loss()
             if kwargs.get("loss_weights") is None:
@@ -296,21 +335,6 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
             weighted_metrics=weighted_metrics,
             **kwargs,
         )
-
-    def _plan_schedule(self, steps):
-        """Recompiles with a default optimizer whose schedule spans `steps` training steps."""
-        if not self._auto_optimizer or self.total_steps is not None:
-            return
-        if steps is None:
-            warnings.warn(
-                f"{type(self).__name__}.fit could not count the training steps (unknown dataset "
-                "size), so the default learning rate stays constant. Pass `steps_per_epoch`, "
-                "`total_steps` to the model, or compile with your own optimizer.",
-                stacklevel=3,
-            )
-            return
-        self._compile_resolved(self._default_optimizer(max(int(steps), 1)), **self._compile_request)
-        self._auto_optimizer = True
 
     # --------------------------------------------------------------- raw inputs
     @property
@@ -330,32 +354,12 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
     def _preprocess_text(self, x):
         """Raw strings or `(a, b)` pairs -> packed int32 NumPy arrays, via the preprocessor."""
         self._require_preprocessor("raw strings")
-        if _is_list_of_pairs(x):
-            bad = [i for i, pair in enumerate(x) if not (isinstance(pair, tuple) and len(pair) == 2)]
-            if bad:
-                raise ValueError(
-                    f"Expected every item to be a (first, second) pair of strings. Item {bad[0]} is "
-                    f"{x[bad[0]]!r}"
-                )
-            x = (tuple(pair[0] for pair in x), tuple(pair[1] for pair in x))
-            x = tuple(list(part) for part in x)
-        if isinstance(x, tuple):
-            parts = [_as_text_list(part) for part in x]
-            if len(parts) == 2 and len(parts[0]) != len(parts[1]):
-                raise ValueError(
-                    "The two parts of a sentence pair must have the same number of rows. "
-                    f"Received: {len(parts[0])} and {len(parts[1])}"
-                )
-        else:
-            parts = [_as_text_list(x)]
-        num_rows = len(parts[0])
+        parts = text_parts(x)
         chunks = []
-        for start in range(0, num_rows, _PREPROCESS_CHUNK):
+        for start in range(0, len(parts[0]), _PREPROCESS_CHUNK):
             batch = [part[start : start + _PREPROCESS_CHUNK] for part in parts]
             packed = self.preprocessor(tuple(batch) if len(batch) == 2 else batch[0])
             chunks.append({k: np.asarray(v).astype("int32") for k, v in packed.items()})
-        if not chunks:
-            raise ValueError("Received an empty batch of strings.")
         return {k: np.concatenate([c[k] for c in chunks]) for k in BACKBONE_INPUTS}
 
     def _check_labels(self, y):
@@ -367,7 +371,7 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
         Returns `(x, y, sample_weight)`. `mode` is `"fit"`, `"evaluate"` or `"predict"`.
         """
         if is_dataset(x):
-            if self.preprocessor is not None and _element_has_strings(x.element_spec):
+            if self.preprocessor is not None and dataset_has_strings(x):
                 return x.map(self.preprocessor, num_parallel_calls=-1), None, None
             return x, y, sample_weight
         if is_raw_text(x):
@@ -390,14 +394,12 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
         return prepared if prepared[2] is not None else prepared[:2]
 
     def _steps_per_epoch(self, x, batch_size, steps_per_epoch, validation_split):
+        """Batches one epoch of `fit` will run, or `None` when the input does not say."""
         if steps_per_epoch is not None:
             return steps_per_epoch
         if is_dataset(x):
-            try:
-                cardinality = int(x.cardinality())
-            except (TypeError, ValueError):
-                return None
-            return cardinality if cardinality > 0 else None
+            cardinality = _cardinality(x)
+            return cardinality if cardinality is not None and cardinality > 0 else None
         if isinstance(x, keras.utils.PyDataset):
             return len(x)
         try:
@@ -421,14 +423,46 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
         validation_split=0.0,
         **kwargs,
     ):
-        """`keras.Model.fit` that also takes raw text (with a preprocessor) and plans the default schedule.
+        """`keras.Model.fit` that also takes raw text and plans the default schedule's length.
 
-        See `keras.Model.fit` for the arguments. Labels are checked before training.
+        See `keras.Model.fit` for the arguments. Labels are checked before training. Raw
+        strings (or `(a, b)` pairs) go through the attached preprocessor.
+
+        **Schedule.** When the optimizer's schedule has no fixed length (the default,
+        `total_steps=None`), this call sets it to the steps it is about to run -
+        `(epochs - initial_epoch) x steps per epoch` - with `warmup_ratio` of them warming up,
+        starting from the optimizer's current step: each `fit` call warms up and decays over
+        its own steps, as Hugging Face's `Trainer.train()` does. Steps per epoch come from
+        `steps_per_epoch`, the data's length and `batch_size`, or a `tf.data.Dataset`'s
+        cardinality. A dataset of unknown size (`cardinality() == -2`, e.g. one made with
+        `filter` or `kbert.data.pretraining_dataset`) is counted once here, one pass over
+        its input pipeline, and every epoch then takes that many batches; give
+        `steps_per_epoch` to skip the count. Nothing is recompiled: the length lives in two
+        optimizer variables (`kbert.models.WarmupLinearDecay.plan`).
         """
         x, y, sample_weight = self._prepare_inputs(x, y, sample_weight, mode="fit")
         validation_data = self._prepare_validation_data(validation_data)
-        steps = self._steps_per_epoch(x, batch_size, steps_per_epoch, validation_split)
-        self._plan_schedule(None if steps is None else steps * max(epochs - initial_epoch, 1))
+        if is_dataset(x):
+            # Keras warns that `shuffle` (on by default) is ignored for datasets: say it is off.
+            kwargs.setdefault("shuffle", False)
+        schedule = planned_schedule(self.optimizer)
+        if schedule is not None:
+            steps = self._steps_per_epoch(x, batch_size, steps_per_epoch, validation_split)
+            if steps is None and is_dataset(x) and _cardinality(x) == _UNKNOWN_CARDINALITY:
+                steps = _count_batches(x)
+                # Each epoch takes exactly `steps` batches of the repeated dataset: no
+                # "ran out of data" stop when a later pass yields fewer batches.
+                x, steps_per_epoch = x.repeat(), steps
+            if steps is None:
+                warnings.warn(
+                    f"{type(self).__name__}.fit could not count the training steps (a generator, "
+                    "an infinite or an empty dataset), so the learning rate stays at its peak without warm-up "
+                    "or decay. Pass `steps_per_epoch` or give the model `total_steps`.",
+                    stacklevel=2,
+                )
+            else:
+                start = int(keras.ops.convert_to_numpy(self.optimizer.iterations))
+                schedule.plan(steps * max(epochs - initial_epoch, 1), start_step=start)
         return super().fit(
             x=x,
             y=y,

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from kbert.models import BertBackbone, BertClassifier, BertTagger
+from kbert.models.optimization import planned_schedule
 from kbert.text import BertPreprocessor, BertTokenizer
 from tests.test_case import assert_all_close, random_backbone_inputs, tiny_backbone_kwargs, to_numpy
 
@@ -237,8 +238,8 @@ def test_fit_on_raw_strings_learns_a_toy_task_with_the_default_schedule():
     predictions = to_numpy(model(model.preprocessor(sentences))).argmax(-1)
     np.testing.assert_array_equal(predictions, labels)
     # The default AdamW schedule was planned over exactly the 96 steps of this fit.
-    schedule = model.optimizer._learning_rate
-    assert (schedule.total_steps, schedule.warmup_steps, schedule.peak_learning_rate) == (96, 10, 2e-2)
+    schedule = planned_schedule(model.optimizer)
+    assert (schedule.planned_length(), schedule.peak_learning_rate) == ((96, 10), 2e-2)
     assert int(to_numpy(model.optimizer.iterations)) == 96
     assert float(to_numpy(model.optimizer.learning_rate)) == pytest.approx(0.0, abs=1e-12)
     assert model.optimizer.weight_decay == 0.01
@@ -330,20 +331,19 @@ def test_schedule_planning_and_compile_keeps_the_loss():
     model = BertClassifier(toy_backbone(), num_classes=2, learning_rate=1e-3, warmup_ratio=0.2)
     assert model._steps_per_epoch(inputs, 4, None, 0.0) == 3
     assert model._steps_per_epoch(inputs, None, None, 0.5) == 1
-    model._plan_schedule(20)
-    schedule = model.optimizer._learning_rate
-    assert (schedule.total_steps, schedule.warmup_steps) == (20, 4)
-    # A fixed total_steps is kept.
+    schedule = planned_schedule(model.optimizer)
+    schedule.plan(20)
+    assert schedule.planned_length() == (20, 4)
+    # A fixed total_steps is kept: nothing to plan.
     fixed = BertClassifier(toy_backbone(), num_classes=2, total_steps=100)
-    fixed._plan_schedule(20)
+    assert planned_schedule(fixed.optimizer) is None
     assert fixed.optimizer._learning_rate.total_steps == 100
     # compile(optimizer=...) alone keeps the default loss and metrics, and no re-planning.
     model.compile(optimizer=keras.optimizers.SGD(0.1))
     logits = to_numpy(model(inputs))
     loss = float(to_numpy(model.compute_loss(x=inputs, y=labels, y_pred=logits)))
     assert loss == pytest.approx(-_log_softmax(logits)[np.arange(10), labels].mean(), rel=1e-5)
-    model._plan_schedule(7)
-    assert isinstance(model.optimizer, keras.optimizers.SGD)
+    assert isinstance(model.optimizer, keras.optimizers.SGD) and planned_schedule(model.optimizer) is None
 
 
 # ------------------------------------------------------------- saving

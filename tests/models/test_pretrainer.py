@@ -95,7 +95,7 @@ def test_loss_is_mlm_mean_over_real_predictions_plus_nsp():
 
 
 def test_default_compile_is_the_papers_recipe():
-    model = make_pretrainer()
+    model = BertPretrainer(BertBackbone(**tiny_backbone_kwargs()), total_steps=1_000_000, warmup_steps=10_000)
     optimizer = model.optimizer
     assert isinstance(optimizer, keras.optimizers.AdamW)
     assert optimizer.weight_decay == pytest.approx(0.01)

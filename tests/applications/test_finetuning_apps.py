@@ -1,0 +1,201 @@
+"""applications/glue.py, ner.py, squad.py and demo.py: a smoke run each on tiny data written
+here, and their one-line errors for the usual mistakes (checked before Keras is imported)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from applications import common, glue, ner, squad
+from kbert.models import BertBackbone
+from kbert.text import BertTokenizer
+from tests.test_case import tiny_backbone_kwargs
+
+REPO = Path(__file__).resolve().parents[2]
+WORDS = (
+    "a good great fine bad awful dull film movie plot the cat dog sat ran on mat in paris john "
+    "smith lives works at acme who where what did is was ? ."
+).split()
+VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory):
+    """A tiny kbert preset directory with weights and a vocabulary."""
+    folder = tmp_path_factory.mktemp("preset")
+    backbone = BertBackbone(**tiny_backbone_kwargs(vocabulary_size=len(VOCABULARY), num_layers=1,
+                                                   max_sequence_length=64))
+    backbone.save_to_preset(folder)
+    BertTokenizer(VOCABULARY).save_to_preset(folder)
+    return folder
+
+
+def _write_glue(data):
+    folder = data / "glue" / "SST-2"
+    folder.mkdir(parents=True)
+    rows = ["a good film", "a great movie", "a fine plot", "a bad film", "an awful movie", "a dull plot"]
+    labels = [1, 1, 1, 0, 0, 0]
+    text = "sentence\tlabel\n" + "".join(f"{r}\t{l}\n" for r, l in zip(rows * 4, labels * 4))
+    (folder / "train.tsv").write_text(text)
+    (folder / "dev.tsv").write_text("sentence\tlabel\n" + "".join(f"{r}\t{l}\n" for r, l in zip(rows, labels)))
+
+
+def _write_conll(data):
+    folder = data / "conll2003"
+    folder.mkdir(parents=True)
+    sentence = [("john", "I-PER"), ("smith", "I-PER"), ("works", "O"), ("at", "O"), ("acme", "I-ORG"),
+                ("in", "O"), ("paris", "I-LOC"), (".", "O")]
+    block = "".join(f"{w} NN O {t}\n" for w, t in sentence) + "\n"
+    for name, copies in (("eng.train", 8), ("eng.testa", 2)):
+        (folder / name).write_text("-DOCSTART- -X- -X- O\n\n" + block * copies)
+
+
+def _write_squad(data):
+    folder = data / "squad"
+    folder.mkdir(parents=True)
+    context = "john smith lives in paris . the cat sat on the mat ."
+
+    def article(index):
+        questions = [("where does john smith live ?", "paris"), ("who sat on the mat ?", "the cat")]
+        return {
+            "title": f"article {index}",
+            "paragraphs": [{
+                "context": context,
+                "qas": [
+                    {"id": f"{index}-{k}", "question": q,
+                     "answers": [{"text": a, "answer_start": context.index(a)}]}
+                    for k, (q, a) in enumerate(questions)
+                ],
+            }],
+        }
+
+    (folder / "dev-v1.1.json").write_text(json.dumps({"version": "1.1", "data": [article(i) for i in range(3)]}))
+
+
+def _check_outputs(output_dir, metric):
+    record = json.loads((output_dir / "metrics.json").read_text())
+    assert record["backend"] == keras.backend.backend()
+    assert record["train_steps"] == len(record["step_loss"]) > 0
+    assert np.isfinite(record["step_loss"]).all()
+    assert record["evaluations"] and metric in record["evaluations"][-1]
+    assert record["baseline"] is not None
+    png = (output_dir / "training_curve.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+    return record
+
+
+def test_glue_runs_on_tiny_data(preset, tmp_path):
+    _write_glue(tmp_path / "data")
+    out = tmp_path / "out"
+    metrics = glue.main(["--task", "sst2", "--preset", str(preset), "--data-dir", str(tmp_path / "data"),
+                         "--epochs", "2", "--batch-size", "8", "--max-length", "16", "--output-dir", str(out)])
+    assert 0.0 <= metrics["accuracy"] <= 1.0
+    record = _check_outputs(out, "accuracy")
+    assert len(record["evaluations"]) == 2  # one per epoch
+    assert record["baseline"] == {"name": "majority class", "accuracy": 0.5}
+
+
+def test_ner_runs_on_tiny_data(preset, tmp_path):
+    _write_conll(tmp_path / "data")
+    out = tmp_path / "out"
+    metrics = ner.main(["--preset", str(preset), "--data-dir", str(tmp_path / "data"), "--epochs", "1",
+                        "--batch-size", "4", "--max-length", "16", "--output-dir", str(out)])
+    assert 0.0 <= metrics["entity_f1"] <= 1.0
+    _check_outputs(out, "entity_f1")
+
+
+def test_squad_runs_on_tiny_data(preset, tmp_path):
+    _write_squad(tmp_path / "data")
+    out = tmp_path / "out"
+    metrics = squad.main(["--preset", str(preset), "--data-dir", str(tmp_path / "data"), "--epochs", "1",
+                          "--batch-size", "4", "--max-length", "32", "--doc-stride", "8", "--max-query-length", "12",
+                          "--train-articles", "0:2", "--eval-articles", "2:3", "--output-dir", str(out)])
+    assert 0.0 <= metrics["f1"] <= 100.0
+    _check_outputs(out, "f1")
+
+
+def _run(script, *args, env_extra=None):
+    env = {k: v for k, v in os.environ.items() if k != "KBERT_DATA_DIR"}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(env_extra or {})
+    start = time.time()
+    result = subprocess.run([sys.executable, str(REPO / "applications" / script), *args],
+                            capture_output=True, text=True, env=env, timeout=300)
+    return result, time.time() - start
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="argument checks before Keras is imported: run once")
+def test_mistakes_fail_at_once_in_one_line(preset, tmp_path):
+    _write_glue(tmp_path / "data")
+    (tmp_path / "no_vocab").mkdir()
+    (tmp_path / "no_vocab" / "model.weights.h5").write_bytes(b"")
+    (tmp_path / "no_weights").mkdir()
+    (tmp_path / "no_weights" / "vocab.txt").write_text("[PAD]\n")
+    data = ["--data-dir", str(tmp_path / "data")]
+    cases = [
+        (("glue.py", "--task", "sst2", "--preset", str(preset)), "KBERT_DATA_DIR"),
+        (("glue.py", "--task", "sst2", "--preset", str(preset), "--data-dir", str(tmp_path / "nowhere")),
+         "does not exist"),
+        (("glue.py", "--task", "cola", "--preset", str(preset), *data), "CoLA/dev.tsv"),
+        (("glue.py", "--task", "sst2", "--preset", "bert_tiny_en_uncased", *data), "without weights"),
+        (("glue.py", "--task", "sst2", "--preset", str(tmp_path / "missing"), *data), "no such directory"),
+        (("glue.py", "--task", "sst2", "--preset", str(tmp_path / "no_vocab"), *data), "no vocabulary"),
+        (("glue.py", "--task", "sst2", "--preset", str(tmp_path / "no_weights"), *data), "no weights"),
+        (("ner.py", "--preset", str(preset), *data), "conll2003/eng.train"),
+        (("squad.py", "--preset", str(preset), *data), "squad/dev-v1.1.json"),
+    ]
+    for args, message in cases:
+        result, seconds = _run(*args, env_extra={"KBERT_PRESETS_DIR": str(tmp_path / "presets")})
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(lines) == 1 and message in lines[0], (args, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert seconds < 20, (args, seconds)  # no Keras/TensorFlow import before the check
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="help texts: run once")
+def test_help_states_the_recipes():
+    for script, recipe in (
+        ("glue.py", "--max-train-examples 8000 --max-length 64 --epochs 1 --learning-rate 5e-5"),
+        ("ner.py", "--max-train-examples 2000 --epochs 1 --batch-size 16 --learning-rate 1e-4"),
+        ("squad.py", "--max-train-examples 1500 --epochs 1 --max-length 256"),
+        ("demo.py", "recipe of the README"),
+    ):
+        result, _ = _run(script, "--help")
+        assert result.returncode == 0 and recipe in " ".join(result.stdout.split()), (script, result.stdout)
+        assert "$KBERT_DATA_DIR" in result.stdout or script == "demo.py"
+
+
+def test_startup_notices_are_dropped_and_errors_kept():
+    spec_path = REPO / "kbert" / "startup.py"
+    code = (
+        "import importlib.util, os\n"
+        f"spec = importlib.util.spec_from_file_location('s', {str(spec_path)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "with m.quiet_native_startup():\n"
+        "    os.write(2, b'E0000 00:00 1 cuda_executor.cc:1 failed call to cuInit: INTERNAL: CUDA error (303)\\n')\n"
+        "    os.write(2, b'I0000 port.cc:153] oneDNN custom operations are on.\\n')\n"
+        "    os.write(2, b'E0000 something real went wrong\\n')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    assert result.stderr == "E0000 something real went wrong\n"
+
+
+def test_results_record_evaluations_and_baseline(tmp_path):
+    import argparse
+
+    history = common.step_history()
+    history.step_loss = [0.70, 0.69, 0.68, 0.66, 0.65]
+    args = argparse.Namespace(preset="p")
+    common.write_results(tmp_path, "glue/sst2", {"accuracy": 0.52}, history, args,
+                         evaluations=[{"step": 5, "accuracy": 0.52}], baseline=("majority class", {"accuracy": 0.51}))
+    record = json.loads((tmp_path / "metrics.json").read_text())
+    assert record["evaluations"] == [{"step": 5, "accuracy": 0.52}]
+    assert (tmp_path / "training_curve.png").stat().st_size > 1000
