@@ -4,8 +4,16 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import importlib.util
+import re
+
 import keras
 import pytest
+
+HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
+# Test files that import TensorFlow at module level (collected only where it is installed).
+_TENSORFLOW_IMPORT = re.compile(r"^(import|from) tensorflow(_text)?\b", re.MULTILINE)
+_not_collected = []
 
 
 if keras.backend.backend() == "torch":
@@ -26,3 +34,22 @@ def _seed_and_reset():
     keras.config.set_dtype_policy("float32")
     yield
     keras.config.set_dtype_policy("float32")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Without TensorFlow, test files that import it are not collected (listed at the end)."""
+    if HAS_TENSORFLOW or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    if _TENSORFLOW_IMPORT.search(collection_path.read_text(encoding="utf-8")):
+        _not_collected.append(str(collection_path))
+        return True
+    return None
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _not_collected:
+        terminalreporter.write_line(
+            f"TensorFlow is not installed: {len(_not_collected)} test files that need it were not "
+            f'collected (pip install "kbert[tensorflow]" to run them): '
+            + ", ".join(sorted(_not_collected))
+        )
