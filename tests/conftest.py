@@ -41,7 +41,10 @@ def pytest_ignore_collect(collection_path, config):
     if HAS_TENSORFLOW or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
         return None
     if _TENSORFLOW_IMPORT.search(collection_path.read_text(encoding="utf-8")):
-        _not_collected.append(str(collection_path))
+        asked = [os.path.abspath(arg.split("::")[0]) for arg in config.args]
+        path = os.path.abspath(collection_path)
+        if any(path == a or path.startswith(a + os.sep) for a in asked):
+            _not_collected.append(os.path.relpath(path))
         return True
     return None
 
