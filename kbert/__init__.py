@@ -4,10 +4,14 @@ Subpackages:
     kbert.layers       Keras layers (embeddings, attention, encoder block, heads).
     kbert.models       BertBackbone, BertPretrainer, task models, presets.
     kbert.text         WordPiece tokenizer identical to the reference, input packer.
-    kbert.data         tf.data pipelines (pretraining, fine-tuning) and dataset readers.
+    kbert.data         Dataset readers, SQuAD / tagging features, tf.data pretraining pipeline.
     kbert.metrics      MCC, Pearson/Spearman, entity F1, SQuAD EM/F1.
     kbert.checkpoints  Readers/writers for HF, Google TF and keras-hub checkpoints.
     kbert.distribution Data- and model-parallel training (keras.distribution) with BERT layouts.
+
+TensorFlow is optional: everything runs with Keras on JAX or PyTorch alone except the tf.data
+pipelines, the tokenizer inside a tf.data graph and Google TF checkpoints, which raise one clear
+error naming `pip install "kbert[tensorflow]"` when it is missing.
 """
 
 __version__ = "0.1.0"

@@ -4,8 +4,16 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import importlib.util
+import re
+
 import keras
 import pytest
+
+HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
+# Test files that import TensorFlow at module level (collected only where it is installed).
+_TENSORFLOW_IMPORT = re.compile(r"^(import|from) tensorflow(_text)?\b", re.MULTILINE)
+_not_collected = []
 
 
 if keras.backend.backend() == "torch":
@@ -45,3 +53,25 @@ def pytest_runtest_makereport(item, call):
         path, line, reason = report.longrepr
         if any(word in reason for word in _DATA_SKIP_WORDS) and "KBERT_DATA_DIR=" not in reason:
             report.longrepr = (path, line, reason + _DATA_SKIP_HINT)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Without TensorFlow, test files that import it are not collected (listed at the end)."""
+    if HAS_TENSORFLOW or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    if _TENSORFLOW_IMPORT.search(collection_path.read_text(encoding="utf-8")):
+        asked = [os.path.abspath(arg.split("::")[0]) for arg in config.args]
+        path = os.path.abspath(collection_path)
+        if any(path == a or path.startswith(a + os.sep) for a in asked):
+            _not_collected.append(os.path.relpath(path))
+        return True
+    return None
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _not_collected:
+        terminalreporter.write_line(
+            f"TensorFlow is not installed: {len(_not_collected)} test files that need it were not "
+            f'collected (pip install "kbert[tensorflow]" to run them): '
+            + ", ".join(sorted(_not_collected))
+        )
