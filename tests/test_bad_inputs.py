@@ -118,6 +118,17 @@ def ctx(tmp_path_factory):
     return Context(tmp_path_factory.mktemp("bad_inputs"))
 
 
+def _convert_tool(*argv):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "convert_checkpoint.py"
+    spec = importlib.util.spec_from_file_location("convert_checkpoint", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(list(argv))
+
+
 def _squad(paragraph):
     return {"version": "1.1", "data": [{"title": "T", "paragraphs": [paragraph]}]}
 
@@ -219,6 +230,10 @@ CASES = [
     _case("tagging-sequence-length-2", lambda c: encode_tagging([["a"]], c.tokenizer, sequence_length=2), ValueError, "sequence_length=2"),
     _case("tagging-label-count", lambda c: encode_tagging([["the", "film"]], c.tokenizer, word_labels=[["O"]], label_to_id={"O": 0}), ValueError, "2 words but 1 labels"),
     _case("tagging-unknown-label", lambda c: encode_tagging([["the"]], c.tokenizer, word_labels=[["B-XYZ"]], label_to_id={"O": 0}), ValueError, "'B-XYZ'"),
+    # --- tools ----------------------------------------------------------------------------
+    _case("convert-missing-source", lambda c: _convert_tool("--source", str(c.root / "no_such_dir"), "--output", str(c.root / "out")), SystemExit, "no_such_dir"),
+    _case("convert-preset-name-without-weights", lambda c: _convert_tool("--source", "bert_tiny_en_uncased", "--output", str(c.root / "out")), SystemExit, "load_weights=False"),
+    _case("convert-not-a-checkpoint", lambda c: _convert_tool("--source", str(c.root), "--output", str(c.root / "out")), SystemExit, "is not a known BERT checkpoint"),
     _case("tagging-word-not-str", lambda c: encode_tagging([["the", 5]], c.tokenizer), ValueError, "5 (type int)"),
 ]
 

@@ -63,7 +63,10 @@ def parse_args(argv=None):
         default=None,
         help="Keras backend to run on (default: $KERAS_BACKEND, else tensorflow)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.tolerance >= 0:
+        parser.error(f"--tolerance must be a number >= 0. Received: {args.tolerance}")
+    return args
 
 
 def main(argv=None):

@@ -1,6 +1,7 @@
 """Readers and writers of BERT checkpoints: kbert presets, Hugging Face, Google TF, keras-hub."""
 
 from kbert.checkpoints._weights import LoadReport
+from kbert.checkpoints.atomic import atomic_directory, atomic_write_bytes, atomic_write_text
 from kbert.checkpoints.google import load_weights as load_google_weights
 from kbert.checkpoints.huggingface import export_to_huggingface
 from kbert.checkpoints.huggingface import load_weights as load_huggingface_weights
@@ -12,6 +13,9 @@ from kbert.checkpoints.vocabulary import read_vocabulary
 
 __all__ = [
     "LoadReport",
+    "atomic_directory",
+    "atomic_write_bytes",
+    "atomic_write_text",
     "detect_format",
     "export_to_huggingface",
     "installed_presets_dir",
