@@ -122,3 +122,20 @@ def test_damaged_weights_file_is_named(preset, tmp_path):
     (damaged / "model.weights.h5").write_bytes(data[: len(data) // 3])
     with pytest.raises(ValueError, match=r"damaged.*model\.weights\.h5|model\.weights\.h5.*damaged"):
         kbert.models.BertBackbone.from_preset(damaged)
+
+
+def test_unexpected_h5_layouts_are_refused(preset, tmp_path):
+    import h5py
+
+    path, _ = preset
+    extra = _copy(path, tmp_path / "extra_variable")
+    with h5py.File(extra / "model.weights.h5", "a") as file:
+        file["layers/dense/vars"].create_dataset("2", data=np.zeros(3, "float32"))
+    with pytest.raises(ValueError, match=r"unexpected variables \['0', '1', '2'\].*'pooled_dense'"):
+        kbert.models.BertBackbone.from_preset(extra)
+
+    other = _copy(path, tmp_path / "no_layers")
+    with h5py.File(other / "model.weights.h5", "w") as file:
+        file.create_dataset("kernel", data=np.zeros(3, "float32"))
+    with pytest.raises(ValueError, match=r"model\.weights\.h5 has no 'layers' group"):
+        kbert.models.BertBackbone.from_preset(other)
