@@ -1,11 +1,12 @@
 """keras-hub BERT presets: `config.json` (a serialised `keras_hub.models.BertBackbone`) + `model.weights.h5`.
 
-The preset's backbone is rebuilt locally with keras-hub from the whitelisted numeric fields of
-its config (no deserialisation of arbitrary objects, no download), its weights are loaded by
-keras-hub, and then copied by name into kbert's backbone. keras-hub's BERT uses the tanh
-approximation of GELU and LayerNorm epsilon 1e-12 everywhere, so a kbert model loaded from it
-has `activation="gelu_approximate"`; its attention kernels are per head
-(`(hidden, heads, head_dim)`) and are reshaped into kbert's `(hidden, hidden)` kernels.
+The config is read from its whitelisted numeric fields (no deserialisation of arbitrary
+objects, no download) and `model.weights.h5` is read with h5py alone, so neither keras-hub
+nor TensorFlow is needed; the tensors are copied by keras-hub variable path into kbert's
+backbone. keras-hub's BERT uses the tanh approximation of GELU and LayerNorm epsilon 1e-12
+everywhere, so a kbert model loaded from it has `activation="gelu_approximate"`; its attention
+kernels are per head (`(hidden, heads, head_dim)`) and are reshaped into kbert's
+`(hidden, hidden)` kernels.
 
 keras-hub presets hold a backbone only (task heads such as `BertMaskedLM`'s live in a separate
 `task.weights.h5` that is not read): loading one into `BertPretrainer` or a task model leaves
@@ -97,31 +98,97 @@ def read_config(path, require_weights=True):
     return config, (vocabulary if vocabulary.is_file() else None), raw
 
 
-def build_keras_hub_backbone(path):
-    """The preset's `keras_hub.models.BertBackbone` (float32) with its weights, built locally."""
-    import keras_hub
+# The variables each keras-hub BERT layer (named as in the `name` attribute of its `vars` group)
+# stores, in the order of its `vars/0`, `vars/1`, ... datasets.
+_LAYER_VARIABLES = {
+    "token_embedding": ("embeddings",),
+    "position_embedding": ("embeddings",),
+    "segment_embedding": ("embeddings",),
+    "embeddings_layer_norm": ("gamma", "beta"),
+    "self_attention_layer_norm": ("gamma", "beta"),
+    "feedforward_layer_norm": ("gamma", "beta"),
+    "query": ("kernel", "bias"),
+    "key": ("kernel", "bias"),
+    "value": ("kernel", "bias"),
+    "attention_output": ("kernel", "bias"),
+    "feedforward_intermediate_dense": ("kernel", "bias"),
+    "feedforward_output_dense": ("kernel", "bias"),
+    "pooled_dense": ("kernel", "bias"),
+}
 
-    from kbert.checkpoints.huggingface import read_json
 
-    path = Path(path)
-    fields = _backbone_fields(read_json(path / CONFIG_FILE), str(path / CONFIG_FILE))
-    weights = path / WEIGHTS_FILE
-    if not weights.is_file():
-        raise FileNotFoundError(f"The keras-hub preset {path} has no {WEIGHTS_FILE}")
-    model = keras_hub.models.BertBackbone(**fields, dtype="float32")
+def read_weights_h5(weights_path):
+    """`{keras-hub variable path: np.ndarray}` of a keras-hub BertBackbone's `model.weights.h5`.
+
+    Reads the HDF5 file with h5py alone (neither keras-hub nor TensorFlow is needed, and
+    nothing in the file is executed). Keras 3 stores each layer as a group whose `vars`
+    subgroup holds the layer's variables as datasets `0`, `1`, ... and names the layer in
+    its `name` attribute; a variable's path is the chain of those names below the model
+    (`transformer_layer_0/self_attention_layer/query`) plus the variable's name.
+    """
+    import h5py
+
+    weights_path = Path(weights_path)
+    if not weights_path.is_file():
+        raise FileNotFoundError(f"The keras-hub preset {weights_path.parent} has no {WEIGHTS_FILE}")
+    arrays = {}
+
+    def visit(group, prefix):
+        for key, item in group.items():
+            if not isinstance(item, h5py.Group) or key == "vars":
+                continue
+            variables = item.get("vars")
+            name = variables.attrs.get("name") if isinstance(variables, h5py.Group) else None
+            if isinstance(name, bytes):
+                name = name.decode("utf-8")
+            if not isinstance(name, str):
+                raise ValueError(
+                    f"{weights_path}: the group {item.name} has no vars group with a 'name' "
+                    "attribute; expected a model.weights.h5 written by Keras 3 (keras-hub)."
+                )
+            path = f"{prefix}{name}"
+            datasets = sorted(variables.keys(), key=lambda k: int(k) if k.isdigit() else -1)
+            if datasets:
+                names = _LAYER_VARIABLES.get(name)
+                if names is None or len(datasets) != len(names) or datasets != [
+                    str(i) for i in range(len(names))
+                ]:
+                    raise ValueError(
+                        f"{weights_path}: unexpected variables {datasets} in {variables.name} "
+                        f"(layer {path!r}). Expected a keras-hub BertBackbone, whose layers "
+                        f"store {_LAYER_VARIABLES}."
+                    )
+                for index, variable in enumerate(names):
+                    dataset = variables[str(index)]
+                    if not isinstance(dataset, h5py.Dataset):
+                        raise ValueError(f"{weights_path}: {dataset.name} is not a dataset")
+                    arrays[f"{path}/{variable}"] = np.asarray(dataset[()])
+            visit(item, f"{path}/")
+
     try:
-        model.load_weights(str(weights))
-    except Exception as error:  # h5py/keras raise many types for damaged or mismatched files.
-        raise ValueError(f"keras-hub could not load {weights}: {error}") from None
-    return model
+        with h5py.File(weights_path, "r") as file:
+            layers = file.get("layers")
+            if not isinstance(layers, h5py.Group):
+                raise ValueError(
+                    f"{weights_path} has no 'layers' group: it is not the model.weights.h5 of a "
+                    "keras-hub BertBackbone."
+                )
+            visit(layers, "")
+    except OSError as error:  # h5py's error for damaged, truncated and non-HDF5 files.
+        raise ValueError(
+            f"Cannot read the keras-hub weights file {weights_path}: it is damaged, truncated "
+            f"or not an HDF5 file ({error})."
+        ) from None
+    return arrays
 
 
 def open_weights(path):
-    """A `TensorSource` over a keras-hub BERT preset: `{variable.path: value}` of its backbone."""
-    model = build_keras_hub_backbone(path)
-    import keras
+    """A `TensorSource` over a keras-hub BERT preset: `{variable.path: value}` of its backbone.
 
-    arrays = {v.path: np.asarray(keras.ops.convert_to_numpy(v)) for v in model.weights}
+    Read with h5py (see `read_weights_h5`): keras-hub and TensorFlow are not needed.
+    """
+    path = Path(path)
+    arrays = read_weights_h5(path / WEIGHTS_FILE)
     return _weights.TensorSource(f"the keras-hub preset {path}", arrays, arrays.__getitem__)
 
 

@@ -96,10 +96,32 @@ def reference_outputs(source, fmt, inputs, heads=False):
     if fmt == "keras_hub":
         if heads:
             raise ReferenceUnavailable("keras-hub presets carry no pretraining heads")
-        model = keras_hub.build_keras_hub_backbone(source)
+        model = _keras_hub_backbone(source)
         outputs = model({k: inputs[k] for k in ("token_ids", "segment_ids", "padding_mask")})
         return {k: np.asarray(keras.ops.convert_to_numpy(v), np.float64) for k, v in outputs.items()}
     raise ReferenceUnavailable(f"no reference implementation for {fmt!r} sources")
+
+
+def _keras_hub_backbone(source):
+    """The preset's `keras_hub.models.BertBackbone` (float32), its weights loaded by keras-hub."""
+    try:
+        import keras_hub as keras_hub_package
+    except ImportError as error:
+        raise ReferenceUnavailable(f"keras-hub is needed: {error}") from None
+    from kbert.checkpoints.huggingface import read_json
+
+    source = Path(source)
+    config_path = source / keras_hub.CONFIG_FILE
+    fields = keras_hub._backbone_fields(read_json(config_path), str(config_path))
+    weights = source / keras_hub.WEIGHTS_FILE
+    if not weights.is_file():
+        raise FileNotFoundError(f"The keras-hub preset {source} has no {keras_hub.WEIGHTS_FILE}")
+    model = keras_hub_package.models.BertBackbone(**fields, dtype="float32")
+    try:
+        model.load_weights(str(weights))
+    except Exception as error:  # h5py/keras raise many types for damaged or mismatched files.
+        raise ValueError(f"keras-hub could not load {weights}: {error}") from None
+    return model
 
 
 def _huggingface_reference(source, inputs, heads):

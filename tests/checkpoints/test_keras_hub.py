@@ -99,3 +99,43 @@ def test_refusals(preset, tmp_path):
     (unknown / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"unknown \['activation'\]"):
         kbert.models.BertBackbone.from_preset(unknown)
+
+
+def test_h5py_reader_equals_keras_hub_weights(preset):
+    """The h5py reader names every variable as keras-hub does and reads its exact value."""
+    path, reference = preset
+    arrays = kbert.checkpoints.keras_hub.read_weights_h5(path / "model.weights.h5")
+    expected = {v.path: R.to_numpy(v) for v in reference.weights}
+    assert sorted(arrays) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(arrays[name], value, err_msg=name)
+    # And a model keras-hub itself loads from the file has the same values.
+    loaded = keras_hub.models.BertBackbone.from_preset(str(path))
+    for variable in loaded.weights:
+        np.testing.assert_array_equal(arrays[variable.path], R.to_numpy(variable), err_msg=variable.path)
+
+
+def test_damaged_weights_file_is_named(preset, tmp_path):
+    path, _ = preset
+    damaged = _copy(path, tmp_path / "damaged")
+    data = (damaged / "model.weights.h5").read_bytes()
+    (damaged / "model.weights.h5").write_bytes(data[: len(data) // 3])
+    with pytest.raises(ValueError, match=r"damaged.*model\.weights\.h5|model\.weights\.h5.*damaged"):
+        kbert.models.BertBackbone.from_preset(damaged)
+
+
+def test_unexpected_h5_layouts_are_refused(preset, tmp_path):
+    import h5py
+
+    path, _ = preset
+    extra = _copy(path, tmp_path / "extra_variable")
+    with h5py.File(extra / "model.weights.h5", "a") as file:
+        file["layers/dense/vars"].create_dataset("2", data=np.zeros(3, "float32"))
+    with pytest.raises(ValueError, match=r"unexpected variables \['0', '1', '2'\].*'pooled_dense'"):
+        kbert.models.BertBackbone.from_preset(extra)
+
+    other = _copy(path, tmp_path / "no_layers")
+    with h5py.File(other / "model.weights.h5", "w") as file:
+        file.create_dataset("kernel", data=np.zeros(3, "float32"))
+    with pytest.raises(ValueError, match=r"model\.weights\.h5 has no 'layers' group"):
+        kbert.models.BertBackbone.from_preset(other)
