@@ -16,4 +16,6 @@ error naming `pip install "kbert[tensorflow]"` when it is missing.
 
 __version__ = "0.1.0"
 
+# First: glibc malloc reuses large blocks across training steps (see kbert/runtime.py).
+from kbert import runtime  # noqa: F401  (isort: skip)
 from kbert import checkpoints, data, distribution, layers, metrics, models, text
