@@ -302,3 +302,26 @@ def test_a_folder_without_text_files(tmp_path):
     (tmp_path / "notes.md").write_text("not a corpus")
     with pytest.raises(SystemExit, match=r"holds no text files \(\*\.txt, \*\.raw\)"):
         pretrain.main(["--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "run")])
+
+
+def test_two_phase_recipe_resumes_across_the_phase_boundary(inputs, tmp_path, capsys):
+    # Epoch 1 at 32 tokens, epoch 2 at 64 tokens (the paper: 90 % at 128, then 512).
+    extra = ("--phase2-sequence-length", "64", "--phase2-epochs", "1",
+             "--phase2-max-predictions", "9")
+    capture = Capture()
+    pretrain.main(argv(inputs, tmp_path / "a", *extra), callbacks=[capture])
+    out = capsys.readouterr().out
+    assert "Two phases: epochs 1-1 at 32 tokens, epochs 2-2 at 64 tokens" in out
+    assert capture.steps == 2 * STEPS_PER_EPOCH
+    # Interrupted in phase 2 (after step 5, backup at step 4), resumed: the same weights.
+    with pytest.raises(Interrupt):
+        pretrain.main(argv(inputs, tmp_path / "b", *extra, "--backup-every", "2"),
+                      callbacks=[InterruptAt(step=5)])
+    resumed = Capture()
+    pretrain.main(argv(inputs, tmp_path / "b", *extra, "--backup-every", "2"), callbacks=[resumed])
+    assert resumed.steps == 2
+    assert_same_weights(tmp_path / "b" / "preset", tmp_path / "a" / "preset")
+    record = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    assert len(record["epochs"]) == 2 and len(record["step_loss"]) == 2 * STEPS_PER_EPOCH
+    with pytest.raises(SystemExit, match="--phase2-sequence-length 128 exceeds"):
+        pretrain.main(argv(inputs, tmp_path / "c", "--phase2-sequence-length", "128"))
