@@ -26,6 +26,14 @@ start-up to count them; training then starts with the second). Training reads th
 to back as one stream of batches, and batch `k` of the stream depends only on the seed, the
 text and the settings.
 
+Two phases (BERT's recipe): `--phase2-sequence-length 512` trains the last `--phase2-epochs`
+epochs (default a tenth of `--epochs`, at least 1) on sequences of 512 tokens with up to
+`--phase2-max-predictions` (default 80) masked positions, after the first epochs at
+`--sequence-length` (128 in the paper: 90 % of the steps, then 10 % at 512, which needs a preset
+with `max_sequence_length` >= 512). Each phase streams its own pairs from the same text; the
+optimizer and the learning-rate schedule run on across the boundary, and a resume works inside
+either phase. Example: `--epochs 10 --sequence-length 128 --phase2-sequence-length 512`.
+
 Resume (`kbert.callbacks.TrainingBackup` and `resumable_fit`; this script only wires them up):
 the training state (weights, optimizer moments and step, dropout random state, the running
 metrics of the epoch, the loss history and a trained vocabulary) is backed up to `<output-dir>/backup/` at the end of
