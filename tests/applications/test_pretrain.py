@@ -325,3 +325,22 @@ def test_two_phase_recipe_resumes_across_the_phase_boundary(inputs, tmp_path, ca
     assert len(record["epochs"]) == 2 and len(record["step_loss"]) == 2 * STEPS_PER_EPOCH
     with pytest.raises(SystemExit, match="--phase2-sequence-length 128 exceeds"):
         pretrain.main(argv(inputs, tmp_path / "c", "--phase2-sequence-length", "128"))
+
+
+def test_default_vocabulary_runs_are_reproducible(tmp_path, capsys):
+    # No --vocab: the vocabulary is trained on the text. Two runs with the same seed give the
+    # same vocabulary and the same weights (HF's trainer used to differ from run to run).
+    write_text(tmp_path / "corpus.txt", num_documents=30, seed=3)
+    runs = []
+    for name in ("one", "two"):
+        pretrain.main([
+            "--preset", "bert_tiny_en_uncased", "--data-dir", str(tmp_path),
+            "--sequence-length", "32", "--max-predictions", "5", "--batch-size", "8",
+            "--epochs", "1", "--steps-per-epoch", "2", "--vocab-size", "150", "--seed", "5",
+            "--output-dir", str(tmp_path / name),
+        ])  # fmt: skip
+        runs.append(tmp_path / name / "preset")
+    capsys.readouterr()
+    vocabularies = [(run / "vocab.txt").read_text(encoding="utf-8") for run in runs]
+    assert vocabularies[0] == vocabularies[1] and len(vocabularies[0].split()) > 50
+    assert_same_weights(runs[0], runs[1])
