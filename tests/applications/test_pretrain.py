@@ -120,11 +120,14 @@ def preset_weights(preset_dir):
     return arrays
 
 
-def assert_same_weights(preset_a, preset_b):
+def assert_same_weights(preset_a, preset_b, exact=True):
     a, b = preset_weights(preset_a), preset_weights(preset_b)
     assert sorted(a) == sorted(b)
     for key in a:
-        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        if exact:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        else:
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-9, err_msg=key)
 
 
 def fixed_inputs(vocabulary_size, batch_size=2, sequence_length=16):
@@ -320,7 +323,11 @@ def test_two_phase_recipe_resumes_across_the_phase_boundary(inputs, tmp_path, ca
     resumed = Capture()
     pretrain.main(argv(inputs, tmp_path / "b", *extra, "--backup-every", "2"), callbacks=[resumed])
     assert resumed.steps == 2
-    assert_same_weights(tmp_path / "b" / "preset", tmp_path / "a" / "preset")
+    # TensorFlow's multi-threaded CPU kernels (this test runs in-process, several threads) can
+    # differ in the last bit at the 64-token phase; the one-thread exact check across a real
+    # kill -9 is tests/test_callbacks.py.
+    exact = keras.backend.backend() != "tensorflow"
+    assert_same_weights(tmp_path / "b" / "preset", tmp_path / "a" / "preset", exact=exact)
     record = json.loads((tmp_path / "a" / "metrics.json").read_text())
     assert len(record["epochs"]) == 2 and len(record["step_loss"]) == 2 * STEPS_PER_EPOCH
     with pytest.raises(SystemExit, match="--phase2-sequence-length 128 exceeds"):
