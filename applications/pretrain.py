@@ -26,6 +26,14 @@ start-up to count them; training then starts with the second). Training reads th
 to back as one stream of batches, and batch `k` of the stream depends only on the seed, the
 text and the settings.
 
+Two phases (BERT's recipe): `--phase2-sequence-length 512` trains the last `--phase2-epochs`
+epochs (default a tenth of `--epochs`, at least 1) on sequences of 512 tokens with up to
+`--phase2-max-predictions` (default 80) masked positions, after the first epochs at
+`--sequence-length` (128 in the paper: 90 % of the steps, then 10 % at 512, which needs a preset
+with `max_sequence_length` >= 512). Each phase streams its own pairs from the same text; the
+optimizer and the learning-rate schedule run on across the boundary, and a resume works inside
+either phase. Example: `--epochs 10 --sequence-length 128 --phase2-sequence-length 512`.
+
 Resume (`kbert.callbacks.TrainingBackup` and `resumable_fit`; this script only wires them up):
 the training state (weights, optimizer moments and step, dropout random state, the running
 metrics of the epoch, the loss history and a trained vocabulary) is backed up to `<output-dir>/backup/` at the end of
@@ -171,6 +179,26 @@ def build_parser():
     )
     warmup.add_argument("--warmup-steps", type=int, default=None, help="Warm-up steps.")
     parser.add_argument(
+        "--phase2-sequence-length",
+        type=int,
+        default=None,
+        metavar="LENGTH",
+        help="BERT's two-phase recipe: train the last --phase2-epochs epochs on sequences of "
+        "LENGTH tokens (the paper: 128 for 90 %% of the steps, then 512). Default: one phase.",
+    )
+    parser.add_argument(
+        "--phase2-epochs",
+        type=int,
+        default=None,
+        help="Epochs of phase 2 (same steps per epoch). Default: a tenth of --epochs, at least 1.",
+    )
+    parser.add_argument(
+        "--phase2-max-predictions",
+        type=int,
+        default=80,
+        help="Masked positions per phase-2 sequence (BERT: 80 at 512). Default: %(default)s.",
+    )
+    parser.add_argument(
         "--backup-every",
         type=int,
         default=None,
@@ -212,6 +240,24 @@ def check_arguments(parser, args):
         parser.error(f"--warmup-ratio must lie in [0, 1]. Received: {args.warmup_ratio}")
     if not args.learning_rate > 0:
         parser.error(f"--learning-rate must be positive. Received: {args.learning_rate}")
+    if args.phase2_sequence_length is not None:
+        if args.phase2_sequence_length < 8:
+            parser.error(f"--phase2-sequence-length must be >= 8. "
+                         f"Received: {args.phase2_sequence_length}")
+        if not 1 <= args.phase2_max_predictions <= args.phase2_sequence_length - 3:
+            parser.error(
+                "--phase2-max-predictions must lie in [1, phase-2 sequence length - 3] = "
+                f"[1, {args.phase2_sequence_length - 3}]. Received: {args.phase2_max_predictions}"
+            )
+        if args.phase2_epochs is None:
+            args.phase2_epochs = max(1, round(args.epochs / 10))
+        if not 1 <= args.phase2_epochs < args.epochs:
+            parser.error(
+                f"--phase2-epochs must lie in [1, --epochs - 1] = [1, {args.epochs - 1}] "
+                f"(phase 1 needs at least one epoch). Received: {args.phase2_epochs}"
+            )
+    elif args.phase2_epochs is not None:
+        parser.error("--phase2-epochs needs --phase2-sequence-length.")
     if args.vocab_size is not None and args.vocab_size <= 5:
         parser.error(f"--vocab-size must exceed the 5 special tokens. Received: {args.vocab_size}")
 
@@ -426,9 +472,12 @@ def main(argv=None, callbacks=()):
             f"The vocabulary has {len(vocabulary):,} tokens but the model's vocabulary_size is "
             f"{backbone.vocabulary_size:,}; they must be equal."
         )
-    if sequence_length > backbone.max_sequence_length:
+    flag, longest = "--sequence-length", sequence_length
+    if (args.phase2_sequence_length or 0) > sequence_length:
+        flag, longest = "--phase2-sequence-length", args.phase2_sequence_length
+    if longest > backbone.max_sequence_length:
         raise SystemExit(
-            f"--sequence-length {sequence_length} exceeds the max_sequence_length "
+            f"{flag} {longest} exceeds the max_sequence_length "
             f"{backbone.max_sequence_length} of {args.preset}. Expected at most "
             f"{backbone.max_sequence_length}."
         )
@@ -456,6 +505,19 @@ def main(argv=None, callbacks=()):
     except ValueError as error:
         hint = _NO_BATCH if "gives no batch" in str(error) else ""
         raise SystemExit(f"Cannot build pretraining data from {names}: {error} {hint}") from None
+    phase1_epochs = args.epochs - (args.phase2_epochs or 0)
+
+    def phase2_stream():
+        try:
+            return BatchStream(pretraining_dataset(
+                names, tokenizer, sequence_length=args.phase2_sequence_length,
+                max_predictions=args.phase2_max_predictions,
+                whole_word_masking=args.whole_word_masking, batch_size=args.batch_size,
+                seed=args.seed, drop_remainder=True,
+            ))
+        except ValueError as error:
+            raise SystemExit(f"Cannot build phase-2 data from {names}: {error}") from None
+
     total_steps = args.epochs * steps_per_epoch
     warmup_steps = args.warmup_steps
     if warmup_steps is None:
@@ -468,6 +530,10 @@ def main(argv=None, callbacks=()):
         f"{args.batch_size} sequences of {sequence_length} tokens; learning rate "
         f"{args.learning_rate:g}, {warmup_steps} warm-up steps, seed {args.seed}"
     )
+    if args.phase2_sequence_length:
+        print(f"Two phases: epochs 1-{phase1_epochs} at {sequence_length} tokens, epochs "
+              f"{phase1_epochs + 1}-{args.epochs} at {args.phase2_sequence_length} tokens "
+              f"(up to {args.phase2_max_predictions} predictions).")
 
     # === Resume ===
     settings = {
@@ -485,6 +551,9 @@ def main(argv=None, callbacks=()):
         "learning_rate": args.learning_rate,
         "warmup_steps": warmup_steps,
         "seed": args.seed,
+        "phase2_sequence_length": args.phase2_sequence_length,
+        "phase2_epochs": args.phase2_epochs,
+        "phase2_max_predictions": args.phase2_max_predictions if args.phase2_epochs else None,
     }
     backup = TrainingBackup(backup_dir, save_every=args.backup_every, settings=settings)
     if backup.exists():
@@ -514,8 +583,12 @@ def main(argv=None, callbacks=()):
         except ValueError as error:
             raise SystemExit(f"Cannot build pretraining data from {names}: {error} {_NO_BATCH}") from None
     try:
-        resumable_fit(model, stream, args.epochs, steps_per_epoch, backup,
-                      callbacks=list(callbacks))
+        if start_step < phase1_epochs * steps_per_epoch:
+            resumable_fit(model, stream, phase1_epochs, steps_per_epoch, backup,
+                          callbacks=list(callbacks))
+        if args.phase2_epochs:
+            resumable_fit(model, phase2_stream(), args.epochs, steps_per_epoch, backup,
+                          callbacks=list(callbacks), first_epoch=phase1_epochs)
     except KeyboardInterrupt:
         raise SystemExit(
             f"\nInterrupted at step {backup.step}. The last backup (step {backup.saved_step}) is "

@@ -330,6 +330,7 @@ class TrainingBackup(keras.callbacks.Callback):
         self.step_loss = list(metadata["step_loss"])
         self.epochs = list(metadata["epochs"])
         self.seconds_before = float(metadata["train_seconds"])
+        self._session_start = None
         self._epoch_batches = int(metadata["epoch_batches"])
         self._previous_mean = float(metadata["previous_mean"])
         if not self._epoch_batches:
@@ -442,13 +443,19 @@ class _StopAfterEpoch(keras.callbacks.Callback):
         self.model.stop_training = True
 
 
-def resumable_fit(model, stream, epochs, steps_per_epoch, backup, callbacks=(), verbose="auto"):
+def resumable_fit(
+    model, stream, epochs, steps_per_epoch, backup, callbacks=(), verbose="auto", first_epoch=0
+):
     """Trains `model` for `epochs x steps_per_epoch` steps, resuming from `backup` if it exists.
 
     Restores the backup (weights, optimizer, random and metric state; refused when its
     settings differ), fast-forwards `stream` to the next batch, finishes an interrupted epoch
     (its logs cover the whole epoch: the metric sums were backed up) and runs the remaining
-    epochs. Batch `k` of the run is always `stream.get(k)`.
+    epochs. Global step `k` of the run trains on `stream.get(k - first_epoch * steps_per_epoch)`.
+
+    A run in phases (e.g. BERT's 90 % of the steps at length 128, then 512) calls it once per
+    phase with the same `backup` and model: `epochs` is where the phase ends and `first_epoch`
+    where it starts, each phase with its own stream.
 
     Args:
         model: a compiled Keras model.
@@ -458,24 +465,32 @@ def resumable_fit(model, stream, epochs, steps_per_epoch, backup, callbacks=(), 
         backup: a `TrainingBackup`.
         callbacks: extra Keras callbacks.
         verbose: passed to `fit`.
+        first_epoch: int. First epoch of this phase; the stream's batch 0 is its first step.
+            Defaults to 0.
 
     Returns:
         The global step reached (`epochs * steps_per_epoch` when training finished).
     """
     start = backup.restore(model)
     total = epochs * steps_per_epoch
+    first_step = first_epoch * steps_per_epoch
     if start > total:
         raise ValueError(
             f"The backup is at step {start}, past the end of this run ({total} steps)."
         )
-    if 0 < start < total:
-        stream.skip_to(start)
+    if start < first_step:
+        raise ValueError(
+            f"The backup is at step {start}, before this phase's first step {first_step}: "
+            "run the earlier phase first."
+        )
+    if first_step < start < total:
+        stream.skip_to(start - first_step)
     if backup._metric_state is not None and [tuple(v.shape) for v in backup._metric_state] != [
         tuple(v.shape) for v in model.metrics_variables
     ]:
         # TensorFlow builds the compiled metrics when it first traces a step; one evaluation
         # step builds them now (fit resets them), so the backed-up sums can be put back.
-        model.evaluate(stream.dataset(start), steps=1, verbose=0)
+        model.evaluate(stream.dataset(start - first_step), steps=1, verbose=0)
     epoch, offset = divmod(start, steps_per_epoch)
     segments = []
     if offset:  # Finish the interrupted epoch, then run the others.
@@ -485,7 +500,7 @@ def resumable_fit(model, stream, epochs, steps_per_epoch, backup, callbacks=(), 
         segments.append((epoch, steps_per_epoch, False))
     for initial_epoch, steps, stop in segments:
         model.fit(
-            stream.dataset(start=backup.step),
+            stream.dataset(start=backup.step - first_step),
             epochs=epochs,
             initial_epoch=initial_epoch,
             steps_per_epoch=steps,

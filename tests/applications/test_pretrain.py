@@ -120,11 +120,14 @@ def preset_weights(preset_dir):
     return arrays
 
 
-def assert_same_weights(preset_a, preset_b):
+def assert_same_weights(preset_a, preset_b, exact=True):
     a, b = preset_weights(preset_a), preset_weights(preset_b)
     assert sorted(a) == sorted(b)
     for key in a:
-        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        if exact:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        else:
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-9, err_msg=key)
 
 
 def fixed_inputs(vocabulary_size, batch_size=2, sequence_length=16):
@@ -302,3 +305,49 @@ def test_a_folder_without_text_files(tmp_path):
     (tmp_path / "notes.md").write_text("not a corpus")
     with pytest.raises(SystemExit, match=r"holds no text files \(\*\.txt, \*\.raw\)"):
         pretrain.main(["--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "run")])
+
+
+def test_two_phase_recipe_resumes_across_the_phase_boundary(inputs, tmp_path, capsys):
+    # Epoch 1 at 32 tokens, epoch 2 at 64 tokens (the paper: 90 % at 128, then 512).
+    extra = ("--phase2-sequence-length", "64", "--phase2-epochs", "1",
+             "--phase2-max-predictions", "9")
+    capture = Capture()
+    pretrain.main(argv(inputs, tmp_path / "a", *extra), callbacks=[capture])
+    out = capsys.readouterr().out
+    assert "Two phases: epochs 1-1 at 32 tokens, epochs 2-2 at 64 tokens" in out
+    assert capture.steps == 2 * STEPS_PER_EPOCH
+    # Interrupted in phase 2 (after step 5, backup at step 4), resumed: the same weights.
+    with pytest.raises(Interrupt):
+        pretrain.main(argv(inputs, tmp_path / "b", *extra, "--backup-every", "2"),
+                      callbacks=[InterruptAt(step=5)])
+    resumed = Capture()
+    pretrain.main(argv(inputs, tmp_path / "b", *extra, "--backup-every", "2"), callbacks=[resumed])
+    assert resumed.steps == 2
+    # TensorFlow's multi-threaded CPU kernels (this test runs in-process, several threads) can
+    # differ in the last bit at the 64-token phase; the one-thread exact check across a real
+    # kill -9 is tests/test_callbacks.py.
+    exact = keras.backend.backend() != "tensorflow"
+    assert_same_weights(tmp_path / "b" / "preset", tmp_path / "a" / "preset", exact=exact)
+    record = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    assert len(record["epochs"]) == 2 and len(record["step_loss"]) == 2 * STEPS_PER_EPOCH
+    with pytest.raises(SystemExit, match="--phase2-sequence-length 128 exceeds"):
+        pretrain.main(argv(inputs, tmp_path / "c", "--phase2-sequence-length", "128"))
+
+
+def test_default_vocabulary_runs_are_reproducible(tmp_path, capsys):
+    # No --vocab: the vocabulary is trained on the text. Two runs with the same seed give the
+    # same vocabulary and the same weights (HF's trainer used to differ from run to run).
+    write_text(tmp_path / "corpus.txt", num_documents=30, seed=3)
+    runs = []
+    for name in ("one", "two"):
+        pretrain.main([
+            "--preset", "bert_tiny_en_uncased", "--data-dir", str(tmp_path),
+            "--sequence-length", "32", "--max-predictions", "5", "--batch-size", "8",
+            "--epochs", "1", "--steps-per-epoch", "2", "--vocab-size", "150", "--seed", "5",
+            "--output-dir", str(tmp_path / name),
+        ])  # fmt: skip
+        runs.append(tmp_path / name / "preset")
+    capsys.readouterr()
+    vocabularies = [(run / "vocab.txt").read_text(encoding="utf-8") for run in runs]
+    assert vocabularies[0] == vocabularies[1] and len(vocabularies[0].split()) > 50
+    assert_same_weights(runs[0], runs[1])
