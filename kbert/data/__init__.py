@@ -41,9 +41,12 @@ __all__ = [
     "read_conll",
     "read_documents",
     "read_glue",
+    "read_shard_metadata",
     "read_squad",
     "split_sentences",
+    "vocabulary_digest",
     "words_from_token_predictions",
+    "write_pretraining_shards",
 ]
 
 # Names that live in modules needing TensorFlow, imported on first access.
@@ -51,6 +54,9 @@ _TENSORFLOW_NAMES = {
     "pretraining_dataset": "kbert.data.pretraining",
     "read_documents": "kbert.data.pretraining",
     "split_sentences": "kbert.data.pretraining",
+    "read_shard_metadata": "kbert.data.shards",
+    "vocabulary_digest": "kbert.data.shards",
+    "write_pretraining_shards": "kbert.data.shards",
 }
 
 

@@ -2,6 +2,7 @@
 
 from kbert.models.backbone import BertBackbone
 from kbert.models.classifier import BertClassifier
+from kbert.models.lamb import Lamb, lamb_large_batch_settings
 from kbert.models.optimization import BertAdamW, WarmupLinearDecay, bert_optimizer
 from kbert.models.presets import BACKBONE_PRESETS
 from kbert.models.pretrainer import BertPretrainer
@@ -18,6 +19,8 @@ __all__ = [
     "BertQuestionAnswerer",
     "BertTagger",
     "BertTask",
+    "Lamb",
     "WarmupLinearDecay",
     "bert_optimizer",
+    "lamb_large_batch_settings",
 ]

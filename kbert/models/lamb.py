@@ -66,11 +66,12 @@ class Lamb(keras.optimizers.Optimizer):
         self.beta_2 = beta_2
         self.epsilon = epsilon
         self.decay_rate = float(weight_decay)
-        self.exclude_from_weight_decay = list(exclude_from_weight_decay or ())
+        # Not `self.exclude_from_weight_decay`: that name is Keras' Optimizer method.
+        self.no_decay_names = list(exclude_from_weight_decay or ())
         self.exclude_from_layer_adaptation = (
             list(exclude_from_layer_adaptation)
             if exclude_from_layer_adaptation is not None
-            else list(self.exclude_from_weight_decay)
+            else list(self.no_decay_names)
         )
 
     def build(self, var_list):
@@ -101,7 +102,7 @@ class Lamb(keras.optimizers.Optimizer):
         m_hat = ops.divide(m, 1.0 - ops.power(ops.cast(self.beta_1, dtype), step))
         v_hat = ops.divide(v, 1.0 - ops.power(ops.cast(self.beta_2, dtype), step))
         update = ops.divide(m_hat, ops.add(ops.sqrt(v_hat), self.epsilon))
-        if self.decay_rate and not self._matches(variable, self.exclude_from_weight_decay):
+        if self.decay_rate and not self._matches(variable, self.no_decay_names):
             update = ops.add(update, ops.multiply(variable, self.decay_rate))
         if not self._matches(variable, self.exclude_from_layer_adaptation):
             w_norm = ops.sqrt(ops.sum(ops.square(variable)))
@@ -122,7 +123,7 @@ class Lamb(keras.optimizers.Optimizer):
                 "beta_2": self.beta_2,
                 "epsilon": self.epsilon,
                 "weight_decay": self.decay_rate,
-                "exclude_from_weight_decay": self.exclude_from_weight_decay,
+                "exclude_from_weight_decay": self.no_decay_names,
                 "exclude_from_layer_adaptation": self.exclude_from_layer_adaptation,
             }
         )

@@ -362,11 +362,13 @@ def bert_optimizer(
     )
     if optimizer == "adamw":
         result = (BertAdamW if torch_epsilon else keras.optimizers.AdamW)(**common)
+        result.exclude_from_weight_decay(var_names=NO_DECAY_VARIABLE_NAMES)
     elif optimizer == "lamb":
-        result = keras.optimizers.Lamb(**common)
+        from kbert.models.lamb import Lamb  # Decay inside the trust ratio, as in You et al.
+
+        result = Lamb(**common, exclude_from_weight_decay=NO_DECAY_VARIABLE_NAMES)
     else:
         raise ValueError(f'`optimizer` must be "adamw" or "lamb". Received: optimizer={optimizer!r}')
-    result.exclude_from_weight_decay(var_names=NO_DECAY_VARIABLE_NAMES)
     schedule.track(result)
     return result
 
