@@ -131,60 +131,66 @@ def _torch_attention_with_dropout(query, key, value, mask, rate):
 
 
 def _torch_adamw_update(optimizer, grads, variables, learning_rate):
-    """`BertAdamW.update_step` for all `variables` at once with torch's fused AdamW kernel.
+    """`BertAdamW.update_step` for all `variables` at once with `torch.optim.AdamW`.
 
-    `torch._fused_adamw_` (torch >= 2.4, CPU and CUDA) computes the update of
-    `torch.optim.AdamW(fused=True)` in one pass over each tensor: with weight decay 0 (Keras
-    applies the decoupled decay before this call, to the variables that take it), exactly
-    the update `BertAdamW.update_step` writes. Where the kernel is missing (older torch,
-    other devices), the same arithmetic runs as `torch._foreach_*` operations.
+    A `torch.optim.AdamW(weight_decay=0)` (Keras applies the decoupled decay before this call,
+    to the variables that take it) over the variables' tensors, whose state tensors are the
+    Keras optimizer's own moment variables, so checkpoints and `update_step` see the same
+    moments. Its update is exactly the one `BertAdamW.update_step` writes. It runs the fused
+    kernel (`fused=True`) where torch has one for every parameter (CPU and CUDA floats), its
+    multi-tensor `foreach` form otherwise. The torch optimizer is built once per set of
+    variables; its step counters start from `optimizer.iterations` then count with it.
     """
     import torch
 
+    params = [variable.value for variable in variables]
+    key = tuple(id(p) for p in params)
+    cached = getattr(optimizer, "_kbert_torch_adamw", None)
+    if cached is None or cached[0] != key:
+        cached = (key, _build_torch_adamw(optimizer, variables, params))
+        optimizer._kbert_torch_adamw = cached
+    torch_optimizer = cached[1]
+    group = torch_optimizer.param_groups[0]
+    fused = group["fused"]
     with torch.no_grad():
-        indices = [optimizer._get_variable_index(variable) for variable in variables]
-        params = [variable.value for variable in variables]
-        moments = [optimizer._momentums[i].value for i in indices]
-        velocities = [optimizer._velocities[i].value for i in indices]
-        grads = [g if g.dtype == p.dtype else g.to(p.dtype) for g, p in zip(grads, params)]
-        step = ops.cast(optimizer.iterations + 1, "float32")
-        lr = torch.as_tensor(learning_rate, dtype=torch.float32)
-        fused = getattr(torch, "_fused_adamw_", None)
-        fused_dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-        groups = {}
-        for position, param in enumerate(params):
-            groups.setdefault((param.device, param.dtype), []).append(position)
-        for (device, dtype), positions in groups.items():
-            group = [[items[i] for i in positions] for items in (params, grads, moments, velocities)]
-            if fused is not None and device.type in ("cpu", "cuda") and dtype in fused_dtypes:
-                fused(
-                    *group,
-                    [],
-                    [step.to(device)] * len(positions),
-                    lr=lr.to(device),
-                    beta1=float(optimizer.beta_1),
-                    beta2=float(optimizer.beta_2),
-                    weight_decay=0.0,
-                    eps=float(optimizer.epsilon),
-                    amsgrad=False,
-                    maximize=False,
-                )
-            else:
-                _torch_foreach_adamw(optimizer, *group, step.to(device), lr.to(device))
+        for param, grad in zip(params, grads):
+            param.grad = grad if grad.dtype == param.dtype else grad.to(param.dtype)
+        if fused:
+            group["lr"] = torch.as_tensor(learning_rate, dtype=torch.float32, device=params[0].device)
+        else:
+            group["lr"] = float(learning_rate)
+        torch_optimizer.step()
+        for param in params:
+            param.grad = None
 
 
-def _torch_foreach_adamw(optimizer, params, grads, moments, velocities, step, lr):
+# Whether `adamw_update` may use torch's fused AdamW kernel (tests turn it off to check the
+# multi-tensor form against it).
+TORCH_FUSED_ADAMW = True
+
+
+def _build_torch_adamw(optimizer, variables, params):
     import torch
 
-    beta_1, beta_2 = float(optimizer.beta_1), float(optimizer.beta_2)
-    torch._foreach_lerp_(moments, grads, 1 - beta_1)
-    torch._foreach_mul_(velocities, beta_2)
-    torch._foreach_addcmul_(velocities, grads, grads, value=1 - beta_2)
-    correction_1 = 1 - torch.pow(beta_1, step)
-    correction_2 = torch.sqrt(1 - torch.pow(beta_2, step))
-    denominators = torch._foreach_sqrt(velocities)
-    torch._foreach_div_(denominators, correction_2)
-    torch._foreach_add_(denominators, float(optimizer.epsilon))
-    updates = torch._foreach_div(moments, denominators)
-    torch._foreach_mul_(updates, -(lr / correction_1).to(params[0].dtype))
-    torch._foreach_add_(params, updates)
+    fused = TORCH_FUSED_ADAMW and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    fused = fused and len({p.device for p in params}) == 1
+    torch_optimizer = torch.optim.AdamW(
+        params,
+        lr=0.0,  # Set before every step (a tensor with the fused kernel: no host read).
+        betas=(float(optimizer.beta_1), float(optimizer.beta_2)),
+        eps=float(optimizer.epsilon),
+        weight_decay=0.0,
+        fused=fused or None,
+        foreach=None if fused else True,
+    )
+    # Device-side copy of the step count (no host read); CPU for the foreach form.
+    iterations = ops.cast(optimizer.iterations, "float32").detach()
+    for variable, param in zip(variables, params):
+        index = optimizer._get_variable_index(variable)
+        step_device = param.device if fused else "cpu"
+        torch_optimizer.state[param] = {
+            "step": iterations.to(step_device).clone(),
+            "exp_avg": optimizer._momentums[index].value,
+            "exp_avg_sq": optimizer._velocities[index].value,
+        }
+    return torch_optimizer
