@@ -1,12 +1,12 @@
 """Multi-head self-attention that takes the backend's fused path whenever it can."""
 
-import functools
 import math
 import warnings
 
 import keras
 from keras import ops
 
+from kbert import backend_paths
 from kbert.layers.utils import clone_initializer
 
 _INT32_MIN = -(2**31)
@@ -49,7 +49,7 @@ class HashDropout(keras.layers.Dropout):
     `keras.random.SeedGenerator`: a few integer operations per element, fused by XLA into
     the surrounding computation. The hash is keyed afresh at every call, so masks differ
     between steps and are reproducible under `keras.utils.set_random_seed`. On torch the
-    mask comes from torch's global generator (see `_torch_dropout`), so
+    mask comes from torch's global generator (see `kbert.backend_paths.native_dropout`), so
     `torch.utils.checkpoint` replays it.
 
     Args:
@@ -76,7 +76,7 @@ class HashDropout(keras.layers.Dropout):
     @property
     def uses_hash(self):
         """Whether masks come from the hash (JAX, TensorFlow) rather than the backend's dropout."""
-        return 0 < self.rate < 1 and keras.config.backend() in ("jax", "tensorflow")
+        return 0 < self.rate < 1 and backend_paths.hash_dropout_backend()
 
     def next_seed(self):
         """Draws the key of the next call from the seed generator (`None` when none is used)."""
@@ -87,8 +87,9 @@ class HashDropout(keras.layers.Dropout):
             return inputs
         if self.rate >= 1:
             return ops.zeros_like(inputs)
-        if keras.config.backend() == "torch":
-            return _torch_dropout(inputs, self.rate)
+        dropped = backend_paths.native_dropout(inputs, self.rate)
+        if dropped is not None:
+            return dropped
         if not self.uses_hash:
             return super().call(inputs, training=training)
         if seed is None:
@@ -119,77 +120,6 @@ class HashDropout(keras.layers.Dropout):
         config = super().get_config()
         config.pop("noise_shape", None)
         return config
-
-
-def _torch_dropout(inputs, rate):
-    """Inverted dropout on torch, with the mask drawn as `torch.rand(...) >= rate` on CPU.
-
-    `torch.nn.functional.dropout` draws its CPU mask with `bernoulli_`; `torch.rand` plus an
-    in-place comparison makes the whole dropout ~2x faster (it took 14 % of a BERT
-    fine-tuning step on CPU). The
-    mask has the same law (each element kept with probability `1 - rate`, kept values scaled
-    by `1 / (1 - rate)`) and comes from torch's global generator, which
-    `keras.utils.set_random_seed` seeds and `torch.utils.checkpoint` restores. On GPU the
-    native fused dropout is used.
-    """
-    import torch
-
-    if inputs.device.type != "cpu":
-        return torch.nn.functional.dropout(inputs, p=rate, training=True)
-    # In place on the uniform draws: 0 or 1 / (1 - rate), with no boolean tensor to convert.
-    scale = torch.rand(inputs.shape, device=inputs.device).ge_(rate).mul_(1.0 / (1.0 - rate))
-    return inputs * scale.to(inputs.dtype)
-
-
-def _torch_attention_with_dropout(query, key, value, mask, rate):
-    """Softmax attention with dropout on the probabilities, in torch ops.
-
-    On GPU: `torch.nn.functional.scaled_dot_product_attention(..., dropout_p=rate)`, whose
-    fused kernels draw the dropout themselves. On CPU that op has no fused dropout and falls
-    back to softmax + `bernoulli_` internally; the same arithmetic written out with
-    `_torch_dropout`'s cheaper mask is ~25 % faster forward + backward. Either way: scale
-    1/sqrt(head_dim), boolean key mask, probabilities dropped with `rate` and scaled by
-    1/(1-rate), masks from torch's generator (so `torch.utils.checkpoint` replays them).
-    Inputs and output are `(batch, seq, heads, head_dim)`.
-    """
-    import torch
-
-    query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # (batch, heads, seq, dim)
-    if query.device.type != "cpu":
-        context = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, dropout_p=rate
-        )
-        return context.transpose(1, 2)
-    scores = torch.matmul(query * query.shape[-1] ** -0.5, key.transpose(-1, -2)).float()
-    if mask is not None:
-        scores = scores.masked_fill(~mask, -1e9)
-    probabilities = _torch_dropout(torch.softmax(scores, dim=-1).to(value.dtype), rate)
-    return torch.matmul(probabilities, value).transpose(1, 2)
-
-
-@functools.lru_cache(maxsize=None)
-def _fused_path_unsupported(compute_dtype):
-    """XLA on CPU has no float16 x float16 -> float32 dot, which the fused JAX path asks for."""
-    if compute_dtype != "float16" or keras.backend.backend() != "jax":
-        return False
-    return keras.distribution.list_devices()[0].lower().startswith("cpu")
-
-
-@functools.lru_cache(maxsize=None)
-def _flash_unavailable_reason():
-    """Why `flash_attention=True` cannot be honoured on this backend and device, or `None`."""
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
-        return "the tensorflow backend has no flash attention kernel"
-    if backend == "torch":
-        import torch
-
-        on_cpu = not torch.cuda.is_available()
-    else:
-        on_cpu = keras.distribution.list_devices()[0].lower().startswith("cpu")
-    if on_cpu:
-        return f"the {backend} backend has no flash attention kernel on CPU"
-    return None
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -307,21 +237,26 @@ class BertSelfAttention(keras.layers.Layer):
                 keys[:, None, None, :], (ops.shape(keys)[0], 1, length, length)
             )
 
-        if training and self.dropout > 0 and keras.config.backend() == "torch":
-            # torch's fused attention takes the dropout itself (and picks flash where it can).
-            context = _torch_attention_with_dropout(query, key, value, mask, self.dropout)
-        elif training and self.dropout > 0:
+        dropout_active = training and self.dropout > 0
+        # torch's fused attention takes the dropout itself (and picks flash where it can).
+        context = (
+            backend_paths.attention_with_dropout(query, key, value, mask, self.dropout)
+            if dropout_active
+            else None
+        )
+        if context is not None:
+            pass  # (batch, seq, heads, head_dim), from the backend's fused kernel.
+        elif dropout_active:
             if self.flash_attention:
                 self._warn_flash_fallback(
                     "the fused attention op has no attention dropout; training with "
                     f"attention dropout {self.dropout} uses the explicit softmax path"
                 )
             context = self._explicit_attention(query, key, value, mask, training, dropout_seed)
-        elif _fused_path_unsupported(self.compute_dtype):
+        elif backend_paths.fused_attention_unsupported(self.compute_dtype):
             context = self._explicit_attention(query, key, value, mask, training, dropout_seed)
         else:
             context = self._fused_attention(query, key, value, mask)
-            # (batch, seq, heads, head_dim)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         context = ops.reshape(context, (batch, length, self.hidden_dim))
         return self.output_dense(context)
@@ -329,7 +264,7 @@ class BertSelfAttention(keras.layers.Layer):
     def _fused_attention(self, query, key, value, mask):
         """`keras.ops.dot_product_attention`, falling back from a flash kernel the backend lacks."""
         if self.flash_attention and not getattr(self, "_flash_unavailable", False):
-            reason = _flash_unavailable_reason()
+            reason = backend_paths.flash_unavailable_reason()
             if reason is not None:
                 # Known before trying: no attempt, so no backend error or logged traceback.
                 self._flash_unavailable = True

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from kbert import backend_paths
 from kbert.layers.attention import HashDropout
 from kbert.layers.utils import check_index_range, clone_initializer, float32_policy
 
@@ -24,7 +25,7 @@ class DenseGradientEmbedding(keras.layers.Embedding):
     """
 
     def call(self, inputs):
-        if keras.config.backend() != "tensorflow":
+        if not backend_paths.needs_dense_embedding_gradient():
             return super().call(inputs)
         if inputs.dtype not in ("int32", "int64"):
             inputs = ops.cast(inputs, "int32")

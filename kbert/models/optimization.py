@@ -4,6 +4,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from kbert import backend_paths
+
 # Variables that BERT excludes from weight decay: biases and LayerNorm scale/offset.
 NO_DECAY_VARIABLE_NAMES = ["bias", "gamma", "beta"]
 
@@ -222,71 +224,9 @@ class BertAdamW(keras.optimizers.AdamW):
         # Keras gives its own `AdamW` a multi-tensor update on torch, but not subclasses: they
         # fall back to `update_step` per variable, ~15 eager ops each. For BERT-sized models
         # that costs more than the matmuls of a fine-tuning step on CPU, so the torch backend
-        # updates every variable at once (see `_torch_adamw_update`).
-        if keras.config.backend() == "torch":
-            _torch_adamw_update(self, grads, trainable_variables, learning_rate)
-        else:
+        # updates every variable at once (see `kbert.backend_paths.adamw_update`).
+        if not backend_paths.adamw_update(self, grads, trainable_variables, learning_rate):
             super()._backend_update_step(grads, trainable_variables, learning_rate)
-
-
-def _torch_adamw_update(optimizer, grads, variables, learning_rate):
-    """`BertAdamW.update_step` for all `variables` at once with torch's fused AdamW kernel.
-
-    `torch._fused_adamw_` (torch >= 2.4, CPU and CUDA) computes the update of
-    `torch.optim.AdamW(fused=True)` in one pass over each tensor: with weight decay 0 (Keras
-    applies the decoupled decay before this call, to the variables that take it), exactly
-    the update `BertAdamW.update_step` writes. Where the kernel is missing (older torch,
-    other devices), the same arithmetic runs as `torch._foreach_*` operations.
-    """
-    import torch
-
-    with torch.no_grad():
-        indices = [optimizer._get_variable_index(variable) for variable in variables]
-        params = [variable.value for variable in variables]
-        moments = [optimizer._momentums[i].value for i in indices]
-        velocities = [optimizer._velocities[i].value for i in indices]
-        grads = [g if g.dtype == p.dtype else g.to(p.dtype) for g, p in zip(grads, params)]
-        step = ops.cast(optimizer.iterations + 1, "float32")
-        lr = torch.as_tensor(learning_rate, dtype=torch.float32)
-        fused = getattr(torch, "_fused_adamw_", None)
-        fused_dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-        groups = {}
-        for position, param in enumerate(params):
-            groups.setdefault((param.device, param.dtype), []).append(position)
-        for (device, dtype), positions in groups.items():
-            group = [[items[i] for i in positions] for items in (params, grads, moments, velocities)]
-            if fused is not None and device.type in ("cpu", "cuda") and dtype in fused_dtypes:
-                fused(
-                    *group,
-                    [],
-                    [step.to(device)] * len(positions),
-                    lr=lr.to(device),
-                    beta1=float(optimizer.beta_1),
-                    beta2=float(optimizer.beta_2),
-                    weight_decay=0.0,
-                    eps=float(optimizer.epsilon),
-                    amsgrad=False,
-                    maximize=False,
-                )
-            else:
-                _torch_foreach_adamw(optimizer, *group, step.to(device), lr.to(device))
-
-
-def _torch_foreach_adamw(optimizer, params, grads, moments, velocities, step, lr):
-    import torch
-
-    beta_1, beta_2 = float(optimizer.beta_1), float(optimizer.beta_2)
-    torch._foreach_lerp_(moments, grads, 1 - beta_1)
-    torch._foreach_mul_(velocities, beta_2)
-    torch._foreach_addcmul_(velocities, grads, grads, value=1 - beta_2)
-    correction_1 = 1 - torch.pow(beta_1, step)
-    correction_2 = torch.sqrt(1 - torch.pow(beta_2, step))
-    denominators = torch._foreach_sqrt(velocities)
-    torch._foreach_div_(denominators, correction_2)
-    torch._foreach_add_(denominators, float(optimizer.epsilon))
-    updates = torch._foreach_div(moments, denominators)
-    torch._foreach_mul_(updates, -(lr / correction_1).to(params[0].dtype))
-    torch._foreach_add_(params, updates)
 
 
 def bert_optimizer(

@@ -70,13 +70,15 @@ def test_bert_adamw_equals_torch_adamw_transcription():
 
 @pytest.mark.skipif(keras.config.backend() != "torch", reason="torch's multi-tensor update path")
 def test_torch_update_without_the_fused_kernel_gives_the_same_weights(monkeypatch):
-    """The foreach fallback (torch without `_fused_adamw_`) computes the fused kernel's update."""
-    import torch
+    """The multi-tensor (foreach) form of torch.optim.AdamW computes the fused kernel's update."""
+    from kbert import backend_paths
 
     initial, grads = _problem(seed=1)
-    fused, _ = _kbert_adamw(initial, grads, **SETTINGS)
-    monkeypatch.setattr(torch, "_fused_adamw_", None)
-    fallback, _ = _kbert_adamw(initial, grads, **SETTINGS)
+    fused, optimizer = _kbert_adamw(initial, grads, **SETTINGS)
+    assert optimizer._kbert_torch_adamw[1].param_groups[0]["fused"]
+    monkeypatch.setattr(backend_paths, "TORCH_FUSED_ADAMW", False)
+    fallback, optimizer = _kbert_adamw(initial, grads, **SETTINGS)
+    assert not optimizer._kbert_torch_adamw[1].param_groups[0]["fused"]
     expected = _reference_adamw(initial, grads, 3e-2, 8, 2, 0.1, 1e-6, clipnorm=1.0)
     for a, b, e in zip(fused, fallback, expected):
         assert_all_close(b, e, atol=2e-6, rtol=1e-5)
