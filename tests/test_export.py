@@ -88,16 +88,19 @@ def test_export_errors(tmp_path):
     assert (tmp_path / "file").read_text() == "keep me"
     with pytest.raises(ValueError, match=r"\.onnx"):
         export.export_onnx(backbone, tmp_path / "model.bin")
+    with pytest.raises(ValueError, match=r"positive integer. Received: sequence_length=0"):
+        export.export_onnx(backbone, tmp_path / "model.onnx", sequence_length=0)
     assert not list(tmp_path.glob(".*"))
 
 
 @pytest.mark.large
 def test_onnx_matches_predict(tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
     model = toy_classifier()
     inputs = random_backbone_inputs(batch_size=3, sequence_length=10)
     expected = model.predict(inputs, verbose=0)
-    export.export_onnx(model, tmp_path / "model.onnx")
+    export.export_onnx(model, tmp_path / "model.onnx", batch_size=3, sequence_length=10)
     session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     feed = {}
