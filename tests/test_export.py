@@ -52,7 +52,7 @@ def test_saved_model_answers_raw_strings_without_kbert(tmp_path):
     expected_single = model.predict(TEXTS, verbose=0)
     expected_pair = model.predict((TEXTS, PAIRS), verbose=0)
 
-    export.export_saved_model(model, tmp_path / "served")
+    model.export(tmp_path / "served")  # BertTask.export -> kbert.export.export_saved_model
     assert sorted(p.name for p in tmp_path.iterdir()) == ["served"]  # No staging left behind.
     environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KERAS_BACKEND")}
     result = subprocess.run(
