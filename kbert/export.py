@@ -262,7 +262,8 @@ def _write_onnx(model, target, batch_size, sequence_length):
         name: keras.InputSpec(shape=(batch_size, sequence_length), dtype="int32", name=name)
         for name in _PACKED_INPUTS
     }
-    model.export(str(target), format="onnx", input_signature=[signature], verbose=False)
+    # `keras.Model.export` itself: `BertTask.export` routes "onnx" back here.
+    keras.Model.export(model, str(target), format="onnx", input_signature=[signature], verbose=False)
 
 
 def _main(staging, kind, target, *arguments):
