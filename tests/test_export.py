@@ -43,6 +43,7 @@ def toy_classifier():
 @pytest.mark.large
 def test_saved_model_answers_raw_strings_without_kbert(tmp_path):
     """Trained (here: LoRA-adapted, adapter randomized) on the current backend, served by plain TF."""
+    pytest.importorskip("tensorflow_text", reason="the SavedModel export and its loader need TensorFlow")
     model = toy_classifier()
     model.enable_lora(2)
     rng = np.random.default_rng(0)
