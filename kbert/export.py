@@ -147,6 +147,8 @@ def _rebuild(staging):
 
     staging = Path(staging)
     spec = json.loads((staging / "model.json").read_text())
+    if not spec["module"].startswith("kbert."):  # Only kbert's own model classes are rebuilt.
+        raise ValueError(f"Cannot export a {spec['module']}.{spec['class_name']} through a subprocess")
     cls = getattr(importlib.import_module(spec["module"]), spec["class_name"])
     model = cls.from_config(spec["config"])
     model.load_weights(staging / "model.weights.h5")
