@@ -20,8 +20,9 @@ Loading needs TensorFlow and tensorflow-text (the WordPiece step is tensorflow-t
 >>> served = tf.saved_model.load("exported")
 >>> served.signatures["serving_default"](text=tf.constant(["a great film"]))["logits"]
 
-`export_onnx(model, path)` writes ONNX through Keras' own `Model.export(format="onnx")`:
-packed int32 ids in, the model's outputs out (no tokenizer).
+`export_onnx(model, path, batch_size, sequence_length)` writes ONNX through Keras' own
+`Model.export(format="onnx")` on the PyTorch backend: packed int32 ids of a fixed shape in,
+the model's outputs out (no tokenizer); see its docstring for why the shape is fixed.
 """
 
 import json
@@ -109,6 +110,11 @@ def _move_into_place(source, path):
 
 def _export_in_tensorflow_process(model, preprocessor, target, staging):
     """Saves config + weights (LoRA merged by Keras) and rebuilds them on TensorFlow to export."""
+    _export_in_backend_process("tensorflow", model, preprocessor, staging, ["saved_model", str(target)])
+
+
+def _export_in_backend_process(backend, model, preprocessor, staging, arguments):
+    """Hands config + weights (LoRA merged by Keras' `Dense`) to a `backend` subprocess."""
     config = model.get_config()
     if "preprocessor" in config:  # Handed over separately; the rebuilt model needs none.
         config = dict(config, preprocessor=None)
@@ -116,37 +122,42 @@ def _export_in_tensorflow_process(model, preprocessor, target, staging):
         json.dumps({"module": type(model).__module__, "class_name": type(model).__name__, "config": config})
     )
     model.save_weights(staging / "model.weights.h5")
-    (staging / "preprocessor.json").write_text(
-        json.dumps(keras.saving.serialize_keras_object(preprocessor))
-    )
-    environment = dict(os.environ, KERAS_BACKEND="tensorflow")
+    if preprocessor is not None:
+        (staging / "preprocessor.json").write_text(
+            json.dumps(keras.saving.serialize_keras_object(preprocessor))
+        )
+    environment = dict(os.environ, KERAS_BACKEND=backend)
     environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     result = subprocess.run(
-        [sys.executable, "-m", "kbert.export", str(staging), str(target)],
+        [sys.executable, "-m", "kbert.export", str(staging)] + arguments,
         env=environment,
         capture_output=True,
         text=True,
     )
     if result.returncode != 0:
         raise RuntimeError(
-            "Exporting through a TensorFlow-backend process failed (exit status "
+            f"Exporting through a {backend}-backend process failed (exit status "
             f"{result.returncode}):\n{result.stderr[-4000:]}"
         )
 
 
-def _rebuild_and_export(staging, target):
-    """In the TensorFlow-backend subprocess: rebuild the model and write the SavedModel."""
+def _rebuild(staging):
+    """In the export subprocess: the model (and preprocessor) rebuilt from the hand-over."""
     import importlib
 
     staging = Path(staging)
     spec = json.loads((staging / "model.json").read_text())
+    if not spec["module"].startswith("kbert."):  # Only kbert's own model classes are rebuilt.
+        raise ValueError(f"Cannot export a {spec['module']}.{spec['class_name']} through a subprocess")
     cls = getattr(importlib.import_module(spec["module"]), spec["class_name"])
     model = cls.from_config(spec["config"])
     model.load_weights(staging / "model.weights.h5")
-    preprocessor = keras.saving.deserialize_keras_object(
-        json.loads((staging / "preprocessor.json").read_text())
-    )
-    _write_saved_model(model, preprocessor, Path(target))
+    preprocessor = None
+    if (staging / "preprocessor.json").is_file():
+        preprocessor = keras.saving.deserialize_keras_object(
+            json.loads((staging / "preprocessor.json").read_text())
+        )
+    return model, preprocessor
 
 
 def _tokenizer_resources(preprocessor):
@@ -209,34 +220,61 @@ def _write_saved_model(model, preprocessor, target):
     archive.write_out(str(target), verbose=False)
 
 
-def export_onnx(model, path):
-    """Writes the model as ONNX with Keras' `Model.export(format="onnx")`.
+def export_onnx(model, path, batch_size=1, sequence_length=128):
+    """Writes the model as ONNX with Keras' `Model.export(format="onnx")` on PyTorch.
 
-    Inputs are the packed int32 `token_ids`, `segment_ids` and `padding_mask` of shape
-    `(batch_size, sequence_length)`; outputs are the model's (see the module docstring).
-    Keras exports ONNX from TensorFlow (with `tf2onnx`), JAX and PyTorch (with `onnxscript`).
+    Inputs are the packed int32 `token_ids`, `segment_ids` and `padding_mask`, of the fixed
+    shape `(batch_size, sequence_length)` (pad or split batches to it); outputs are the
+    model's (see the module docstring). The graph is traced on the PyTorch backend with
+    torch's dynamo exporter - in process on PyTorch, in a PyTorch-backend subprocess on
+    TensorFlow and JAX. (Keras' other ONNX routes fail on BERT: tf2onnx cannot convert the
+    `Erfc` op of TensorFlow's exact GELU, and torch's TorchScript exporter, which Keras uses
+    for dynamic shapes, cannot convert `LayerNormalization`.) Needs `onnx` and `onnxscript`.
 
     Args:
         model: a built kbert model.
         path: str or path of the `.onnx` file; written beside it first and renamed.
+        batch_size: int. Rows per call. Defaults to `1`.
+        sequence_length: int. Packed length. Defaults to `128`.
     """
     _check_exportable(model, "export_onnx")
     path = Path(path)
     if path.suffix != ".onnx":
         raise ValueError(f"export_onnx writes a `.onnx` file. Received: path={str(path)!r}")
+    for name, value in (("batch_size", batch_size), ("sequence_length", sequence_length)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".onnx")
-    os.close(handle)
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
     try:
-        signature = {
-            name: keras.InputSpec(shape=(None, None), dtype="int32", name=name) for name in _PACKED_INPUTS
-        }
-        keras.Model.export(model, staging, format="onnx", input_signature=[signature], verbose=False)
-        os.replace(staging, path)
+        target = staging / "model.onnx"
+        if keras.config.backend() == "torch":
+            _write_onnx(model, target, batch_size, sequence_length)
+        else:
+            _export_in_backend_process(
+                "torch", model, None, staging, ["onnx", str(target), str(batch_size), str(sequence_length)]
+            )
+        os.replace(target, path)
     finally:
-        if os.path.exists(staging):
-            os.remove(staging)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_onnx(model, target, batch_size, sequence_length):
+    signature = {
+        name: keras.InputSpec(shape=(batch_size, sequence_length), dtype="int32", name=name)
+        for name in _PACKED_INPUTS
+    }
+    # `keras.Model.export` itself: `BertTask.export` routes "onnx" back here.
+    keras.Model.export(model, str(target), format="onnx", input_signature=[signature], verbose=False)
+
+
+def _main(staging, kind, target, *arguments):
+    model, preprocessor = _rebuild(staging)
+    if kind == "saved_model":
+        _write_saved_model(model, preprocessor, Path(target))
+    else:
+        _write_onnx(model, target, *map(int, arguments))
 
 
 if __name__ == "__main__":  # The TensorFlow-backend subprocess of `export_saved_model`.
-    _rebuild_and_export(sys.argv[1], sys.argv[2])
+    _main(*sys.argv[1:])

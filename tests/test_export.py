@@ -43,6 +43,7 @@ def toy_classifier():
 @pytest.mark.large
 def test_saved_model_answers_raw_strings_without_kbert(tmp_path):
     """Trained (here: LoRA-adapted, adapter randomized) on the current backend, served by plain TF."""
+    pytest.importorskip("tensorflow_text", reason="the SavedModel export and its loader need TensorFlow")
     model = toy_classifier()
     model.enable_lora(2)
     rng = np.random.default_rng(0)
@@ -52,7 +53,7 @@ def test_saved_model_answers_raw_strings_without_kbert(tmp_path):
     expected_single = model.predict(TEXTS, verbose=0)
     expected_pair = model.predict((TEXTS, PAIRS), verbose=0)
 
-    export.export_saved_model(model, tmp_path / "served")
+    model.export(tmp_path / "served")  # BertTask.export -> kbert.export.export_saved_model
     assert sorted(p.name for p in tmp_path.iterdir()) == ["served"]  # No staging left behind.
     environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KERAS_BACKEND")}
     result = subprocess.run(
@@ -88,16 +89,19 @@ def test_export_errors(tmp_path):
     assert (tmp_path / "file").read_text() == "keep me"
     with pytest.raises(ValueError, match=r"\.onnx"):
         export.export_onnx(backbone, tmp_path / "model.bin")
+    with pytest.raises(ValueError, match=r"positive integer. Received: sequence_length=0"):
+        export.export_onnx(backbone, tmp_path / "model.onnx", sequence_length=0)
     assert not list(tmp_path.glob(".*"))
 
 
 @pytest.mark.large
 def test_onnx_matches_predict(tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
     model = toy_classifier()
     inputs = random_backbone_inputs(batch_size=3, sequence_length=10)
     expected = model.predict(inputs, verbose=0)
-    export.export_onnx(model, tmp_path / "model.onnx")
+    export.export_onnx(model, tmp_path / "model.onnx", batch_size=3, sequence_length=10)
     session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     feed = {}

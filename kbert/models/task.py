@@ -514,6 +514,22 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
 
         return lora.merge_lora(self)
 
+    def export(self, filepath, format="tf_saved_model", verbose=None, **kwargs):
+        """Exports for serving (see `kbert.export`), from any backend.
+
+        `format="tf_saved_model"` (default) writes a SavedModel whose signatures take raw
+        strings and sentence pairs (the tokenizer in the graph); `format="onnx"` writes ONNX
+        with packed ids of a fixed shape in (`batch_size`, `sequence_length` keyword
+        arguments). Other formats go to `keras.Model.export`.
+        """
+        from kbert import export
+
+        if format == "tf_saved_model":
+            return export.export_saved_model(self, filepath, **kwargs)
+        if format == "onnx":
+            return export.export_onnx(self, filepath, **kwargs)
+        return super().export(filepath, format=format, verbose=verbose, **kwargs)
+
     # ---------------------------------------------------------- checkpoint hook
     # See kbert/checkpoints/formats.py. Subclasses set the `transformers` class name.
     huggingface_architecture = None

@@ -210,3 +210,19 @@ def test_load_lora_into_other_shape_or_without_lora(tmp_path):
         model.save_lora_weights(tmp_path / "adapter.h5")
     with pytest.raises(FileNotFoundError):
         model.load_lora_weights(tmp_path / "missing.safetensors")
+
+
+def test_enable_lora_after_full_fine_tuning_trains_the_adapter_only():
+    """The optimizer built by an earlier `fit` tracked other variables: LoRA replaces it."""
+    model = tiny_classifier()
+    model.total_steps = 4  # A fixed schedule: `fit` would not re-plan (and so rebuild) it.
+    model.compile()
+    inputs = random_backbone_inputs(batch_size=8)
+    labels = np.arange(8) % 3
+    model.fit(inputs, labels, batch_size=4, epochs=1, verbose=0)
+    model.enable_lora(RANK)
+    before = values_by_path(model)
+    model.fit(inputs, labels, batch_size=4, epochs=1, verbose=0)
+    after = values_by_path(model)
+    changed = {path for path in before if not np.array_equal(before[path], after[path])}
+    assert changed and all("lora_kernel" in p or p.startswith("classifier/") for p in changed), changed
