@@ -8,6 +8,7 @@ Subpackages:
     kbert.metrics      MCC, Pearson/Spearman, entity F1, SQuAD EM/F1.
     kbert.checkpoints  Readers/writers for HF, Google TF and keras-hub checkpoints.
     kbert.callbacks    Resumable training: atomic backups every N steps, exact resume.
+    kbert.export       SavedModel (raw strings in, tokenizer in the graph) and ONNX export.
     kbert.distribution Data- and model-parallel training (keras.distribution) with BERT layouts.
 
 TensorFlow is optional: everything runs with Keras on JAX or PyTorch alone except the tf.data
@@ -19,4 +20,4 @@ __version__ = "0.1.0"
 
 # First: glibc malloc reuses large blocks across training steps (see kbert/runtime.py).
 from kbert import runtime  # noqa: F401  (isort: skip)
-from kbert import callbacks, checkpoints, data, distribution, layers, metrics, models, text
+from kbert import callbacks, checkpoints, data, distribution, export, layers, metrics, models, text
