@@ -11,9 +11,6 @@ BACKENDS ?= tensorflow jax torch
 NOTF_BACKENDS ?= jax torch
 PYTEST_ARGS ?=
 export TF_CPP_MIN_LOG_LEVEL ?= 2
-# Large malloc blocks on transparent huge pages (glibc >= 2.35; ignored by older glibc): far
-# fewer page faults for the buffers XLA allocates afresh every training step on CPU.
-export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 .PHONY: install install-notf demo test test-notf test-tensorflow test-jax test-torch clean
 

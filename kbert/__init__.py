@@ -20,4 +20,9 @@ __version__ = "0.1.0"
 
 # First: glibc malloc reuses large blocks across training steps (see kbert/runtime.py).
 from kbert import runtime  # noqa: F401  (isort: skip)
-from kbert import callbacks, checkpoints, data, distribution, export, layers, metrics, models, text
+from kbert.startup import quiet_native_startup  # Standard library only.
+
+# Keras (and TensorFlow, where installed) start here: the known start-up notices TensorFlow/XLA
+# write from C++ on a CPU machine (oneDNN, cudart, cuInit) are dropped, every other line kept.
+with quiet_native_startup():
+    from kbert import callbacks, checkpoints, data, distribution, export, layers, metrics, models, text

@@ -129,7 +129,9 @@ def _export_in_backend_process(backend, model, preprocessor, staging, arguments)
     environment = dict(os.environ, KERAS_BACKEND=backend)
     environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     result = subprocess.run(
-        [sys.executable, "-m", "kbert.export", str(staging)] + arguments,
+        # Not `-m kbert.export`: `import kbert` imports kbert.export before runpy would run it.
+        [sys.executable, "-c", "import sys; from kbert.export import _main; _main(*sys.argv[1:])", str(staging)]
+        + arguments,
         env=environment,
         capture_output=True,
         text=True,
@@ -162,12 +164,7 @@ def _rebuild(staging):
 
 def _tokenizer_resources(preprocessor):
     """The TensorFlow resources (lookup tables, tensorflow-text ops) the tokenizer's graph uses."""
-    tokenizer = preprocessor.tokenizer
-    resources = [tokenizer._engine]
-    table = getattr(tokenizer._pretokenizer, "_mapped", None)
-    if table is not None:
-        resources.append(table)
-    return resources
+    return preprocessor.tokenizer.graph_resources()
 
 
 def _write_saved_model(model, preprocessor, target):

@@ -74,9 +74,6 @@ def main(argv=None):
     args = parse_args(argv)
     if args.backend:
         os.environ["KERAS_BACKEND"] = args.backend
-    from quiet import quiet_startup
-
-    quiet_startup()
     import kbert
     from kbert.checkpoints import detect_format, export_to_huggingface, parity
 

@@ -26,9 +26,6 @@ def main(argv=None):
     casing.add_argument("--cased", dest="lowercase", action="store_false")
     args = parser.parse_args(argv)
 
-    from quiet import quiet_startup
-
-    quiet_startup()
     from kbert.data.shards import write_pretraining_shards
     from kbert.text import BertTokenizer
 

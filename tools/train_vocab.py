@@ -50,9 +50,6 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from quiet import quiet_startup
-
-    quiet_startup()
     from kbert.text import train_wordpiece_vocabulary
 
     strip_accents = {"auto": None, "yes": True, "no": False}[args.strip_accents]

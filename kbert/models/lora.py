@@ -225,8 +225,8 @@ def refresh_optimizer(model):
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None or not optimizer.built:
         return  # Built on the first `fit`, from the variables that train then.
-    if getattr(model, "_auto_optimizer", False):
-        model.compile(optimizer="auto", **model._compile_request)
+    if getattr(model, "compiled_with_defaults", False):
+        model.compile()  # The task's defaults again, for the variables that train now.
     else:
         import warnings
 

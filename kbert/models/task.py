@@ -318,6 +318,11 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
         planned at the start of each `fit` from what `fit` receives (see `fit`): the schedule
         keeps its length in optimizer variables, so planning changes no compiled function.
         """
+        # Every argument left to the defaults: a fresh default compile can replace this one
+        # (see `kbert.models.lora.refresh_optimizer`).
+        self.compiled_with_defaults = not kwargs and all(
+            isinstance(a, str) and a == "auto" for a in (optimizer, loss, metrics, weighted_metrics)
+        )
         if isinstance(optimizer, str) and optimizer == "auto":
             optimizer = self._default_optimizer()
         if isinstance(loss, str) and loss == "auto":
@@ -591,7 +596,7 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
         else:
             sequence_length = kwargs.pop("sequence_length", None)
         for name in cls._arguments_shadowing_backbone:
-            if name in kwargs:
+            if name in kwargs and name in cls._constructor_arguments():
                 kwargs[cls._ROUTED_PREFIX + name] = kwargs.pop(name)
         auto = isinstance(preprocessor, str) and preprocessor == "auto"
         if not auto:

@@ -344,6 +344,17 @@ class BertTokenizer:
         with tf.init_scope():
             return self._build_graph_state(tf)
 
+    def graph_resources(self):
+        """The TensorFlow objects the in-graph tokenizer uses (the tensorflow-text WordPiece
+        engine, lookup tables): what a `tf.Module` must track to save it in a SavedModel.
+        Needs TensorFlow and tensorflow-text."""
+        graph = self._graph_state()
+        resources = [graph["engine"]]
+        table = getattr(graph["pretokenizer"], "_mapped", None)
+        if table is not None:
+            resources.append(table)
+        return resources
+
     def _build_graph_state(self, tf):
         tf_text = _tensorflow.tensorflow_text()
         from kbert.text._pretokenizer import PreTokenizer

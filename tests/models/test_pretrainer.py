@@ -2,7 +2,7 @@ import keras
 import numpy as np
 import pytest
 
-from kbert.models import BertBackbone, BertPretrainer, WarmupLinearDecay, bert_optimizer
+from kbert.models import BertBackbone, BertPretrainer, Lamb, WarmupLinearDecay, bert_optimizer
 from tests.test_case import (
     assert_all_close,
     random_backbone_inputs,
@@ -108,7 +108,7 @@ def test_default_compile_is_the_papers_recipe():
     decayed = {v.path: optimizer._use_weight_decay(v) for v in model.trainable_variables}
     assert not any(flag for path, flag in decayed.items() if path.endswith(("bias", "gamma", "beta")))
     assert all(flag for path, flag in decayed.items() if path.endswith(("kernel", "embeddings")))
-    assert isinstance(bert_optimizer(optimizer="lamb"), keras.optimizers.Lamb)
+    assert isinstance(bert_optimizer(optimizer="lamb"), Lamb)  # decay inside the trust ratio
     with pytest.raises(ValueError, match="adamw.*lamb.*sgd"):
         bert_optimizer(optimizer="sgd")
 
