@@ -24,7 +24,7 @@
 Example:
 >>> distribution = data_parallel()
 >>> with distribution.scope():
-...     backbone = BertBackbone.from_preset("bert_tiny_en_uncased")
+...     backbone = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
 """
 
 import keras
@@ -198,7 +198,7 @@ def model_parallel(
     Example:
     >>> distribution = model_parallel(4, config="bert_base_en_uncased")  # 8 devices: 2 x 4
     >>> with distribution.scope():
-    ...     backbone = BertBackbone.from_preset("bert_base_en_uncased")
+    ...     backbone = BertBackbone.from_preset("bert_base_en_uncased", load_weights=False)
     """
     devices = list(devices or keras.distribution.list_devices())
     if (
