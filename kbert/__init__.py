@@ -26,3 +26,12 @@ from kbert.startup import quiet_native_startup  # Standard library only.
 # write from C++ on a CPU machine (oneDNN, cudart, cuInit) are dropped, every other line kept.
 with quiet_native_startup():
     from kbert import callbacks, checkpoints, data, distribution, export, layers, metrics, models, text
+
+    import keras as _keras
+
+    if _keras.backend.backend() == "tensorflow":
+        import tensorflow as _tf
+
+        _tf.config.list_physical_devices()  # Device discovery (cuInit on a CPU machine) prints here.
+        del _tf
+    del _keras
