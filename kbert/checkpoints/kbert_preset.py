@@ -178,12 +178,11 @@ def _json_default(value):
 
 
 def read_config(path):
+    from kbert.checkpoints.huggingface import read_json
+
     path = Path(path)
     file = path / CONFIG_FILE
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{file} is not valid JSON: {error}") from None
+    config = read_json(file)
     if not isinstance(config, dict):
         raise ValueError(f"{file} must hold a JSON object. Received: {type(config).__name__}")
     if not isinstance(config.get("backbone"), dict):

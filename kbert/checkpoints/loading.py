@@ -25,12 +25,9 @@ def detect_format(path):
     detected = formats.detect(path)
     config_file = path / "config.json"
     if detected in (None, "huggingface") and config_file.is_file():
-        try:
-            import json
+        from kbert.checkpoints.huggingface import read_json
 
-            json.loads(config_file.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ValueError(f"{config_file} is not valid JSON: {error}") from None
+        read_json(config_file)  # A broken config.json is named as such, not as "unknown format".
     if detected is None:
         raise ValueError(
             f"{path} is not a known BERT checkpoint. Expected a kbert preset (config.json with "
