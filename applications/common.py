@@ -1,18 +1,25 @@
-"""Shared plumbing of the fine-tuning applications (glue.py, ner.py, squad.py).
+"""Command-line plumbing the applications share (glue.py, ner.py, squad.py, pretrain.py, demo.py).
 
-Flags every application takes, choosing the Keras backend before Keras is imported, seeding,
-the per-step loss record, and the outputs of a run: `metrics.json` and a training-curve PNG.
-The applications themselves stay thin: data readers, models and metrics live in `kbert`.
+The flags every application takes, the choice of the Keras backend before Keras is imported,
+and the one-line checks of `--preset` and `--data-dir` that fail at once, before the slow
+imports. Nothing here imports Keras or kbert at module level: the backend must be chosen
+first. What a run records (the loss of every step, dev scores, `metrics.json` and the
+training-curve PNG) is library code, `kbert.tracking`; data readers, models and metrics live
+in `kbert` too.
+
+The applications import this module without editing `sys.path`:
+
+    if __package__:  # imported as applications.<name> (the tests)
+        from applications import common
+    else:  # run as `python applications/<name>.py`: Python puts this folder on sys.path
+        import common
 """
 
 import argparse
-import json
 import os
 import sys
-import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("tensorflow", "jax", "torch")
 GET_DATA = (
     "The applications read the public GLUE (glue/SST-2/train.tsv, dev.tsv, ...), CoNLL-2003 "
@@ -76,24 +83,24 @@ def check_data_dir(args, required=()):
 
 
 def quiet_startup():
-    """Imports kbert and Keras and wakes the backend while hiding the known start-up notices of
+    """Imports kbert and Keras and wakes the backend, hiding the known start-up notices of
     TensorFlow/XLA on a machine without GPU (oneDNN, cudart, cuInit CUDA error 303); every
     other line written meanwhile (real errors) still reaches stderr.
 
-    `kbert/startup.py` is loaded by its path: importing it as `kbert.startup` would import
-    `kbert` (and with it TensorFlow) before the notices can be held back.
+    `import kbert` holds those notices back itself (`kbert.startup.quiet_native_startup`);
+    the first computation, which makes the backend look for devices, is wrapped here, and so is
+    TensorFlow's device discovery where TensorFlow is loaded for tf.data under another backend
+    (it would otherwise print the cuInit error when the first pipeline is built).
     """
-    import importlib.util
+    import keras
 
-    spec = importlib.util.spec_from_file_location("_kbert_startup", REPO_ROOT / "kbert" / "startup.py")
-    startup = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(startup)
-    with startup.quiet_native_startup():
-        import keras
+    from kbert.startup import quiet_native_startup
 
-        import kbert  # noqa: F401
-
+    with quiet_native_startup():
         keras.ops.convert_to_numpy(keras.ops.zeros(1))
+        tensorflow = sys.modules.get("tensorflow")
+        if tensorflow is not None:
+            tensorflow.config.list_physical_devices()
 
 
 def base_parser(description, *, epochs, batch_size, learning_rate, max_length):
@@ -177,185 +184,7 @@ def shuffled_indices(num_examples, seed, limit=None):
     return order if limit is None else order[:limit]
 
 
-def step_history():
-    """A Keras callback recording the loss of every training step (and the epoch logs)."""
-    import keras
-
-    class StepHistory(keras.callbacks.Callback):
-        """Per-step training loss and per-epoch logs.
-
-        Keras reports the running mean of the loss over the current epoch; the loss of each
-        step is recovered from consecutive running means.
-        """
-
-        def __init__(self):
-            super().__init__()
-            self.step_loss = []
-            self.epochs = []
-            self._previous_mean = 0.0
-            self._batches = 0
-            self.start_time = None
-
-        def on_train_begin(self, logs=None):
-            self.start_time = time.time()
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self._previous_mean, self._batches = 0.0, 0
-
-        def on_train_batch_end(self, batch, logs=None):
-            if not logs or "loss" not in logs:
-                return
-            mean = float(logs["loss"])
-            self._batches += 1
-            step = mean * self._batches - self._previous_mean * (self._batches - 1)
-            self._previous_mean = mean
-            self.step_loss.append(step)
-
-        def on_epoch_end(self, epoch, logs=None):
-            self.epochs.append({k: float(v) for k, v in (logs or {}).items()})
-
-    return StepHistory()
-
-
-def dev_evaluation(history, evaluate):
-    """A Keras callback scoring the dev set after every epoch.
-
-    `evaluate(model)` returns a dict of metrics; each result is recorded, with the training
-    step it was taken at, in `callback.evaluations` (drawn by `write_results`).
-    """
-    import keras
-
-    class DevEvaluation(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.evaluations = []
-
-        def on_epoch_end(self, epoch, logs=None):
-            metrics = evaluate(self.model)
-            self.evaluations.append({"step": len(history.step_loss), **metrics})
-            print("  dev: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-
-    return DevEvaluation()
-
-
 def output_dir(args, application):
     path = Path(args.output_dir or Path("runs") / application)
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def _moving_average(values, window):
-    out, total = [], 0.0
-    for i, value in enumerate(values):
-        total += value
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
-
-
-def write_results(directory, application, metrics, history, args, extra=None, evaluations=None,
-                  baseline=None):
-    """Writes `metrics.json` and `training_curve.png` into `directory`; returns their paths
-    (the curve's is None without matplotlib).
-
-    The figure has two panels drawn on honest axes: the training loss of every step (and its
-    moving mean) from 0 up, and the dev metric at each evaluation against the training step,
-    on its full range ([0, 1] for scores), with the majority-class or chance `baseline` drawn
-    as a dashed line. The title gives the final figures.
-
-    Args:
-        directory: output folder.
-        application: str, e.g. `"glue/sst2"`.
-        metrics: dict of final evaluation metrics (floats).
-        history: the `step_history()` callback used in `fit` (or None).
-        args: the parsed flags (recorded for reproducibility).
-        extra: optional dict of further facts to record (data sizes, timings, ...).
-        evaluations: list of `{"step": int, metric: float, ...}` (see `dev_evaluation`); the
-            final `metrics` are added at the last step when they are not its last entry.
-        baseline: optional `(label, {metric: value})`, e.g. `("majority class", {"accuracy": 0.51})`.
-    """
-    import keras
-
-    directory = Path(directory)
-    steps = history.step_loss if history else []
-    evaluations = list(evaluations or [])
-    scores = {k: v for k, v in metrics.items() if isinstance(v, float)}
-    if scores and (not evaluations or {k: evaluations[-1].get(k) for k in scores} != scores):
-        evaluations.append({"step": len(steps), **scores})
-    record = {
-        "application": application,
-        "backend": keras.backend.backend(),
-        "metrics": metrics,
-        "arguments": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()},
-        "train_steps": len(steps),
-        "epochs": history.epochs if history else [],
-        "step_loss": steps,
-        "evaluations": evaluations,
-        "baseline": {"name": baseline[0], **baseline[1]} if baseline else None,
-    }
-    if extra:
-        record.update(extra)
-    metrics_path = directory / "metrics.json"
-    _write_atomically(metrics_path, json.dumps(record, indent=2, default=float) + "\n")
-
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print('matplotlib is not installed: no training_curve.png (pip install "kbert[plots]").')
-        return metrics_path, None
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    if steps:
-        x = range(1, len(steps) + 1)
-        axes[0].plot(x, steps, alpha=0.35, label="loss per step")
-        window = max(1, min(50, len(steps) // 10))
-        axes[0].plot(x, _moving_average(steps, window), label=f"mean of {window} steps")
-        axes[0].set_ylim(0, max(steps) * 1.05)  # From zero: a flat curve looks flat.
-        axes[0].legend()
-    axes[0].set_xlabel("training step")
-    axes[0].set_ylabel("training loss")
-    axes[0].set_title("training loss")
-    names = [k for k in scores] or sorted({k for e in evaluations for k in e if k != "step"})
-    for name in names:
-        points = [(e["step"], e[name]) for e in evaluations if name in e]
-        if points:
-            axes[1].plot(*zip(*points), marker="o", label=f"dev {name}")
-    if baseline:
-        label, values = baseline
-        for name, value in values.items():
-            axes[1].axhline(value, linestyle="--", color="gray", label=f"{label} ({name} {value:.3f})")
-    values = [e[n] for e in evaluations for n in names if n in e] + list((baseline or ("", {}))[1].values())
-    if values and all(-1.0 <= v <= 1.0 for v in values):
-        axes[1].set_ylim(min(0.0, min(values)) - 0.02, 1.02)
-    elif values:
-        axes[1].set_ylim(0, max(values) * 1.1 + 1e-9)
-    axes[1].set_xlim(0, max(len(steps), 1) * 1.02)
-    axes[1].set_xlabel("training step")
-    axes[1].set_title("dev set, at each evaluation")
-    if names or baseline:
-        axes[1].legend(loc="lower right")
-    final = ", ".join(f"{k} {v:.4g}" for k, v in scores.items())
-    figure.suptitle(f"{application} ({keras.backend.backend()}): {final}" if final else application)
-    figure.tight_layout()
-    curve_path = directory / "training_curve.png"
-    temporary = directory / ".training_curve.png.tmp"
-    figure.savefig(temporary, dpi=100, format="png")
-    os.replace(temporary, curve_path)
-    plt.close(figure)
-    return metrics_path, curve_path
-
-
-def _write_atomically(path, text):
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
-
-
-def print_metrics(application, metrics):
-    """Prints the final metrics, one per line."""
-    print(f"\n== {application}: final metrics ==")
-    for name, value in metrics.items():
-        print(f"{name:>24s}: {value:.4f}" if isinstance(value, float) else f"{name:>24s}: {value}")

@@ -26,13 +26,12 @@ Writes `metrics.json` and `training_curve.png` (training loss, dev metric per ep
 the majority-class baseline) to `--output-dir`.
 """
 
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from applications import common  # noqa: E402
+if __package__:  # Imported as applications.glue (the tests).
+    from applications import common
+else:  # Run as `python applications/glue.py`: Python put this folder first on sys.path.
+    import common
 
 TASKS = ("sst2", "cola", "mrpc", "rte", "stsb", "qnli")
 _DEV_ONLY_TRAIN_FRACTION = 0.8
@@ -124,6 +123,7 @@ def main(argv=None):
     args.preset = common.check_preset(args.preset)
     common.quiet_startup()
     common.seed_everything(args.seed)
+    from kbert import tracking
     from kbert.models import BertClassifier
 
     train_x, train_y, dev_x, dev_y, dev, note = load_splits(
@@ -141,10 +141,10 @@ def main(argv=None):
     )
     if model.preprocessor is None:
         common.fail(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
-    history = common.step_history()
+    history = tracking.StepLossHistory()
     batch = max(args.batch_size, 64)
-    evaluation = common.dev_evaluation(
-        history, lambda m: score(dev, dev_y, m.predict(dev_x, batch_size=batch, verbose=0))
+    evaluation = tracking.EpochEvaluation(
+        lambda m: score(dev, dev_y, m.predict(dev_x, batch_size=batch, verbose=0))
     )
     start = time.time()
     model.fit(
@@ -153,22 +153,23 @@ def main(argv=None):
     train_seconds = time.time() - start
     metrics = {k: v for k, v in evaluation.evaluations[-1].items() if k != "step"}
     application = f"glue/{args.task}"
-    common.print_metrics(application, metrics)
+    tracking.print_metrics(application, metrics)
     reference = baseline(dev, dev_y)
     print(f"{reference[0]:>24s}: " + ", ".join(f"{k} {v:.4f}" for k, v in reference[1].items()))
     directory = common.output_dir(args, f"glue_{args.task}")
-    paths = common.write_results(
+    paths = tracking.write_run_report(
         directory,
         application,
         metrics,
-        history,
-        args,
+        step_loss=history.step_loss,
+        epoch_logs=history.epochs,
+        arguments=vars(args),
         extra={"train_examples": int(len(train_y)), "dev_examples": int(len(dev_y)),
                "train_seconds": train_seconds, "note": note},
         evaluations=evaluation.evaluations,
         baseline=reference,
     )
-    print("Wrote", *paths)
+    print("Wrote", *(path for path in paths if path))
     return metrics
 
 

@@ -20,13 +20,13 @@ full-data run was not made here (2-core CPU).
 Writes `metrics.json` and `training_curve.png` to `--output-dir`.
 """
 
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from applications import common  # noqa: E402
+if __package__:  # Imported as applications.ner (the tests).
+    from applications import common
+else:  # Run as `python applications/ner.py`: Python put this folder first on sys.path.
+    import common
 
 
 def build_parser():
@@ -48,6 +48,7 @@ def main(argv=None):
     args.preset = common.check_preset(args.preset)
     common.quiet_startup()
     common.seed_everything(args.seed)
+    from kbert import tracking
     from kbert.data.readers import label_list, read_conll
     from kbert.metrics import entity_f1
     from kbert.models import BertTagger
@@ -71,7 +72,7 @@ def main(argv=None):
     )
     if model.preprocessor is None:
         common.fail(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
-    history = common.step_history()
+    history = tracking.StepLossHistory()
     start = time.time()
     model.fit(
         [words for words, _ in train],
@@ -88,19 +89,20 @@ def main(argv=None):
         "entity_recall": float(scores["recall"]),
         "entity_f1": float(scores["f1"]),
     }
-    common.print_metrics("conll2003", metrics)
+    tracking.print_metrics("conll2003", metrics)
     directory = common.output_dir(args, "ner_conll2003")
-    paths = common.write_results(
+    paths = tracking.write_run_report(
         directory,
         "conll2003",
         metrics,
-        history,
-        args,
+        step_loss=history.step_loss,
+        epoch_logs=history.epochs,
+        arguments=vars(args),
         extra={"train_sentences": len(train), "eval_sentences": len(dev), "train_seconds": train_seconds,
                "per_type": scores.get("per_type")},
         baseline=("no entity found", {"entity_f1": 0.0}),
     )
-    print("Wrote", *paths)
+    print("Wrote", *(path for path in paths if path))
     return metrics
 
 

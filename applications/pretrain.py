@@ -61,10 +61,9 @@ and `training_curve.png`. The backup folder is removed once the preset is writte
 What a run should reach: with no arguments (bert_tiny_en_uncased: 2 layers, hidden 128, 535k
 parameters with the 438-token vocabulary it trains on the demo corpus; 8 epochs of one pass =
 23 steps, so 184 steps of 32 sequences of 128 tokens) the JAX backend measured here a masked-LM
-accuracy of 0.22 and an NSP accuracy of 0.63 (last-epoch means), with 52-82 s of training and
-1-2 minutes in all on a busy 2-core CPU. The loss falls from 6.8 to about 4.5 in 50 steps and
-then flattens: so few steps learn little beyond token frequencies. Real pretraining needs far
-more text and steps (BERT-Base: 1M steps of 256 sequences).
+accuracy of 0.22 and an NSP accuracy of 0.63 (last-epoch means). The loss falls from 6.8 to
+about 4.5 in 50 steps and then flattens: so few steps learn little beyond token frequencies.
+Real pretraining needs far more text and steps (BERT-Base: 1M steps of 256 sequences).
 """
 
 import argparse
@@ -72,13 +71,13 @@ import glob
 import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from applications import common  # noqa: E402
+if __package__:  # Imported as applications.pretrain (the tests).
+    from applications import common
+else:  # Run as `python applications/pretrain.py`: Python put this folder first on sys.path.
+    import common
 
 DEMO_DATA_DIR = Path(__file__).resolve().parent / "demo_data"
 DEFAULT_PRESET = "bert_tiny_en_uncased"
@@ -415,6 +414,7 @@ def main(argv=None, callbacks=()):
     args = common.parse_args(parser, argv)
     check_arguments(parser, args)
     common.seed_everything(args.seed)
+    from kbert import tracking
     from kbert.callbacks import BatchStream, TrainingBackup, resumable_fit
     from kbert.data import pretraining_dataset
     from kbert.models import BACKBONE_PRESETS, BertPretrainer
@@ -606,7 +606,7 @@ def main(argv=None, callbacks=()):
         for name in ("mlm_accuracy", "mlm_loss", "nsp_accuracy", "nsp_loss", "loss")
         if name in last
     }
-    common.print_metrics("pretrain", metrics)
+    tracking.print_metrics("pretrain", metrics)
     print(f"{backup.step} steps in {train_seconds:.1f} s of training"
           + (f" (resumed at step {start_step})" if start_step else ""))
     # A fresh optimizer, so the preset holds no optimizer moments (three times the weights' size,
@@ -614,12 +614,13 @@ def main(argv=None, callbacks=()):
     model.compile()
     write_preset(model, tokenizer, preset_path, args.overwrite)
     print(f"Wrote the preset {preset_path} (BertBackbone/BertClassifier/BertPretrainer.from_preset)")
-    paths = common.write_results(
+    paths = tracking.write_run_report(
         directory,
         "pretrain",
         metrics,
-        history,
-        args,
+        step_loss=history.step_loss,
+        epoch_logs=history.epochs,
+        arguments=vars(args),
         extra={
             "train_seconds": train_seconds,
             "total_steps": total_steps,
@@ -634,7 +635,7 @@ def main(argv=None, callbacks=()):
             "text_files": names,
         },
     )
-    print("Wrote", *paths)
+    print("Wrote", *(path for path in paths if path))
     shutil.rmtree(backup_dir, ignore_errors=True)  # Only now: the preset is safely written.
     return metrics
 

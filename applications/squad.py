@@ -25,13 +25,13 @@ here (2-core CPU).
 Writes `metrics.json` (with the predictions' scores) and `training_curve.png` to `--output-dir`.
 """
 
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from applications import common  # noqa: E402
+if __package__:  # Imported as applications.squad (the tests).
+    from applications import common
+else:  # Run as `python applications/squad.py`: Python put this folder first on sys.path.
+    import common
 
 
 def _article_range(text):
@@ -77,6 +77,7 @@ def main(argv=None):
     args.preset = common.check_preset(args.preset)
     common.quiet_startup()
     common.seed_everything(args.seed)
+    from kbert import tracking
     from kbert.data.readers import read_squad
     from kbert.metrics import squad_scores
     from kbert.models import BertQuestionAnswerer
@@ -114,7 +115,7 @@ def main(argv=None):
         common.fail(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
     features = model.encode(train_examples, labels=True, verbose=True)
     print(f"{len(features)} training windows")
-    history = common.step_history()
+    history = tracking.StepLossHistory()
     start = time.time()
     model.fit(
         features.inputs,
@@ -145,20 +146,21 @@ def main(argv=None):
     else:
         scores = squad_scores(answers, data, version="1.1")
     metrics = {k: (float(v) if isinstance(v, float) else v) for k, v in scores.items() if isinstance(v, (int, float))}
-    common.print_metrics(f"squad v{args.version}", metrics)
+    tracking.print_metrics(f"squad v{args.version}", metrics)
     directory = common.output_dir(args, f"squad_v{args.version}")
-    paths = common.write_results(
+    paths = tracking.write_run_report(
         directory,
         f"squad v{args.version}",
         metrics,
-        history,
-        args,
+        step_loss=history.step_loss,
+        epoch_logs=history.epochs,
+        arguments=vars(args),
         extra={"train_questions": len(train_examples), "train_windows": len(features),
                "eval_questions": len(eval_examples), "train_seconds": train_seconds,
                "misaligned_answers": examples.num_misaligned},
         baseline=("chance", {"f1": 0.0}),
     )
-    print("Wrote", *paths)
+    print("Wrote", *(path for path in paths if path))
     return metrics
 
 

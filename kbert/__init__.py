@@ -10,6 +10,7 @@ Subpackages:
     kbert.callbacks    Resumable training: atomic backups every N steps, exact resume.
     kbert.export       SavedModel (raw strings in, tokenizer in the graph) and ONNX export.
     kbert.distribution Data- and model-parallel training (keras.distribution) with BERT layouts.
+    kbert.tracking     Record a run: per-step loss, dev scores per epoch, metrics.json, curve PNG.
 
 TensorFlow is optional: everything runs with Keras on JAX or PyTorch alone except the tf.data
 pipelines, the tokenizer inside a tf.data graph and Google TF checkpoints, which raise one clear
@@ -26,6 +27,7 @@ from kbert.startup import quiet_native_startup  # Standard library only.
 # write from C++ on a CPU machine (oneDNN, cudart, cuInit) are dropped, every other line kept.
 with quiet_native_startup():
     from kbert import callbacks, checkpoints, data, distribution, export, layers, metrics, models, text
+    from kbert import tracking
 
     import keras as _keras
 

@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(REPO_ROOT / "tools"))
 
 
 def _maxrss_mib():
@@ -43,6 +41,8 @@ def run_one(mode, args):
     import keras
     import numpy as np
 
+    # tools/ is first on sys.path when this file runs as a script (as tools/benchmark.py
+    # imports tools/bench/); kbert is the installed package.
     from benchmark_quality import RECIPES, sst2_data
     from kbert.models import BertClassifier
 
