@@ -121,7 +121,12 @@ def main(argv=None):
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--lora-learning-rate", type=float, default=1e-3)
     parser.add_argument("--preset", default=None, help="Hugging Face BERT directory (default: all-MiniLM-L6-v2).")
-    parser.add_argument("--data-dir", default=os.environ.get("KBERT_DATA_DIR", "/work/shared/data"))
+    parser.add_argument(
+        "--data-dir",
+        default=os.environ.get("KBERT_DATA_DIR", str(REPO_ROOT.parent / "shared" / "data")),
+        help="Folder holding glue/SST-2/ (as tools/benchmark_quality.py). Default: $KBERT_DATA_DIR, "
+        "else ../shared/data next to the repository.",
+    )
     parser.add_argument("--modes", default="full,lora")
     parser.add_argument("--train-examples", type=int, default=None, help="Smoke runs only (the recipe: 8,000).")
     parser.add_argument("--output", default=str(REPO_ROOT / "benchmarks" / "lora.json"))

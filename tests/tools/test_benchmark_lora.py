@@ -1,0 +1,51 @@
+"""tools/benchmark_lora.py run as a user runs it (`python tools/benchmark_lora.py`, from another
+folder): it finds its sibling tools/benchmark_quality.py by itself, spawns one process per mode
+and writes its JSON, table and chart. One tiny LoRA run on a tiny preset and SST-2-shaped data
+written here; it picks its own backend (`--backend`), so it runs once, not once per backend."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import pytest
+
+from kbert.models import BertBackbone
+from kbert.text import BertTokenizer
+from tests.test_case import tiny_backbone_kwargs
+
+REPO = Path(__file__).resolve().parents[2]
+WORDS = "a good great fine bad awful dull film movie plot".split()
+
+
+@pytest.mark.large  # Two fresh processes importing kbert and TensorFlow.
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="spawns its own backend: run once")
+def test_lora_benchmark_runs_from_another_folder(tmp_path):
+    pytest.importorskip("matplotlib")
+    vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+    preset = tmp_path / "preset"
+    BertBackbone(**tiny_backbone_kwargs(vocabulary_size=len(vocabulary), num_layers=1,
+                                        max_sequence_length=64)).save_to_preset(preset)
+    BertTokenizer(vocabulary).save_to_preset(preset)
+    folder = tmp_path / "data" / "glue" / "SST-2"
+    folder.mkdir(parents=True)
+    rows = [("a good film", 1), ("a great movie", 1), ("a bad plot", 0), ("an awful film", 0)]
+    (folder / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows * 3))
+    (folder / "dev.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows))
+    output = tmp_path / "out" / "lora.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO))  # This checkout's kbert; nothing for tools/.
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "benchmark_lora.py"), "--backend", "jax",
+         "--modes", "lora", "--rank", "2", "--train-examples", "8", "--preset", str(preset),
+         "--data-dir", str(tmp_path / "data"), "--output", str(output)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    (row,) = json.loads(output.read_text())
+    assert (row["mode"], row["backend"], row["rank"]) == ("lora", "jax", 2)
+    assert 0 < row["trainable_parameters"] < row["total_parameters"]
+    assert 0.0 <= row["dev_accuracy"] <= 1.0
+    assert "| lora r=2 | jax |" in result.stdout
+    assert output.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
