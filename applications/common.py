@@ -92,9 +92,9 @@ def quiet_startup():
     TensorFlow's device discovery where TensorFlow is loaded for tf.data under another backend
     (it would otherwise print the cuInit error when the first pipeline is built).
     """
-    import keras
+    from kbert.startup import quiet_native_startup  # First: `import kbert` loads Keras quietly.
 
-    from kbert.startup import quiet_native_startup
+    import keras
 
     with quiet_native_startup():
         keras.ops.convert_to_numpy(keras.ops.zeros(1))
