@@ -1,4 +1,11 @@
-"""BertAdamW and the warm-up schedule against a NumPy transcription of torch.optim.AdamW."""
+"""BertAdamW and the warm-up schedule against a NumPy transcription of torch.optim.AdamW.
+
+Also everything Keras' `Optimizer.apply` does around BertAdamW's update (global and per-variable
+clipping, gradient accumulation, the decay mask, EMA, loss scaling, missing gradients), state
+kept in `optimizer.variables` through restores and `.keras` save/load, and that the optimizers
+read no private Keras attribute. Each reference check is also run against the reference with one
+feature wrong, which must be far off: the checks can fail.
+"""
 
 import keras
 import numpy as np
@@ -243,7 +250,8 @@ def test_missing_gradients_leave_their_variable_alone():
     variables = [keras.Variable(p, name=name) for p, name in zip(initial, NAMES)]
     for step_grads in grads:
         with pytest.warns(UserWarning, match="Gradients do not exist"):
-            optimizer.apply([keras.ops.convert_to_tensor(step_grads[0]), None, keras.ops.convert_to_tensor(step_grads[2])], variables)
+            some = [keras.ops.convert_to_tensor(step_grads[0]), None, keras.ops.convert_to_tensor(step_grads[2])]
+            optimizer.apply(some, variables)
     zero_bias = [[g[0], np.zeros_like(g[1]), g[2]] for g in grads]
     expected = _reference(initial, zero_bias, _bert_schedule())
     expected[1] = initial[1]
@@ -287,7 +295,9 @@ def test_keras_save_and_load_restores_the_optimizer_state(tmp_path):
 
     def build():
         keras.utils.set_random_seed(1)
-        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.LayerNormalization(), keras.layers.Dense(2)])
+        model = keras.Sequential(
+            [keras.Input((6,)), keras.layers.Dense(4), keras.layers.LayerNormalization(), keras.layers.Dense(2)]
+        )
         model.compile(optimizer=bert_optimizer(1e-2, total_steps=20, warmup_steps=2), loss="mse")
         return model
 
@@ -322,7 +332,8 @@ def test_kbert_optimizers_use_no_private_keras_attribute():
     trees = [ast.parse(s) for s in sources] + [ast.parse(inspect.getsource(backend_paths))]
     own = {n.attr for t in trees for n in ast.walk(t) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
     own |= {n.name for t in trees for n in ast.walk(t) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    own |= {t.id for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    assigned = (n for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign))
+    own |= {t.id for n in assigned for t in n.targets if isinstance(t, ast.Name)}
     used = {n.attr for s in sources for n in ast.walk(ast.parse(s)) if isinstance(n, ast.Attribute)}
     private = {a for a in used if a.startswith("_") and not a.startswith("__")}
     assert private <= own, sorted(private - own)
