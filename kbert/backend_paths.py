@@ -13,10 +13,12 @@ layer that calls it:
 - when the fused attention op cannot run (`fused_attention_unsupported`,
   `flash_unavailable_reason`);
 - dense embedding gradients on TensorFlow (`needs_dense_embedding_gradient`);
-- the AdamW update of `BertAdamW` for all variables at once on torch (`adamw_update`).
+- the AdamW update of `BertAdamW` for all variables at once on torch (`has_multi_tensor_adamw`,
+  `adamw_update`).
 """
 
 import functools
+import weakref
 
 import keras
 from keras import ops
@@ -50,13 +52,26 @@ def needs_dense_embedding_gradient():
     return keras.config.backend() == "tensorflow"
 
 
+def has_multi_tensor_adamw():
+    """True where `adamw_update` updates all variables at once (torch)."""
+    return keras.config.backend() == "torch"
+
+
 def adamw_update(optimizer, grads, variables, learning_rate):
-    """Applies `BertAdamW`'s update to all `variables` at once where the backend has a fused
-    kernel (torch); returns False where the caller should use Keras' per-variable path."""
-    if keras.config.backend() != "torch":
-        return False
+    """`BertAdamW.update_step` for all `variables` at once, where `has_multi_tensor_adamw()`.
+
+    Args:
+        optimizer: the `BertAdamW` (its hyperparameters, `iterations` and `moments(variable)`).
+        grads: list of gradients, clipped, one per variable.
+        variables: list of the `keras.Variable`s to update (weight decay already applied).
+        learning_rate: the rate of this update (a scalar tensor).
+    """
+    if not has_multi_tensor_adamw():
+        raise ValueError(
+            f"kbert has no multi-tensor AdamW update on the {keras.config.backend()} backend; "
+            "check `has_multi_tensor_adamw()` first."
+        )
     _torch_adamw_update(optimizer, grads, variables, learning_rate)
-    return True
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,33 +145,46 @@ def _torch_attention_with_dropout(query, key, value, mask, rate):
     return torch.matmul(probabilities, value).transpose(1, 2)
 
 
+# The `torch.optim.AdamW` of each `BertAdamW`, with the parameters it was built for.
+_TORCH_ADAMW = weakref.WeakKeyDictionary()
+
+
+def torch_adamw(optimizer):
+    """The `torch.optim.AdamW` that runs `optimizer`'s updates on torch, or `None` before any."""
+    cached = _TORCH_ADAMW.get(optimizer)
+    return None if cached is None else cached[1]
+
+
 def _torch_adamw_update(optimizer, grads, variables, learning_rate):
     """`BertAdamW.update_step` for all `variables` at once with `torch.optim.AdamW`.
 
     A `torch.optim.AdamW(weight_decay=0)` (Keras applies the decoupled decay before this call,
     to the variables that take it) over the variables' tensors, whose state tensors are the
-    Keras optimizer's own moment variables, so checkpoints and `update_step` see the same
-    moments. Its update is exactly the one `BertAdamW.update_step` writes. It runs the fused
-    kernel (`fused=True`) where torch has one for every parameter (CPU and CUDA floats), its
-    multi-tensor `foreach` form otherwise. The torch optimizer is built once per set of
-    variables; its step counters start from `optimizer.iterations` then count with it.
+    Keras optimizer's own moment variables (`optimizer.moments(variable)`), so checkpoints and
+    the per-variable `update_step` see the same moments. Its update is exactly the one
+    `BertAdamW.update_step` writes. It runs the fused kernel (`fused=True`) where torch has one
+    for every parameter (CPU and CUDA floats), its multi-tensor `foreach` form otherwise. The
+    torch optimizer is built once per set of variables. Its step counts are views of one
+    tensor set to `optimizer.iterations` before every update (one op, no host read), so they
+    follow the Keras optimizer whatever restored or changed its state.
     """
     import torch
 
     params = [variable.value for variable in variables]
     key = tuple(id(p) for p in params)
-    cached = getattr(optimizer, "_kbert_torch_adamw", None)
+    cached = _TORCH_ADAMW.get(optimizer)
     if cached is None or cached[0] != key:
-        cached = (key, _build_torch_adamw(optimizer, variables, params))
-        optimizer._kbert_torch_adamw = cached
-    torch_optimizer = cached[1]
+        cached = (key, *_build_torch_adamw(optimizer, variables, params))
+        _TORCH_ADAMW[optimizer] = cached
+    _, torch_optimizer, steps = cached
     group = torch_optimizer.param_groups[0]
-    fused = group["fused"]
+    learning_rate = ops.cast(learning_rate, "float32")  # a schedule's tensor or a Variable
     with torch.no_grad():
+        steps.copy_(ops.cast(optimizer.iterations, "float32").detach().expand(steps.shape))
         for param, grad in zip(params, grads):
             param.grad = grad if grad.dtype == param.dtype else grad.to(param.dtype)
-        if fused:
-            group["lr"] = torch.as_tensor(learning_rate, dtype=torch.float32, device=params[0].device)
+        if group["fused"]:
+            group["lr"] = learning_rate.detach().to(params[0].device)
         else:
             group["lr"] = float(learning_rate)
         torch_optimizer.step()
@@ -170,6 +198,7 @@ TORCH_FUSED_ADAMW = True
 
 
 def _build_torch_adamw(optimizer, variables, params):
+    """`(torch.optim.AdamW, steps)`: the torch optimizer and the tensor its step counts view."""
     import torch
 
     fused = TORCH_FUSED_ADAMW and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
@@ -183,14 +212,9 @@ def _build_torch_adamw(optimizer, variables, params):
         fused=fused or None,
         foreach=None if fused else True,
     )
-    # Device-side copy of the step count (no host read); CPU for the foreach form.
-    iterations = ops.cast(optimizer.iterations, "float32").detach()
-    for variable, param in zip(variables, params):
-        index = optimizer._get_variable_index(variable)
-        step_device = param.device if fused else "cpu"
-        torch_optimizer.state[param] = {
-            "step": iterations.to(step_device).clone(),
-            "exp_avg": optimizer._momentums[index].value,
-            "exp_avg_sq": optimizer._velocities[index].value,
-        }
-    return torch_optimizer
+    # The fused kernel reads its step counts on the parameters' device, the foreach form on CPU.
+    steps = torch.zeros(len(params), dtype=torch.float32, device=params[0].device if fused else "cpu")
+    for position, (variable, param) in enumerate(zip(variables, params)):
+        m, v = optimizer.moments(variable)
+        torch_optimizer.state[param] = {"step": steps[position], "exp_avg": m.value, "exp_avg_sq": v.value}
+    return torch_optimizer, steps

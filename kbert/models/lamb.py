@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from kbert.models.optimization import SlotIndex
+
 # BERT excludes biases and LayerNorm parameters from weight decay (and LAMB from adaptation).
 _NO_DECAY = ("bias", "gamma", "beta")
 
@@ -78,9 +80,10 @@ class Lamb(keras.optimizers.Optimizer):
         if self.built:
             return
         super().build(var_list)
-        self._momentums, self._velocities = self.add_optimizer_variables(
+        self.momentums, self.velocities = self.add_optimizer_variables(
             var_list, ["momentum", "velocity"]
         )
+        self._slot_index = SlotIndex(var_list)
 
     @staticmethod
     def _matches(variable, patterns):
@@ -92,8 +95,8 @@ class Lamb(keras.optimizers.Optimizer):
         lr = ops.cast(learning_rate, dtype)
         gradient = ops.cast(gradient, dtype)
         step = ops.cast(self.iterations + 1, dtype)
-        m = self._momentums[self._get_variable_index(variable)]
-        v = self._velocities[self._get_variable_index(variable)]
+        position = self._slot_index(variable)
+        m, v = self.momentums[position], self.velocities[position]
         self.assign(m, ops.add(ops.multiply(m, self.beta_1), ops.multiply(gradient, 1 - self.beta_1)))
         self.assign(
             v,

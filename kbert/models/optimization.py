@@ -181,6 +181,62 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
+def variable_keys(variable):
+    """The identities under which Keras may hand `variable` to an optimizer's `update_step`.
+
+    The variable itself on every backend; on TensorFlow also its `tf.Variable` (`.value`) and,
+    under a `tf.distribute` strategy, that variable's per-replica components (`.values`): what
+    TensorFlow's update loop passes.
+    """
+    keys = [id(variable)]
+    if keras.config.backend() == "tensorflow" and isinstance(variable, keras.Variable):
+        value = variable.value
+        keys.append(id(value))
+        keys.extend(id(component) for component in getattr(value, "values", None) or ())
+    return keys
+
+
+class SlotIndex:
+    """The position of a trainable variable in the list an optimizer was built with.
+
+    kbert's optimizers create their slot variables themselves (the public
+    `Optimizer.add_optimizer_variables`, one list per slot in the order of the built variables)
+    and find a variable's slots with this index, not with Keras' private bookkeeping. A plain
+    object, so Keras' attribute tracking does not count the variables it holds as optimizer
+    variables.
+
+    Args:
+        variables: list of `keras.Variable`. The variables the optimizer is built with.
+    """
+
+    def __init__(self, variables):
+        self.variables = list(variables)
+        self.positions = {}
+        for position, variable in enumerate(self.variables):
+            for key in variable_keys(variable):
+                self.positions[key] = position
+
+    def __call__(self, variable):
+        position = self.positions.get(id(variable))
+        if position is None:
+            name = getattr(variable, "path", None) or getattr(variable, "name", None)
+            raise ValueError(
+                f"The optimizer was not built with the variable {name!r}: it updates only the "
+                "variables it was built with (by `build` or its first `apply`)."
+            )
+        return position
+
+
+class _PendingUpdate:
+    """The `update_step` calls of one multi-tensor update, collected until the last one."""
+
+    def __init__(self, expected):
+        self.expected = expected
+        self.gradients = []
+        self.variables = []
+        self.learning_rate = None
+
+
 @keras.saving.register_keras_serializable(package="kbert")
 class BertAdamW(keras.optimizers.AdamW):
     """AdamW whose epsilon is added after bias correction, as `torch.optim.AdamW` adds it.
@@ -191,27 +247,120 @@ class BertAdamW(keras.optimizers.AdamW):
     that damps the early updates noticeably. This class computes the update of PyTorch's
     AdamW (and so of Hugging Face fine-tuning recipes) exactly:
 
+        m = beta_1 * m + (1 - beta_1) * g,  v = beta_2 * v + (1 - beta_2) * g**2
         m_hat = m / (1 - beta_1**t),  v_hat = v / (1 - beta_2**t)
         variable -= learning_rate * m_hat / (sqrt(v_hat) + epsilon)
 
-    Everything else (decoupled weight decay, clipping, accumulation, loss scaling) is
-    Keras' `AdamW`.
+    Everything around the update is Keras' `Optimizer.apply`, unchanged: loss scaling,
+    `clipnorm`/`clipvalue`/`global_clipnorm`, gradient accumulation, the decoupled weight
+    decay (`variable *= 1 - learning_rate * weight_decay` before the update, except for the
+    variables given to `exclude_from_weight_decay`), EMA and constraints. The moments are
+    this class' own optimizer variables (`momentum` and `velocity` per trainable variable,
+    made in `build` in the order of Keras' `Adam`, so a checkpoint of either loads into the
+    other); they are in `optimizer.variables` and saved and restored with it.
+
+    On the torch backend all variables are updated at once by `torch.optim.AdamW`'s fused
+    kernel (`kbert.backend_paths.adamw_update`) rather than by one `update_step` of ~15
+    eager ops per variable: `apply` collects the `update_step` calls of one update and runs
+    them together when the last one arrives, that is before Keras' EMA and constraints, as
+    the per-variable form would. Only public Keras hooks are used (`build`, `update_step`,
+    `apply`, `add_optimizer_variables`).
+
+    Args:
+        exclude_from_weight_decay: list of str or `None`. Variable names (substrings, as for
+            `Optimizer.exclude_from_weight_decay(var_names=...)`) that take no weight decay;
+            saved in the config. Defaults to `None`.
+        **kwargs: the arguments of `keras.optimizers.AdamW`, except `amsgrad=True`.
+
+    Example:
+    >>> optimizer = BertAdamW(
+    ...     learning_rate=2e-5, weight_decay=0.01, epsilon=1e-6,
+    ...     exclude_from_weight_decay=["bias", "gamma", "beta"],
+    ... )
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, exclude_from_weight_decay=None, **kwargs):
         super().__init__(*args, **kwargs)
         if self.amsgrad:
             raise ValueError("`BertAdamW` does not implement AMSGrad. Received: amsgrad=True")
+        self._slot_index = None
+        self._pending = None
+        self.no_decay_names = []
+        if exclude_from_weight_decay:
+            self.exclude_from_weight_decay(var_names=exclude_from_weight_decay)
+
+    def exclude_from_weight_decay(self, var_list=None, var_names=None):
+        """Keras' `exclude_from_weight_decay`; the `var_names` are also kept in the config.
+
+        Keras' `AdamW` forgets its exclusions on a `.keras` save/load, so a reloaded
+        optimizer would decay biases and LayerNorm parameters; this one restores `var_names`
+        (the exclusions by variable object, `var_list`, cannot be saved).
+        """
+        super().exclude_from_weight_decay(var_list=var_list, var_names=var_names)
+        if var_names:
+            if isinstance(var_names, str):
+                var_names = [var_names]
+            self.no_decay_names = self.no_decay_names + [n for n in var_names if n not in self.no_decay_names]
+
+    def get_config(self):
+        config = super().get_config()
+        config["exclude_from_weight_decay"] = list(self.no_decay_names)
+        return config
+
+    def build(self, var_list):
+        if self.built:
+            return
+        # Keras' `Optimizer.build` (accumulators, EMA averages, iteration bookkeeping), then this
+        # class' own moments. Not `Adam.build`: the moments it makes are private to Keras' Adam.
+        keras.optimizers.Optimizer.build(self, var_list)
+        self.momentums, self.velocities = self.add_optimizer_variables(var_list, ["momentum", "velocity"])
+        self._slot_index = SlotIndex(var_list)
+
+    def moments(self, variable):
+        """`(m, v)`: the first- and second-moment variables of the trainable `variable`."""
+        if self._slot_index is None:
+            raise ValueError("The optimizer has no moments before it is built (by `build` or `apply`).")
+        position = self._slot_index(variable)
+        return self.momentums[position], self.velocities[position]
+
+    def apply(self, grads, trainable_variables=None):
+        if not backend_paths.has_multi_tensor_adamw():
+            return super().apply(grads, trainable_variables)
+        variables = trainable_variables
+        if variables is None:
+            variables = self._slot_index.variables if self._slot_index is not None else ()
+        # Keras calls `update_step` once per variable with a gradient (it skips `None` gradients
+        # and variables that take their gradient as value), or not at all (accumulating steps).
+        expected = sum(
+            1
+            for gradient, variable in zip(grads, variables)
+            if gradient is not None and not getattr(variable, "overwrite_with_gradient", False)
+        )
+        self._pending = _PendingUpdate(expected)
+        try:
+            result = super().apply(grads, trainable_variables)
+            if self._pending.variables:  # Fewer calls than counted: still the exact update.
+                self._run_pending()
+            return result
+        finally:
+            self._pending = None
 
     def update_step(self, gradient, variable, learning_rate):
+        pending = self._pending
+        if pending is not None:
+            pending.gradients.append(gradient)
+            pending.variables.append(variable)
+            pending.learning_rate = learning_rate
+            if len(pending.variables) == pending.expected:
+                self._run_pending()
+            return
         dtype = variable.dtype
+        m, v = self.moments(variable)
         learning_rate = ops.cast(learning_rate, dtype)
         gradient = ops.cast(gradient, dtype)
         step = ops.cast(self.iterations + 1, dtype)
         beta_1_power = ops.power(ops.cast(self.beta_1, dtype), step)
         beta_2_power = ops.power(ops.cast(self.beta_2, dtype), step)
-        index = self._get_variable_index(variable)
-        m, v = self._momentums[index], self._velocities[index]
         self.assign_add(m, ops.multiply(ops.subtract(gradient, m), 1 - self.beta_1))
         self.assign_add(v, ops.multiply(ops.subtract(ops.square(gradient), v), 1 - self.beta_2))
         correction_2 = ops.sqrt(1 - beta_2_power)
@@ -220,13 +369,11 @@ class BertAdamW(keras.optimizers.AdamW):
         denominator = ops.add(ops.sqrt(v), self.epsilon * correction_2)
         self.assign_sub(variable, ops.divide(ops.multiply(m, step_size), denominator))
 
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        # Keras gives its own `AdamW` a multi-tensor update on torch, but not subclasses: they
-        # fall back to `update_step` per variable, ~15 eager ops each. For BERT-sized models
-        # that costs more than the matmuls of a fine-tuning step on CPU, so the torch backend
-        # updates every variable at once (see `kbert.backend_paths.adamw_update`).
-        if not backend_paths.adamw_update(self, grads, trainable_variables, learning_rate):
-            super()._backend_update_step(grads, trainable_variables, learning_rate)
+    def _run_pending(self):
+        pending = self._pending
+        gradients, variables = pending.gradients, pending.variables
+        pending.gradients, pending.variables = [], []
+        backend_paths.adamw_update(self, gradients, variables, pending.learning_rate)
 
 
 def bert_optimizer(
@@ -301,8 +448,11 @@ def bert_optimizer(
         gradient_accumulation_steps=gradient_accumulation_steps,
     )
     if optimizer == "adamw":
-        result = (BertAdamW if torch_epsilon else keras.optimizers.AdamW)(**common)
-        result.exclude_from_weight_decay(var_names=NO_DECAY_VARIABLE_NAMES)
+        if torch_epsilon:
+            result = BertAdamW(**common, exclude_from_weight_decay=NO_DECAY_VARIABLE_NAMES)
+        else:
+            result = keras.optimizers.AdamW(**common)
+            result.exclude_from_weight_decay(var_names=NO_DECAY_VARIABLE_NAMES)
     elif optimizer == "lamb":
         from kbert.models.lamb import Lamb  # Decay inside the trust ratio, as in You et al.
 

@@ -1,4 +1,11 @@
-"""BertAdamW and the warm-up schedule against a NumPy transcription of torch.optim.AdamW."""
+"""BertAdamW and the warm-up schedule against a NumPy transcription of torch.optim.AdamW.
+
+Also everything Keras' `Optimizer.apply` does around BertAdamW's update (global and per-variable
+clipping, gradient accumulation, the decay mask, EMA, loss scaling, missing gradients), state
+kept in `optimizer.variables` through restores and `.keras` save/load, and that the optimizers
+read no private Keras attribute. Each reference check is also run against the reference with one
+feature wrong, which must be far off: the checks can fail.
+"""
 
 import keras
 import numpy as np
@@ -75,10 +82,10 @@ def test_torch_update_without_the_fused_kernel_gives_the_same_weights(monkeypatc
 
     initial, grads = _problem(seed=1)
     fused, optimizer = _kbert_adamw(initial, grads, **SETTINGS)
-    assert optimizer._kbert_torch_adamw[1].param_groups[0]["fused"]
+    assert backend_paths.torch_adamw(optimizer).param_groups[0]["fused"]
     monkeypatch.setattr(backend_paths, "TORCH_FUSED_ADAMW", False)
     fallback, optimizer = _kbert_adamw(initial, grads, **SETTINGS)
-    assert not optimizer._kbert_torch_adamw[1].param_groups[0]["fused"]
+    assert not backend_paths.torch_adamw(optimizer).param_groups[0]["fused"]
     expected = _reference_adamw(initial, grads, 3e-2, 8, 2, 0.1, 1e-6, clipnorm=1.0)
     for a, b, e in zip(fused, fallback, expected):
         assert_all_close(b, e, atol=2e-6, rtol=1e-5)
@@ -92,3 +99,263 @@ def test_accumulated_micro_batches_equal_one_update_of_their_mean():
     expected = _reference_adamw(initial, means, 3e-2, 8, 2, 0.1, 1e-6, clipnorm=1.0)
     for a, e in zip(accumulated, expected):
         assert_all_close(a, e, atol=2e-6, rtol=1e-5)
+
+
+# === The update around the math: clipping, accumulation, decay mask, EMA, loss scaling ===
+# One NumPy reference with every feature as a switch; each test also computes the reference
+# with one feature wrong and checks that kbert's weights are far from it, so the checks can fail.
+
+VARYING = (3.0, 0.05, 10.0, 0.2, 1.5, 0.01)  # Global gradient norms well above and below 1.
+
+
+def _varying_problem(num_steps=6, seed=3):
+    rng = np.random.default_rng(seed)
+    initial = [rng.normal(size=shape).astype("float32") for shape in SHAPES]
+    grads = []
+    for step in range(num_steps):
+        raw = [rng.normal(size=shape) * 10.0 ** rng.integers(-3, 1, size=shape) for shape in SHAPES]
+        norm = np.sqrt(sum(np.sum(g * g) for g in raw))
+        grads.append([(g * VARYING[step % len(VARYING)] / norm).astype("float32") for g in raw])
+    return initial, grads
+
+
+def _reference(
+    initial,
+    grads,
+    rate,
+    weight_decay=0.1,
+    epsilon=1e-6,
+    clip=("global", 1.0),
+    decayed=("kernel",),
+    bias_correction=True,
+    accumulation=1,
+    ema_momentum=None,
+):
+    """AdamW in float64: `rate(update)`, clipping `("global", c)`/`("each", c)`/`None`, decoupled
+    decay of the variables named in `decayed`, `accumulation` micro-batches averaged per update,
+    and the EMA of the weights after every update (Keras' form: the first average is the weights)."""
+    params = [p.astype("float64") for p in initial]
+    m = [np.zeros_like(p) for p in params]
+    v = [np.zeros_like(p) for p in params]
+    averages = None
+    updates = [
+        [np.mean([grads[i + k][j] for k in range(accumulation)], axis=0, dtype="float64") for j in range(len(NAMES))]
+        for i in range(0, len(grads), accumulation)
+    ]
+    for step, g in enumerate(updates):
+        lr = rate(step)
+        if clip is not None and clip[0] == "global":
+            norm = np.sqrt(sum(np.sum(x * x) for x in g))
+            g = [x * min(1.0, clip[1] / norm) for x in g]
+        elif clip is not None:
+            g = [x * min(1.0, clip[1] / np.sqrt(np.sum(x * x))) for x in g]
+        t = step + 1
+        for i, name in enumerate(NAMES):
+            if name in decayed:
+                params[i] *= 1 - lr * weight_decay
+            m[i] = 0.9 * m[i] + 0.1 * g[i]
+            v[i] = 0.999 * v[i] + 0.001 * g[i] ** 2
+            m_hat, v_hat = (m[i] / (1 - 0.9**t), v[i] / (1 - 0.999**t)) if bias_correction else (m[i], v[i])
+            params[i] -= lr * m_hat / (np.sqrt(v_hat) + epsilon)
+        if ema_momentum is not None:
+            momentum = 0.0 if averages is None else ema_momentum
+            averages = [p.copy() for p in params] if averages is None else averages
+            averages = [momentum * a + (1 - momentum) * p for a, p in zip(averages, params)]
+    return params if ema_momentum is None else (params, averages)
+
+
+def _bert_schedule(peak=3e-2, total=8, warmup=2):
+    return lambda step: peak * step / warmup if step < warmup else peak * max(0.0, (total - step) / (total - warmup))
+
+
+def _train(optimizer, initial, grads, scale=1.0):
+    variables = [keras.Variable(p, name=name) for p, name in zip(initial, NAMES)]
+    for step_grads in grads:
+        optimizer.apply([keras.ops.convert_to_tensor(g * scale) for g in step_grads], variables)
+    return variables
+
+
+def _assert_matches_only(actual, expected, wrong, atol=3e-6):
+    actual = [keras.ops.convert_to_numpy(a) for a in actual]
+    for a, e in zip(actual, expected):
+        assert_all_close(a, e, atol=atol, rtol=1e-5)
+    for name, w in wrong.items():
+        distance = max(np.abs(a - x).max() for a, x in zip(actual, w))
+        assert distance > 100 * atol, f"the reference with {name} wrong is as close: {distance}"
+
+
+def test_bert_optimizer_equals_numpy_adamw_with_clipping_accumulation_and_decay_mask():
+    initial, grads = _varying_problem(num_steps=8)
+    schedule = _bert_schedule()
+    optimizer = bert_optimizer(gradient_accumulation_steps=2, **SETTINGS)
+    variables = _train(optimizer, initial, grads)
+    reference = dict(rate=schedule, accumulation=2)
+    wrong = {
+        "no clipping": _reference(initial, grads, **{**reference, "clip": None}),
+        "no accumulation": _reference(initial, grads, schedule),
+        "decay of biases and LayerNorm": _reference(initial, grads, **reference, decayed=NAMES),
+        "no bias correction": _reference(initial, grads, **reference, bias_correction=False),
+    }
+    _assert_matches_only(variables, _reference(initial, grads, **reference), wrong)
+    assert int(keras.ops.convert_to_numpy(optimizer.iterations)) == 4  # updates, not micro-batches
+
+
+def test_per_variable_clipnorm_ema_and_loss_scale_factor():
+    """Keras' `clipnorm`, `use_ema` (averages of the updated weights) and `loss_scale_factor`."""
+    initial, grads = _varying_problem(seed=4)
+    optimizer = BertAdamW(
+        learning_rate=1e-2,
+        weight_decay=0.1,
+        epsilon=1e-6,
+        clipnorm=0.5,
+        use_ema=True,
+        ema_momentum=0.5,
+        loss_scale_factor=64.0,
+    )
+    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma"])
+    variables = _train(optimizer, initial, grads, scale=64.0)
+    reference = dict(rate=lambda step: 1e-2, clip=("each", 0.5), ema_momentum=0.5)
+    params, averages = _reference(initial, grads, **reference)
+    wrong_params, _ = _reference(initial, grads, **{**reference, "clip": ("global", 0.5)})
+    _assert_matches_only(variables, params, {"global clipping": wrong_params})
+    optimizer.finalize_variable_values(variables)  # What `fit` does at its end with EMA.
+    _, stale = _reference(initial, grads[:-1], **reference)  # EMA lagging one update behind
+    _assert_matches_only(variables, averages, {"the EMA of the weights before each update": stale})
+
+
+@pytest.mark.skipif(
+    keras.config.backend() == "jax", reason="JAX applies a LossScaleOptimizer only statelessly, inside fit"
+)
+def test_loss_scale_optimizer_skips_non_finite_steps_and_unscales():
+    initial, grads = _varying_problem(num_steps=4, seed=5)
+    inner = bert_optimizer(**SETTINGS)
+    optimizer = keras.optimizers.LossScaleOptimizer(inner, initial_scale=1024.0)
+    variables = [keras.Variable(p, name=name) for p, name in zip(initial, NAMES)]
+    scale = 1024.0
+    for step, step_grads in enumerate(grads):
+        if step == 2:  # An overflowing step: skipped, the scale halves.
+            optimizer.apply([keras.ops.convert_to_tensor(g * np.inf) for g in step_grads], variables)
+            scale /= 2
+        optimizer.apply([keras.ops.convert_to_tensor(g * scale) for g in step_grads], variables)
+    assert float(keras.ops.convert_to_numpy(optimizer.dynamic_scale)) == scale
+    assert int(keras.ops.convert_to_numpy(inner.iterations)) == len(grads)
+    expected = _reference(initial, grads, _bert_schedule())
+    _assert_matches_only(variables, expected, {"no clipping": _reference(initial, grads, _bert_schedule(), clip=None)})
+
+
+def test_missing_gradients_leave_their_variable_alone():
+    """Keras drops `None` gradients before the update (the torch path must count the rest)."""
+    initial, grads = _varying_problem(num_steps=3, seed=6)
+    optimizer = bert_optimizer(**SETTINGS)
+    variables = [keras.Variable(p, name=name) for p, name in zip(initial, NAMES)]
+    for step_grads in grads:
+        with pytest.warns(UserWarning, match="Gradients do not exist"):
+            some = [keras.ops.convert_to_tensor(step_grads[0]), None, keras.ops.convert_to_tensor(step_grads[2])]
+            optimizer.apply(some, variables)
+    zero_bias = [[g[0], np.zeros_like(g[1]), g[2]] for g in grads]
+    expected = _reference(initial, zero_bias, _bert_schedule())
+    expected[1] = initial[1]
+    _assert_matches_only(variables, expected, {})
+
+
+def test_moments_are_optimizer_variables_and_restoring_them_resumes_exactly():
+    """The moments are in `optimizer.variables`; assigning saved values to those variables
+    (as `kbert.callbacks.TrainingBackup` restores) continues exactly, also on torch after its
+    fused optimizer was built."""
+    initial, grads = _varying_problem(num_steps=6, seed=7)
+    optimizer = bert_optimizer(**SETTINGS)
+    variables = _train(optimizer, initial, grads[:3])
+    ids = {id(v) for v in optimizer.variables}
+    for variable in variables:
+        m, v = optimizer.moments(variable)
+        assert id(m) in ids and id(v) in ids
+        assert np.abs(keras.ops.convert_to_numpy(v)).max() > 0
+    saved = [np.array(keras.ops.convert_to_numpy(v)) for v in optimizer.variables]
+    weights = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+    for step_grads in grads[3:]:
+        optimizer.apply([keras.ops.convert_to_tensor(g) for g in step_grads], variables)
+    first = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+    for variable, value in zip(optimizer.variables, saved):
+        variable.assign(value)
+    for variable, value in zip(variables, weights):
+        variable.assign(value)
+    for step_grads in grads[3:]:
+        optimizer.apply([keras.ops.convert_to_tensor(g) for g in step_grads], variables)
+    _assert_matches_only(variables, first, {}, atol=1e-7)
+    _assert_matches_only(variables, _reference(initial, grads, _bert_schedule()), {})
+    with pytest.raises(ValueError, match="not built with the variable"):
+        optimizer.moments(keras.Variable(np.zeros(3, "float32"), name="stranger"))
+
+
+def test_keras_save_and_load_restores_the_optimizer_state(tmp_path):
+    """`.keras` save/load of a compiled model: the moments come back and training continues
+    as it would have without the round trip."""
+    rng = np.random.default_rng(8)
+    x, y = rng.normal(size=(16, 6)).astype("float32"), rng.normal(size=(16, 2)).astype("float32")
+
+    def build():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential(
+            [keras.Input((6,)), keras.layers.Dense(4), keras.layers.LayerNormalization(), keras.layers.Dense(2)]
+        )
+        model.compile(optimizer=bert_optimizer(1e-2, total_steps=20, warmup_steps=2), loss="mse")
+        return model
+
+    model = build()
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded.optimizer, BertAdamW)
+    assert len(loaded.optimizer.variables) == len(model.optimizer.variables)
+    for a, b in zip(loaded.optimizer.variables, model.optimizer.variables):
+        assert_all_close(a, b, atol=0, rtol=0)
+    for m in (model, loaded):
+        m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    moved = max(np.abs(a - b).max() for a, b in zip(model.get_weights(), loaded.get_weights()))
+    assert moved < 1e-6
+
+
+def test_kbert_optimizers_use_no_private_keras_attribute():
+    """The optimizers reach Keras only through public hooks: every `obj._name` they read is an
+    attribute kbert itself defines."""
+    import ast
+    import inspect
+
+    from kbert import backend_paths
+    from kbert.models import lamb, optimization
+
+    sources = [inspect.getsource(module) for module in (optimization, lamb)]
+    functions = (backend_paths.has_multi_tensor_adamw, backend_paths.adamw_update, backend_paths.torch_adamw,
+                 backend_paths._torch_adamw_update, backend_paths._build_torch_adamw)
+    sources += [inspect.getsource(f) for f in functions]
+    trees = [ast.parse(s) for s in sources] + [ast.parse(inspect.getsource(backend_paths))]
+    own = {n.attr for t in trees for n in ast.walk(t) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
+    own |= {n.name for t in trees for n in ast.walk(t) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assigned = (n for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign))
+    own |= {t.id for n in assigned for t in n.targets if isinstance(t, ast.Name)}
+    used = {n.attr for s in sources for n in ast.walk(ast.parse(s)) if isinstance(n, ast.Attribute)}
+    private = {a for a in used if a.startswith("_") and not a.startswith("__")}
+    assert private <= own, sorted(private - own)
+
+
+@pytest.mark.large
+@pytest.mark.skipif(keras.config.backend() != "torch", reason="torch.compile of the training step")
+def test_compiled_torch_training_step_updates_as_eager():
+    """`jit_compile=True` (Dynamo) on torch: the fused update inside the compiled step gives the
+    eager weights (before the step counts followed `iterations`, they drifted by ~4e-3 here)."""
+    rng = np.random.default_rng(9)
+    x, y = rng.normal(size=(16, 6)).astype("float32"), rng.normal(size=(16, 2)).astype("float32")
+
+    def train(jit_compile):
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential(
+            [keras.Input((6,)), keras.layers.Dense(4), keras.layers.LayerNormalization(), keras.layers.Dense(2)]
+        )
+        optimizer = bert_optimizer(1e-2, total_steps=20, warmup_steps=2)
+        model.compile(optimizer=optimizer, loss="mse", jit_compile=jit_compile)
+        model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+        return model.get_weights()
+
+    eager, compiled = train(False), train(True)
+    assert max(np.abs(a - b).max() for a, b in zip(compiled, eager)) < 1e-6
