@@ -299,14 +299,15 @@ class _DocumentSource:
     """
 
     def __init__(self, paths, kind, tokenizer, text_format, num_processes, process_index,
-                 shuffle, cycle_length=4, chunk_size=2048, num_threads=2):
+                 shuffle, cycle_length=4, chunk_size=2048, num_threads=None):
         self.kind = kind
         self.tokenizer = tokenizer
         self.text_format = text_format
         self.shuffle = shuffle
         self.cycle_length = cycle_length
         self.chunk_size = chunk_size
-        self.num_threads = num_threads
+        # One tokenization thread per core (at least 2: reading overlaps tokenizing).
+        self.num_threads = num_threads or max(2, os.cpu_count() or 1)
         if len(paths) >= num_processes:
             self.paths = paths[process_index::num_processes]
             self.document_stride, self.document_offset = 1, 0
@@ -1131,5 +1132,11 @@ def pretraining_dataset(
             tf.TensorSpec((2,), tf.int64),
         ),
     )
-    dataset = dataset.map(masker, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    # The masker is plain TensorFlow ops (its loop is an explicit `tf.while_loop`): no AutoGraph
+    # conversion, which would cost seconds before the first batch.
+    dataset = dataset.map(
+        tf.autograph.experimental.do_not_convert(masker),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
     return dataset.prefetch(tf.data.AUTOTUNE)
