@@ -9,12 +9,16 @@ same batches.
 Pipeline (streaming; memory does not grow with the corpus):
 
 1. The files (this process's share) are read line by line and parsed into documents made of
-   sentences; pre-tokenized shards (`kbert.data.shards`) skip this step and the next.
+   sentences; pre-tokenized shards (`kbert.data.shards`) skip this step and the next (they are
+   read and parsed by a parallel `tf.data` interleave, 64 records at a time).
 2. Sentences are tokenized in chunks with the tokenizer, in worker threads.
-3. A Python generator passes the documents through a seeded buffer, builds the sentence pairs
-   (target length, random `A` end, 50 % random next sentence from another buffered document,
-   longest-first truncation from a random end), shuffles them in a bounded buffer and packs
-   them into padded batches `[CLS] A [SEP] B [SEP]`.
+3. A Python generator passes the documents (flat id arrays with sentence offsets) through a
+   seeded buffer, builds the sentence pairs (target length, random `A` end, 50 % random next
+   sentence from another buffered document, longest-first truncation from random ends) as
+   views into those arrays - chunks found by bisection, truncation in closed form, a few
+   operations per pair - shuffles them in a bounded buffer and packs each batch
+   `[CLS] A [SEP] B [SEP]` with one NumPy scatter. This is what makes pre-tokenized shards fast
+   (tens of thousands of sequences per second on one core); raw text is bound by tokenization.
 4. A batched `Dataset.map` in TensorFlow ops chooses the masked positions and applies the
    80 % `[MASK]` / 10 % random token / 10 % unchanged replacement.
 """
@@ -294,8 +298,10 @@ class _DocumentSource:
     Files are split across processes (file `i` goes to process `i % num_processes`) when there
     are at least as many files as processes, else documents are (document `k` of the stream goes
     to process `k % num_processes`). Each pass reads this process's files in a seeded random
-    order (with `shuffle`), `cycle_length` files at a time, one document from each in turn.
-    Text is tokenized in chunks of sentences by worker threads.
+    order (with `shuffle`), `cycle_length` files at a time, one document from each in turn
+    (text files in groups of `cycle_length`; shards by a `tf.data` interleave that replaces a
+    finished file by the next one). Text is tokenized in chunks of sentences by worker threads,
+    one per CPU core (at least 2).
     """
 
     def __init__(self, paths, kind, tokenizer, text_format, num_processes, process_index,
@@ -905,7 +911,9 @@ def pretraining_dataset(
     built with the same arguments and seed yield identical batches, masks included.
 
     Streaming. Each pass reads this process's files in a seeded random order, up to 4 at a time,
-    one document from each in turn. Documents go through a buffer of `document_buffer` documents;
+    one document from each in turn. For throughput, write shards: raw text is limited by
+    tokenization (a few thousand sequences per second per process on 2 cores), shards are not
+    (see BENCHMARKS.md). Documents go through a buffer of `document_buffer` documents;
     the next document made into examples is drawn from it at random (the oldest with
     `shuffle=False`). Examples go through a shuffle buffer of `example_buffer` examples. Both
     buffers start handing out items before they are full (one for every two new ones), so the
@@ -928,7 +936,9 @@ def pretraining_dataset(
     always when only one sentence was gathered, B is read from a random start in another
     document (label 1, NotNext) and the unused sentences are read again for the next example;
     otherwise B is the rest of the gathered sentences (label 0, IsNext). The pair is truncated
-    longest-first, one token at a time from the front or the back at random. The other document
+    longest-first, one token at a time from the front or the back at random (computed in closed
+    form: the kept lengths, then a Binomial(cut, 1/2) number of cuts at the front, which is the
+    same distribution). The other document
     is drawn uniformly among all other documents (the reference retries up to 10 times and may
     fall back to the same document). With `nsp=False`, the gathered sentences form one segment
     of at most `sequence_length - 2` tokens, `segment_ids` are all 0 and the NSP entries are
