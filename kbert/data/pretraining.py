@@ -9,16 +9,21 @@ same batches.
 Pipeline (streaming; memory does not grow with the corpus):
 
 1. The files (this process's share) are read line by line and parsed into documents made of
-   sentences; pre-tokenized shards (`kbert.data.shards`) skip this step and the next.
+   sentences; pre-tokenized shards (`kbert.data.shards`) skip this step and the next (they are
+   read and parsed by a parallel `tf.data` interleave, 64 records at a time).
 2. Sentences are tokenized in chunks with the tokenizer, in worker threads.
-3. A Python generator passes the documents through a seeded buffer, builds the sentence pairs
-   (target length, random `A` end, 50 % random next sentence from another buffered document,
-   longest-first truncation from a random end), shuffles them in a bounded buffer and packs
-   them into padded batches `[CLS] A [SEP] B [SEP]`.
+3. A Python generator passes the documents (flat id arrays with sentence offsets) through a
+   seeded buffer, builds the sentence pairs (target length, random `A` end, 50 % random next
+   sentence from another buffered document, longest-first truncation from random ends) as
+   views into those arrays - chunks found by bisection, truncation in closed form, a few
+   operations per pair - shuffles them in a bounded buffer and packs each batch
+   `[CLS] A [SEP] B [SEP]` with one NumPy scatter. This is what makes pre-tokenized shards fast
+   (tens of thousands of sequences per second on one core); raw text is bound by tokenization.
 4. A batched `Dataset.map` in TensorFlow ops chooses the masked positions and applies the
    80 % `[MASK]` / 10 % random token / 10 % unchanged replacement.
 """
 
+import bisect
 import collections
 import concurrent.futures
 import os
@@ -28,7 +33,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from kbert.data.shards import SHARD_SUFFIX, check_shards, read_shard_documents
+from kbert.data.shards import SHARD_SUFFIX, check_shards, read_shard_flat_documents
 
 # A WikiText article title: " = Title = ". Section headings (" = = Section = = ") do not match.
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
@@ -180,31 +185,31 @@ def _check_tokenizer(tokenizer):
         )
 
 
-def _truncate_pair(a, b, max_num_tokens, rng):
-    """Longest-first truncation, each removed token taken from the front or back at random."""
-    a_start, a_end, b_start, b_end = 0, len(a), 0, len(b)
-    while (a_end - a_start) + (b_end - b_start) > max_num_tokens:
-        if (a_end - a_start) > (b_end - b_start):
-            if rng.random() < 0.5:
-                a_start += 1
-            else:
-                a_end -= 1
-        else:
-            if rng.random() < 0.5:
-                b_start += 1
-            else:
-                b_end -= 1
-    return a[a_start:a_end], b[b_start:b_end]
+def _truncated_lengths(length_a, length_b, max_num_tokens):
+    """The lengths longest-first truncation leaves: `(a, b)` with `a + b <= max_num_tokens`.
+
+    Longest-first removes one token at a time from the longer segment (from B on a tie) until
+    the pair fits. The outcome depends on the lengths only: the longer one shrinks first; once
+    both are cut, A keeps `ceil(max / 2)` and B `floor(max / 2)`.
+    """
+    if length_a + length_b <= max_num_tokens:
+        return length_a, length_b
+    kept_a = min(length_a, max(-(-max_num_tokens // 2), max_num_tokens - length_b))
+    return kept_a, max_num_tokens - kept_a
 
 
-def _truncate_single(a, max_num_tokens, rng):
-    start, end = 0, len(a)
-    while end - start > max_num_tokens:
-        if rng.random() < 0.5:
-            start += 1
-        else:
-            end -= 1
-    return a[start:end]
+def _front_cut(removed, rng):
+    """How many of `removed` cut tokens come from the front, each front or back at random.
+
+    Each removed token is taken from the front or the back of its segment with probability 1/2,
+    independently, so the count is Binomial(removed, 1/2): the popcount of `removed` random bits.
+    """
+    return rng.getrandbits(removed).bit_count() if removed > 0 else 0
+
+
+def _below(rng, n):
+    """A random int in `[0, n)` (one float draw; faster than `randrange` per instance)."""
+    return int(rng.random() * n)
 
 
 # ------------------------------------------------------------------------- streaming documents
@@ -293,19 +298,22 @@ class _DocumentSource:
     Files are split across processes (file `i` goes to process `i % num_processes`) when there
     are at least as many files as processes, else documents are (document `k` of the stream goes
     to process `k % num_processes`). Each pass reads this process's files in a seeded random
-    order (with `shuffle`), `cycle_length` files at a time, one document from each in turn.
-    Text is tokenized in chunks of sentences by worker threads.
+    order (with `shuffle`), `cycle_length` files at a time, one document from each in turn
+    (text files in groups of `cycle_length`; shards by a `tf.data` interleave that replaces a
+    finished file by the next one). Text is tokenized in chunks of sentences by worker threads,
+    one per CPU core (at least 2).
     """
 
     def __init__(self, paths, kind, tokenizer, text_format, num_processes, process_index,
-                 shuffle, cycle_length=4, chunk_size=2048, num_threads=2):
+                 shuffle, cycle_length=4, chunk_size=2048, num_threads=None):
         self.kind = kind
         self.tokenizer = tokenizer
         self.text_format = text_format
         self.shuffle = shuffle
         self.cycle_length = cycle_length
         self.chunk_size = chunk_size
-        self.num_threads = num_threads
+        # One tokenization thread per core (at least 2: reading overlaps tokenizing).
+        self.num_threads = num_threads or max(2, os.cpu_count() or 1)
         if len(paths) >= num_processes:
             self.paths = paths[process_index::num_processes]
             self.document_stride, self.document_offset = 1, 0
@@ -317,12 +325,12 @@ class _DocumentSource:
         paths = list(self.paths)
         if self.shuffle:
             rng.shuffle(paths)
+        if self.kind == "shards":
+            yield from read_shard_flat_documents(paths, self.cycle_length)
+            return
         for start in range(0, len(paths), self.cycle_length):
             group = paths[start : start + self.cycle_length]
-            if self.kind == "shards":
-                iterators = [read_shard_documents(p) for p in group]
-            else:
-                iterators = [_iter_text_documents(p, self.text_format) for p in group]
+            iterators = [_iter_text_documents(p, self.text_format) for p in group]
             yield from _round_robin(iterators)
 
     def _my_documents(self, rng):
@@ -343,11 +351,22 @@ class _DocumentSource:
             yield sentences, document_ids
 
     def documents(self, rng):
-        """Yields the documents of one pass: lists of non-empty int32 arrays."""
+        """Yields the documents of one pass: lists of non-empty int32 arrays (the sentences)."""
+        for ids, bounds in self.flat_documents(rng):
+            yield np.split(ids, bounds[1:-1])
+
+    def flat_documents(self, rng):
+        """Yields the documents of one pass as `(ids, bounds)`.
+
+        `ids` is an int32 array of all the document's token ids, sentence after sentence;
+        `bounds` a list of ints, the offsets of the sentences in `ids` (`bounds[0] == 0`,
+        `bounds[-1] == len(ids)`; sentence `k` is `ids[bounds[k]:bounds[k + 1]]`, never empty).
+        Sentences that tokenize to nothing are dropped; so are documents left empty.
+        """
         if self.kind == "shards":
-            for document in self._my_documents(rng):
-                if document:
-                    yield document
+            for ids, lengths in self._my_documents(rng):
+                if len(ids):
+                    yield ids, [0] + np.cumsum(lengths).tolist()
             return
         tokenize = self.tokenizer.tokenize
 
@@ -361,11 +380,31 @@ class _DocumentSource:
                 )
             if ids.ragged_rank > 1:
                 ids = ids.merge_dims(1, -1)
-            return ids.row_lengths().numpy(), ids.flat_values.numpy(), document_ids
+            lengths = ids.row_lengths().numpy()
+            flat = ids.flat_values.numpy().astype(np.int32)
+            document_ids = np.asarray(document_ids)
+            # Sentence ranges of each document of the chunk (in order, contiguous).
+            starts = np.flatnonzero(np.r_[True, document_ids[1:] != document_ids[:-1]])
+            offsets = np.r_[0, np.cumsum(lengths)]
+            parts = []
+            for first, stop in zip(starts, np.r_[starts[1:], len(document_ids)]):
+                parts.append((
+                    int(document_ids[first]),
+                    flat[offsets[first] : offsets[stop]],
+                    lengths[first:stop],
+                ))
+            return parts
 
         # Eager tokenization in worker threads (TensorFlow ops run outside the GIL), a few
-        # chunks ahead, in order.
-        current, current_id = [], None
+        # chunks ahead, in order. A document can span chunks: its parts are joined.
+        current_id, id_parts, length_parts = None, [], []
+
+        def finished():
+            lengths = np.concatenate(length_parts)
+            ids = np.concatenate(id_parts)
+            lengths = lengths[lengths > 0]
+            return ids, [0] + np.cumsum(lengths).tolist()
+
         with concurrent.futures.ThreadPoolExecutor(self.num_threads) as pool:
             pending = collections.deque()
             chunks = self._sentence_chunks(rng)
@@ -377,17 +416,15 @@ class _DocumentSource:
                     pending.append(pool.submit(tokenized, chunk))
                 if not pending:
                     break
-                lengths, flat, document_ids = pending.popleft().result()
-                segments = np.split(flat.astype(np.int32), np.cumsum(lengths)[:-1])
-                for segment, document_id in zip(segments, document_ids):
+                for document_id, ids, lengths in pending.popleft().result():
                     if document_id != current_id:
-                        if current:
-                            yield current
-                        current, current_id = [], document_id
-                    if len(segment):
-                        current.append(segment)
-        if current:
-            yield current
+                        if id_parts and sum(len(p) for p in id_parts):
+                            yield finished()
+                        current_id, id_parts, length_parts = document_id, [], []
+                    id_parts.append(ids)
+                    length_parts.append(lengths)
+        if id_parts and sum(len(p) for p in id_parts):
+            yield finished()
 
 
 class _PairGenerator:
@@ -437,42 +474,66 @@ class _PairGenerator:
         self.passes_started = 0
 
     def _document_instances(self, document, others, rng, out):
+        """Appends the instances of one document to `out`: `(a, b, label)` tuples of views.
+
+        `a` and `b` are int32 array views into the documents' id arrays (no copies; `b` is None
+        without NSP). Chunks are found by bisection on the sentence offsets, truncation by its
+        closed form (`_truncated_lengths`, `_front_cut`), so the cost is a few operations per
+        instance whatever the sentence and document lengths.
+        """
+        ids, bounds = document
+        num_sentences = len(bounds) - 1
         max_num_tokens = self.max_num_tokens
         target_length = max_num_tokens
         if rng.random() < self.short_seq_prob:
             target_length = rng.randint(2, max_num_tokens)
-        chunk, chunk_length, i = [], 0, 0
-        while i < len(document):
-            chunk.append(document[i])
-            chunk_length += len(document[i])
-            if i == len(document) - 1 or chunk_length >= target_length:
-                if not self.nsp:
-                    tokens = np.concatenate(chunk)
-                    out.append((_truncate_single(tokens, max_num_tokens, rng), None, 0))
-                else:
-                    a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-                    tokens_a = np.concatenate(chunk[:a_end])
-                    if len(chunk) == 1 or rng.random() < 0.5:
-                        is_random_next = 1
-                        target_b_length = target_length - len(tokens_a)
-                        other = others(rng)
-                        start = rng.randint(0, len(other) - 1)
-                        parts, b_length = [], 0
-                        for segment in other[start:]:
-                            parts.append(segment)
-                            b_length += len(segment)
-                            if b_length >= target_b_length:
-                                break
-                        tokens_b = np.concatenate(parts)
-                        # The segments not used for A go back to be read again.
-                        i -= len(chunk) - a_end
-                    else:
-                        is_random_next = 0
-                        tokens_b = np.concatenate(chunk[a_end:])
-                    tokens_a, tokens_b = _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng)
-                    out.append((tokens_a, tokens_b, is_random_next))
-                chunk, chunk_length = [], 0
-            i += 1
+        i = 0
+        while i < num_sentences:
+            # The chunk is sentences i..last: the first ones reaching `target_length` tokens,
+            # or the rest of the document.
+            last = min(bisect.bisect_left(bounds, bounds[i] + target_length, i + 1),
+                       num_sentences) - 1
+            if not self.nsp:
+                begin, end = bounds[i], bounds[last + 1]
+                removed = end - begin - max_num_tokens
+                if removed > 0:
+                    begin += _front_cut(removed, rng)
+                    end = begin + max_num_tokens
+                out.append((ids[begin:end], None, 0))
+                i = last + 1
+                continue
+            num_chunk = last - i + 1
+            a_stop = i + (1 + _below(rng, num_chunk - 1) if num_chunk >= 2 else 1)
+            a_begin, a_end = bounds[i], bounds[a_stop]
+            if num_chunk == 1 or rng.random() < 0.5:
+                is_random_next = 1
+                target_b_length = target_length - (a_end - a_begin)
+                other_ids, other_bounds = others(rng)
+                start = _below(rng, len(other_bounds) - 1)
+                stop = min(
+                    bisect.bisect_left(
+                        other_bounds, other_bounds[start] + target_b_length, start + 1
+                    ),
+                    len(other_bounds) - 1,
+                )
+                b_ids, b_begin, b_end = other_ids, other_bounds[start], other_bounds[stop]
+                # The sentences not used for A go back to be read again.
+                i = a_stop
+            else:
+                is_random_next = 0
+                b_ids, b_begin, b_end = ids, a_end, bounds[last + 1]
+                i = last + 1
+            length_a, length_b = a_end - a_begin, b_end - b_begin
+            kept_a, kept_b = _truncated_lengths(length_a, length_b, max_num_tokens)
+            if kept_a < length_a:
+                a_begin += _front_cut(length_a - kept_a, rng)
+            if kept_b < length_b:
+                b_begin += _front_cut(length_b - kept_b, rng)
+            out.append((
+                ids[a_begin : a_begin + kept_a],
+                b_ids[b_begin : b_begin + kept_b],
+                is_random_next,
+            ))
 
     def pass_instances(self, pass_index):
         """Yields the instances of one pass in output order (a pure function of seed and pass)."""
@@ -494,7 +555,7 @@ class _PairGenerator:
                     "nsp=False."
                 )
             for _ in range(10):
-                k = rng.randrange(count)
+                k = _below(rng, count)
                 key, other = buffer[k] if k < len(buffer) else recent[k - len(buffer)]
                 if key != current[0]:
                     break
@@ -502,39 +563,41 @@ class _PairGenerator:
 
         pool = []
         arrivals = [0, 0]  # documents, examples
+        shuffle, example_buffer = self.shuffle, self.example_buffer
 
         def emit(item):
             current[0], document = item
             made = []
             self._document_instances(document, others, rng, made)
             recent.append(item)
+            if not shuffle:
+                yield from made
+                return
             for instance in made:
-                if not self.shuffle:
-                    yield instance
-                    continue
                 arrivals[1] += 1
                 # The pool fills to `example_buffer`; past _WARM_UP_EXAMPLES it already
                 # hands out one example for every two new ones, so the first batch comes early.
-                if len(pool) < self.example_buffer and (
+                if len(pool) < example_buffer and (
                     len(pool) < _WARM_UP_EXAMPLES or arrivals[1] % 2
                 ):
                     pool.append(instance)
                     continue
-                k = rng.randrange(len(pool))
+                k = _below(rng, len(pool))
                 pool[k], instance = instance, pool[k]
                 yield instance
 
         def take():
-            k = rng.randrange(len(buffer)) if self.shuffle else 0
-            if self.shuffle:
+            if shuffle:
+                k = _below(rng, len(buffer))
                 buffer[k], buffer[-1] = buffer[-1], buffer[k]
                 return buffer.pop()
             return buffer.pop(0)
 
         for dupe in range(self.dupe_factor):
             order_rng = random.Random(f"kbert-pretraining-files:{self.seed}:{pass_index}:{dupe}")
-            for document in self.source.documents(order_rng):
-                key = (len(document), document[0].tobytes(), document[-1].tobytes())
+            for document in self.source.flat_documents(order_rng):
+                ids, bounds = document
+                key = (len(ids), len(bounds), ids[:8].tobytes(), ids[-8:].tobytes())
                 buffer.append((hash(key), document))
                 arrivals[0] += 1
                 # As the example pool: full buffer, or past the warm-up one in two arrivals.
@@ -544,31 +607,48 @@ class _PairGenerator:
                     yield from emit(take())
         while buffer:
             yield from emit(take())
-        if self.shuffle:
+        if shuffle:
             rng.shuffle(pool)
         yield from pool
 
     def pack(self, instances):
+        """Packs instances into `[CLS] A [SEP] B [SEP]` rows, with one scatter for the batch."""
         n, length = len(instances), self.sequence_length
         token_ids = np.full((n, length), self.pad_id, np.int32)
-        segment_ids = np.zeros((n, length), np.int32)
-        lengths = np.zeros((n,), np.int32)
-        labels = np.zeros((n,), np.int32)
-        for row, (tokens_a, tokens_b, label) in enumerate(instances):
-            end = 1 + len(tokens_a)
-            token_ids[row, 0] = self.cls_id
-            token_ids[row, 1:end] = tokens_a
-            token_ids[row, end] = self.sep_id
-            end += 1
-            if tokens_b is not None:
-                b_end = end + len(tokens_b)
-                token_ids[row, end:b_end] = tokens_b
-                token_ids[row, b_end] = self.sep_id
-                segment_ids[row, end : b_end + 1] = 1
-                end = b_end + 1
-            lengths[row] = end
-            labels[row] = label
-        return token_ids, segment_ids, lengths, labels
+        tokens_a, tokens_b, labels = zip(*instances)
+        length_a = np.fromiter(map(len, tokens_a), np.int64, n)
+        columns = np.arange(length)[None, :]  # (1, seq)
+        rows = np.arange(n) * length  # Offset of each row in the flat array.
+        if self.nsp:
+            length_b = np.fromiter(map(len, tokens_b), np.int64, n)
+            pieces = [t for pair in zip(tokens_a, tokens_b) for t in pair]
+            piece_lengths = np.stack([length_a, length_b], axis=1).reshape(-1)  # a0 b0 a1 ..
+            piece_starts = np.stack([rows + 1, rows + 2 + length_a], axis=1).reshape(-1)
+            lengths = 3 + length_a + length_b
+            separators = np.concatenate([rows + 1 + length_a, rows + lengths - 1])
+            segment_ids = (
+                (columns >= 2 + length_a[:, None]) & (columns < lengths[:, None])
+            ).astype(np.int32)
+        else:
+            pieces, piece_lengths, piece_starts = tokens_a, length_a, rows + 1
+            lengths = 2 + length_a
+            separators = rows + lengths - 1
+            segment_ids = np.zeros((n, length), np.int32)
+        # Destination of every token: its piece's start plus its index inside the piece.
+        piece_offsets = np.cumsum(piece_lengths) - piece_lengths
+        destination = np.repeat(piece_starts - piece_offsets, piece_lengths) + np.arange(
+            piece_lengths.sum()
+        )
+        flat = token_ids.reshape(-1)
+        flat[destination] = np.concatenate(pieces)
+        flat[separators] = self.sep_id
+        token_ids[:, 0] = self.cls_id
+        return (
+            token_ids,
+            segment_ids,
+            lengths.astype(np.int32),
+            np.asarray(labels, np.int32),
+        )
 
     def __call__(self):
         while True:
@@ -831,7 +911,9 @@ def pretraining_dataset(
     built with the same arguments and seed yield identical batches, masks included.
 
     Streaming. Each pass reads this process's files in a seeded random order, up to 4 at a time,
-    one document from each in turn. Documents go through a buffer of `document_buffer` documents;
+    one document from each in turn. For throughput, write shards: raw text is limited by
+    tokenization (a few thousand sequences per second per process on 2 cores), shards are not
+    (see BENCHMARKS.md). Documents go through a buffer of `document_buffer` documents;
     the next document made into examples is drawn from it at random (the oldest with
     `shuffle=False`). Examples go through a shuffle buffer of `example_buffer` examples. Both
     buffers start handing out items before they are full (one for every two new ones), so the
@@ -854,7 +936,9 @@ def pretraining_dataset(
     always when only one sentence was gathered, B is read from a random start in another
     document (label 1, NotNext) and the unused sentences are read again for the next example;
     otherwise B is the rest of the gathered sentences (label 0, IsNext). The pair is truncated
-    longest-first, one token at a time from the front or the back at random. The other document
+    longest-first, one token at a time from the front or the back at random (computed in closed
+    form: the kept lengths, then a Binomial(cut, 1/2) number of cuts at the front, which is the
+    same distribution). The other document
     is drawn uniformly among all other documents (the reference retries up to 10 times and may
     fall back to the same document). With `nsp=False`, the gathered sentences form one segment
     of at most `sequence_length - 2` tokens, `segment_ids` are all 0 and the NSP entries are
@@ -1058,5 +1142,11 @@ def pretraining_dataset(
             tf.TensorSpec((2,), tf.int64),
         ),
     )
-    dataset = dataset.map(masker, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    # The masker is plain TensorFlow ops (its loop is an explicit `tf.while_loop`): no AutoGraph
+    # conversion, which would cost seconds before the first batch.
+    dataset = dataset.map(
+        tf.autograph.experimental.do_not_convert(masker),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
     return dataset.prefetch(tf.data.AUTOTUNE)

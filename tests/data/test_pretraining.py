@@ -710,3 +710,134 @@ def test_prepare_pretraining_data_tool(corpus, tmp_path, capsys):
     with pytest.raises(SystemExit, match="No file matches"):
         tool.main(["--vocab", str(vocab), "--output-dir", str(tmp_path / "x"),
                    str(tmp_path / "*.nothing")])
+
+
+# ---------------------------------------------------------------------------------------------
+# The vectorized pieces against the one-token-at-a-time reference.
+# ---------------------------------------------------------------------------------------------
+def _reference_truncated_lengths(length_a, length_b, max_num_tokens):
+    # google-research/bert truncate_seq_pair: remove from the longer (B on a tie) until it fits.
+    while length_a + length_b > max_num_tokens:
+        if length_a > length_b:
+            length_a -= 1
+        else:
+            length_b -= 1
+    return length_a, length_b
+
+
+def test_truncated_lengths_equal_longest_first_one_token_at_a_time():
+    from kbert.data.pretraining import _truncated_lengths
+
+    for max_num_tokens in (5, 6, 61, 62):
+        for length_a in range(1, 90):
+            for length_b in range(1, 90):
+                assert _truncated_lengths(length_a, length_b, max_num_tokens) == (
+                    _reference_truncated_lengths(length_a, length_b, max_num_tokens)
+                ), (length_a, length_b, max_num_tokens)
+
+
+def test_front_cut_is_binomial_like_one_coin_per_removed_token():
+    from math import comb
+
+    from kbert.data.pretraining import _front_cut
+
+    rng = random.Random(0)
+    assert _front_cut(0, rng) == 0
+    draws = np.array([_front_cut(10, rng) for _ in range(40000)])
+    assert draws.min() >= 0 and draws.max() <= 10
+    observed = np.bincount(draws, minlength=11) / len(draws)
+    expected = np.array([comb(10, k) / 2**10 for k in range(11)])
+    np.testing.assert_allclose(observed, expected, atol=0.008)
+
+
+def _reference_pack(instances, sequence_length, nsp):
+    rows = []
+    for tokens_a, tokens_b, label in instances:
+        tokens = [CLS, *tokens_a, SEP]
+        segments = [0] * len(tokens)
+        if nsp:
+            tokens += [*tokens_b, SEP]
+            segments += [1] * (len(tokens_b) + 1)
+        pad = sequence_length - len(tokens)
+        rows.append((tokens + [PAD] * pad, segments + [0] * pad, len(tokens), label))
+    return [np.array(column, np.int32) for column in zip(*rows)]
+
+
+@pytest.mark.parametrize("nsp", [True, False])
+def test_pack_equals_row_by_row_packing(nsp):
+    from kbert.data.pretraining import _PairGenerator
+
+    length = 24
+    generator = _PairGenerator(
+        source=None, sequence_length=length, nsp=nsp, short_seq_prob=0.1, dupe_factor=1,
+        shuffle=True, repeat=False, batch_size=8, drop_remainder=False, seed=0, cls_id=CLS,
+        sep_id=SEP, pad_id=PAD, document_buffer=4, example_buffer=4,
+    )
+    rng = np.random.default_rng(0)
+    budget = length - (3 if nsp else 2)
+    instances = []
+    for _ in range(50):
+        length_a = int(rng.integers(1, budget))
+        length_b = int(rng.integers(1, budget - length_a + 1)) if nsp else 0
+        a = rng.integers(5, len(VOCAB), length_a).astype(np.int32)
+        b = rng.integers(5, len(VOCAB), length_b).astype(np.int32) if nsp else None
+        instances.append((a, b, int(rng.integers(0, 2)) if nsp else 0))
+    packed = generator.pack(instances)
+    for got, expected in zip(packed, _reference_pack(instances, length, nsp)):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_truncation_cuts_both_ends_of_long_segments(tmp_path, tokenizer):
+    # Sentences far longer than the sequence: every pair is truncated, and the kept part of a
+    # segment starts anywhere (front cuts) and ends anywhere (back cuts) in its sentence.
+    rng = random.Random(5)
+    documents = [[[rng.choice(STEM_IDS) for _ in range(120)] for _ in range(3)] for _ in range(6)]
+    path = tmp_path / "long.txt"
+    path.write_text(
+        "\n\n".join("\n".join(" ".join(VOCAB[t] for t in s) for s in d) for d in documents),
+        encoding="utf-8",
+    )
+    batches = _collect(pretraining_dataset(
+        str(path), tokenizer, sequence_length=32, max_predictions=4, batch_size=64, seed=2,
+        dupe_factor=20, short_seq_prob=0.0))
+    original = _rebuild(batches)
+    sentences = [_encode(s) for d in documents for s in d]
+    starts, ends = [], []
+    for tokens in original:
+        seps = np.flatnonzero(tokens == SEP)
+        for piece in (tokens[1 : seps[0]], tokens[seps[0] + 1 : seps[1]]):
+            text = _encode(piece)
+            (sentence,) = [s for s in sentences if text in s]
+            starts.append(sentence.index(text))
+            ends.append(len(sentence) - sentence.index(text) - len(text))
+    lengths = batches["x/padding_mask"].sum(axis=1)
+    assert (lengths == 32).all()
+    # About half the cut tokens come from each end.
+    assert 0.4 < np.sum(starts) / (np.sum(starts) + np.sum(ends)) < 0.6
+
+
+def test_corrupt_shard_record_is_refused(tmp_path, tokenizer):
+    from kbert.data.shards import ShardWriter, read_shard_flat_documents
+
+    path = str(tmp_path / "bad.tfrecord")
+    writer = ShardWriter(path, tokenizer)
+    writer.write_flat(np.array([7, 8, 9], np.int32), [2, 1])
+    with pytest.raises(ValueError, match="add up to the number of ids"):
+        writer.write_flat(np.array([7, 8, 9], np.int32), [2, 2])
+    writer.close()
+    assert [(list(i), list(n)) for i, n in read_shard_flat_documents(path)] == [
+        ([7, 8, 9], [2, 1])
+    ]
+    bad = tf.train.Example(features=tf.train.Features(feature={
+        "token_ids": tf.train.Feature(bytes_list=tf.train.BytesList(
+            value=[np.array([7, 8, 9], "<i4").tobytes()])),
+        "sentence_lengths": tf.train.Feature(bytes_list=tf.train.BytesList(
+            value=[np.array([5], "<i4").tobytes()])),
+    }))
+    metadata = next(iter(tf.data.TFRecordDataset(path))).numpy()
+    corrupt = str(tmp_path / "corrupt.tfrecord")
+    with tf.io.TFRecordWriter(corrupt) as raw:
+        raw.write(metadata)
+        raw.write(bad.SerializeToString())
+    with pytest.raises(ValueError, match="corrupt.tfrecord.*corrupt document record"):
+        list(read_shard_flat_documents(corrupt))
