@@ -1,4 +1,4 @@
-"""`from_preset`'s plumbing: arguments split by signature, per-class name tables, one preprocessor.json reader."""
+"""`from_preset`'s plumbing: arguments split by signature, per-class name tables, preprocessor.json."""
 
 import json
 import warnings
@@ -39,7 +39,8 @@ def test_task_and_backbone_arguments_are_split_by_signature(hf_classifier_dir):
 
 def test_unknown_arguments_are_refused_naming_both_signatures(hf_classifier_dir):
     path, _ = hf_classifier_dir
-    with pytest.raises(ValueError, match=r"Unexpected arguments for BertClassifier.from_preset: \['num_clases'\]") as info:
+    expected = r"Unexpected arguments for BertClassifier.from_preset: \['num_clases'\]"
+    with pytest.raises(ValueError, match=expected) as info:
         BertClassifier.from_preset(path, num_clases=3, preprocessor=None)
     assert "'num_classes'" in str(info.value) and "'flash_attention'" in str(info.value)
     with pytest.raises(ValueError, match=r"\['num_classes'\]"):
@@ -74,7 +75,12 @@ def test_head_rows_follow_the_class_hierarchy(hf_classifier_dir):
 
 def test_every_head_row_names_a_variable_of_its_model():
     backbone = BertBackbone(
-        vocabulary_size=20, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=8
+        vocabulary_size=20,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=8,
     )
     models = {
         "BertBackbone": backbone,
