@@ -119,3 +119,22 @@ def test_read_preprocessor_settings(tmp_path):
     (tmp_path / "preprocessor.json").write_text("{not json")
     with pytest.raises(ValueError, match="preprocessor.json is not valid JSON"):
         checkpoints.read_preprocessor_settings(tmp_path)
+
+
+def test_backbone_preset_saved_with_optimizer_state_loads(tmp_path):
+    """A compiled bare backbone saved with `include_optimizer=True` loads back as a backbone."""
+    backbone = BertBackbone(
+        vocabulary_size=20,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=8,
+    )
+    backbone.compile(optimizer="adam", loss="mse")
+    backbone.optimizer.build(backbone.trainable_variables)
+    backbone.save_to_preset(tmp_path / "preset", include_optimizer=True)
+    assert json.loads((tmp_path / "preset" / "config.json").read_text())["optimizer_state"] is True
+    loaded = BertBackbone.from_preset(tmp_path / "preset")
+    for saved, restored in zip(backbone.weights, loaded.weights):
+        np.testing.assert_array_equal(to_numpy(saved), to_numpy(restored))
