@@ -270,10 +270,16 @@ def table_row(table, model_or_class):
 
 
 def attribute(model, path):
-    """The object at a dotted attribute path of `model` (`"masked_lm_head.layer_norm.gamma"`)."""
+    """The object at a dotted attribute path of `model` (`"masked_lm_head.layer_norm.gamma"`).
+
+    `None` when a step of the path is `None`: an optional head the model was built without
+    (e.g. a pretrainer with no next-sentence head).
+    """
     value = model
     for name in path.split("."):
         value = getattr(value, name)
+        if value is None:
+            return None
     return value
 
 
@@ -281,8 +287,8 @@ def head_entries(model, table):
     """`WeightEntry`s (part "head") for the variables a model has beyond its backbone.
 
     `table` maps kbert class names to head rows `(checkpoint_name, attribute path of the
-    variable, transposed)` (one table per checkpoint format, in that format's module). Head
-    variables no row names (every head variable, when the class has no row) get entries whose
+    variable, transposed)` (one table per checkpoint format, in that format's module); rows of
+    an optional head the model lacks are skipped. Head variables no row names (every head variable, when the class has no row) get entries whose
     name no checkpoint holds, so they are reported as absent heads.
     """
     backbone = getattr(model, "backbone", model)
@@ -292,6 +298,8 @@ def head_entries(model, table):
     entries = []
     for name, path, transposed in table_row(table, model) or ():
         variable = attribute(model, path)
+        if variable is None:
+            continue  # An optional head this model does not have.
         entries.append(WeightEntry(name, variable, TRANSPOSE if transposed else IDENTITY, HEAD))
     covered = {id(e.variable) for e in entries}
     for variable in model.weights:

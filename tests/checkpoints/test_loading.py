@@ -138,3 +138,23 @@ def test_backbone_preset_saved_with_optimizer_state_loads(tmp_path):
     loaded = BertBackbone.from_preset(tmp_path / "preset")
     for saved, restored in zip(backbone.weights, loaded.weights):
         np.testing.assert_array_equal(to_numpy(saved), to_numpy(restored))
+
+
+def test_rows_of_an_absent_optional_head_are_skipped():
+    """A head attribute set to None (a model built without that optional head) names nothing."""
+    backbone = BertBackbone(
+        vocabulary_size=20,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=8,
+    )
+    pretrainer = BertPretrainer(backbone)
+    full = {e.name for e in checkpoints._weights.head_entries(pretrainer, huggingface.HEAD_WEIGHTS)}
+    assert "cls.seq_relationship.weight" in full
+    pretrainer.next_sentence_head = None
+    entries = checkpoints._weights.head_entries(pretrainer, huggingface.HEAD_WEIGHTS)
+    names = {e.name for e in entries}
+    assert "cls.predictions.bias" in names
+    assert not any(name.startswith("cls.seq_relationship") for name in names)
