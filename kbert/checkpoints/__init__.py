@@ -5,9 +5,14 @@ from kbert.checkpoints.atomic import atomic_directory, atomic_write_bytes, atomi
 from kbert.checkpoints.google import load_weights as load_google_weights
 from kbert.checkpoints.huggingface import export_to_huggingface
 from kbert.checkpoints.huggingface import load_weights as load_huggingface_weights
-from kbert.checkpoints.kbert_preset import save_preset
+from kbert.checkpoints.kbert_preset import read_preprocessor_settings, save_preset
 from kbert.checkpoints.keras_hub import load_weights as load_keras_hub_weights
-from kbert.checkpoints.loading import detect_format, installed_presets_dir, load_model
+from kbert.checkpoints.loading import (
+    detect_format,
+    installed_presets_dir,
+    load_checkpoint,
+    load_model,
+)
 from kbert.checkpoints.safetensors_io import read_safetensors
 from kbert.checkpoints.vocabulary import read_vocabulary
 
@@ -19,10 +24,12 @@ __all__ = [
     "detect_format",
     "export_to_huggingface",
     "installed_presets_dir",
+    "load_checkpoint",
     "load_google_weights",
     "load_huggingface_weights",
     "load_keras_hub_weights",
     "load_model",
+    "read_preprocessor_settings",
     "read_safetensors",
     "read_vocabulary",
     "save_preset",

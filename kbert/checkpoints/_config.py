@@ -1,4 +1,18 @@
-"""Typed reads of checkpoint config values, with errors naming the key and the file."""
+"""Reads of checkpoint config files: JSON with the file named in errors, typed values naming the key."""
+
+import json
+from pathlib import Path
+
+
+def read_json(path):
+    """The JSON value in the file `path`; FileNotFoundError / ValueError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Missing {path.name} in {path.parent}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
 
 
 def config_int(config, key, source, default=None):

@@ -256,28 +256,51 @@ def _numpy_dtype(variable):
     return np.float32 if dtype in ("bfloat16", "float16") else dtype
 
 
-def head_entries(model, hook_name):
+def table_row(table, model_or_class):
+    """The row of a per-class table (kbert class name -> value) for a model or model class.
+
+    The class and then its bases are looked up by name, so a subclass of `BertClassifier`
+    uses the classifier's row. Returns `None` when no class in the hierarchy has a row.
+    """
+    cls = model_or_class if isinstance(model_or_class, type) else type(model_or_class)
+    for klass in cls.__mro__:
+        if klass.__name__ in table:
+            return table[klass.__name__]
+    return None
+
+
+def attribute(model, path):
+    """The object at a dotted attribute path of `model` (`"masked_lm_head.layer_norm.gamma"`).
+
+    `None` when a step of the path is `None`: an optional head the model was built without
+    (e.g. a pretrainer with no next-sentence head).
+    """
+    value = model
+    for name in path.split("."):
+        value = getattr(value, name)
+        if value is None:
+            return None
+    return value
+
+
+def head_entries(model, table):
     """`WeightEntry`s (part "head") for the variables a model has beyond its backbone.
 
-    The names come from the model's hook (`huggingface_head_weights` or
-    `google_head_weights`): `(checkpoint_name, variable, transpose)` triples. Head variables
-    the hook does not name (or every head variable, when the model has no hook) get entries
-    whose name no checkpoint holds, so they are reported as absent heads.
+    `table` maps kbert class names to head rows `(checkpoint_name, attribute path of the
+    variable, transposed)` (one table per checkpoint format, in that format's module); rows of
+    an optional head the model lacks are skipped. Head variables no row names (every head variable, when the class has no row) get entries whose
+    name no checkpoint holds, so they are reported as absent heads.
     """
     backbone = getattr(model, "backbone", model)
     if backbone is model:
         return []
     backbone_ids = {id(v) for v in backbone.weights}
-    hook = getattr(model, hook_name, None)
     entries = []
-    for triple in hook() if callable(hook) else ():
-        if len(triple) != 3:
-            raise ValueError(
-                f"{type(model).__name__}.{hook_name}() must return (name, variable, transpose) "
-                f"triples. Received: {triple!r}"
-            )
-        name, variable, transpose = triple
-        entries.append(WeightEntry(name, variable, TRANSPOSE if transpose else IDENTITY, HEAD))
+    for name, path, transposed in table_row(table, model) or ():
+        variable = attribute(model, path)
+        if variable is None:
+            continue  # An optional head this model does not have.
+        entries.append(WeightEntry(name, variable, TRANSPOSE if transposed else IDENTITY, HEAD))
     covered = {id(e.variable) for e in entries}
     for variable in model.weights:
         if id(variable) not in backbone_ids and id(variable) not in covered:

@@ -1,4 +1,4 @@
-"""Foreign BERT checkpoint formats: detection, loading, and the hooks models implement for them.
+"""Foreign BERT checkpoint formats: detection, loading, and where each format names BERT's weights.
 
 `from_preset(source)` on any kbert model accepts, besides preset names and kbert preset
 directories:
@@ -26,30 +26,16 @@ Policy for parts a checkpoint may lack:
 - Tensors in the backbone namespace that kbert has no place for are an error; other tensors
   (heads of another architecture, optimizer slots, buffers) are left unused.
 
-Hooks a model class implements to be loadable / exportable with its heads
-(`BertBackbone` and `BertPretrainer` implement them; task models add theirs):
-
-- `huggingface_architecture` (class attribute, str): the `transformers` class written into
-  `config.json` `architectures` on export, e.g. `"BertModel"`, `"BertForPreTraining"`,
-  `"BertForSequenceClassification"`.
-- `huggingface_head_weights(self)` -> list of `(hf_tensor_name, keras_variable, transpose)`:
-  one triple per variable the model has beyond its backbone. `hf_tensor_name` is the full
-  name in the HF state dict (`"cls.seq_relationship.weight"`, `"classifier.bias"`,
-  `"qa_outputs.weight"`; backbone tensors are handled by the loader, under `bert.`).
-  `transpose=True` for torch `Linear` weights (`(out, in)` -> Keras `(in, out)`).
-- `huggingface_config(self)` -> dict (optional): extra `config.json` entries on export, e.g.
-  `{"num_labels": 3, "id2label": {...}, "problem_type": ...}`.
-- `huggingface_model_kwargs(cls, config)` (optional classmethod): constructor arguments read
-  from an HF `config.json` dict when loading, e.g. `{"num_classes": config["num_labels"]}`;
-  the caller's `from_preset` kwargs override them.
-- `google_head_weights(self)` -> list of `(tf_variable_name, keras_variable, transpose)`
-  (optional): the same for original Google checkpoints (e.g. `"cls/seq_relationship/output_weights"`,
-  transposed because it is stored `[2, hidden]`; run_classifier's `"output_weights"`).
-
-Head variables a hook does not name count as absent heads (see the policy above).
+Each format's module holds the one table of BERT's names in that format: the backbone's
+(`backbone_entries`) and each kbert model's head (`HEAD_WEIGHTS`, keyed by kbert class name;
+a subclass uses its base class's row). For Hugging Face, `ARCHITECTURES` names the
+`transformers` class of each kbert model, `EXPORT_CONFIG` the `config.json` entries a head
+adds on export (labels) and `MODEL_ARGUMENTS` the constructor arguments read back from them.
+Head variables no row names count as absent heads (see the policy above). Model classes hold
+no foreign names: this package reads and writes them, and imports nothing from `kbert.models`
+(the models call it, passing their classes in).
 """
 
-import inspect
 import json
 from pathlib import Path
 
@@ -88,42 +74,52 @@ def detect(path):
     return None
 
 
-def load(cls, path, fmt, load_weights=True, **kwargs):
+def load(
+    cls,
+    path,
+    fmt,
+    backbone_class,
+    load_weights=True,
+    fresh_heads=None,
+    backbone_arguments=None,
+    model_arguments=None,
+):
     """Builds `cls` from a foreign checkpoint directory (see the module docstring).
 
     Args:
-        cls: the kbert model class (`BertBackbone`, `BertPretrainer`, a task model).
+        cls: the kbert model class (`BertBackbone`, `BertPretrainer`, a task model);
+            `cls.from_backbone(backbone, **arguments)` builds it.
         path: the checkpoint directory.
         fmt: "huggingface", "google" or "keras_hub" (from `detect`).
+        backbone_class: the backbone's class (`kbert.models.BertBackbone`): built with
+            `backbone_class(**config)` once `backbone_class.validate_config(config, source)`
+            has accepted the translated config.
         load_weights: bool. Whether to load the weights (else fresh ones).
-        **kwargs: `fresh_heads` (see the module docstring), `BertBackbone` arguments that
-            override the checkpoint's config (`dtype`, `dropout`, `flash_attention`, ...),
-            and the model's own arguments (e.g. `num_classes`).
+        fresh_heads: `None`, `True` or `False` (see the module docstring).
+        backbone_arguments: dict of backbone arguments that override the checkpoint's config
+            (`dtype`, `dropout`, `flash_attention`, ...).
+        model_arguments: dict of `cls` constructor arguments (e.g. `num_classes`); for Hugging
+            Face checkpoints they override those read from `config.json` (`MODEL_ARGUMENTS`).
     """
     if fmt not in _READERS:
         raise ValueError(f"Unknown checkpoint format {fmt!r}. Expected one of {sorted(_READERS)}")
-    from kbert.models.backbone import BertBackbone, validate_backbone_config
-
     reader = _READERS[fmt]
-    fresh_heads = kwargs.pop("fresh_heads", None)
     path = Path(path)
     config, vocabulary, raw = reader.read_config(path, require_weights=load_weights)
     check_vocabulary_size(vocabulary, config["vocabulary_size"], source=f"the config in {path}")
-    backbone_arguments = set(inspect.signature(BertBackbone.__init__).parameters) - {"self", "kwargs"}
-    overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in backbone_arguments}
-    config.update(overrides)
-    config_file = str(path / (reader.CONFIG_FILE if hasattr(reader, "CONFIG_FILE") else "config.json"))
-    validate_backbone_config(config, source=config_file)
+    config.update(backbone_arguments or {})
+    config_file = str(path / getattr(reader, "CONFIG_FILE", "config.json"))
+    backbone_class.validate_config(config, source=config_file)
     header_shapes = getattr(reader, "header_shapes", None)
     if load_weights and header_shapes is not None:
         shapes = header_shapes(path)
         if shapes:
             _weights.check_config_sizes(config, shapes, reader.SIZE_TENSORS, str(path), config_file)
-    backbone = BertBackbone(**config)
-    model_kwargs = getattr(cls, "huggingface_model_kwargs", None)
-    if fmt == "huggingface" and callable(model_kwargs):
-        kwargs = {**model_kwargs(raw), **kwargs}
-    model = cls.from_backbone(backbone, **kwargs)
+    backbone = backbone_class(**config)
+    arguments = dict(model_arguments or {})
+    if fmt == "huggingface":
+        arguments = {**huggingface.model_arguments(cls, raw), **arguments}
+    model = cls.from_backbone(backbone, **arguments)
     if load_weights:
         reader.load_weights(model, path, fresh_heads=fresh_heads)
     if vocabulary is not None:

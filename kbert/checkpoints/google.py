@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kbert import _tensorflow
 from kbert.checkpoints import _weights
-from kbert.checkpoints._config import config_float, config_int
+from kbert.checkpoints._config import config_float, config_int, read_json
 
 CONFIG_FILE = "bert_config.json"
 CHECKPOINT_PREFIX = "bert_model.ckpt"
@@ -35,6 +35,33 @@ _REQUIRED_KEYS = (
 )
 _OPTIMIZER_LEAVES = {"adam_m", "adam_v", "Adam", "Adam_1", "Momentum", "lamb_m", "lamb_v"}
 _TRAINING_STATE = {"global_step", "beta1_power", "beta2_power", "good_steps", "loss_scale"}
+
+# === The one table of BERT's Google names ===
+# The backbone's names are in `backbone_entries`. kbert class -> `(TF variable name, kbert
+# variable's attribute path, transposed)` of every head variable, as google-research/bert's
+# `run_pretraining.py`, `run_classifier.py` and `run_squad.py` name them. Their output weights
+# are stored `[num_outputs, hidden]`, hence transposed; the masked-LM decoder is the token
+# embedding (tied), so only its bias is a head tensor.
+HEAD_WEIGHTS = {
+    "BertBackbone": (),
+    "BertPretrainer": (
+        ("cls/predictions/transform/dense/kernel", "masked_lm_head.transform_dense.kernel", False),
+        ("cls/predictions/transform/dense/bias", "masked_lm_head.transform_dense.bias", False),
+        ("cls/predictions/transform/LayerNorm/gamma", "masked_lm_head.layer_norm.gamma", False),
+        ("cls/predictions/transform/LayerNorm/beta", "masked_lm_head.layer_norm.beta", False),
+        ("cls/predictions/output_bias", "masked_lm_head.output_bias", False),
+        ("cls/seq_relationship/output_weights", "next_sentence_head.kernel", True),
+        ("cls/seq_relationship/output_bias", "next_sentence_head.bias", False),
+    ),
+    "BertClassifier": (
+        ("output_weights", "output_dense.kernel", True),
+        ("output_bias", "output_dense.bias", False),
+    ),
+    "BertQuestionAnswerer": (
+        ("cls/squad/output_weights", "span_dense.kernel", True),
+        ("cls/squad/output_bias", "span_dense.bias", False),
+    ),
+}
 
 
 def is_google_dir(path):
@@ -95,8 +122,6 @@ def checkpoint_prefix(path):
 
 def read_config(path, require_weights=True):
     """`(backbone_config, vocabulary_path, raw_config)` of a Google BERT directory."""
-    from kbert.checkpoints.huggingface import read_json
-
     path = Path(path)
     raw = read_json(path / CONFIG_FILE)
     if not isinstance(raw, dict):
@@ -195,7 +220,7 @@ def load_weights(model, path, fresh_heads=None):
 
     Args:
         model: a kbert model with the checkpoint's architecture (`BertBackbone`,
-            `BertPretrainer`, or a task model implementing `google_head_weights`).
+            `BertPretrainer`, or a task model; heads named in `HEAD_WEIGHTS`).
         path: str or path. The Google BERT directory.
         fresh_heads: `None`, `True` or `False`; see `kbert.checkpoints.formats`.
 
@@ -206,7 +231,7 @@ def load_weights(model, path, fresh_heads=None):
     >>> pretrainer = BertPretrainer.from_preset("uncased_L-2_H-128_A-2")  # a Google directory
     """
     backbone = getattr(model, "backbone", model)
-    entries = backbone_entries(backbone) + _weights.head_entries(model, "google_head_weights")
+    entries = backbone_entries(backbone) + _weights.head_entries(model, HEAD_WEIGHTS)
     return _weights.assign_checked(
         type(model).__name__,
         entries,

@@ -20,7 +20,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from kbert.checkpoints import _weights
-from kbert.checkpoints._config import config_float, config_int
+from kbert.checkpoints._config import config_float, config_int, read_json
 from kbert.checkpoints.atomic import atomic_directory, fix_file_modes
 from kbert.checkpoints.safetensors_io import read_safetensors, read_safetensors_header
 from kbert.checkpoints.vocabulary import resolve_vocabulary, write_vocabulary
@@ -66,16 +66,114 @@ _BUFFERS = {"bert.embeddings.position_ids", "bert.embeddings.token_type_ids"}
 _TIED_DECODER = "cls.predictions.decoder.weight"
 _MLM_BIAS = "cls.predictions.bias"
 _MLM_BIAS_ALIAS = "cls.predictions.decoder.bias"
+# `transformers`' label names when a config.json does not name its labels: LABEL_0, LABEL_1...
+_DEFAULT_LABEL_PREFIX = "LABEL_"
+
+# === The one table of BERT's Hugging Face names ===
+# The backbone's names are in `backbone_entries`; the rows below name each kbert model's head.
+
+# kbert class -> the `transformers` class written into config.json `architectures`.
+ARCHITECTURES = {
+    "BertBackbone": "BertModel",
+    "BertPretrainer": "BertForPreTraining",
+    "BertClassifier": "BertForSequenceClassification",
+    "BertTagger": "BertForTokenClassification",
+    "BertQuestionAnswerer": "BertForQuestionAnswering",
+}
+# kbert class -> `(state-dict name, kbert variable's attribute path, transposed)` of every head
+# variable. Torch `Linear` weights are stored (out, in), so they are transposed. The masked-LM
+# decoder matrix is the token embedding (tied, as in HF): only its bias is a head tensor (alias
+# `cls.predictions.decoder.bias`).
+HEAD_WEIGHTS = {
+    "BertBackbone": (),
+    "BertPretrainer": (
+        ("cls.predictions.transform.dense.weight", "masked_lm_head.transform_dense.kernel", True),
+        ("cls.predictions.transform.dense.bias", "masked_lm_head.transform_dense.bias", False),
+        ("cls.predictions.transform.LayerNorm.weight", "masked_lm_head.layer_norm.gamma", False),
+        ("cls.predictions.transform.LayerNorm.bias", "masked_lm_head.layer_norm.beta", False),
+        ("cls.predictions.bias", "masked_lm_head.output_bias", False),
+        ("cls.seq_relationship.weight", "next_sentence_head.kernel", True),
+        ("cls.seq_relationship.bias", "next_sentence_head.bias", False),
+    ),
+    "BertClassifier": (
+        ("classifier.weight", "output_dense.kernel", True),
+        ("classifier.bias", "output_dense.bias", False),
+    ),
+    "BertTagger": (
+        ("classifier.weight", "output_dense.kernel", True),
+        ("classifier.bias", "output_dense.bias", False),
+    ),
+    "BertQuestionAnswerer": (
+        ("qa_outputs.weight", "span_dense.kernel", True),
+        ("qa_outputs.bias", "span_dense.bias", False),
+    ),
+}
 
 
-def read_json(path):
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"Missing {path.name} in {path.parent}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from None
+def _classifier_config(model):
+    if model.is_regression:
+        problem_type = "regression"
+    elif model.multi_label:
+        problem_type = "multi_label_classification"
+    else:
+        problem_type = "single_label_classification"
+    return {"num_labels": model.num_classes, "problem_type": problem_type}
+
+
+def _tagger_config(model):
+    names = model.labels or [f"{_DEFAULT_LABEL_PREFIX}{i}" for i in range(model.num_classes)]
+    return {
+        "num_labels": model.num_classes,
+        "id2label": {str(i): name for i, name in enumerate(names)},
+        "label2id": {name: i for i, name in enumerate(names)},
+    }
+
+
+# kbert class -> the config.json entries its head adds on export (label count and names).
+EXPORT_CONFIG = {
+    "BertClassifier": _classifier_config,
+    "BertTagger": _tagger_config,
+    "BertQuestionAnswerer": lambda model: {"num_labels": 2},
+}
+
+
+def _classifier_arguments(config):
+    id2label = config.get("id2label") or {}
+    arguments = {"num_classes": int(config.get("num_labels", len(id2label) or 2))}
+    if config.get("problem_type") == "multi_label_classification":
+        arguments["multi_label"] = True
+    return arguments
+
+
+def _tagger_arguments(config):
+    id2label = config.get("id2label") or {}
+    if not id2label:
+        return {"num_classes": int(config["num_labels"])} if "num_labels" in config else {}
+    names = [id2label[key] for key in sorted(id2label, key=int)]
+    if all(name == f"{_DEFAULT_LABEL_PREFIX}{i}" for i, name in enumerate(names)):
+        return {"num_classes": len(names)}
+    return {"num_classes": len(names), "labels": names}
+
+
+# kbert class -> the constructor arguments its head reads from a config.json of its own
+# `transformers` class (a `BertForSequenceClassification` config gives `num_classes`).
+MODEL_ARGUMENTS = {
+    "BertClassifier": _classifier_arguments,
+    "BertTagger": _tagger_arguments,
+}
+
+
+def model_arguments(cls, config):
+    """Constructor arguments of kbert model class `cls` read from a Hugging Face `config.json` dict.
+
+    Only a config written for `cls`'s own `transformers` class counts (a plain `BertModel`
+    config says nothing about a classifier's labels); the caller's arguments override these.
+    """
+    read = _weights.table_row(MODEL_ARGUMENTS, cls)
+    architecture = _weights.table_row(ARCHITECTURES, cls)
+    if read is None or architecture not in (config.get("architectures") or []):
+        return {}
+    return read(config)
 
 
 def looks_like_huggingface_config(config):
@@ -318,9 +416,9 @@ def backbone_entries(backbone):
 
 
 def model_entries(model):
-    """Backbone entries plus the model's head entries from its `huggingface_head_weights` hook."""
+    """Backbone entries plus the model's head entries (from `HEAD_WEIGHTS`)."""
     backbone = getattr(model, "backbone", model)
-    return backbone_entries(backbone) + _weights.head_entries(model, "huggingface_head_weights")
+    return backbone_entries(backbone) + _weights.head_entries(model, HEAD_WEIGHTS)
 
 
 def load_weights(model, path, fresh_heads=None):
@@ -330,8 +428,8 @@ def load_weights(model, path, fresh_heads=None):
     assigned: on error the model is left as it was.
 
     Args:
-        model: a kbert model (`BertBackbone`, `BertPretrainer` or a task model implementing
-            `huggingface_head_weights`), with the checkpoint's architecture.
+        model: a kbert model (`BertBackbone`, `BertPretrainer` or a task model; heads named
+            in `HEAD_WEIGHTS`), with the checkpoint's architecture.
         path: str or path. The Hugging Face directory.
         fresh_heads: `None` (default: load the heads the checkpoint has; warn about absent
             ones), `False` (absent heads are an error) or `True` (do not load heads).
@@ -393,13 +491,14 @@ def hidden_act_for(activation):
 
 
 def huggingface_config(model):
-    """The `config.json` dict for `model` (architecture from the `huggingface_architecture` hook)."""
+    """The `config.json` dict for `model` (its `transformers` class from `ARCHITECTURES`)."""
     backbone = getattr(model, "backbone", model)
-    architecture = getattr(model, "huggingface_architecture", None)
+    architecture = _weights.table_row(ARCHITECTURES, model)
     if not architecture:
         raise ValueError(
-            f"{type(model).__name__} has no `huggingface_architecture`: it cannot be exported "
-            "to Hugging Face. See kbert.checkpoints.formats for the hooks a model implements."
+            f"{type(model).__name__} has no Hugging Face architecture: it cannot be exported "
+            f"to Hugging Face. Expected a subclass of one of {sorted(ARCHITECTURES)} (see "
+            "`ARCHITECTURES` in kbert.checkpoints.huggingface)."
         )
     config = {
         "architectures": [architecture],
@@ -420,9 +519,9 @@ def huggingface_config(model):
         "position_embedding_type": "absolute",
         "tie_word_embeddings": True,
     }
-    extra = getattr(model, "huggingface_config", None)
-    if callable(extra):
-        config.update(extra())
+    extra = _weights.table_row(EXPORT_CONFIG, model)
+    if extra is not None:
+        config.update(extra(model))
     return config
 
 
@@ -430,15 +529,15 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None):
     """Writes a kbert model as a Hugging Face BERT directory that `transformers` loads.
 
     Writes `config.json` (`model_type: bert`, `architectures` from the model's
-    `huggingface_architecture`: `BertModel`, `BertForPreTraining` or a task class),
+    `transformers` class: `BertModel`, `BertForPreTraining` or a task class),
     `model.safetensors` (float32, written with NumPy; backbone names without prefix for
     `BertModel`, with `bert.` otherwise) and, when a vocabulary is known, `vocab.txt` and
     `tokenizer_config.json`. The directory is replaced atomically (see
     `kbert.checkpoints.atomic`): a kill leaves the old or the new complete export.
 
     Args:
-        model: a kbert model: `BertBackbone`, `BertPretrainer` or a task model implementing
-            the `huggingface_head_weights` hook.
+        model: a kbert model: `BertBackbone`, `BertPretrainer`, `BertClassifier`,
+            `BertTagger` or `BertQuestionAnswerer` (or a subclass).
         path: str or path. Output directory (created if needed).
         vocabulary: optional list of tokens or path of a `vocab.txt`. Defaults to the model's
             tokenizer / preprocessor vocabulary or `preset_vocabulary_path`, if any.
@@ -461,7 +560,7 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None):
     if uncovered:
         raise ValueError(
             f"{type(model).__name__} has variables with no Hugging Face name, which the export "
-            f"would drop: {uncovered}. Implement `huggingface_head_weights` for them."
+            f"would drop: {uncovered}. Name them in `HEAD_WEIGHTS` of kbert.checkpoints.huggingface."
         )
     strip = config["architectures"][0] == "BertModel"
     tensors = {}

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import keras
 
+from kbert.checkpoints._config import read_json
+
 CONFIG_FILE = "config.json"
 BACKBONE_WEIGHTS_FILE = "model.weights.h5"
 TASK_WEIGHTS_FILE = "task.weights.h5"
@@ -38,6 +40,21 @@ OWNED_FILES = (
     PREPROCESSOR_FILE,
     TOKENIZER_CONFIG_FILE,
 )
+
+
+def read_preprocessor_settings(directory):
+    """The settings `save_preset` wrote to `preprocessor.json` in `directory` (`{}` if there is none).
+
+    A dict with `sequence_length`, `truncate` and `tokenizer` (the tokenizer's arguments other
+    than its vocabulary), each optional. A file that is not a JSON object is an error naming it.
+    """
+    file = Path(directory) / PREPROCESSOR_FILE
+    if not file.is_file():
+        return {}
+    settings = read_json(file)
+    if not isinstance(settings, dict):
+        raise ValueError(f"{file} must hold a JSON object. Received: {settings!r}")
+    return settings
 
 
 def _model_tokenizer(model):
@@ -178,8 +195,6 @@ def _json_default(value):
 
 
 def read_config(path):
-    from kbert.checkpoints.huggingface import read_json
-
     path = Path(path)
     file = path / CONFIG_FILE
     config = read_json(file)
@@ -301,25 +316,42 @@ def check_weights_header(weights_path, backbone_config, group=""):
         )
 
 
-def load_kbert_preset(cls, path, load_weights=True, fresh_heads=None, **kwargs):
+def load_kbert_preset(
+    cls,
+    path,
+    backbone_class,
+    load_weights=True,
+    fresh_heads=None,
+    backbone_arguments=None,
+    model_arguments=None,
+):
     """Builds `cls` from a kbert preset directory (see the module docstring).
 
-    The backbone config is validated and, with `load_weights`, compared with the tensor
-    shapes in the weights file's header before anything is built. With `fresh_heads=True`
-    only the backbone weights are loaded, even when the preset holds a model of the same
-    class (start a new task head from a fine-tuned preset).
+    The backbone config, completed with `backbone_arguments`, is validated and, with
+    `load_weights`, compared with the tensor shapes in the weights file's header before
+    anything is built. With `fresh_heads=True` only the backbone weights are loaded, even when
+    the preset holds a model of the same class (start a new task head from a fine-tuned preset).
+
+    Args:
+        cls: the kbert model class; `cls.from_backbone(backbone, **arguments)` builds it.
+        path: the preset directory.
+        backbone_class: the backbone's class (`kbert.models.BertBackbone`): built with
+            `backbone_class(**config)` once `backbone_class.validate_config(config, source)`
+            has accepted the config.
+        load_weights: bool. Whether to load the weights (else fresh ones).
+        fresh_heads: `None`, `True` or `False`; see `kbert.checkpoints.formats`.
+        backbone_arguments: dict of backbone config entries that override the preset's.
+        model_arguments: dict of `cls` constructor arguments, over those the preset saved
+            for the same class.
     """
     from kbert.checkpoints.atomic import recover
-    from kbert.models.backbone import BertBackbone, validate_backbone_config
 
     path = recover(path)
     config = read_config(path)
-    backbone_config = dict(config["backbone"])
-    backbone_overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in backbone_config}
-    backbone_config.update(backbone_overrides)
-    validate_backbone_config(backbone_config, source=f"{path / CONFIG_FILE} \"backbone\"")
-    same_task = config.get("class_name") == cls.__name__ and config.get("task") is not None
-    same_task = same_task and not fresh_heads
+    backbone_config = {**config["backbone"], **(backbone_arguments or {})}
+    backbone_class.validate_config(backbone_config, source=f"{path / CONFIG_FILE} \"backbone\"")
+    saved_class = config.get("class_name")
+    same_task = saved_class == cls.__name__ and config.get("task") is not None and not fresh_heads
     if load_weights:
         if same_task:
             _require_file(path / TASK_WEIGHTS_FILE)
@@ -327,17 +359,22 @@ def load_kbert_preset(cls, path, load_weights=True, fresh_heads=None, **kwargs):
         else:
             _require_file(path / BACKBONE_WEIGHTS_FILE)
             check_weights_header(path / BACKBONE_WEIGHTS_FILE, backbone_config)
-    backbone = BertBackbone.from_config(backbone_config)
+    backbone = backbone_class(**backbone_config)
+    arguments = dict(model_arguments or {})
     if same_task:
-        task_config = {k: v for k, v in config["task"].items() if k not in ("name", "trainable")}
-        kwargs = {**task_config, **kwargs}
-        kwargs.pop("dtype", None)
-    with_optimizer = bool(config.get("optimizer_state"))
+        task_config = {k: v for k, v in config["task"].items() if k not in ("name", "trainable", "dtype")}
+        arguments = {**task_config, **arguments}
+    # A bare backbone saved with `include_optimizer` and loaded as a backbone keeps that state.
+    backbone_with_optimizer = config.get("task") is None and saved_class == cls.__name__
     if load_weights and not same_task:
-        _load_weights(backbone, path / BACKBONE_WEIGHTS_FILE, with_optimizer and backbone is model)
-    model = cls.from_backbone(backbone, **kwargs)
+        _load_weights(
+            backbone,
+            path / BACKBONE_WEIGHTS_FILE,
+            bool(config.get("optimizer_state")) and backbone_with_optimizer,
+        )
+    model = cls.from_backbone(backbone, **arguments)
     if load_weights and same_task:
-        _load_weights(model, path / TASK_WEIGHTS_FILE, with_optimizer)
+        _load_weights(model, path / TASK_WEIGHTS_FILE, bool(config.get("optimizer_state")))
     if (path / VOCABULARY_FILE).is_file():
         model.preset_vocabulary_path = str(path / VOCABULARY_FILE)
     return model

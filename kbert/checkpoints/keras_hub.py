@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from kbert.checkpoints import _weights
-from kbert.checkpoints._config import config_float, config_int
+from kbert.checkpoints._config import config_float, config_int, read_json
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
@@ -72,8 +72,6 @@ def _backbone_fields(raw, source):
 
 def read_config(path, require_weights=True):
     """`(backbone_config, vocabulary_path, raw_config)` of a keras-hub BERT preset directory."""
-    from kbert.checkpoints.huggingface import read_json
-
     path = Path(path)
     raw = read_json(path / CONFIG_FILE)
     source = str(path / CONFIG_FILE)

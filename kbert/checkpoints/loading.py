@@ -1,8 +1,14 @@
-"""`load_model`: one entry point from a preset name or checkpoint directory to a kbert model."""
+"""From a checkpoint directory of any format to a kbert model: `detect_format`, `load_checkpoint`.
+
+The model classes (`kbert.models`) call `load_checkpoint` from their `from_preset`, passing
+themselves and their backbone class in: this package imports nothing from `kbert.models`.
+"""
 
 import os
 from pathlib import Path
 
+from kbert.checkpoints import formats
+from kbert.checkpoints._config import read_json
 from kbert.checkpoints.kbert_preset import is_kbert_preset, load_kbert_preset
 
 
@@ -20,13 +26,9 @@ def detect_format(path):
         raise ValueError(f"A checkpoint source must be a directory or a preset name. Received file: {path}")
     if is_kbert_preset(path):
         return "kbert"
-    from kbert.checkpoints import formats
-
     detected = formats.detect(path)
     config_file = path / "config.json"
     if detected in (None, "huggingface") and config_file.is_file():
-        from kbert.checkpoints.huggingface import read_json
-
         read_json(config_file)  # A broken config.json is named as such, not as "unknown format".
     if detected is None:
         raise ValueError(
@@ -39,61 +41,52 @@ def detect_format(path):
     return detected
 
 
-def load_model(cls, source, load_weights=True, **kwargs):
-    """Builds `cls` (a kbert model class) from a preset name or a checkpoint directory."""
-    from kbert.models.presets import BACKBONE_PRESETS
+def load_checkpoint(
+    cls,
+    path,
+    backbone_class,
+    load_weights=True,
+    fresh_heads=None,
+    backbone_arguments=None,
+    model_arguments=None,
+):
+    """Builds `cls` (a kbert model class) from a checkpoint directory of any known format.
 
-    from kbert.checkpoints.atomic import recover
-
-    fresh_heads = kwargs.pop("fresh_heads", None)  # See kbert.checkpoints.formats.
-    if not isinstance(source, (str, os.PathLike)):
-        raise ValueError(
-            "`source` must be a preset name or a checkpoint directory (str or path). "
-            f"Received: {type(source).__name__} {source!r}"
-        )
-    if not isinstance(load_weights, bool):
-        raise ValueError(f"`load_weights` must be True or False. Received: load_weights={load_weights!r}")
-    source_str = os.fspath(source)
-    if not source_str:
-        raise ValueError("`source` is empty. Expected a preset name or a checkpoint directory.")
-    source_str = os.fspath(recover(source_str))  # Completes a save that was interrupted.
-    if not Path(source_str).exists() and "/" not in source_str and "\\" not in source_str:
-        if source_str not in BACKBONE_PRESETS:
-            raise ValueError(
-                f"Unknown preset {source_str!r}. Known presets: {sorted(BACKBONE_PRESETS)}; "
-                "or pass a checkpoint directory."
-            )
-        installed = installed_presets_dir() / source_str
-        if installed.is_dir():
-            return load_model(
-                cls, installed, load_weights=load_weights, fresh_heads=fresh_heads, **kwargs
-            )
-        return _fresh_from_name(cls, source_str, load_weights, **kwargs)
-
-    path = Path(source_str)
+    Args:
+        cls: the kbert model class; `cls.from_backbone(backbone, **arguments)` builds it.
+        path: str or path. A kbert preset, Hugging Face, Google or keras-hub directory.
+        backbone_class: the backbone's class (`kbert.models.BertBackbone`); it must offer
+            `validate_config(config, source)`, which is called before anything is built.
+        load_weights: bool. Whether to load the weights (else fresh ones).
+        fresh_heads: `None`, `True` or `False`; see `kbert.checkpoints.formats`.
+        backbone_arguments: dict of backbone arguments overriding the checkpoint's config.
+        model_arguments: dict of `cls` constructor arguments (`num_classes`, ...).
+    """
+    path = Path(path)
     fmt = detect_format(path)
+    arguments = {
+        "load_weights": load_weights,
+        "fresh_heads": fresh_heads,
+        "backbone_arguments": backbone_arguments,
+        "model_arguments": model_arguments,
+    }
     if fmt == "kbert":
-        return load_kbert_preset(
-            cls, path, load_weights=load_weights, fresh_heads=fresh_heads, **kwargs
+        return load_kbert_preset(cls, path, backbone_class, **arguments)
+    return formats.load(cls, path, fmt, backbone_class, **arguments)
+
+
+def load_model(cls, source, load_weights=True, **kwargs):
+    """Builds `cls` from a preset name or a checkpoint directory: `cls.from_preset(source, ...)`.
+
+    Args:
+        cls: a kbert model class (`kbert.models.BertBackbone`, `BertClassifier`, ...).
+        source: str or path. A preset name or a checkpoint directory.
+        load_weights: bool. Whether to load the weights. Defaults to `True`.
+        **kwargs: arguments of `cls.from_preset`.
+    """
+    from_preset = getattr(cls, "from_preset", None)
+    if not callable(from_preset):
+        raise ValueError(
+            f"`cls` must be a kbert model class (with `from_preset`). Received: {cls!r}"
         )
-    from kbert.checkpoints import formats
-
-    return formats.load(cls, path, fmt, load_weights=load_weights, fresh_heads=fresh_heads, **kwargs)
-
-
-def _fresh_from_name(cls, name, load_weights, **kwargs):
-    from kbert.models.backbone import BertBackbone
-    from kbert.models.presets import BACKBONE_PRESETS
-
-    if load_weights:
-        raise FileNotFoundError(
-            f"No weights are installed for preset {name!r}: {installed_presets_dir() / name} does "
-            "not exist. Convert a checkpoint into that directory with "
-            f"`python tools/convert_checkpoint.py --source <Hugging Face or Google BERT directory> "
-            f"--output {installed_presets_dir() / name}` (set $KBERT_PRESETS_DIR to keep presets "
-            "elsewhere), pass a checkpoint directory instead of the name, or pass "
-            "load_weights=False for the architecture with freshly initialised weights."
-        )
-    config = dict(BACKBONE_PRESETS[name]["config"])
-    config.update({k: kwargs.pop(k) for k in list(kwargs) if k in config or k == "dtype"})
-    return cls.from_backbone(BertBackbone(**config), **kwargs)
+    return from_preset(source, load_weights=load_weights, **kwargs)

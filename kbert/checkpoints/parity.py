@@ -80,7 +80,7 @@ def reference_outputs(source, fmt, inputs, heads=False):
     if fmt == "google":
         import tensorflow as tf
 
-        from kbert.checkpoints.huggingface import read_json
+        from kbert.checkpoints._config import read_json
         from kbert.checkpoints.numpy_reference import google_bert_forward
 
         config = read_json(source / google.CONFIG_FILE)
@@ -108,7 +108,7 @@ def _keras_hub_backbone(source):
         import keras_hub as keras_hub_package
     except ImportError as error:
         raise ReferenceUnavailable(f"keras-hub is needed: {error}") from None
-    from kbert.checkpoints.huggingface import read_json
+    from kbert.checkpoints._config import read_json
 
     source = Path(source)
     config_path = source / keras_hub.CONFIG_FILE

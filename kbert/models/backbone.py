@@ -512,13 +512,11 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
 
         return lora.merge_lora(self)
 
-    # === Checkpoint hooks (see kbert/checkpoints/formats.py) ===
-    huggingface_architecture = "BertModel"
+    @staticmethod
+    def validate_config(config, source=None):
+        """Raises a ValueError for a config that cannot be built (see `validate_backbone_config`).
 
-    def huggingface_head_weights(self):
-        """Hugging Face names of the variables beyond the backbone: none for the backbone itself."""
-        return []
-
-    def google_head_weights(self):
-        """Google checkpoint names of the variables beyond the backbone: none for the backbone."""
-        return []
+        The checkpoint loaders call it on a checkpoint's translated config before they
+        compare it with the weights' shapes and build anything.
+        """
+        validate_backbone_config(config, source=source)

@@ -28,8 +28,9 @@ class BertClassifier(BertTask):
     metrics: accuracy (classification), binary accuracy at logit 0 (multi-label), Pearson
     correlation (regression).
 
-    The head loads from and exports to Hugging Face `BertForSequenceClassification`
-    (`classifier.weight`, `classifier.bias`).
+    The head loads from and exports to Hugging Face sequence-classification checkpoints (the
+    label count and problem type travel in `config.json`) and loads from Google
+    `run_classifier.py` ones (`kbert.checkpoints` names its weights in each format).
 
     Args:
         backbone: `kbert.models.BertBackbone`.
@@ -179,44 +180,6 @@ class BertClassifier(BertTask):
             self._check_labels(y)
             y = np.asarray(y).astype("int32")
         return super()._prepare_inputs(x, y, sample_weight, mode)
-
-    # ---------------------------------------------------------- checkpoint hook
-    huggingface_architecture = "BertForSequenceClassification"
-
-    def huggingface_head_weights(self):
-        return [
-            ("classifier.weight", self.output_dense.kernel, True),
-            ("classifier.bias", self.output_dense.bias, False),
-        ]
-
-    def huggingface_config(self):
-        config = {"num_labels": self.num_classes}
-        if self.is_regression:
-            config["problem_type"] = "regression"
-        elif self.multi_label:
-            config["problem_type"] = "multi_label_classification"
-        else:
-            config["problem_type"] = "single_label_classification"
-        return config
-
-    @classmethod
-    def huggingface_model_kwargs(cls, config):
-        """`num_classes` / `multi_label` of a `BertForSequenceClassification` config.json."""
-        if cls.huggingface_architecture not in (config.get("architectures") or []):
-            return {}
-        id2label = config.get("id2label") or {}
-        num_classes = int(config.get("num_labels", len(id2label) or 2))
-        kwargs = {"num_classes": num_classes}
-        if config.get("problem_type") == "multi_label_classification":
-            kwargs["multi_label"] = True
-        return kwargs
-
-    def google_head_weights(self):
-        """Names of google-research/bert `run_classifier.py` checkpoints (`[num_labels, hidden]`)."""
-        return [
-            ("output_weights", self.output_dense.kernel, True),
-            ("output_bias", self.output_dense.bias, False),
-        ]
 
     def get_config(self):
         config = super().get_config()

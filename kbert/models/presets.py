@@ -1,4 +1,16 @@
-"""BERT presets as data, and the `from_preset` / `save_to_preset` entry points shared by all models."""
+"""BERT presets as data, and the `from_preset` / `save_to_preset` entry points shared by all models.
+
+`from_preset` resolves a preset name here and hands checkpoint directories to
+`kbert.checkpoints.load_checkpoint`, passing the model class and `BertBackbone` in: models
+depend on checkpoints, never the reverse.
+"""
+
+import inspect
+import os
+from pathlib import Path
+
+from kbert import checkpoints
+from kbert.checkpoints.atomic import recover
 
 _UNCASED_VOCABULARY_SIZE = 30522
 _CASED_VOCABULARY_SIZE = 28996
@@ -108,15 +120,59 @@ class PresetMixin:
             load_weights: bool. Load the weights; `False` builds the architecture with
                 freshly initialised weights (the only way to use a preset name whose
                 weights are not installed). Defaults to `True`.
-            **kwargs: model arguments (e.g. `num_classes`, `dropout`, `dtype`) that
-                override or complete the stored configuration.
+            **kwargs: the model's constructor arguments (e.g. `num_classes`, a task's head
+                `dropout`), `BertBackbone` arguments that override the stored configuration
+                (e.g. `dtype`, `flash_attention`; a backbone's `dropout`), and `fresh_heads`
+                (see `kbert.checkpoints.formats`). A name that is both a model and a backbone
+                argument goes to the model. Any other name is a ValueError.
 
         Example:
         >>> backbone = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
         """
-        from kbert.checkpoints import load_model
+        from kbert.models.backbone import BertBackbone
 
-        return load_model(cls, source, load_weights=load_weights, **kwargs)
+        fresh_heads = kwargs.pop("fresh_heads", None)
+        backbone_arguments, model_arguments = cls._split_preset_arguments(kwargs)
+        path = _preset_directory(source, load_weights)
+        if path is None:  # A built-in name without installed weights, load_weights=False.
+            config = {**BACKBONE_PRESETS[os.fspath(source)]["config"], **backbone_arguments}
+            return cls.from_backbone(BertBackbone(**config), **model_arguments)
+        return checkpoints.load_checkpoint(
+            cls,
+            path,
+            BertBackbone,
+            load_weights=load_weights,
+            fresh_heads=fresh_heads,
+            backbone_arguments=backbone_arguments,
+            model_arguments=model_arguments,
+        )
+
+    @classmethod
+    def _split_preset_arguments(cls, kwargs):
+        """`(backbone_arguments, model_arguments)`: `from_preset`'s kwargs split by signature.
+
+        A name in this class's constructor goes to the model (so a task's `dropout` is its
+        head's); a name in `BertBackbone`'s constructor overrides the backbone config; any
+        other name is a ValueError listing both.
+        """
+        from kbert.models.backbone import BertBackbone
+
+        backbone_names = _explicit_parameters(BertBackbone.__init__)
+        if issubclass(cls, BertBackbone):
+            backbone_names.add("name")
+            model_names = set()
+        else:  # `name` names the model being built.
+            model_names = (_explicit_parameters(cls.__init__) - {"backbone"}) | {"name"}
+        unknown = sorted(set(kwargs) - model_names - backbone_names)
+        if unknown:
+            raise ValueError(
+                f"Unexpected arguments for {cls.__name__}.from_preset: {unknown}. Expected "
+                + (f"{cls.__name__} arguments {sorted(model_names)}, " if model_names else "")
+                + f"BertBackbone arguments {sorted(backbone_names)} or fresh_heads."
+            )
+        model_arguments = {k: v for k, v in kwargs.items() if k in model_names}
+        backbone_arguments = {k: v for k, v in kwargs.items() if k not in model_names}
+        return backbone_arguments, model_arguments
 
     def save_to_preset(self, path, tokenizer=None, include_optimizer=False):
         """Writes the model as a kbert preset directory that `from_preset` loads as it was.
@@ -137,9 +193,7 @@ class PresetMixin:
         >>> pretrainer.save_to_preset("my_bert", tokenizer=tokenizer)
         >>> classifier = BertClassifier.from_preset("my_bert", num_classes=2)
         """
-        from kbert.checkpoints import save_preset
-
-        save_preset(self, path, tokenizer=tokenizer, include_optimizer=include_optimizer)
+        checkpoints.save_preset(self, path, tokenizer=tokenizer, include_optimizer=include_optimizer)
 
     @classmethod
     def from_backbone(cls, backbone, **kwargs):
@@ -147,3 +201,49 @@ class PresetMixin:
         if kwargs:
             raise ValueError(f"Unexpected arguments for {cls.__name__}: {sorted(kwargs)}")
         return backbone
+
+
+def _explicit_parameters(function):
+    """The named parameters of a constructor, without `self`, `*args` and `**kwargs`."""
+    return {
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if name != "self"
+        and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    }
+
+
+def _preset_directory(source, load_weights):
+    """The checkpoint directory `from_preset` reads for `source`, or None for a built-in preset
+    name to build with fresh weights (`load_weights=False` and no installed weights)."""
+    if not isinstance(source, (str, os.PathLike)):
+        raise ValueError(
+            "`source` must be a preset name or a checkpoint directory (str or path). "
+            f"Received: {type(source).__name__} {source!r}"
+        )
+    if not isinstance(load_weights, bool):
+        raise ValueError(f"`load_weights` must be True or False. Received: load_weights={load_weights!r}")
+    name = os.fspath(source)
+    if not name:
+        raise ValueError("`source` is empty. Expected a preset name or a checkpoint directory.")
+    path = recover(name)  # Completes a save that was interrupted.
+    if Path(path).exists() or "/" in name or "\\" in name:
+        return Path(path)
+    if name not in BACKBONE_PRESETS:
+        raise ValueError(
+            f"Unknown preset {name!r}. Known presets: {sorted(BACKBONE_PRESETS)}; "
+            "or pass a checkpoint directory."
+        )
+    installed = recover(checkpoints.installed_presets_dir() / name)
+    if installed.is_dir():
+        return installed
+    if load_weights:
+        raise FileNotFoundError(
+            f"No weights are installed for preset {name!r}: {installed} does not exist. "
+            "Convert a checkpoint into that directory with `python tools/convert_checkpoint.py "
+            f"--source <Hugging Face or Google BERT directory> --output {installed}` (set "
+            "$KBERT_PRESETS_DIR to keep presets elsewhere), pass a checkpoint directory "
+            "instead of the name, or pass load_weights=False for the architecture with freshly "
+            "initialised weights."
+        )
+    return None

@@ -157,38 +157,3 @@ class BertPretrainer(BertTask):
             "warmup_ratio": self.warmup_ratio,
             "weight_decay": self.weight_decay,
         }
-
-    # === Checkpoint hooks (see kbert/checkpoints/formats.py) ===
-    huggingface_architecture = "BertForPreTraining"
-
-    def huggingface_head_weights(self):
-        """`(hf_name, variable, transpose)` of the MLM and NSP heads in HF `BertForPreTraining`.
-
-        The MLM decoder matrix is the token embedding (tied, as in HF), so only its bias
-        (`cls.predictions.bias`, alias `cls.predictions.decoder.bias`) is listed.
-        """
-        mlm = self.masked_lm_head
-        nsp = self.next_sentence_head
-        return [
-            ("cls.predictions.transform.dense.weight", mlm.transform_dense.kernel, True),
-            ("cls.predictions.transform.dense.bias", mlm.transform_dense.bias, False),
-            ("cls.predictions.transform.LayerNorm.weight", mlm.layer_norm.gamma, False),
-            ("cls.predictions.transform.LayerNorm.bias", mlm.layer_norm.beta, False),
-            ("cls.predictions.bias", mlm.output_bias, False),
-            ("cls.seq_relationship.weight", nsp.kernel, True),
-            ("cls.seq_relationship.bias", nsp.bias, False),
-        ]
-
-    def google_head_weights(self):
-        """`(tf_name, variable, transpose)` of the heads in Google's `run_pretraining.py` checkpoints."""
-        mlm = self.masked_lm_head
-        nsp = self.next_sentence_head
-        return [
-            ("cls/predictions/transform/dense/kernel", mlm.transform_dense.kernel, False),
-            ("cls/predictions/transform/dense/bias", mlm.transform_dense.bias, False),
-            ("cls/predictions/transform/LayerNorm/gamma", mlm.layer_norm.gamma, False),
-            ("cls/predictions/transform/LayerNorm/beta", mlm.layer_norm.beta, False),
-            ("cls/predictions/output_bias", mlm.output_bias, False),
-            ("cls/seq_relationship/output_weights", nsp.kernel, True),  # Stored [2, hidden].
-            ("cls/seq_relationship/output_bias", nsp.bias, False),
-        ]

@@ -21,7 +21,7 @@ class ContextSpanLogits(keras.layers.Layer):
 
     Args:
         context_only: bool. Mask as above; `False` only splits and casts (the logits of
-            Hugging Face's `BertForQuestionAnswering`). Defaults to `True`.
+            Hugging Face's question-answering model). Defaults to `True`.
 
     Call arguments:
         logits: float tensor `(batch_size, sequence_length, 2)`.
@@ -135,9 +135,8 @@ class BertQuestionAnswerer(BertTask):
     max-context window of each piece and, with `allow_no_answer` (SQuAD 2.0), the null-score
     threshold.
 
-    The head loads from and exports to Hugging Face `BertForQuestionAnswering`
-    (`qa_outputs.weight`, `qa_outputs.bias`) and Google `run_squad.py` checkpoints
-    (`cls/squad/output_weights`, `cls/squad/output_bias`).
+    The head loads from and exports to Hugging Face question-answering checkpoints and loads
+    from Google `run_squad.py` ones (`kbert.checkpoints` names its weights in each format).
 
     Args:
         backbone: `kbert.models.BertBackbone`.
@@ -155,7 +154,7 @@ class BertQuestionAnswerer(BertTask):
         null_score_diff_threshold: float. Defaults to `0.0`.
         context_only: bool. Mask the logits outside the context (and `[CLS]`) to -1e9, so
             that training spends no probability on the question, `[SEP]` or padding. `False`
-            gives the logits of Hugging Face's `BertForQuestionAnswering` everywhere and its
+            gives the logits of Hugging Face's question-answering model everywhere and its
             training exactly (cross-entropy over all positions); decoding picks context
             spans either way. On the short SQuAD recipe of `BENCHMARKS.md` masking adds about
             10 F1 points. Defaults to `True`.
@@ -390,25 +389,6 @@ class BertQuestionAnswerer(BertTask):
         answers = self.predict_answers(examples, batch_size=batch_size, verbose=verbose)
         result = [answers[e["id"]] for e in examples]
         return result[0] if single else result
-
-    # ---------------------------------------------------------- checkpoint hook
-    huggingface_architecture = "BertForQuestionAnswering"
-
-    def huggingface_head_weights(self):
-        return [
-            ("qa_outputs.weight", self.span_dense.kernel, True),
-            ("qa_outputs.bias", self.span_dense.bias, False),
-        ]
-
-    def huggingface_config(self):
-        return {"num_labels": 2}
-
-    def google_head_weights(self):
-        """Names of google-research/bert `run_squad.py` checkpoints (`[2, hidden]` weights)."""
-        return [
-            ("cls/squad/output_weights", self.span_dense.kernel, True),
-            ("cls/squad/output_bias", self.span_dense.bias, False),
-        ]
 
     def get_config(self):
         config = super().get_config()

@@ -5,8 +5,6 @@ import numpy as np
 
 from kbert.models.task import BertTask, check_class_ids, is_dataset, is_raw_text
 
-_DEFAULT_HF_LABEL_PREFIX = "LABEL_"
-
 
 def _is_word_batch(x):
     """True for raw tagging input: a list of sentences, each a string or a list of word strings."""
@@ -40,8 +38,8 @@ class BertTagger(BertTask):
     token-level labels `(batch, sequence_length)` and sample weights, e.g. from
     `kbert.data.tagging.encode_tagging`.
 
-    The head loads from and exports to Hugging Face `BertForTokenClassification`
-    (`classifier.weight`, `classifier.bias`; `id2label` gives `labels`).
+    The head loads from and exports to Hugging Face token-classification checkpoints
+    (`id2label` in `config.json` gives `labels`; `kbert.checkpoints` names the weights).
 
     Args:
         backbone: `kbert.models.BertBackbone`.
@@ -233,35 +231,6 @@ class BertTagger(BertTask):
         if return_ids or self.labels is None:
             return ids
         return [[self.labels[i] for i in sentence] for sentence in ids]
-
-    # ---------------------------------------------------------- checkpoint hook
-    huggingface_architecture = "BertForTokenClassification"
-
-    def huggingface_head_weights(self):
-        return [
-            ("classifier.weight", self.output_dense.kernel, True),
-            ("classifier.bias", self.output_dense.bias, False),
-        ]
-
-    def huggingface_config(self):
-        names = self.labels or [f"{_DEFAULT_HF_LABEL_PREFIX}{i}" for i in range(self.num_classes)]
-        return {
-            "num_labels": self.num_classes,
-            "id2label": {str(i): name for i, name in enumerate(names)},
-            "label2id": {name: i for i, name in enumerate(names)},
-        }
-
-    @classmethod
-    def huggingface_model_kwargs(cls, config):
-        if cls.huggingface_architecture not in (config.get("architectures") or []):
-            return {}
-        id2label = config.get("id2label") or {}
-        if not id2label:
-            return {"num_classes": int(config["num_labels"])} if "num_labels" in config else {}
-        names = [id2label[key] for key in sorted(id2label, key=int)]
-        if all(name == f"{_DEFAULT_HF_LABEL_PREFIX}{i}" for i, name in enumerate(names)):
-            return {"num_classes": len(names)}
-        return {"num_classes": len(names), "labels": names}
 
     def get_config(self):
         config = super().get_config()

@@ -14,15 +14,13 @@ head. On top of that every task:
   `token_ids`, `segment_ids` and `padding_mask`. `from_preset` attaches one whenever the source
   has a vocabulary;
 - round-trips through `save_to_preset` / `from_preset` (config, weights and vocabulary) and
-  through `.keras` files;
-- names the Hugging Face tensors of its head (`huggingface_head_weights`) so the checkpoint
-  readers and writers in `kbert.checkpoints` can load and export `BertFor...` models.
+  through `.keras` files. Foreign checkpoints (Hugging Face, Google, keras-hub) load and export
+  through `kbert.checkpoints`, whose format modules name each task's head weights.
 
 This module uses keras.ops and NumPy only; the tf.data work of the text pipeline lives in
 `kbert.text` and `kbert.data`.
 """
 
-import json
 import math
 import warnings
 from pathlib import Path
@@ -30,12 +28,11 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from kbert.checkpoints import read_preprocessor_settings
 from kbert.models.backbone import BACKBONE_INPUTS, BertBackbone, check_input_keys
 from kbert.models.input_checks import HostInputChecks, check_model_inputs
 from kbert.models.optimization import bert_optimizer, planned_schedule
 from kbert.models.presets import PresetMixin
-
-PREPROCESSOR_CONFIG_FILE = "preprocessor.json"
 
 # Rows sent through the preprocessor at a time when raw Python text is converted.
 _PREPROCESS_CHUNK = 4096
@@ -535,23 +532,6 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
             return export.export_onnx(self, filepath, **kwargs)
         return super().export(filepath, format=format, verbose=verbose, **kwargs)
 
-    # ---------------------------------------------------------- checkpoint hook
-    # See kbert/checkpoints/formats.py. Subclasses set the `transformers` class name.
-    huggingface_architecture = None
-
-    def huggingface_head_weights(self):
-        """`(hf_tensor_name, keras_variable, transpose)` for every variable of the head.
-
-        Used by `kbert.checkpoints` to load `BertFor...` checkpoints from Hugging Face and to
-        export them. Names are full state-dict names (`"classifier.weight"`); the backbone's
-        tensors are named by the loader itself.
-        """
-        raise NotImplementedError
-
-    def huggingface_config(self):
-        """Extra `config.json` entries (label count and names) for the Hugging Face export."""
-        return {}
-
     def compile_from_config(self, config):
         """Called when a `.keras` file is loaded: the task compiled itself with its defaults
         in `__init__`; building the optimizer lets the saved optimizer state load into it."""
@@ -559,16 +539,8 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
             self.optimizer.build(self.trainable_variables)
 
     # ------------------------------------------------------------------ presets
-    # Task arguments whose names are also backbone config keys: the checkpoint loaders would
-    # take them as backbone overrides, so `from_preset` routes them to the task explicitly.
-    _arguments_shadowing_backbone = ("dropout",)
-    _ROUTED_PREFIX = "_task_argument_"
-
     @classmethod
     def from_backbone(cls, backbone, **kwargs):
-        for name in list(kwargs):
-            if name.startswith(cls._ROUTED_PREFIX):
-                kwargs[name[len(cls._ROUTED_PREFIX) :]] = kwargs.pop(name)
         return cls(backbone, **kwargs)
 
     @classmethod
@@ -586,6 +558,8 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
                 backbone keeps the checkpoint's -, ...), `sequence_length` (of the automatic
                 preprocessor; the window length for `BertQuestionAnswerer`), `fresh_heads`
                 (see `kbert.checkpoints.formats`) and backbone overrides (`dtype`, ...).
+                Names the task's constructor takes go to the task, other `BertBackbone`
+                arguments to the backbone; anything else is a ValueError.
 
         Example:
         >>> classifier = BertClassifier.from_preset("path/to/hf_or_kbert_dir", num_classes=2)
@@ -595,11 +569,8 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
             sequence_length = kwargs.get("sequence_length")
         else:
             sequence_length = kwargs.pop("sequence_length", None)
-        for name in cls._arguments_shadowing_backbone:
-            if name in kwargs and name in cls._constructor_arguments():
-                kwargs[cls._ROUTED_PREFIX + name] = kwargs.pop(name)
         auto = isinstance(preprocessor, str) and preprocessor == "auto"
-        if not auto:
+        if not auto and preprocessor is not None:  # None is the constructors' default.
             kwargs["preprocessor"] = preprocessor
         model = super().from_preset(source, load_weights=load_weights, **kwargs)
         vocabulary_path = getattr(model, "preset_vocabulary_path", None)
@@ -664,15 +635,7 @@ def _preprocessor_for_vocabulary(vocabulary_path, sequence_length, default_seque
 
     vocabulary_path = Path(vocabulary_path)
     directory = vocabulary_path.parent
-    settings = {}
-    settings_file = directory / PREPROCESSOR_CONFIG_FILE
-    if settings_file.is_file():
-        try:
-            settings = json.loads(settings_file.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ValueError(f"{settings_file} is not valid JSON: {error}") from None
-        if not isinstance(settings, dict):
-            raise ValueError(f"{settings_file} must hold a JSON object. Received: {settings!r}")
+    settings = read_preprocessor_settings(directory)
     if vocabulary_path.name == "vocab.txt":
         source = directory  # Hugging Face, Google and kbert presets
     elif vocabulary_path.parts[-3:] == ("assets", "tokenizer", "vocabulary.txt"):

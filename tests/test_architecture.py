@@ -1,0 +1,187 @@
+"""The package's layout: subpackages import each other in one direction, foreign names stay in checkpoints.
+
+The import graph is read from the source with `ast` (every `import` statement, including those
+inside functions, which Python only runs later but which still tie modules together), so the
+test needs no backend and imports nothing from kbert.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "kbert"
+
+
+def _module_name(path):
+    parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules():
+    return {_module_name(path): path for path in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def _imported_modules(module, path):
+    """The kbert modules `module` imports anywhere in its file (relative imports resolved)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            imported.add(target)
+            # `from kbert.checkpoints import huggingface` imports a module, not a name.
+            imported.update(f"{target}.{alias.name}" for alias in node.names)
+    return {name for name in imported if name == "kbert" or name.startswith("kbert.")}
+
+
+def _subpackage(module):
+    """`kbert.models` for `kbert.models.task`; top-level modules (`kbert.export`) are their own unit."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def subpackage_graph():
+    """`{subpackage: {subpackages it imports}}` for kbert's subpackages and top-level modules."""
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        if module == "kbert":
+            continue  # The package's __init__ re-exports everything: it sits above all units.
+        unit = _subpackage(module)
+        targets = graph.setdefault(unit, set())
+        for name in _imported_modules(module, path):
+            # Resolve `kbert.checkpoints.huggingface` and `kbert.checkpoints.LoadReport` alike.
+            while name not in modules and "." in name:
+                name = name.rpartition(".")[0]
+            if name in modules and name != "kbert" and _subpackage(name) != unit:
+                targets.add(_subpackage(name))
+    return graph
+
+
+def find_cycle(graph):
+    """One cycle of `graph` as a list of nodes (first == last), or None."""
+    state = {}
+    stack = []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                return stack[stack.index(target) :] + [target]
+            if target not in state:
+                cycle = visit(target)
+                if cycle:
+                    return cycle
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_find_cycle_reports_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_graph_sees_imports_inside_functions(tmp_path):
+    path = tmp_path / "kbert" / "models" / "x.py"
+    path.parent.mkdir(parents=True)
+    path.write_text("def f():\n    from ..checkpoints import huggingface\n    import kbert.text\n")
+    global PACKAGE_DIR
+    saved, PACKAGE_DIR = PACKAGE_DIR, tmp_path / "kbert"
+    try:
+        imported = _imported_modules("kbert.models.x", path)
+    finally:
+        PACKAGE_DIR = saved
+    assert {"kbert.checkpoints", "kbert.checkpoints.huggingface", "kbert.text"} <= imported
+
+
+def test_no_import_cycle_between_subpackages():
+    graph = subpackage_graph()
+    assert "kbert.models" in graph and "kbert.checkpoints" in graph
+    cycle = find_cycle(graph)
+    assert cycle is None, "Import cycle between kbert subpackages: " + " -> ".join(cycle)
+
+
+def test_models_depend_on_checkpoints_not_the_reverse():
+    graph = subpackage_graph()
+    assert "kbert.checkpoints" in graph["kbert.models"]
+    assert "kbert.models" not in graph["kbert.checkpoints"]
+
+
+# Spellings of BERT's variables in foreign checkpoints (Hugging Face `transformers`, Google's
+# TF1 `modeling.py`, keras-hub): only kbert/checkpoints may hold them.
+FOREIGN_NAMES = (
+    "bert/encoder/layer_",
+    "bert/embeddings",
+    "cls/predictions",
+    "cls/seq_relationship",
+    "cls/squad",
+    "output_weights",
+    "encoder.layer.",
+    "attention.self.query",
+    "cls.predictions",
+    "cls.seq_relationship",
+    "qa_outputs.weight",
+    "classifier.weight",
+    "classifier.bias",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertForQuestionAnswering",
+    "BertForPreTraining",
+    "feedforward_intermediate_dense",
+)
+
+
+@pytest.mark.parametrize("foreign", FOREIGN_NAMES)
+def test_foreign_names_only_in_checkpoints(foreign):
+    checkpoints = PACKAGE_DIR / "checkpoints"
+    holders = [
+        str(path.relative_to(PACKAGE_DIR.parent))
+        for path in sorted(PACKAGE_DIR.rglob("*.py"))
+        if checkpoints not in path.parents and foreign in path.read_text(encoding="utf-8")
+    ]
+    assert not holders, f"{foreign!r} appears outside kbert/checkpoints in {holders}"
+    assert any(foreign in path.read_text(encoding="utf-8") for path in checkpoints.glob("*.py"))
+
+
+def test_model_classes_have_no_checkpoint_hooks():
+    """Foreign formats are the checkpoints package's business: no `huggingface_*` / `google_*`
+    attribute or method on any class under kbert/models."""
+    hooks = []
+    for path in sorted((PACKAGE_DIR / "models").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for item in node.body:
+                names = []
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names = [item.name]
+                elif isinstance(item, ast.Assign):
+                    names = [t.id for t in item.targets if isinstance(t, ast.Name)]
+                hooks += [
+                    f"{path.name}: {node.name}.{name}"
+                    for name in names
+                    if name.startswith(("huggingface_", "google_"))
+                ]
+    assert not hooks, f"Model classes with checkpoint-format hooks: {hooks}"
+
