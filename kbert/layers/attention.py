@@ -14,12 +14,16 @@ from kbert.layers.utils import clone_initializer
 class BertSelfAttention(keras.layers.Layer):
     """Multi-head self-attention with query/key/value/output projections, as in BERT.
 
-    The attention itself is `keras.ops.dot_product_attention`, which maps to the backend's
-    fused kernel (cuDNN/flash on JAX GPU, `scaled_dot_product_attention` on torch). That path
-    is taken at inference and in training whenever `dropout` is 0. Attention-probability
-    dropout in training needs the probabilities, so it runs the explicit
-    softmax-dropout-matmul form, with the softmax in float32 (so does float16 on JAX-CPU,
-    where XLA lacks the float16 x float16 -> float32 product the fused path asks for).
+    On JAX and TensorFlow the attention itself is `keras.ops.dot_product_attention`, which
+    maps to the backend's fused kernel (cuDNN/flash on JAX GPU). That path is taken at
+    inference and in training whenever `dropout` is 0. Attention-probability dropout in
+    training needs the probabilities, so it runs the explicit softmax-dropout-matmul form,
+    with the softmax in float32 (so does float16 on JAX-CPU, where XLA lacks the float16 x
+    float16 -> float32 product the fused path asks for). On torch the layer calls
+    `torch.nn.functional.scaled_dot_product_attention` itself, with the dropout inside on
+    GPU (see `kbert.backend_paths.torch_attention`): the same function without the Keras
+    op's per-call checks, and traceable by `torch.compile` (`jit_compile=True`) without a
+    graph break. `flash_attention=True` on torch goes through the Keras op.
 
     Keys are masked with `padding_mask`. A row whose keys are all padding (an all-padding
     example) attends to every position instead, so it stays finite; its outputs are padding
