@@ -8,8 +8,8 @@ layer that calls it:
 
 - dropout masks: a counter-based hash on JAX and TensorFlow (`HashDropout`), torch's global
   generator on torch (`native_dropout`), so `torch.utils.checkpoint` replays masks;
-- attention with dropout on the probabilities: torch's fused `scaled_dot_product_attention`
-  with `dropout_p` on GPU (`attention_with_dropout`);
+- attention on torch: `scaled_dot_product_attention` called directly, with `dropout_p` on GPU
+  (`attention_path`, `torch_attention`, `attention_with_dropout`);
 - when the fused attention op cannot run (`fused_attention_unsupported`,
   `flash_unavailable_reason`);
 - dense embedding gradients on TensorFlow (`needs_dense_embedding_gradient`);
@@ -36,6 +36,28 @@ def native_dropout(inputs, rate):
     return _torch_dropout(inputs, rate)
 
 
+def attention_path(compute_dtype, flash_attention):
+    """How `BertSelfAttention` computes attention; decided once, when the layer is made.
+
+    Returns `"torch"` (torch's `scaled_dot_product_attention` called directly, with a boolean
+    key mask and the dropout inside: `torch_attention`), `"explicit"` (kbert's
+    softmax-matmul in `keras.ops`, for JAX-CPU float16, see `fused_attention_unsupported`) or
+    `"keras"` (`keras.ops.dot_product_attention`, explicit form for attention dropout).
+    `flash_attention=True` keeps the Keras op on torch, which honours or refuses it.
+
+    On torch, `keras.ops.dot_product_attention` probes the flash kernel with a pybind
+    object on every call and turns the mask into an additive float tensor: a graph break
+    under `torch.compile` (`jit_compile=True`) and host work in every eager step. Calling
+    `torch.nn.functional.scaled_dot_product_attention` directly computes the same function.
+    """
+    backend = keras.config.backend()
+    if backend == "torch" and flash_attention is not True:
+        return "torch"
+    if fused_attention_unsupported(compute_dtype):
+        return "explicit"
+    return "keras"
+
+
 def attention_with_dropout(query, key, value, mask, rate):
     """Softmax attention with probability dropout by the backend, or `None` (explicit path).
 
@@ -44,7 +66,7 @@ def attention_with_dropout(query, key, value, mask, rate):
     """
     if keras.config.backend() != "torch":
         return None
-    return _torch_attention_with_dropout(query, key, value, mask, rate)
+    return torch_attention(query, key, value, mask, rate)
 
 
 def needs_dense_embedding_gradient():
@@ -103,9 +125,7 @@ def _torch_dropout(inputs, rate):
     """Inverted dropout on torch, with the mask drawn as `torch.rand(...) >= rate` on CPU.
 
     `torch.nn.functional.dropout` draws its CPU mask with `bernoulli_`; `torch.rand` plus an
-    in-place comparison makes the whole dropout ~2x faster (it took 14 % of a BERT
-    fine-tuning step on CPU). The
-    mask has the same law (each element kept with probability `1 - rate`, kept values scaled
+    in-place comparison is cheaper (see BENCHMARKS.md). The mask has the same law (each element kept with probability `1 - rate`, kept values scaled
     by `1 / (1 - rate)`) and comes from torch's global generator, which
     `keras.utils.set_random_seed` seeds and `torch.utils.checkpoint` restores. On GPU the
     native fused dropout is used.
@@ -119,13 +139,15 @@ def _torch_dropout(inputs, rate):
     return inputs * scale.to(inputs.dtype)
 
 
-def _torch_attention_with_dropout(query, key, value, mask, rate):
-    """Softmax attention with dropout on the probabilities, in torch ops.
+def torch_attention(query, key, value, mask, rate=0.0):
+    """Softmax attention (with dropout on the probabilities when `rate > 0`), in torch ops.
 
-    On GPU: `torch.nn.functional.scaled_dot_product_attention(..., dropout_p=rate)`, whose
+    Without dropout: `torch.nn.functional.scaled_dot_product_attention` with the boolean
+    `mask` (true where a key may be attended; it broadcasts to `(batch, heads, seq, seq)`),
+    on every device. With dropout, on GPU: `torch.nn.functional.scaled_dot_product_attention(..., dropout_p=rate)`, whose
     fused kernels draw the dropout themselves. On CPU that op has no fused dropout and falls
     back to softmax + `bernoulli_` internally; the same arithmetic written out with
-    `_torch_dropout`'s cheaper mask is ~25 % faster forward + backward. Either way: scale
+    `_torch_dropout`'s cheaper mask is faster forward + backward. Either way: scale
     1/sqrt(head_dim), boolean key mask, probabilities dropped with `rate` and scaled by
     1/(1-rate), masks from torch's generator (so `torch.utils.checkpoint` replays them).
     Inputs and output are `(batch, seq, heads, head_dim)`.
@@ -133,6 +155,11 @@ def _torch_attention_with_dropout(query, key, value, mask, rate):
     import torch
 
     query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # (batch, heads, seq, dim)
+    if not rate:
+        context = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask
+        )
+        return context.transpose(1, 2)
     if query.device.type != "cpu":
         context = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, dropout_p=rate

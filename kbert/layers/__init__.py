@@ -1,6 +1,7 @@
 """Keras layers of BERT, written with keras.ops only (TensorFlow, JAX and PyTorch)."""
 
 from kbert.layers.attention import BertSelfAttention
+from kbert.layers.dropout import HashDropout
 from kbert.layers.embeddings import BertEmbeddings, ReversibleEmbedding
 from kbert.layers.encoder import TransformerEncoder
 from kbert.layers.heads import BertPooler, MaskedLMHead, NextSentenceHead
@@ -10,6 +11,7 @@ __all__ = [
     "BertEmbeddings",
     "BertPooler",
     "BertSelfAttention",
+    "HashDropout",
     "MaskedLMHead",
     "NextSentenceHead",
     "ReversibleEmbedding",

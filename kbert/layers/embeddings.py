@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from kbert import backend_paths
-from kbert.layers.attention import HashDropout
+from kbert.layers.dropout import HashDropout
 from kbert.layers.utils import check_index_range, clone_initializer, float32_policy
 
 

@@ -3,7 +3,8 @@
 import keras
 from keras import ops
 
-from kbert.layers.attention import BertSelfAttention, HashDropout
+from kbert.layers.attention import BertSelfAttention
+from kbert.layers.dropout import HashDropout
 from kbert.layers.utils import clone_initializer, float32_policy, get_activation
 
 
