@@ -152,7 +152,9 @@ class BertSelfAttention(keras.layers.Layer):
 
     Call arguments:
         inputs: float tensor `(batch_size, sequence_length, hidden_dim)`.
-        padding_mask: bool/int tensor `(batch_size, sequence_length)`, true for real tokens.
+        padding_mask: bool/int tensor `(batch_size, sequence_length)`, true for real tokens,
+            or `(batch_size, sequence_length, sequence_length)`, true where a query may attend
+            to a key (packed rows).
         training: bool.
         dropout_seed: optional int tensor `(2,)`: the key of the attention-dropout mask
             (see `HashDropout`); drawn from the layer's seed generator when omitted.
@@ -224,7 +226,14 @@ class BertSelfAttention(keras.layers.Layer):
         value = self._split_heads(self.value_dense(x))
 
         mask = None
-        if padding_mask is not None:
+        if padding_mask is not None and len(padding_mask.shape) == 3:
+            # A pairwise (batch, query, key) mask, e.g. one document per block of a packed
+            # row (see `kbert.layers.embeddings.PackedDocumentMasks`). Same (batch, 1, seq,
+            # seq) boolean form as below, which cuDNN (JAX) and torch SDPA accept.
+            pairs = ops.cast(padding_mask, "bool")
+            empty = ops.logical_not(ops.any(pairs, axis=-1, keepdims=True))  # (batch, q, 1)
+            mask = ops.logical_or(pairs, empty)[:, None, :, :]
+        elif padding_mask is not None:
             keys = ops.cast(padding_mask, "bool")  # (batch, seq)
             # Rows with no real key at all would softmax over nothing: let them see everything.
             empty = ops.logical_not(ops.any(keys, axis=-1, keepdims=True))  # (batch, 1)
