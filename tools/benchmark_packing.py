@@ -12,9 +12,11 @@ builds three inputs of `--sequence-length` tokens from the same text, same token
 - `standard`: `kbert.data.pretraining_dataset(nsp=False)`, BERT's sequences of whole sentences
   with 10 % shorter target lengths, the usual unpacked input of masked-LM training.
 
-For each it prints the fraction of padding over the first `--batches` batches, then times
-`--steps` training steps of `BertPretrainer(next_sentence=False)` on pre-built batches
-(`train_on_batch`, after warm-up steps; the inputs are rotated so each gets the machine in turn)
+For each it prints the fraction of padding over one whole pass (packing emits full rows first,
+so a pass's first batches would flatter it), then times `--rounds` x `--steps` training steps of
+`BertPretrainer(next_sentence=False)` on the first `--batches` batches, pre-built
+(`train_on_batch`, after warm-up steps; the inputs take turns every `--steps` steps so that
+each sees the same machine load)
 and prints the real tokens per second and the ratio packed / unpacked. The architecture is
 `--preset`'s with fresh weights (`bert_tiny_en_uncased` by default) and the vocabulary the
 `--vocab` file (default: all-MiniLM-L6-v2's uncased WordPiece vocabulary when that package is
@@ -61,8 +63,8 @@ def main(argv=None):
     parser.add_argument("--max-predictions", type=int, default=80)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--batches", type=int, default=40, help="Batches measured for padding.")
-    parser.add_argument("--steps", type=int, default=10, help="Timed steps per input and round.")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=4, help="Timed steps per input and round.")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -76,7 +78,7 @@ def main(argv=None):
     files = args.files or default_files()
     tokenizer = BertTokenizer.from_preset(args.vocab or default_vocab())
     common = dict(sequence_length=args.sequence_length, max_predictions=args.max_predictions,
-                  batch_size=args.batch_size, seed=args.seed, drop_remainder=True)
+                  batch_size=args.batch_size, seed=args.seed)
     datasets = {
         "packed": packed_pretraining_dataset(files, tokenizer, **common),
         "pieces": packed_pretraining_dataset(files, tokenizer, pack=False, **common),
@@ -84,8 +86,12 @@ def main(argv=None):
     }
     batches, padding = {}, {}
     for name, dataset in datasets.items():
-        taken = []
-        for x, y, sample_weight in dataset.take(args.batches):
+        taken, real_tokens, slots = [], 0, 0
+        for x, y, sample_weight in dataset:  # One pass: its padding; its first batches: timed.
+            real_tokens += int(x["padding_mask"].numpy().sum())
+            slots += int(np.prod(x["padding_mask"].shape))
+            if len(taken) == args.batches:
+                continue
             if name != "packed":  # One document per row: the unpacked model, no document ids.
                 x = {k: v for k, v in x.items() if k != "document_ids"}
             taken.append((
@@ -94,10 +100,9 @@ def main(argv=None):
                 {k: v.numpy() for k, v in sample_weight.items()},
             ))
         batches[name] = taken
-        real = np.mean([b[0]["padding_mask"].mean() for b in taken])
-        padding[name] = 1.0 - float(real)
-        print(f"{name:>8}: {len(taken)} batches of {args.batch_size} x {args.sequence_length}, "
-              f"padding {padding[name]:.2%}")
+        padding[name] = 1.0 - real_tokens / slots
+        print(f"{name:>8}: {slots // args.sequence_length} rows of {args.sequence_length} in a "
+              f"pass, {real_tokens:,} real tokens, padding {padding[name]:.2%}")
 
     config = dict(BACKBONE_PRESETS[args.preset]["config"])
     config.update(vocabulary_size=len(tokenizer.vocabulary), max_sequence_length=max(
