@@ -158,6 +158,38 @@ def test_prediction_counts_positions_and_untouched_tokens(packed):
     np.testing.assert_array_equal(packed["x/token_ids"][untouched], original[untouched])
 
 
+def test_whole_word_masking_never_crosses_a_document(corpus, tokenizer):
+    from tests.data.test_pretraining import IS_CONTINUATION
+
+    batch = _collect(packed_pretraining_dataset(
+        corpus["path"], tokenizer, sequence_length=SEQ_LEN, max_predictions=MAX_PRED,
+        batch_size=8, seed=6, whole_word_masking=True,
+    ))
+    original = _unmasked(batch)
+    real = batch["x/padding_mask"].astype(bool)
+    candidates = real & ~np.isin(original, [CLS, SEP, PAD])
+    chosen = np.zeros_like(real)
+    rows, slots = np.nonzero(batch["sw/mlm"])
+    chosen[rows, batch["x/mask_positions"][rows, slots]] = True
+    assert candidates[chosen].all()
+    counts = batch["sw/mlm"].sum(1)
+    limits = [min(MAX_PRED, max(1, int(round(n * 0.15)))) for n in candidates.sum(1)]
+    assert (counts <= limits).all() and counts.sum() > 0.8 * sum(limits)
+    # Whole words: a chosen "##" piece has its word's previous piece chosen too. A word never
+    # continues across [CLS]/[SEP], so never spans two documents (a "##" piece that opens a
+    # document piece, where a long document was cut, starts a word of its own).
+    previous_candidate = np.zeros_like(candidates)
+    previous_candidate[:, 1:] = candidates[:, :-1]
+    continuation = IS_CONTINUATION[original] & candidates & previous_candidate
+    previous = np.zeros_like(chosen)
+    previous[:, 1:] = chosen[:, :-1]
+    assert (previous[chosen & continuation]).all()
+    # And the continuation of a chosen piece is chosen.
+    next_unchosen_continuation = np.zeros_like(chosen)
+    next_unchosen_continuation[:, :-1] = continuation[:, 1:] & ~chosen[:, 1:]
+    assert not (chosen & next_unchosen_continuation).any()
+
+
 def test_replacement_rates_80_10_10(corpus, tokenizer):
     dataset = packed_pretraining_dataset(
         corpus["path"], tokenizer, sequence_length=SEQ_LEN, max_predictions=MAX_PRED,
