@@ -281,3 +281,25 @@ def test_packed_minilm_matches_transformers_on_each_document():
         with torch.no_grad():
             expected = reference(input_ids=torch.tensor([document])).last_hidden_state[0].numpy()
         np.testing.assert_allclose(output[0, start:stop], expected, atol=2e-4)
+
+
+@pytest.mark.large  # Builds the models again under two mixed-precision policies.
+def test_shared_model_checks_on_packed_models(tmp_path):
+    # Config and .keras round trips, shorter sequences, mixed precision and a fit step.
+    from tests.test_case import run_model_checks
+
+    chosen = [[1, 3], [2, 5, 6], [1], [4]]
+    x, y, sample_weight = _masked_batch(DOCUMENTS, chosen, True)
+    x = {k: np.concatenate([v, v]) for k, v in x.items()}
+    y = {k: np.concatenate([v, v]) for k, v in y.items()}
+    sample_weight = {k: np.concatenate([v, v]) for k, v in sample_weight.items()}
+    backbone_inputs = {k: v for k, v in x.items() if k != "mask_positions"}
+    (tmp_path / "backbone").mkdir()
+    (tmp_path / "pretrainer").mkdir()
+    run_model_checks(lambda: BertBackbone(**_config(packed=True)), backbone_inputs,
+                     tmp_path=tmp_path / "backbone", sequence_lengths=(9,))
+    run_model_checks(
+        lambda: BertPretrainer(BertBackbone(**_config(packed=True)), next_sentence=False),
+        x, fit_data=(x, y, sample_weight), tmp_path=tmp_path / "pretrainer",
+        sequence_lengths=(9,),
+    )
