@@ -34,6 +34,16 @@ with `max_sequence_length` >= 512). Each phase streams its own pairs from the sa
 optimizer and the learning-rate schedule run on across the boundary, and a resume works inside
 either phase. Example: `--epochs 10 --sequence-length 128 --phase2-sequence-length 512`.
 
+Packing: `--pack` trains the masked LM alone (no next-sentence prediction: `BertPretrainer(...,
+next_sentence=False)`) on rows that each hold several whole documents
+(`kbert.data.packed_pretraining_dataset`: `[CLS] document [SEP]` pieces packed first-fit; a
+document longer than a row is cut into row-sized pieces), in both phases of a two-phase run. The
+backbone is built with `packed=True`: tokens attend only inside their own document and positions
+restart at each, so no step is spent on padding and no document sees another. `--max-predictions`
+(and `--phase2-max-predictions`) then count per row. The preset written at the end is an ordinary
+one (`packed=False`, MLM head, no NSP head). Example: `--pack --epochs 10 --sequence-length 128
+--phase2-sequence-length 512`.
+
 Resume (`kbert.callbacks.TrainingBackup` and `resumable_fit`; this script only wires them up):
 the training state (weights, optimizer moments and step, dropout random state, the running
 metrics of the epoch, the loss history and a trained vocabulary) is backed up to `<output-dir>/backup/` at the end of
@@ -196,6 +206,12 @@ def build_parser():
         type=int,
         default=80,
         help="Masked positions per phase-2 sequence (BERT: 80 at 512). Default: %(default)s.",
+    )
+    parser.add_argument(
+        "--pack",
+        action="store_true",
+        help="Masked-LM-only training on rows packed with several whole documents (no NSP; "
+        "attention stays inside each document, positions restart at each).",
     )
     parser.add_argument(
         "--backup-every",
@@ -375,6 +391,21 @@ def choose_tokenizer(args, kind, backup_dir, files):
     return tokenizer, f"trained on the input text ({len(tokens):,} of at most {target:,} tokens)", True
 
 
+def repack(model, packed, learning_rate):
+    """An MLM-only `BertPretrainer` with the weights of `model` and a `packed` backbone."""
+    from kbert.models import BertBackbone, BertPretrainer
+
+    config = model.backbone.get_config()
+    config["packed"] = packed
+    backbone = BertBackbone.from_config(config)
+    backbone.set_weights(model.backbone.get_weights())
+    result = BertPretrainer(backbone, next_sentence=False, learning_rate=learning_rate)
+    head = model.masked_lm_head
+    for target, source in zip(result.masked_lm_head.weights, head.weights):
+        target.assign(source)
+    return result
+
+
 # --------------------------------------------------------------------------------- output
 def write_preset(model, tokenizer, target, overwrite):
     """Writes the preset into a temporary sibling folder, then renames it to `target`."""
@@ -416,7 +447,7 @@ def main(argv=None, callbacks=()):
     common.seed_everything(args.seed)
     from kbert import tracking
     from kbert.callbacks import BatchStream, TrainingBackup, resumable_fit
-    from kbert.data import pretraining_dataset
+    from kbert.data import packed_pretraining_dataset, pretraining_dataset
     from kbert.models import BACKBONE_PRESETS, BertPretrainer
 
     sequence_length = args.max_length
@@ -466,6 +497,9 @@ def main(argv=None, callbacks=()):
         except (ValueError, FileNotFoundError) as error:
             raise SystemExit(f"--preset {args.preset}: {error}") from None
         model_source = f"the weights of {args.preset} (continued pretraining)"
+    if args.pack:
+        model = repack(model, packed=True, learning_rate=args.learning_rate)
+        model_source += "; masked LM only, on packed rows (--pack)"
     backbone = model.backbone
     if backbone.vocabulary_size != len(vocabulary):
         raise SystemExit(
@@ -485,18 +519,21 @@ def main(argv=None, callbacks=()):
     print(f"Vocabulary: {len(vocabulary):,} tokens, {vocabulary_source}")
 
     # === Data ===
-    try:
-        source = pretraining_dataset(
-            names,
-            tokenizer,
-            sequence_length=sequence_length,
-            max_predictions=args.max_predictions,
-            whole_word_masking=args.whole_word_masking,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            drop_remainder=True,
-            verbose=True,
+    def dataset(length, max_predictions, **kwargs):
+        if args.pack:
+            return packed_pretraining_dataset(
+                names, tokenizer, sequence_length=length, max_predictions=max_predictions,
+                whole_word_masking=args.whole_word_masking, batch_size=args.batch_size,
+                seed=args.seed, drop_remainder=True,
+            )
+        return pretraining_dataset(
+            names, tokenizer, sequence_length=length, max_predictions=max_predictions,
+            whole_word_masking=args.whole_word_masking, batch_size=args.batch_size,
+            seed=args.seed, drop_remainder=True, **kwargs,
         )
+
+    try:
+        source = dataset(sequence_length, args.max_predictions, verbose=True)
         stream = BatchStream(source)
         steps_per_epoch = args.steps_per_epoch
         if steps_per_epoch is None:
@@ -509,12 +546,9 @@ def main(argv=None, callbacks=()):
 
     def phase2_stream():
         try:
-            return BatchStream(pretraining_dataset(
-                names, tokenizer, sequence_length=args.phase2_sequence_length,
-                max_predictions=args.phase2_max_predictions,
-                whole_word_masking=args.whole_word_masking, batch_size=args.batch_size,
-                seed=args.seed, drop_remainder=True,
-            ))
+            return BatchStream(
+                dataset(args.phase2_sequence_length, args.phase2_max_predictions)
+            )
         except ValueError as error:
             raise SystemExit(f"Cannot build phase-2 data from {names}: {error}") from None
 
@@ -554,6 +588,7 @@ def main(argv=None, callbacks=()):
         "phase2_sequence_length": args.phase2_sequence_length,
         "phase2_epochs": args.phase2_epochs,
         "phase2_max_predictions": args.phase2_max_predictions if args.phase2_epochs else None,
+        "pack": args.pack,
     }
     backup = TrainingBackup(backup_dir, save_every=args.backup_every, settings=settings)
     if backup.exists():
@@ -606,12 +641,17 @@ def main(argv=None, callbacks=()):
         for name in ("mlm_accuracy", "mlm_loss", "nsp_accuracy", "nsp_loss", "loss")
         if name in last
     }
+    if args.pack and "accuracy" in last:  # A one-output model logs its metric unprefixed.
+        metrics["mlm_accuracy"] = float(last["accuracy"])
+        metrics["mlm_loss"] = metrics["loss"]  # The masked LM is the whole loss.
     tracking.print_metrics("pretrain", metrics)
     print(f"{backup.step} steps in {train_seconds:.1f} s of training"
           + (f" (resumed at step {start_step})" if start_step else ""))
     # A fresh optimizer, so the preset holds no optimizer moments (three times the weights' size,
     # and a mismatch warning when the preset is loaded again); the weights are unchanged.
     model.compile()
+    if args.pack:  # An ordinary preset: the packing input is an option of the run, not of the model.
+        model = repack(model, packed=False, learning_rate=args.learning_rate)
     write_preset(model, tokenizer, preset_path, args.overwrite)
     print(f"Wrote the preset {preset_path} (BertBackbone/BertClassifier/BertPretrainer.from_preset)")
     paths = tracking.write_run_report(

@@ -36,6 +36,7 @@ __all__ = [
     "encode_tagging",
     "iob1_to_iob2",
     "label_list",
+    "packed_pretraining_dataset",
     "prepare_squad_features",
     "pretraining_dataset",
     "read_conll",
@@ -51,6 +52,7 @@ __all__ = [
 
 # Names that live in modules needing TensorFlow, imported on first access.
 _TENSORFLOW_NAMES = {
+    "packed_pretraining_dataset": "kbert.data.packing",
     "pretraining_dataset": "kbert.data.pretraining",
     "read_documents": "kbert.data.pretraining",
     "split_sentences": "kbert.data.pretraining",

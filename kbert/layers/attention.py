@@ -44,7 +44,9 @@ class BertSelfAttention(keras.layers.Layer):
 
     Call arguments:
         inputs: float tensor `(batch_size, sequence_length, hidden_dim)`.
-        padding_mask: bool/int tensor `(batch_size, sequence_length)`, true for real tokens.
+        padding_mask: bool/int tensor `(batch_size, sequence_length)`, true for real tokens,
+            or `(batch_size, sequence_length, sequence_length)`, true where a query may attend
+            to a key (packed rows).
         training: bool.
         dropout_seed: optional int tensor `(2,)`: the key of the attention-dropout mask
             (see `HashDropout`); drawn from the layer's seed generator when omitted.
@@ -122,8 +124,16 @@ class BertSelfAttention(keras.layers.Layer):
         value = self._split_heads(self.value_dense(x))
         dropout_active = bool(training) and self.dropout > 0
 
-        keys = None
-        if padding_mask is not None:
+        keys = None  # (batch, seq): which keys are real, or
+        pairs = None  # (batch, 1, seq, seq): which keys each query may see
+        if padding_mask is not None and len(padding_mask.shape) == 3:
+            # A pairwise (batch, query, key) mask, e.g. one document per block of a packed
+            # row (see `kbert.layers.embeddings.PackedDocumentMasks`). The (batch, 1, seq,
+            # seq) boolean form, which cuDNN (JAX) and torch SDPA accept.
+            pairs = ops.cast(padding_mask, "bool")
+            empty = ops.logical_not(ops.any(pairs, axis=-1, keepdims=True))  # (batch, q, 1)
+            pairs = ops.logical_or(pairs, empty)[:, None, :, :]
+        elif padding_mask is not None:
             keys = ops.cast(padding_mask, "bool")  # (batch, seq)
             # Rows with no real key at all would softmax over nothing: let them see everything.
             empty = ops.logical_not(ops.any(keys, axis=-1, keepdims=True))  # (batch, 1)
@@ -131,11 +141,11 @@ class BertSelfAttention(keras.layers.Layer):
 
         if self._attention_path == "torch":
             # torch's SDPA kernels broadcast a (batch, 1, 1, seq) boolean mask themselves.
-            mask = None if keys is None else keys[:, None, None, :]
+            mask = pairs if keys is None else keys[:, None, None, :]
             rate = self.dropout if dropout_active else 0.0
             context = backend_paths.torch_attention(query, key, value, mask, rate)
         else:
-            mask = None
+            mask = pairs
             if keys is not None:
                 # A full (batch, 1, seq, seq) mask, broadcast over heads only: cuDNN's fused
                 # attention (JAX) refuses a (batch, 1, 1, seq) mask ("Bias must have same seq

@@ -204,3 +204,53 @@ class BertEmbeddings(keras.layers.Layer):
             }
         )
         return config
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class PackedDocumentMasks(keras.layers.Layer):
+    """Attention mask and restarting positions of rows that pack several documents.
+
+    A packed row holds whole documents one after another, then padding. `document_ids` numbers
+    them per row: 0 for padding, 1..k for the documents, each a contiguous run. Tokens attend
+    only to tokens of their own document, and positions restart at 0 at every document, so each
+    document gets the outputs it would get alone in its own row.
+
+    Call arguments:
+        document_ids: int tensor `(batch_size, sequence_length)`; 0 marks padding.
+        padding_mask: optional bool/int tensor `(batch_size, sequence_length)`; a key that is
+            padding there is masked too.
+
+    Returns:
+        A tuple: `attention_mask`, bool `(batch_size, sequence_length, sequence_length)`, true
+        where query `q` may attend to key `k` (`doc[q] == doc[k] and doc[k] > 0`), the pairwise
+        form `BertSelfAttention` takes as its `padding_mask`; and `position_ids`, int32
+        `(batch_size, sequence_length)`, the index of each token inside its document (0 at
+        padding).
+
+    Example:
+    >>> mask, positions = PackedDocumentMasks()(np.array([[1, 1, 1, 2, 2, 0]]))
+    >>> positions  # [[0, 1, 2, 0, 1, 0]]
+    """
+
+    def call(self, document_ids, padding_mask=None):
+        documents = ops.cast(document_ids, "int32")
+        real = ops.greater(documents, 0)
+        if padding_mask is not None:
+            real = ops.logical_and(real, ops.cast(padding_mask, "bool"))
+        same = ops.equal(documents[:, :, None], documents[:, None, :])  # (batch, q, k)
+        allowed = ops.logical_and(same, real[:, None, :])
+        # Position = number of earlier keys of the same document (documents are contiguous).
+        length = ops.shape(documents)[1]
+        index = ops.arange(length, dtype="int32")
+        earlier = ops.less(index[None, :], index[:, None])  # (q, k): k < q
+        positions = ops.sum(
+            ops.cast(ops.logical_and(allowed, earlier[None, :, :]), "int32"), axis=-1
+        )
+        return allowed, positions
+
+    def compute_output_spec(self, document_ids, padding_mask=None):
+        batch, length = document_ids.shape[0], document_ids.shape[1]
+        return (
+            keras.KerasTensor((batch, length, length), dtype="bool"),
+            keras.KerasTensor((batch, length), dtype="int32"),
+        )

@@ -3,10 +3,13 @@
 import keras
 
 from kbert.layers import BertEmbeddings, BertPooler, TransformerEncoder
+from kbert.layers.embeddings import PackedDocumentMasks
 from kbert.models.input_checks import HostInputChecks, check_model_inputs
 from kbert.models.presets import PresetMixin
 
 BACKBONE_INPUTS = ("token_ids", "segment_ids", "padding_mask")
+# Inputs of a backbone built with `packed=True` (several documents per row).
+PACKED_BACKBONE_INPUTS = BACKBONE_INPUTS + ("document_ids",)
 
 
 def resolve_dtype_policy(dtype):
@@ -64,6 +67,7 @@ _BACKBONE_ARGUMENTS = _SIZE_ARGUMENTS + (
     "pad_token_id",
     "flash_attention",
     "remat",
+    "packed",
     "dtype",
     "name",
     "trainable",
@@ -162,6 +166,8 @@ def validate_backbone_config(config, source=None):
             raise ValueError(f"`{name}` must be None, True or False. Received: {name}={config[name]!r}{where}")
     if not isinstance(config.get("remat", False), bool):
         raise ValueError(f"`remat` must be True or False. Received: remat={config['remat']!r}{where}")
+    if not isinstance(config.get("packed", False), bool):
+        raise ValueError(f"`packed` must be True or False. Received: packed={config['packed']!r}{where}")
     count = backbone_parameter_count(**{k: config[k] for k in config if k in _SIZE_ARGUMENTS})
     memory = _host_memory_bytes()
     if memory and count * 4 > memory:
@@ -212,6 +218,13 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
             instead of keeping its activations: training memory grows with the number of
             blocks' inputs only, at the cost of about one more forward pass. For long
             sequences and large batches. Defaults to `False`.
+        packed: bool. Take a fourth input, `document_ids` `(batch_size, sequence_length)`,
+            for rows that pack several documents (see `kbert.data.packed_pretraining_dataset`):
+            0 marks padding and 1..k the documents of the row, each a contiguous run. Tokens
+            then attend only inside their own document and positions restart at 0 for every
+            document, so each document's outputs equal those it gets alone in its own row.
+            Adds no weights: a preset loads with `packed=True` or `False` alike. Defaults to
+            `False`.
         dtype: dtype policy, e.g. `"float32"`, `"mixed_bfloat16"`. Defaults to the global policy.
 
     Example:
@@ -245,6 +258,7 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         pad_token_id=0,
         flash_attention=None,
         remat=False,
+        packed=False,
         dtype=None,
         **kwargs,
     ):
@@ -264,6 +278,7 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
                 "pad_token_id": pad_token_id,
                 "flash_attention": flash_attention,
                 "remat": remat,
+                "packed": packed,
             }
         )
         unknown = sorted(set(kwargs) - {"name", "trainable"})
@@ -306,15 +321,26 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
         segment_ids = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
         padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
-        x = embeddings(token_ids, segment_ids)  # (batch, seq, hidden)
+        inputs = {
+            "token_ids": token_ids,
+            "segment_ids": segment_ids,
+            "padding_mask": padding_mask,
+        }
+        if packed:
+            document_ids = keras.Input(shape=(None,), dtype="int32", name="document_ids")
+            inputs["document_ids"] = document_ids
+            # A (batch, seq, seq) mask of same-document pairs replaces the key padding mask.
+            attention_mask, position_ids = PackedDocumentMasks(name="packed_document_masks")(
+                document_ids, padding_mask
+            )
+            x = embeddings(token_ids, segment_ids, position_ids)
+        else:
+            attention_mask = padding_mask
+            x = embeddings(token_ids, segment_ids)  # (batch, seq, hidden)
         for layer in transformer_layers:
-            x = layer(x, padding_mask=padding_mask)
+            x = layer(x, padding_mask=attention_mask)
         super().__init__(
-            inputs={
-                "token_ids": token_ids,
-                "segment_ids": segment_ids,
-                "padding_mask": padding_mask,
-            },
+            inputs=inputs,
             outputs={"sequence_output": x, "pooled_output": pooler(x)},
             dtype=dtype,
             **kwargs,
@@ -342,6 +368,8 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         self.pad_token_id = pad_token_id
         self.flash_attention = flash_attention
         self.remat = remat
+        self.packed = packed
+        self.input_names = PACKED_BACKBONE_INPUTS if packed else BACKBONE_INPUTS
 
     @classmethod
     def get_layout_map(
@@ -439,7 +467,7 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         return self.embeddings.token_embedding
 
     def call(self, inputs, training=None, mask=None):
-        check_input_keys(inputs, BACKBONE_INPUTS, "BertBackbone")
+        check_input_keys(inputs, self.input_names, "BertBackbone")
         check_model_inputs(inputs, self)
         return super().call(inputs, training=training, mask=mask)
 
@@ -462,6 +490,7 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
             "pad_token_id": self.pad_token_id,
             "flash_attention": self.flash_attention,
             "remat": self.remat,
+            "packed": self.packed,
         }
 
     @classmethod

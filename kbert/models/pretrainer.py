@@ -22,7 +22,10 @@ class BertPretrainer(BertTask):
 
     Inputs are the backbone's dict plus `mask_positions` `(batch_size, num_predictions)`.
     Outputs are a dict: `mlm` logits `(batch_size, num_predictions, vocabulary_size)` and `nsp`
-    logits `(batch_size, 2)` (0 = IsNext, 1 = NotNext).
+    logits `(batch_size, 2)` (0 = IsNext, 1 = NotNext). With `next_sentence=False` the model is
+    masked-LM only (RoBERTa-style; the input of `kbert.data.pretraining_dataset(..., nsp=False)`
+    and of the packed rows of `kbert.data.packed_pretraining_dataset`): no NSP head, no `nsp`
+    output, loss and metrics; a backbone built with `packed=True` adds its `document_ids` input.
 
     The model is a `kbert.models.BertTask` and comes compiled, once, with the paper's recipe:
     AdamW at 1e-4, beta 0.9/0.999, weight decay 0.01 (not on LayerNorm or biases), linear
@@ -49,6 +52,8 @@ class BertPretrainer(BertTask):
         warmup_ratio: float. Warm-up as a fraction of the schedule. Defaults to `0.01` (the
             paper's 10k of 1M steps).
         weight_decay: float. Defaults to `0.01`.
+        next_sentence: bool. Build the next-sentence head (and its loss). `False` trains
+            the masked LM alone. Defaults to `True`.
 
     Example:
     >>> backbone = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
@@ -65,6 +70,7 @@ class BertPretrainer(BertTask):
         warmup_steps=None,
         warmup_ratio=0.01,
         weight_decay=0.01,
+        next_sentence=True,
         **kwargs,
     ):
         if not isinstance(backbone, BertBackbone):
@@ -79,16 +85,22 @@ class BertPretrainer(BertTask):
             dtype=backbone.dtype_policy,
             name="mlm_head",
         )
-        next_sentence_head = NextSentenceHead(dtype=backbone.dtype_policy, name="nsp_head")
+        if not isinstance(next_sentence, bool):
+            raise ValueError(
+                f"`next_sentence` must be True or False. Received: next_sentence={next_sentence!r}"
+            )
+        next_sentence_head = (
+            NextSentenceHead(dtype=backbone.dtype_policy, name="nsp_head") if next_sentence else None
+        )
 
         # === Functional model ===
+        backbone_inputs = tuple(backbone.input_names)
         inputs = dict(backbone.input)
         inputs["mask_positions"] = keras.Input(shape=(None,), dtype="int32", name="mask_positions")
-        features = backbone({k: inputs[k] for k in BACKBONE_INPUTS})
-        outputs = {
-            "mlm": masked_lm_head(features["sequence_output"], inputs["mask_positions"]),
-            "nsp": next_sentence_head(features["pooled_output"]),
-        }
+        features = backbone({k: inputs[k] for k in backbone_inputs})
+        outputs = {"mlm": masked_lm_head(features["sequence_output"], inputs["mask_positions"])}
+        if next_sentence:
+            outputs["nsp"] = next_sentence_head(features["pooled_output"])
         self._check_training_arguments(learning_rate, weight_decay, warmup_ratio, total_steps)
         if optimizer not in ("adamw", "lamb"):
             raise ValueError(f'`optimizer` must be "adamw" or "lamb". Received: optimizer={optimizer!r}')
@@ -109,8 +121,10 @@ class BertPretrainer(BertTask):
         )
         self.masked_lm_head = masked_lm_head
         self.next_sentence_head = next_sentence_head
+        self.input_names = backbone_inputs + ("mask_positions",)
 
         # === Config ===
+        self.next_sentence = next_sentence
         self.optimizer_name = optimizer
         self.warmup_steps = warmup_steps
 
@@ -120,16 +134,16 @@ class BertPretrainer(BertTask):
     input_names = PRETRAINER_INPUTS
 
     def _default_loss(self):
-        return {
-            "mlm": masked_lm_loss(),
-            "nsp": keras.losses.SparseCategoricalCrossentropy(from_logits=True, name="nsp_loss"),
-        }
+        loss = {"mlm": masked_lm_loss()}
+        if self.next_sentence:
+            loss["nsp"] = keras.losses.SparseCategoricalCrossentropy(from_logits=True, name="nsp_loss")
+        return loss
 
     def _default_weighted_metrics(self):
-        return {
-            "mlm": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-            "nsp": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-        }
+        metrics = {"mlm": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]}
+        if self.next_sentence:
+            metrics["nsp"] = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        return metrics
 
     @classmethod
     def from_preset(cls, source, load_weights=True, **kwargs):
@@ -156,4 +170,5 @@ class BertPretrainer(BertTask):
             "warmup_steps": self.warmup_steps,
             "warmup_ratio": self.warmup_ratio,
             "weight_decay": self.weight_decay,
+            "next_sentence": self.next_sentence,
         }

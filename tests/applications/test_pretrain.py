@@ -351,3 +351,32 @@ def test_default_vocabulary_runs_are_reproducible(tmp_path, capsys):
     vocabularies = [(run / "vocab.txt").read_text(encoding="utf-8") for run in runs]
     assert vocabularies[0] == vocabularies[1] and len(vocabularies[0].split()) > 50
     assert_same_weights(runs[0], runs[1])
+
+
+def test_pack_trains_the_masked_lm_on_packed_rows(inputs, tmp_path, capsys):
+    # --pack: MLM only, several documents per row (the 40 documents of ~30 tokens fill rows of
+    # 64 two at a time), in both phases; the preset is an ordinary one with an MLM head.
+    extra = ("--pack", "--phase2-sequence-length", "64", "--phase2-epochs", "1",
+             "--phase2-max-predictions", "9")
+    capture = Capture()
+    metrics = pretrain.main(argv(inputs, tmp_path / "run", *extra), callbacks=[capture])
+    out = capsys.readouterr().out
+    assert "masked LM only, on packed rows (--pack)" in out
+    assert capture.steps == 2 * STEPS_PER_EPOCH
+    trained = capture.trained
+    assert trained.backbone.packed and not trained.next_sentence
+    assert set(metrics) >= {"mlm_accuracy", "mlm_loss", "loss"} and "nsp_loss" not in metrics
+    assert np.isfinite(list(metrics.values())).all()
+    loaded = BertPretrainer.from_preset(tmp_path / "run" / "preset", next_sentence=False)
+    assert not loaded.backbone.packed
+    # The preset holds the trained weights: the packed model on one document per row (document
+    # ids = padding mask) equals the loaded, unpacked one.
+    x = fixed_inputs(loaded.backbone.vocabulary_size)
+    x["segment_ids"][:] = 0
+    x["mask_positions"] = np.array([[1, 2], [3, 4]], "int32")
+    packed_x = dict(x, document_ids=x["padding_mask"])
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(loaded(x)["mlm"]),
+        keras.ops.convert_to_numpy(trained(packed_x)["mlm"]),
+        atol=1e-4,
+    )

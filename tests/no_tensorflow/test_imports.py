@@ -29,7 +29,8 @@ def test_every_subpackage_imports(module):
 
 @pytest.mark.parametrize(
     "name",
-    ["pretraining_dataset", "read_documents", "split_sentences", "write_pretraining_shards",
+    ["pretraining_dataset", "packed_pretraining_dataset", "read_documents", "split_sentences",
+     "write_pretraining_shards",
      "read_shard_metadata", "vocabulary_digest"],
 )
 def test_tf_data_functions_raise_one_clear_error(name):
