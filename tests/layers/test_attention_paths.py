@@ -16,7 +16,7 @@ from keras import ops
 
 from kbert.layers import BertSelfAttention, TransformerEncoder
 from kbert.layers.attention import HashDropout
-from tests.test_case import to_numpy
+from tests.test_case import run_in_backend, to_numpy
 
 BACKEND = keras.backend.backend()
 
@@ -93,58 +93,85 @@ def test_path_choice_and_numbers(monkeypatch, dropout, training, fused):
         assert np.abs(output[real] - expected[real]).max() > 1e-3
 
 
-def test_explicit_path_equals_fused_path_without_dropout():
+def test_dropout_path_at_a_negligible_rate_equals_the_fused_path(monkeypatch):
+    """The training path with attention dropout (explicit softmax, or torch's fused op with
+    dropout) computes the same attention as the fused inference path, once nothing is dropped.
+    An explicit `dropout_seed` keeps the hash mask clear of its always-dropped element (see
+    `test_hash_dropout_tiny_rate_drops_nothing`)."""
     x, padding_mask = _inputs(seed=1)
-    layer = BertSelfAttention(num_heads=2, hidden_dim=8, dropout=0.0)
+    layer = BertSelfAttention(num_heads=2, hidden_dim=8, dropout=1e-9)
     layer.build(x.shape)
-    query = ops.reshape(layer.query_dense(x), (2, 6, 2, 4))
-    key = ops.reshape(layer.key_dense(x), (2, 6, 2, 4))
-    value = ops.reshape(layer.value_dense(x), (2, 6, 2, 4))
-    mask = ops.cast(padding_mask, "bool")[:, None, None, :]
-    explicit = to_numpy(layer._explicit_attention(query, key, value, mask, training=False))
-    fused = to_numpy(layer._fused_attention(query, key, value, mask))
-    np.testing.assert_allclose(explicit, fused, atol=1e-6, rtol=1e-6)
+    counter = _CallCounter(monkeypatch)
+    seed = np.array([3, 1000], "int32")
+    dropout_path = to_numpy(layer(x, padding_mask=padding_mask, training=True, dropout_seed=seed))
+    assert counter.calls == 0  # not the fused inference op
+    fused = to_numpy(layer(x, padding_mask=padding_mask, training=False))
+    assert counter.calls == 1
+    np.testing.assert_allclose(dropout_path, fused, atol=1e-6, rtol=1e-6)
+    real = padding_mask.astype(bool)
+    np.testing.assert_allclose(fused[real], _reference_attention(layer, x, padding_mask)[real], atol=2e-5, rtol=1e-5)
+
+
+_FLASH_WARNINGS_PROGRAM = """
+import json, logging, warnings
+import keras
+import numpy as np
+from kbert.layers import BertSelfAttention, TransformerEncoder
+
+records = []
+logging.getLogger().addHandler(type("H", (logging.Handler,), {"emit": lambda self, r: records.append(r.levelno)})())
+rng = np.random.default_rng(2)
+x = rng.standard_normal((2, 6, 8)).astype("float32")
+padding_mask = np.ones((2, 6), "int32")
+padding_mask[1, 4:] = 0
+keras.utils.set_random_seed(0)
+plain = TransformerEncoder(num_heads=2, intermediate_dim=16, flash_attention=False)
+plain.build(x.shape)
+blocks = []
+for _ in range(2):
+    block = TransformerEncoder(num_heads=2, intermediate_dim=16, flash_attention=True)
+    block.build(x.shape)
+    block.set_weights(plain.get_weights())
+    blocks.append(block)
+expected = keras.ops.convert_to_numpy(plain(x, padding_mask=padding_mask))
+equal = True
+with warnings.catch_warnings(record=True) as fallback:
+    warnings.simplefilter("always")
+    for _ in range(2):  # Two layers, two calls each: still one warning.
+        for block in blocks:
+            output = keras.ops.convert_to_numpy(block(x, padding_mask=padding_mask))
+            equal = equal and bool(np.array_equal(output, expected))
+layer = BertSelfAttention(num_heads=2, hidden_dim=8, dropout=0.1, flash_attention=True)
+layer.build(x.shape)
+finite = True
+with warnings.catch_warnings(record=True) as dropout:
+    warnings.simplefilter("always")
+    for _ in range(3):
+        finite = finite and bool(np.isfinite(keras.ops.convert_to_numpy(layer(x, padding_mask=padding_mask, training=True))).all())
+print(json.dumps({
+    "fallback": [str(w.message) for w in fallback if "flash_attention=True" in str(w.message)],
+    "dropout": [str(w.message) for w in dropout if "attention dropout" in str(w.message)],
+    "equal": equal,
+    "finite": finite,
+    "logged": [level for level in records if level >= logging.WARNING],
+}))
+"""
 
 
 @pytest.mark.skipif(not _on_cpu(), reason="the fallback is exercised where flash is unavailable")
-def test_flash_attention_falls_back_with_one_warning():
-    x, padding_mask = _inputs(seed=2)
-    BertSelfAttention._flash_fallback_warned.clear()
-    keras.utils.set_random_seed(0)
-    plain = TransformerEncoder(num_heads=2, intermediate_dim=16, flash_attention=False)
-    plain.build(x.shape)
-    blocks = []
-    for _ in range(2):
-        block = TransformerEncoder(num_heads=2, intermediate_dim=16, flash_attention=True)
-        block.build(x.shape)
-        block.set_weights(plain.get_weights())
-        blocks.append(block)
-    expected = to_numpy(plain(x, padding_mask=padding_mask))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(2):  # Two layers, two calls each: still one warning.
-            for block in blocks:
-                np.testing.assert_array_equal(
-                    to_numpy(block(x, padding_mask=padding_mask)), expected
-                )
-    messages = [str(w.message) for w in caught if "flash_attention=True" in str(w.message)]
-    assert len(messages) == 1, messages
-    assert "Falling back" in messages[0] and BACKEND in messages[0]
+def test_flash_attention_falls_back_with_one_warning_per_process():
+    """`flash_attention=True` where the backend cannot do it: identical outputs, one warning
+    per process however many layers and calls, nothing logged; with training attention dropout
+    one more warning (none on torch, whose fused op takes the dropout itself). A fresh
+    process, since the warnings are once per process."""
+    import json
 
-
-def test_flash_attention_with_training_dropout_warns_once():
-    x, padding_mask = _inputs(seed=3)
-    BertSelfAttention._flash_fallback_warned.clear()
-    layer = BertSelfAttention(num_heads=2, hidden_dim=8, dropout=0.1, flash_attention=True)
-    layer.build(x.shape)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(3):
-            output = to_numpy(layer(x, padding_mask=padding_mask, training=True))
-            assert np.all(np.isfinite(output))
-    messages = [str(w.message) for w in caught if "attention dropout" in str(w.message)]
-    # torch's fused op takes the dropout itself: nothing to fall back from there.
-    assert len(messages) == (0 if BACKEND == "torch" else 1), messages
+    result = json.loads(run_in_backend(BACKEND, _FLASH_WARNINGS_PROGRAM).strip().splitlines()[-1])
+    assert result["equal"] and result["finite"], result
+    assert len(result["fallback"]) == 1, result["fallback"]
+    assert "Falling back" in result["fallback"][0] and BACKEND in result["fallback"][0]
+    assert result["logged"] == [], result["logged"]
+    assert len(result["dropout"]) == (0 if BACKEND == "torch" else 1), result["dropout"]
 
 
 def test_training_attention_is_an_unbiased_dropout_of_inference_attention():
@@ -213,6 +240,23 @@ def test_hash_dropout_seeding_and_edge_rates():
         HashDropout(1.5)
 
 
+@pytest.mark.xfail(
+    BACKEND in ("jax", "tensorflow"),
+    reason="HashDropout bug (kbert/layers/attention.py, owner h12t): the column key is "
+    "mix(seed[1] ^ row key), so at column 0 the row numbered seed[1] (the seed generator's "
+    "call counter) hashes to 0 and is dropped at every call whatever the rate; see "
+    "/work/notes/h16t.md",
+    strict=False,
+)
+def test_hash_dropout_tiny_rate_drops_nothing():
+    """At rate 1e-9 an element is dropped with probability 1e-9: 20 calls on 4,096 elements
+    should drop none (expected 8e-5 drops)."""
+    layer = HashDropout(1e-9)
+    x = np.ones((64, 64), "float32")
+    dropped = [int((to_numpy(layer(x, training=True)) == 0).sum()) for _ in range(20)]
+    assert sum(dropped) == 0, dropped
+
+
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="graph mode with an unknown batch size")
 def test_hash_dropout_in_tf_graph_with_unknown_batch():
     import tensorflow as tf
@@ -255,18 +299,3 @@ def test_mask_reaching_the_fused_op_is_full_and_boolean(monkeypatch):
     np.testing.assert_array_equal(mask, np.broadcast_to(expected_keys[:, None, None, :], (2, 1, 6, 6)))
     expected = _reference_attention(layer, x, np.where(expected_keys, 1, 0))
     np.testing.assert_allclose(output, expected, atol=2e-5, rtol=1e-5)
-
-
-@pytest.mark.skipif(not _on_cpu(), reason="the fallback is exercised where flash is unavailable")
-def test_flash_fallback_logs_nothing(caplog):
-    import logging
-
-    x, padding_mask = _inputs(seed=5)
-    BertSelfAttention._flash_fallback_warned.clear()
-    layer = BertSelfAttention(num_heads=2, hidden_dim=8, flash_attention=True)
-    layer.build(x.shape)
-    with caplog.at_level(logging.DEBUG), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        layer(x, padding_mask=padding_mask)
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.records
-    assert len([w for w in caught if "flash_attention=True" in str(w.message)]) == 1
