@@ -23,6 +23,7 @@ internals change. Each returns what it built, for the caller's model-specific as
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import keras
@@ -98,7 +99,7 @@ def run_in_backend(backend, code, timeout=300):
     """Runs Python `code` in a fresh interpreter with KERAS_BACKEND=backend; returns stdout."""
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", textwrap.dedent(code)],
         env=env,
         cwd=REPO_ROOT,
         capture_output=True,
@@ -160,12 +161,27 @@ def _shorten(inputs, length):
     return shorter
 
 
-def _pad_sequences(inputs, extra):
-    """`inputs` with `extra` more padded positions at the end of every row."""
-    return {
-        key: (np.pad(value, ((0, 0), (0, extra))) if value.ndim == 2 and key != "mask_positions" else value)
-        for key, value in inputs.items()
-    }
+def check_variable_lengths(model, inputs, reference, lengths):
+    """`inputs` cropped to each length: outputs are finite, and rows whose real tokens (and
+    mask positions) all fit give the reference outputs at their real positions (padding
+    length changes nothing)."""
+    real_lengths = inputs["padding_mask"].sum(axis=1)
+    for length in lengths:
+        outputs = to_numpy(model(_shorten(inputs, length)))
+        outputs = outputs if isinstance(outputs, dict) else {"output": outputs}
+        expected = reference if isinstance(reference, dict) else {"output": reference}
+        fits = real_lengths <= length
+        if "mask_positions" in inputs:
+            fits &= (inputs["mask_positions"] < length).all(axis=1)
+        assert fits.any(), f"no row of the inputs fits in {length} positions"
+        mask = inputs["padding_mask"][fits, :length]
+        for key, value in outputs.items():
+            assert np.isfinite(np.asarray(value, "float32")).all(), (length, key)
+            want, got = np.asarray(expected[key])[fits], np.asarray(value)[fits]
+            if want.ndim >= 2 and want.shape[1] == inputs["padding_mask"].shape[1]:  # per position
+                assert_all_close(got, want[:, :length], atol=1e-5, rtol=1e-5, mask=mask)
+            else:
+                assert_all_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def _fit(model, fit_data, **kwargs):
@@ -265,7 +281,7 @@ class TestCase:
         return layer
 
     # --------------------------------------------------------------- backbones
-    def run_backbone_test(self, cls, init_kwargs, input_data, tmp_path, longer_by=(4,), shorter=(5, 9)):
+    def run_backbone_test(self, cls, init_kwargs, input_data, tmp_path, sequence_lengths=(9,)):
         """Config, `.keras`, variable-length and fit checks of a backbone.
 
         Args:
@@ -273,28 +289,17 @@ class TestCase:
             init_kwargs: dict. Constructor arguments.
             input_data: dict of NumPy inputs with `padding_mask`.
             tmp_path: folder for the `.keras` file.
-            longer_by: extra trailing padding lengths that must not change real outputs.
-            shorter: other lengths the backbone must accept (inputs cropped to them).
+            sequence_lengths: other lengths the backbone must accept (inputs cropped to
+                them; see `check_variable_lengths`).
 
         Returns:
             The backbone.
         """
         backbone = cls(**init_kwargs)
         reference = to_numpy(backbone(input_data))
-        mask = input_data["padding_mask"]
         self._check_config_and_keras_file(backbone, input_data, reference, tmp_path)
 
-        for extra in longer_by:
-            outputs = to_numpy(backbone(_pad_sequences(input_data, extra)))
-            length = mask.shape[1]
-            trimmed = {k: (v[:, :length] if v.ndim == 3 else v) for k, v in outputs.items()}
-            assert_all_close(trimmed, reference, atol=1e-5, rtol=1e-5, mask=mask)
-        for length in shorter:
-            outputs = to_numpy(backbone(_shorten(input_data, length)))
-            for key, value in outputs.items():
-                assert np.isfinite(value).all(), key
-                if value.ndim == 3:
-                    assert value.shape[1] == length, (key, value.shape)
+        check_variable_lengths(backbone, input_data, reference, sequence_lengths)
 
         # One fit step through the pooled output changes the weights and gives a finite loss.
         model = keras.Model(backbone.input, backbone.output["pooled_output"])
@@ -318,6 +323,7 @@ class TestCase:
         fit_kwargs=None,
         max_loss_ratio=None,
         preprocessed_data=None,
+        sequence_lengths=(),
         atol=1e-6,
     ):
         """Raw-input and preprocessed paths of a task model, round-trips and learning.
@@ -335,6 +341,8 @@ class TestCase:
                 the first's (the toy problem is learnable).
             preprocessed_data: `(x, y)` or `(x, y, sample_weight)` of packed inputs, for
                 one epoch of `fit` (finite loss, weights move), or None.
+            sequence_lengths: other lengths the task must accept (`input_data` cropped to
+                them; see `check_variable_lengths`).
             atol: float. Tolerance of the raw-vs-preprocessed comparison.
 
         Returns:
@@ -347,6 +355,7 @@ class TestCase:
             # `predict` on raw input is the model on the preprocessor's output.
             assert_all_close(task.predict(raw_x, verbose=0), to_numpy(task(task.preprocessor(raw_x))), atol=atol, rtol=atol)
         restored = self._check_config_and_keras_file(task, input_data, expected, tmp_path)
+        check_variable_lengths(task, input_data, expected, sequence_lengths)
         if restored is not None and getattr(task, "preprocessor", None) is not None:
             assert restored.preprocessor.get_config() == task.preprocessor.get_config()
             if raw_x is not None:
@@ -396,7 +405,7 @@ class TestCase:
 
     # --------------------------------------------------------------- precision
     def run_precision_test(self, model_fn, input_data, policies=tuple(LOW_PRECISION), output_dtypes=None,
-                           min_kernel_layers=1, tmp_path=None):
+                           min_kernel_layers=1, tmp_path=None, fit_data=None):
         """Mixed-precision checks of the model that `model_fn(policy)` builds.
 
         Every layer that runs in a forward pass and owns a `kernel` or `embeddings` variable
@@ -412,7 +421,10 @@ class TestCase:
             output_dtypes: dict `{output name: dtype}` (or one dtype) the outputs must have,
                 or None to skip.
             min_kernel_layers: int. At least this many kernel-bearing layers must run.
-            tmp_path: folder for the `.keras` file, or None to skip it.
+            tmp_path: folder for the `.keras` file (saved under the first policy), or None
+                to skip it.
+            fit_data: `(x, y)` or `(x, y, sample_weight)` for one epoch of `fit` under each
+                policy (loss scaling included under float16): the loss must be finite.
         """
         for policy in policies:
             low = LOW_PRECISION[policy]
@@ -452,7 +464,12 @@ class TestCase:
 
             config = model.get_config()
             assert type(model).from_config(config).get_config() == config
-            if tmp_path is not None:
+            if fit_data is not None:
+                model.compile(optimizer=keras.optimizers.Adam(1e-3))
+                history = _fit(model, fit_data, epochs=1)
+                assert np.isfinite(history.history["loss"][-1]), policy
+                assert all(v.dtype == "float32" for v in model.trainable_variables), policy
+            if tmp_path is not None and policy == policies[0]:
                 path = Path(tmp_path) / f"{policy}.keras"
                 model.save(path)
                 restored = keras.saving.load_model(path)
