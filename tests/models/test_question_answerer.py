@@ -207,7 +207,10 @@ class TestBertQuestionAnswerer(TestCase):
         assert results["loss"] == pytest.approx(expected, rel=1e-5)
 
     def test_preset_and_keras_round_trips(self, tmp_path):
-        model = toy_answerer(allow_no_answer=True, null_score_diff_threshold=1.5, n_best_size=5)
+        # A preprocessor of the model's own length: a preset stores one length (the model's).
+        model = toy_answerer(
+            allow_no_answer=True, null_score_diff_threshold=1.5, n_best_size=5, preprocessor=toy_preprocessor(24)
+        )
         inputs = random_backbone_inputs(2, 10, vocabulary_size=len(TOY_VOCABULARY))
         restored = self.run_preset_test(model, inputs, tmp_path)
         assert (restored.sequence_length, restored.doc_stride, restored.max_query_length) == (24, 8, 8)
