@@ -93,7 +93,9 @@ class HashDropout(keras.layers.Dropout):
             seed = self.seed_generator.next()
         seed = ops.cast(seed, "int32")  # (2,)
         key_row = _mix32(seed[0] + ops.cast(_as_int32(0x9E3779B9), "int32"))
-        key_column = _mix32(ops.bitwise_xor(seed[1], key_row))
+        # Mixed once more than key_row: a plain `seed[1] ^ key_row` made the row `seed[1]`, column 0
+        # hash to 0 on every call (always dropped, whatever the rate).
+        key_column = _mix32(ops.bitwise_xor(seed[1], _mix32(key_row)))
         shape = ops.shape(inputs)
         rows = 1
         for dim in shape[:-1]:

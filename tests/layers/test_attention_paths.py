@@ -59,18 +59,33 @@ def _inputs(batch=2, length=6, hidden=8, seed=0):
     return x, padding_mask
 
 
+def _fused_op_owner():
+    """`(module, name)` of the fused attention op the layer calls on this backend.
+
+    On torch the layer calls `torch.nn.functional.scaled_dot_product_attention` itself (the
+    Keras op probes flash support with an object Dynamo cannot trace); elsewhere it calls
+    `keras.ops.dot_product_attention`.
+    """
+    if BACKEND == "torch":
+        import torch
+
+        return torch.nn.functional, "scaled_dot_product_attention"
+    return keras.ops, "dot_product_attention"
+
+
 class _CallCounter:
-    """Counts calls of `keras.ops.dot_product_attention` while passing them through."""
+    """Counts calls of the backend's fused attention op while passing them through."""
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        original = keras.ops.dot_product_attention
+        module, name = _fused_op_owner()
+        original = getattr(module, name)
 
         def counting(*args, **kwargs):
             self.calls += 1
             return original(*args, **kwargs)
 
-        monkeypatch.setattr(keras.ops, "dot_product_attention", counting)
+        monkeypatch.setattr(module, name, counting)
 
 
 _FLASH_WARNINGS_PROGRAM = """
@@ -141,9 +156,8 @@ class TestAttentionPaths(TestCase):
 
     def test_dropout_path_at_a_negligible_rate_equals_the_fused_path(self, monkeypatch):
         """The training path with attention dropout (explicit softmax, or torch's fused op with
-        dropout) computes the same attention as the fused inference path, once nothing is dropped.
-        An explicit `dropout_seed` keeps the hash mask clear of its always-dropped element (see
-        `test_hash_dropout_tiny_rate_drops_nothing`)."""
+        dropout) computes the same attention as the fused inference path, once nothing is dropped
+        (an explicit `dropout_seed` also checks that argument reaches the mask)."""
         x, padding_mask = _inputs(seed=1)
         layer = BertSelfAttention(num_heads=2, hidden_dim=8, dropout=1e-9)
         layer.build(x.shape)
@@ -235,14 +249,6 @@ class TestAttentionPaths(TestCase):
         with pytest.raises(ValueError, match="rate"):
             HashDropout(1.5)
 
-    @pytest.mark.xfail(
-        BACKEND in ("jax", "tensorflow"),
-        reason="HashDropout bug (kbert/layers/attention.py, owner h12t): the column key is "
-        "mix(seed[1] ^ row key), so at column 0 the row numbered seed[1] (the seed generator's "
-        "call counter) hashes to 0 and is dropped at every call whatever the rate; see "
-        "/work/notes/h16t.md",
-        strict=False,
-    )
     def test_hash_dropout_tiny_rate_drops_nothing(self):
         """At rate 1e-9 an element is dropped with probability 1e-9: 20 calls on 4,096 elements
         should drop none (expected 8e-5 drops)."""
@@ -270,24 +276,28 @@ class TestAttentionPaths(TestCase):
         assert TransformerEncoder.from_config(config).remat is True
 
     def test_mask_reaching_the_fused_op_is_full_and_boolean(self, monkeypatch):
-        """cuDNN refuses (batch, 1, 1, seq) masks; the layer passes (batch, 1, seq, seq) booleans."""
+        """cuDNN refuses (batch, 1, 1, seq) masks: the Keras op gets (batch, 1, seq, seq)
+        booleans. torch's SDPA kernels broadcast a (batch, 1, 1, seq) boolean mask themselves."""
         x, padding_mask = _inputs(seed=4)
         padding_mask[0, :] = 0  # An all-padding row attends everywhere instead.
         layer = BertSelfAttention(num_heads=2, hidden_dim=8)
         layer.build(x.shape)
         masks = []
-        original = keras.ops.dot_product_attention
+        module, name = _fused_op_owner()
+        original = getattr(module, name)
+        mask_keyword = "attn_mask" if BACKEND == "torch" else "mask"
 
-        def recording(query, key, value, *args, mask=None, **kwargs):
-            masks.append(to_numpy(mask))
-            return original(query, key, value, *args, mask=mask, **kwargs)
+        def recording(query, key, value, *args, **kwargs):
+            masks.append(to_numpy(kwargs.get(mask_keyword)))
+            return original(query, key, value, *args, **kwargs)
 
-        monkeypatch.setattr(keras.ops, "dot_product_attention", recording)
+        monkeypatch.setattr(module, name, recording)
         output = to_numpy(layer(x, padding_mask=padding_mask))
         (mask,) = masks
-        assert mask.dtype == bool and mask.shape == (2, 1, 6, 6)
         expected_keys = padding_mask.astype(bool)
         expected_keys[0, :] = True
-        np.testing.assert_array_equal(mask, np.broadcast_to(expected_keys[:, None, None, :], (2, 1, 6, 6)))
+        expected_shape = (2, 1, 1, 6) if BACKEND == "torch" else (2, 1, 6, 6)
+        assert mask.dtype == bool and mask.shape == expected_shape
+        np.testing.assert_array_equal(mask, np.broadcast_to(expected_keys[:, None, None, :], expected_shape))
         expected = _reference_attention(layer, x, np.where(expected_keys, 1, 0))
         np.testing.assert_allclose(output, expected, atol=2e-5, rtol=1e-5)
