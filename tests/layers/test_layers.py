@@ -129,9 +129,7 @@ class TestLayers(TestCase):
     def test_training_attention_path_gives_the_reference_numbers(self):
         """Training with attention dropout takes the dropout path (explicit softmax, or the
         backend's fused op with dropout): at a negligible rate it gives the reference numbers,
-        and at a real rate it drops probabilities (outputs change). The explicit key keeps the
-        hash mask clear of `HashDropout`'s always-dropped element (see tests/layers/
-        test_attention_paths.py::test_hash_dropout_tiny_rate_drops_nothing)."""
+        and at a real rate it drops probabilities (outputs change)."""
         seed = np.array([5, 1000], "int32")
         layer = BertSelfAttention(num_heads=4, hidden_dim=16, dropout=1e-9)
         trained = to_numpy(layer(X, padding_mask=MASK, training=True, dropout_seed=seed))
