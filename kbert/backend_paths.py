@@ -93,7 +93,21 @@ def adamw_update(optimizer, grads, variables, learning_rate):
             f"kbert has no multi-tensor AdamW update on the {keras.config.backend()} backend; "
             "check `has_multi_tensor_adamw()` first."
         )
-    _torch_adamw_update(optimizer, grads, variables, learning_rate)
+    _eager_torch_adamw_update()(optimizer, grads, variables, learning_rate)
+
+
+@functools.lru_cache(maxsize=None)
+def _eager_torch_adamw_update():
+    """`_torch_adamw_update` kept out of `torch.compile` (`jit_compile=True`).
+
+    The torch optimizer's `step()` runs its own fused kernel; traced inside a compiled train
+    step it broke the graph several times and made each step ~100x slower. Excluded with
+    `torch.compiler.disable`, it runs as one eager call between the compiled gradient and the
+    next step.
+    """
+    import torch
+
+    return torch.compiler.disable(_torch_adamw_update)
 
 
 @functools.lru_cache(maxsize=None)
