@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import pytest
 
-from kbert.models import BertBackbone, BertClassifier, BertPretrainer, BertTagger
+from kbert.models import BertBackbone, BertClassifier, BertPretrainer
 from tests.test_case import random_backbone_inputs, tiny_backbone_kwargs
 
 pytestmark = pytest.mark.skipif(
@@ -39,10 +39,6 @@ def _pretrainer():
 
 def _classifier():
     return BertClassifier(BertBackbone(**_backbone_kwargs()), num_classes=3, dropout=0.0)
-
-
-def _tagger():
-    return BertTagger(BertBackbone(**_backbone_kwargs()), num_classes=5, dropout=0.0)
 
 
 def _batches(kind, seed=0):
@@ -139,7 +135,7 @@ def test_pretrainer_compiles_once_without_graph_breaks_and_trains_as_eager(dynam
 
 
 @pytest.mark.large
-@pytest.mark.parametrize("kind, make_model", [("classifier", _classifier), ("tagger", _tagger)])
+@pytest.mark.parametrize("kind, make_model", [("classifier", _classifier)])
 def test_task_models_train_compiled_as_eager(dynamo, kind, make_model):
     eager, compiled = _train_both_ways(make_model, kind)
     assert eager[-1] < eager[0]

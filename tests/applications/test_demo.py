@@ -1,6 +1,6 @@
 """applications/demo.py (`make demo`): a short run of the whole job on the shipped data.
 
-Five pretraining steps and one fine-tuning epoch on the test session's backend: the vocabulary,
+Five pretraining steps and one fine-tuning epoch, in the torch session: the vocabulary,
 the pretrained preset and metrics.json are written, and the preset loads back.
 """
 
@@ -16,6 +16,10 @@ from kbert.models import BertBackbone
 pytest.importorskip("tensorflow", reason="the demo's pretraining data is a tf.data pipeline")
 
 
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="the whole job, run once (torch's session is the quickest); the models it uses are tested on every backend",
+)
 def test_demo_runs_end_to_end_on_the_shipped_data(tmp_path):
     out = tmp_path / "demo"
     metrics = demo.main([
