@@ -14,18 +14,13 @@ import numpy as np
 import tensorflow as tf
 
 from kbert.data.pretraining import (
-    _TEXT_FORMATS,
     _check_positive_int,
     _check_rate,
-    _check_text_file,
     _check_tokenizer,
-    _DocumentSource,
+    _checked_seed,
     _DynamicMasker,
-    _expand_files,
-    _iter_text_documents,
-    _process_split,
+    _open_documents,
 )
-from kbert.data.shards import SHARD_SUFFIX, check_shards
 
 
 def pack_pieces(pieces, sequence_length, packing_buffer):
@@ -253,33 +248,9 @@ def packed_pretraining_dataset(
                         ("drop_remainder", drop_remainder)):
         if not isinstance(value, bool):
             raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
-    if seed is None:
-        seed = random.SystemRandom().randrange(2**31)
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"`seed` must be a non-negative integer or None. Received: seed={seed!r}")
-    seed = int(seed) % (2**63)
-    if text_format not in _TEXT_FORMATS:
-        raise ValueError(
-            f"`text_format` must be one of {_TEXT_FORMATS}. Received: text_format={text_format!r}"
-        )
-    num_processes, process_index = _process_split(num_processes, process_index)
-    paths = _expand_files(files)
-    shards = [p for p in paths if p.endswith(SHARD_SUFFIX)]
-    if shards and len(shards) != len(paths):
-        raise ValueError(
-            f"`files` mixes pretraining shards ({SHARD_SUFFIX}) and text files; pass one kind. "
-            f"Received: {len(shards)} shard(s) and {len(paths) - len(shards)} text file(s)"
-        )
-    kind = "shards" if shards else "text"
-    if kind == "shards":
-        check_shards(paths, tokenizer)
-    else:
-        for path in paths:
-            _check_text_file(path)
-        if not any(next(_iter_text_documents(p, text_format), None) for p in paths):
-            raise ValueError(f"No text found: the files hold no text. Received: files={files!r}")
-    source = _DocumentSource(
-        paths, kind, tokenizer, text_format, num_processes, process_index, shuffle
+    seed = _checked_seed(seed)
+    source, *_ = _open_documents(
+        files, tokenizer, text_format, num_processes, process_index, shuffle
     )
     generator = _PackedRowGenerator(
         source,

@@ -1055,51 +1055,12 @@ def pretraining_dataset(
             f"rate). Received: random_token_rate={random_token_rate}, "
             f"unchanged_rate={unchanged_rate}"
         )
-    if seed is None:
-        seed = random.SystemRandom().randrange(2**31)
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"`seed` must be a non-negative integer or None. Received: seed={seed!r}")
-    seed = int(seed) % (2**63)
-
+    seed = _checked_seed(seed)
     _check_positive_int("document_buffer", document_buffer)
     _check_positive_int("example_buffer", example_buffer)
-    if text_format not in _TEXT_FORMATS:
-        raise ValueError(
-            f"`text_format` must be one of {_TEXT_FORMATS}. Received: text_format={text_format!r}"
-        )
-    num_processes, process_index = _process_split(num_processes, process_index)
-    paths = _expand_files(files)
-    shards = [p for p in paths if p.endswith(SHARD_SUFFIX)]
-    if shards and len(shards) != len(paths):
-        raise ValueError(
-            f"`files` mixes pretraining shards ({SHARD_SUFFIX}) and text files; pass one kind. "
-            f"Received: {len(shards)} shard(s) and {len(paths) - len(shards)} text file(s)"
-        )
-    kind = "shards" if shards else "text"
-    if kind == "shards":
-        check_shards(paths, tokenizer)
-    else:
-        for path in paths:
-            _check_text_file(path)
-        found = 0
-        for path in paths:
-            for _ in _iter_text_documents(path, text_format):
-                found += 1
-                if found >= 2:
-                    break
-            if found >= 2:
-                break
-        if not found:
-            raise ValueError(f"No text found: the files hold no text. Received: files={files!r}")
-        if nsp and found < 2:
-            raise ValueError(
-                "Next sentence prediction needs at least two documents (the random next "
-                "sentence comes from another document), but the files hold one. Separate "
-                "documents with blank lines (or WikiText ` = Title = ` lines), or pass nsp=False. "
-                f"Received: files={files!r}"
-            )
-    source = _DocumentSource(
-        paths, kind, tokenizer, text_format, num_processes, process_index, shuffle
+    source, paths, kind, num_processes, process_index = _open_documents(
+        files, tokenizer, text_format, num_processes, process_index, shuffle,
+        min_documents=2 if nsp else 1,
     )
     if verbose:
         print(f"Pretraining data: {len(paths)} {kind} file(s), streamed; process "
@@ -1150,3 +1111,62 @@ def pretraining_dataset(
         deterministic=True,
     )
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _checked_seed(seed):
+    """`seed` as a non-negative int below 2**63 (a fresh random one for `None`), or a clear error."""
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"`seed` must be a non-negative integer or None. Received: seed={seed!r}")
+    return int(seed) % (2**63)
+
+
+def _open_documents(
+    files, tokenizer, text_format, num_processes, process_index, shuffle, min_documents=1
+):
+    """Checks `files` (one kind: shards or text) and opens this process's document stream.
+
+    Shards must carry `tokenizer`'s vocabulary; text files must hold at least `min_documents`
+    documents (next sentence prediction needs two). Returns
+    `(source, paths, kind, num_processes, process_index)`.
+    """
+    if text_format not in _TEXT_FORMATS:
+        raise ValueError(
+            f"`text_format` must be one of {_TEXT_FORMATS}. Received: text_format={text_format!r}"
+        )
+    num_processes, process_index = _process_split(num_processes, process_index)
+    paths = _expand_files(files)
+    shards = [p for p in paths if p.endswith(SHARD_SUFFIX)]
+    if shards and len(shards) != len(paths):
+        raise ValueError(
+            f"`files` mixes pretraining shards ({SHARD_SUFFIX}) and text files; pass one kind. "
+            f"Received: {len(shards)} shard(s) and {len(paths) - len(shards)} text file(s)"
+        )
+    kind = "shards" if shards else "text"
+    if kind == "shards":
+        check_shards(paths, tokenizer)
+    else:
+        for path in paths:
+            _check_text_file(path)
+        found = 0
+        for path in paths:
+            for _ in _iter_text_documents(path, text_format):
+                found += 1
+                if found >= min_documents:
+                    break
+            if found >= min_documents:
+                break
+        if not found:
+            raise ValueError(f"No text found: the files hold no text. Received: files={files!r}")
+        if found < min_documents:
+            raise ValueError(
+                "Next sentence prediction needs at least two documents (the random next "
+                "sentence comes from another document), but the files hold one. Separate "
+                "documents with blank lines (or WikiText ` = Title = ` lines), or pass nsp=False. "
+                f"Received: files={files!r}"
+            )
+    source = _DocumentSource(
+        paths, kind, tokenizer, text_format, num_processes, process_index, shuffle
+    )
+    return source, paths, kind, num_processes, process_index
