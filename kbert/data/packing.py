@@ -14,8 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 from kbert.data.pretraining import (
+    _check_masking_rates,
     _check_positive_int,
-    _check_rate,
     _check_tokenizer,
     _checked_seed,
     _DynamicMasker,
@@ -231,18 +231,7 @@ def packed_pretraining_dataset(
         )
     _check_positive_int("batch_size", batch_size)
     _check_positive_int("packing_buffer", packing_buffer)
-    for name, value in (
-        ("mask_rate", mask_rate),
-        ("random_token_rate", random_token_rate),
-        ("unchanged_rate", unchanged_rate),
-    ):
-        _check_rate(name, value)
-    if random_token_rate + unchanged_rate > 1.0:
-        raise ValueError(
-            "`random_token_rate + unchanged_rate` must be at most 1 (the rest is the [MASK] "
-            f"rate). Received: random_token_rate={random_token_rate}, "
-            f"unchanged_rate={unchanged_rate}"
-        )
+    _check_masking_rates(mask_rate, random_token_rate, unchanged_rate)
     for name, value in (("pack", pack), ("shuffle", shuffle), ("repeat", repeat),
                         ("whole_word_masking", whole_word_masking),
                         ("drop_remainder", drop_remainder)):

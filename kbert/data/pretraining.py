@@ -1042,19 +1042,8 @@ def pretraining_dataset(
         )
     _check_positive_int("batch_size", batch_size)
     _check_positive_int("dupe_factor", dupe_factor)
-    for name, value in (
-        ("mask_rate", mask_rate),
-        ("short_seq_prob", short_seq_prob),
-        ("random_token_rate", random_token_rate),
-        ("unchanged_rate", unchanged_rate),
-    ):
-        _check_rate(name, value)
-    if random_token_rate + unchanged_rate > 1.0:
-        raise ValueError(
-            "`random_token_rate + unchanged_rate` must be at most 1 (the rest is the [MASK] "
-            f"rate). Received: random_token_rate={random_token_rate}, "
-            f"unchanged_rate={unchanged_rate}"
-        )
+    _check_rate("short_seq_prob", short_seq_prob)
+    _check_masking_rates(mask_rate, random_token_rate, unchanged_rate)
     seed = _checked_seed(seed)
     _check_positive_int("document_buffer", document_buffer)
     _check_positive_int("example_buffer", example_buffer)
@@ -1111,6 +1100,22 @@ def pretraining_dataset(
         deterministic=True,
     )
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _check_masking_rates(mask_rate, random_token_rate, unchanged_rate):
+    """Checks the 80/10/10 rates: each in [0, 1], random + unchanged at most 1."""
+    for name, value in (
+        ("mask_rate", mask_rate),
+        ("random_token_rate", random_token_rate),
+        ("unchanged_rate", unchanged_rate),
+    ):
+        _check_rate(name, value)
+    if random_token_rate + unchanged_rate > 1.0:
+        raise ValueError(
+            "`random_token_rate + unchanged_rate` must be at most 1 (the rest is the [MASK] "
+            f"rate). Received: random_token_rate={random_token_rate}, "
+            f"unchanged_rate={unchanged_rate}"
+        )
 
 
 def _checked_seed(seed):
