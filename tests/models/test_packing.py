@@ -16,6 +16,7 @@ import pytest
 
 from kbert.layers.embeddings import PackedDocumentMasks
 from kbert.models import BertBackbone, BertPretrainer
+from tests.test_case import TestCase
 
 VOCAB = 97
 LENGTH = 24
@@ -283,23 +284,32 @@ def test_packed_minilm_matches_transformers_on_each_document():
         np.testing.assert_allclose(output[0, start:stop], expected, atol=2e-4)
 
 
-@pytest.mark.large  # Builds the models again under two mixed-precision policies.
-def test_shared_model_checks_on_packed_models(tmp_path):
-    # Config and .keras round trips, shorter sequences, mixed precision and a fit step.
-    from tests.test_case import run_model_checks
+class TestPackedModels(TestCase):
+    @pytest.mark.large  # Builds the models again under two mixed-precision policies.
+    def test_shared_model_checks_on_packed_models(self, tmp_path):
+        # Config and .keras round trips, shorter sequences, a fit step and mixed precision.
+        chosen = [[1, 3], [2, 5, 6], [1], [4]]
+        x, y, sample_weight = _masked_batch(DOCUMENTS, chosen, True)
+        x = {k: np.concatenate([v, v]) for k, v in x.items()}
+        y = {k: np.concatenate([v, v]) for k, v in y.items()}
+        sample_weight = {k: np.concatenate([v, v]) for k, v in sample_weight.items()}
+        backbone_inputs = {k: v for k, v in x.items() if k != "mask_positions"}
+        (tmp_path / "backbone").mkdir()
+        (tmp_path / "pretrainer").mkdir()
+        # Cropped to the shortest row's real length: that row must give the same outputs.
+        shortest = int(x["padding_mask"].sum(axis=1).min())
+        assert shortest < x["padding_mask"].shape[1]
+        self.run_backbone_test(
+            BertBackbone, _config(packed=True), backbone_inputs, tmp_path / "backbone",
+            sequence_lengths=(shortest,),
+        )
 
-    chosen = [[1, 3], [2, 5, 6], [1], [4]]
-    x, y, sample_weight = _masked_batch(DOCUMENTS, chosen, True)
-    x = {k: np.concatenate([v, v]) for k, v in x.items()}
-    y = {k: np.concatenate([v, v]) for k, v in y.items()}
-    sample_weight = {k: np.concatenate([v, v]) for k, v in sample_weight.items()}
-    backbone_inputs = {k: v for k, v in x.items() if k != "mask_positions"}
-    (tmp_path / "backbone").mkdir()
-    (tmp_path / "pretrainer").mkdir()
-    run_model_checks(lambda: BertBackbone(**_config(packed=True)), backbone_inputs,
-                     tmp_path=tmp_path / "backbone", sequence_lengths=(9,))
-    run_model_checks(
-        lambda: BertPretrainer(BertBackbone(**_config(packed=True)), next_sentence=False),
-        x, fit_data=(x, y, sample_weight), tmp_path=tmp_path / "pretrainer",
-        sequence_lengths=(9,),
-    )
+        def pretrainer(policy=None):
+            dtype = {} if policy is None else {"dtype": policy}
+            return BertPretrainer(BertBackbone(**_config(packed=True), **dtype), next_sentence=False)
+
+        self.run_task_test(
+            pretrainer(), input_data=x, tmp_path=tmp_path / "pretrainer",
+            preprocessed_data=(x, y, sample_weight), sequence_lengths=(shortest,),
+        )
+        self.run_precision_test(pretrainer, x, fit_data=(x, y, sample_weight))
