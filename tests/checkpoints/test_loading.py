@@ -10,6 +10,13 @@ from kbert import checkpoints
 from kbert.checkpoints import google, huggingface
 from kbert.models import BertBackbone, BertClassifier, BertPretrainer, BertQuestionAnswerer, BertTagger
 from tests.checkpoints._reference import hf_config, to_numpy
+from tests.test_case import tiny_backbone_kwargs
+
+
+def _tiny_backbone():
+    return BertBackbone(**tiny_backbone_kwargs(
+        vocabulary_size=20, num_layers=1, hidden_dim=8, intermediate_dim=16, max_sequence_length=8
+    ))
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +81,7 @@ def test_head_rows_follow_the_class_hierarchy(hf_classifier_dir):
 
 
 def test_every_head_row_names_a_variable_of_its_model():
-    backbone = BertBackbone(
-        vocabulary_size=20,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
-        max_sequence_length=8,
-    )
+    backbone = _tiny_backbone()
     models = {
         "BertBackbone": backbone,
         "BertPretrainer": BertPretrainer(backbone),
@@ -123,14 +123,7 @@ def test_read_preprocessor_settings(tmp_path):
 
 def test_backbone_preset_saved_with_optimizer_state_loads(tmp_path):
     """A compiled bare backbone saved with `include_optimizer=True` loads back as a backbone."""
-    backbone = BertBackbone(
-        vocabulary_size=20,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
-        max_sequence_length=8,
-    )
+    backbone = _tiny_backbone()
     backbone.compile(optimizer="adam", loss="mse")
     backbone.optimizer.build(backbone.trainable_variables)
     backbone.save_to_preset(tmp_path / "preset", include_optimizer=True)
@@ -142,14 +135,7 @@ def test_backbone_preset_saved_with_optimizer_state_loads(tmp_path):
 
 def test_rows_of_an_absent_optional_head_are_skipped():
     """A head attribute set to None (a model built without that optional head) names nothing."""
-    backbone = BertBackbone(
-        vocabulary_size=20,
-        num_layers=1,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
-        max_sequence_length=8,
-    )
+    backbone = _tiny_backbone()
     pretrainer = BertPretrainer(backbone)
     full = {e.name for e in checkpoints._weights.head_entries(pretrainer, huggingface.HEAD_WEIGHTS)}
     assert "cls.seq_relationship.weight" in full
