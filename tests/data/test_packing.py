@@ -13,7 +13,9 @@ import pytest
 from kbert.data import packed_pretraining_dataset
 from kbert.data.packing import pack_pieces
 from kbert.text import BertTokenizer
-from tests.data.test_pretraining import CLS, MASK, PAD, SEP, UNK, VOCAB, _make_corpus
+from tests.data.test_pretraining import (
+    CLS, MASK, PAD, SEP, UNK, VOCAB, _collect, _make_corpus, _rebuild,
+)
 
 SEQ_LEN = 64
 MAX_PRED = 10
@@ -34,23 +36,6 @@ def tokenizer():
     return BertTokenizer(VOCAB)
 
 
-def _collect(dataset):
-    parts = {}
-    for x, y, sample_weight in dataset:
-        for group, values in (("x", x), ("y", y), ("sw", sample_weight)):
-            for key, value in values.items():
-                parts.setdefault(f"{group}/{key}", []).append(value.numpy())
-    return {key: np.concatenate(value) for key, value in parts.items()}
-
-
-def _unmasked(batch):
-    """The rows before masking: the labels written back at the real mask positions."""
-    original = batch["x/token_ids"].copy()
-    rows, slots = np.nonzero(batch["sw/mlm"])
-    original[rows, batch["x/mask_positions"][rows, slots]] = batch["y/mlm"][rows, slots]
-    return original
-
-
 def _expected_pieces(tokens, sequence_length=SEQ_LEN):
     step = sequence_length - 2
     return [
@@ -62,7 +47,7 @@ def _expected_pieces(tokens, sequence_length=SEQ_LEN):
 
 def _row_pieces(batch):
     """(pieces in emission order, per-row list of (start, stop) of each document run)."""
-    original = _unmasked(batch)
+    original = _rebuild(batch)
     pieces, runs = [], []
     for row, documents in zip(original, batch["x/document_ids"]):
         row_runs = []
@@ -139,7 +124,7 @@ def test_positions_restart_per_document(packed):
 
 
 def test_prediction_counts_positions_and_untouched_tokens(packed):
-    original = _unmasked(packed)
+    original = _rebuild(packed)
     real = packed["x/padding_mask"].astype(bool)
     candidates = real & ~np.isin(original, [CLS, SEP, PAD])
     counts = packed["sw/mlm"].sum(1)
@@ -165,7 +150,7 @@ def test_whole_word_masking_never_crosses_a_document(corpus, tokenizer):
         corpus["path"], tokenizer, sequence_length=SEQ_LEN, max_predictions=MAX_PRED,
         batch_size=8, seed=6, whole_word_masking=True,
     ))
-    original = _unmasked(batch)
+    original = _rebuild(batch)
     real = batch["x/padding_mask"].astype(bool)
     candidates = real & ~np.isin(original, [CLS, SEP, PAD])
     chosen = np.zeros_like(real)
