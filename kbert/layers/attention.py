@@ -154,28 +154,22 @@ class BertSelfAttention(keras.layers.Layer):
                 mask = ops.broadcast_to(
                     keys[:, None, None, :], (ops.shape(keys)[0], 1, length, length)
                 )
-            context = None
+            context = None  # (batch, seq, heads, head_dim) once computed
             if dropout_active:
                 # torch's fused attention takes the dropout itself (and picks flash where it can).
                 context = backend_paths.attention_with_dropout(
                     query, key, value, mask, self.dropout
                 )
-            if context is not None:
-                pass  # (batch, seq, heads, head_dim), from the backend's fused kernel.
-            elif dropout_active:
-                if self.flash_attention:
+                if context is None and self.flash_attention:
                     self._warn_flash_fallback(
                         "the fused attention op has no attention dropout; training with "
                         f"attention dropout {self.dropout} uses the explicit softmax path"
                     )
+            if context is None and (dropout_active or self._attention_path == "explicit"):
                 context = self._explicit_attention(
                     query, key, value, mask, training, dropout_seed
                 )
-            elif self._attention_path == "explicit":
-                context = self._explicit_attention(
-                    query, key, value, mask, training, dropout_seed
-                )
-            else:
+            elif context is None:
                 context = self._fused_attention(query, key, value, mask)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         context = ops.reshape(context, (batch, length, self.hidden_dim))
