@@ -101,7 +101,8 @@ def _eager_torch_adamw_update():
     """`_torch_adamw_update` kept out of `torch.compile` (`jit_compile=True`).
 
     The torch optimizer's `step()` runs its own fused kernel; traced inside a compiled train
-    step it broke the graph several times and made each step ~100x slower. Excluded with
+    step it broke the graph several times and made each step far slower (figures in
+    BENCHMARKS.md, "Host overhead on torch"). Excluded with
     `torch.compiler.disable`, it runs as one eager call between the compiled gradient and the
     next step.
     """
@@ -139,8 +140,8 @@ def _torch_dropout(inputs, rate):
     """Inverted dropout on torch, with the mask drawn as `torch.rand(...) >= rate` on CPU.
 
     `torch.nn.functional.dropout` draws its CPU mask with `bernoulli_`; `torch.rand` plus an
-    in-place comparison is cheaper (see BENCHMARKS.md). The mask has the same law (each element kept with probability `1 - rate`, kept values scaled
-    by `1 / (1 - rate)`) and comes from torch's global generator, which
+    in-place comparison is cheaper (see BENCHMARKS.md). The mask has the same law (each
+    element kept with probability `1 - rate`, kept values scaled by `1 / (1 - rate)`) and comes from torch's global generator, which
     `keras.utils.set_random_seed` seeds and `torch.utils.checkpoint` restores. On GPU the
     native fused dropout is used.
     """
