@@ -141,9 +141,9 @@ def _torch_dropout(inputs, rate):
 
     `torch.nn.functional.dropout` draws its CPU mask with `bernoulli_`; `torch.rand` plus an
     in-place comparison is cheaper (see BENCHMARKS.md). The mask has the same law (each
-    element kept with probability `1 - rate`, kept values scaled by `1 / (1 - rate)`) and comes from torch's global generator, which
-    `keras.utils.set_random_seed` seeds and `torch.utils.checkpoint` restores. On GPU the
-    native fused dropout is used.
+    element kept with probability `1 - rate`, kept values scaled by `1 / (1 - rate)`) and
+    comes from torch's global generator, which `keras.utils.set_random_seed` seeds and
+    `torch.utils.checkpoint` restores. On GPU the native fused dropout is used.
     """
     import torch
 
