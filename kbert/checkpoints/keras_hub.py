@@ -245,7 +245,9 @@ def load_weights(model, path, fresh_heads=None):
     >>> backbone = BertBackbone.from_preset("path/to/keras_hub_bert_preset")
     """
     backbone = getattr(model, "backbone", model)
-    entries = backbone_entries(backbone) + _weights.head_entries(model, "keras_hub_head_weights")
+    # keras-hub backbone presets hold no head kbert reads: an empty head table, so every head
+    # variable of `model` is reported as absent (fresh) rather than looked up.
+    entries = backbone_entries(backbone) + _weights.head_entries(model, {})
     return _weights.assign_checked(
         type(model).__name__, entries, open_weights(path), fresh_heads=fresh_heads
     )

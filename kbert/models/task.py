@@ -188,9 +188,9 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
 
     Subclasses build their functional graph, call `super().__init__(inputs=..., outputs=...,
     backbone=..., ...)`, set their head layers and config, then call `self.compile()`. They
-    implement `_default_loss`, `_default_metrics`, `huggingface_head_weights` and
-    `huggingface_architecture`, and may override `_prepare_inputs` to turn their own raw
-    input (words and word labels, questions and contexts) into packed arrays.
+    implement `_default_loss` and `_default_metrics`, and may override `_prepare_inputs` to
+    turn their own raw input (words and word labels, questions and contexts) into packed
+    arrays. Checkpoint formats know the tasks' head names (`kbert.checkpoints`), not the tasks.
 
     Args (shared by every task):
         backbone: `kbert.models.BertBackbone`.
