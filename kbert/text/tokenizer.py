@@ -12,6 +12,13 @@ from kbert.text._python_engine import PythonEngine
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
+# Strings of printable ASCII, tab, newline and carriage return (an RE2 pattern). On them the
+# reference's normalisation reduces to lower-casing (no accents, CJK, control or format
+# characters; every ASCII symbol is punctuation for both), so tensorflow-text's fused
+# `FastBertTokenizer` gives the reference's ids: tests/text/test_tokenizer.py checks this on
+# adversarial strings (all symbols, written special tokens, words at the length limit).
+_PLAIN_ASCII = r"[\t\n\r -~]*"
+
 
 def load_vocabulary(path):
     """Reads a `vocab.txt`: one token per line, the line number is the id."""
@@ -350,6 +357,8 @@ class BertTokenizer:
         Needs TensorFlow and tensorflow-text."""
         graph = self._graph_state()
         resources = [graph["engine"]]
+        if graph["plain_engine"] is not None:
+            resources.append(graph["plain_engine"])
         table = getattr(graph["pretokenizer"], "_mapped", None)
         if table is not None:
             resources.append(table)
@@ -376,11 +385,28 @@ class BertTokenizer:
             unknown_token=self.unknown_token,
             no_pretokenization=True,
         )
+        # Ids of plain-ASCII strings in one fused op (see `_PLAIN_ASCII`); not used when
+        # special tokens written in strings are honoured.
+        graph["plain_engine"] = None
+        if not self.special_tokens_in_strings:
+            graph["plain_engine"] = tf_text.FastBertTokenizer(
+                vocab=self._vocabulary,
+                suffix_indicator="##",
+                max_bytes_per_word=self.max_chars_per_word,
+                token_out_type=tf.int32,
+                unknown_token=self.unknown_token,
+                lower_case_nfd_strip_accents=self.lowercase,
+            )
         graph["vocabulary"] = tf.constant(self._vocabulary, dtype=tf.string)
         graph["too_long_word"] = tf.constant("a" * (max_bytes + 1))
         self._graph = graph
         graph["tokenize"] = tf.function(
             self._tokenize_graph,
+            input_signature=[tf.TensorSpec([None], tf.string)],
+            autograph=False,
+        )
+        graph["ids"] = tf.function(
+            self._ids_graph,
             input_signature=[tf.TensorSpec([None], tf.string)],
             autograph=False,
         )
@@ -514,6 +540,25 @@ class BertTokenizer:
             rows(word_ids),
         )
 
+    def _ids_graph(self, texts):
+        """1-D strings -> (ids,), RaggedTensor [B, None]: `_tokenize_graph`'s ids without the
+        offsets. Plain-ASCII rows go through the fused engine, the others through the exact
+        graph; rows come back in input order."""
+        tf = _tensorflow.tensorflow()
+        plain_engine = self._graph["plain_engine"]
+        if plain_engine is None:
+            return self._tokenize_graph(texts)[:1]
+        plain = tf.strings.regex_full_match(texts, _PLAIN_ASCII)
+        plain_rows = tf.reshape(tf.where(plain), [-1])
+        other_rows = tf.reshape(tf.where(~plain), [-1])
+        fast = plain_engine.tokenize(tf.gather(texts, plain_rows))  # [P, None]
+        exact = self._tokenize_graph(tf.gather(texts, other_rows))[0]  # [B - P, None]
+        ids = tf.concat(
+            [fast.with_row_splits_dtype(tf.int64), exact.with_row_splits_dtype(tf.int64)], axis=0
+        )
+        order = tf.math.invert_permutation(tf.concat([plain_rows, other_rows], axis=0))
+        return (tf.gather(ids, order),)
+
     def _split_graph(self, texts):
         """1-D strings -> RaggedTensor [B, None] of the normalised words; special tokens
         as written (the pre-tokenizer codes them as their index)."""
@@ -554,6 +599,8 @@ class BertTokenizer:
         kind, values = _classify_text_input(inputs)
         if kind == "tensor":
             graph = self._graph_state()
+            if num_outputs == 1:  # Ids alone: no offsets to compute.
+                return _map_over_strings(graph["ids"], values, 1)
             return _map_over_strings(graph["tokenize"], values, 4)[:num_outputs]
         tokenize = self._python_engine.tokenize
         if kind == "array":

@@ -260,6 +260,69 @@ def test_words_longer_than_the_limit_are_unknown(vocab_path, hf_tokenizer):
     assert (ids[0], starts[0], ends[0]) == (unk, 0, 120)
 
 
+def _adversarial_ascii_strings(vocabulary, count, seed):
+    """Printable-ASCII strings (with tabs and line breaks) built to find any difference
+    between the fused engine and the reference: vocabulary words in random case, every ASCII
+    symbol, special tokens and `##` written in the text, words of 99 to 102 and 150 letters."""
+    import random
+    import string
+
+    rng = random.Random(seed)
+    words = [w for w in vocabulary if w.isascii()]
+    symbols = string.punctuation
+    texts = []
+    while len(texts) < count:
+        parts = []
+        for _ in range(rng.randint(0, 25)):
+            kind = rng.random()
+            if kind < 0.4:
+                word = rng.choice(words).replace("##", "")
+                parts.append("".join(c.upper() if rng.random() < 0.3 else c for c in word))
+            elif kind < 0.65:
+                parts.append("".join(rng.choice(string.printable[:95]) for _ in range(rng.randint(1, 8))))
+            elif kind < 0.72:
+                parts.append("".join(rng.choice(string.ascii_letters) for _ in range(rng.choice([99, 100, 101, 102, 150]))))
+            elif kind < 0.8:
+                parts.append("##" + rng.choice(words))
+            else:
+                parts.append(rng.choice(SPECIALS + ["U.S.A.", "1,000.50", "don't", "...", symbols]))
+            parts.append(rng.choice([" ", "  ", "", "\t", " \n ", "\r"]))
+        texts.append("".join(parts))
+    return texts
+
+
+@heavy_backend_only()
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_plain_ascii_fast_path_gives_the_reference_ids_in_input_order(tmp_path, vocabulary, lowercase):
+    # `tokenize` on string tensors sends plain-ASCII rows through tensorflow-text's fused
+    # engine and the other rows through the exact graph: the ids must be the original
+    # algorithm's, row by row, in a batch where both kinds are interleaved.
+    words = make_cased_vocabulary(vocabulary) if not lowercase else vocabulary
+    path = tmp_path / "vocab.txt"
+    path.write_text("".join(t + "\n" for t in words), encoding="utf-8")
+    tokenizer = BertTokenizer(str(path), lowercase=lowercase)
+    oracle = reference.ReferenceTokenizer(words, lowercase=lowercase)
+    plain = _adversarial_ascii_strings(words, 600, seed=int(lowercase))
+    other = [t for t in HARD_STRINGS if not t.isascii()]
+    assert other
+    mixed = []
+    for k, text in enumerate(plain):
+        mixed.append(text)
+        if k % 5 == 0:
+            mixed.append(other[(k // 5) % len(other)])
+    got = tokenizer.tokenize(tf.constant(mixed)).to_list()
+    assert len(got) == len(mixed)
+    for text, ids in zip(mixed, got):
+        assert ids == oracle.tokenize(text), repr(text)
+    # The same ids as the offsets path (the exact graph alone) and the Python engine.
+    assert got == tokenizer.tokenize_with_offsets(tf.constant(mixed))[0].to_list()
+    assert got == tokenizer.tokenize(mixed)
+    # Batches of one kind only, and an empty batch.
+    assert tokenizer.tokenize(tf.constant(plain[:50])).to_list() == [oracle.tokenize(t) for t in plain[:50]]
+    assert tokenizer.tokenize(tf.constant(other)).to_list() == [oracle.tokenize(t) for t in other]
+    assert tokenizer.tokenize(tf.constant([], tf.string)).to_list() == []
+
+
 def test_empty_and_whitespace_inputs(tokenizer):
     assert tokenizer("") == []
     assert tokenizer(["", " \t\n", "\u200b\x00"]) == [[], [], []]
