@@ -18,7 +18,8 @@ Pipeline (streaming; memory does not grow with the corpus):
    views into those arrays - chunks found by bisection, truncation in closed form, a few
    operations per pair - shuffles them in a bounded buffer and packs each batch
    `[CLS] A [SEP] B [SEP]` with one NumPy scatter. This is what makes pre-tokenized shards fast
-   (tens of thousands of sequences per second on one core); raw text is bound by tokenization.
+   (tens of thousands of sequences per second on one core); raw text is bound by tokenization
+   (plain-ASCII sentences take tensorflow-text's fused tokenizer, the rest the exact graph).
 4. A batched `Dataset.map` in TensorFlow ops chooses the masked positions and applies the
    80 % `[MASK]` / 10 % random token / 10 % unchanged replacement.
 """
@@ -911,9 +912,8 @@ def pretraining_dataset(
     built with the same arguments and seed yield identical batches, masks included.
 
     Streaming. Each pass reads this process's files in a seeded random order, up to 4 at a time,
-    one document from each in turn. For throughput, write shards: raw text is limited by
-    tokenization (a few thousand sequences per second per process on 2 cores), shards are not
-    (see BENCHMARKS.md). Documents go through a buffer of `document_buffer` documents;
+    one document from each in turn. Raw text is limited by tokenization, shards are not: for
+    long runs, tokenize once into shards (figures in BENCHMARKS.md). Documents go through a buffer of `document_buffer` documents;
     the next document made into examples is drawn from it at random (the oldest with
     `shuffle=False`). Examples go through a shuffle buffer of `example_buffer` examples. Both
     buffers start handing out items before they are full (one for every two new ones), so the

@@ -214,7 +214,10 @@ class BertTokenizer:
     `FastWordpieceTokenizer` (needs `pip install "kbert[tensorflow]"`). Both
     are built from the same per-character decisions, taken with Python's
     `unicodedata` (the functions the reference calls), and give identical
-    ids, offsets and word ids.
+    ids, offsets and word ids. When only ids are asked for (`tokenize` on
+    tensors, as in the pretraining pipeline), strings of plain ASCII go
+    through tensorflow-text's fused `FastBertTokenizer` instead, whose ids
+    equal the reference's on such text; other strings keep the exact graph.
 
     Input and output types:
     - a Python `str` gives a `list[int]`; a list of `str` gives a
