@@ -49,6 +49,27 @@ def test_forward_flops_count_every_kernel_of_a_real_backbone(bench):
     assert bench.flops.step_flops(shape, s, "finetune") == 3 * (expected + 2 * h * 2)
 
 
+def test_encoder_matmul_shapes_are_the_counted_flops(bench):
+    """The matmuls timed for the forward's bound are the ones `forward_flops` counts: the
+    encoder's FLOPs of a whole batch (everything but the pooler), on BERT-Base and a shape
+    with other head and feed-forward widths."""
+    for preset, batch, length in (("bert_base_en_uncased", 8, 128), ("L3-H96-A4", 3, 40)):
+        shape = bench.flops.resolve_preset(preset)
+        matmuls = bench.flops.encoder_matmuls(shape, batch, length)
+        timed = sum(count * b * 2 * m * k * n for count, b, m, k, n in matmuls)
+        pooler = 2 * shape["hidden_dim"] ** 2
+        assert timed == batch * (bench.flops.forward_flops(shape, length, "inference") - pooler)
+
+
+def test_forward_goal_reports_each_rows_share_of_its_matmul_bound(bench):
+    row = {"workload": "inference", "backend": "torch", "step_seconds": 0.5, "matmul_bound_seconds": 0.4,
+           "sequences_per_second": 16.0, "flops_per_sequence": 22.4e9, "mfu_own_peak": 0.7}
+    records = [dict(row, framework="kbert"), dict(row, framework="hf", step_seconds=0.8)]
+    text = bench.report.check_goals(records, {"torch/float32": 400e9})
+    assert "kbert/torch 80%, hf/torch 50%" in text
+    assert "share of the matmul limit = 90%" in text
+
+
 def test_bert_base_flops_are_the_issue_figures(bench):
     shape = bench.flops.resolve_preset("bert_base_en_uncased")
     giga = {w: bench.flops.step_flops(shape, 128, w) / 1e9 for w in ("pretrain", "finetune", "inference")}

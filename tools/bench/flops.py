@@ -59,6 +59,22 @@ def forward_flops(shape, sequence_length, workload, num_masks=20, num_classes=2)
     return flops
 
 
+def encoder_matmuls(shape, batch_size, sequence_length):
+    """The matmuls of the encoder's forward pass as `(count, batch, m, k, n)` (a `batch` of
+    `m x k` by `k x n` products, `count` times): the shapes `forward_flops` counts for the
+    encoder, at the batch's size (the pooler's one small product is left out)."""
+    h, i, n = shape["hidden_dim"], shape["intermediate_dim"], shape["num_layers"]
+    heads = shape["num_heads"]
+    tokens, d = batch_size * sequence_length, h // heads
+    return [
+        (4 * n, 1, tokens, h, h),  # query, key, value, attention output
+        (n, 1, tokens, h, i),  # feed-forward in
+        (n, 1, tokens, i, h),  # feed-forward out
+        (n, batch_size * heads, sequence_length, d, sequence_length),  # scores
+        (n, batch_size * heads, sequence_length, sequence_length, d),  # context
+    ]
+
+
 def step_flops(shape, sequence_length, workload, num_masks=20):
     """FLOPs per sequence of the workload: forward only for inference, 3 x forward when training."""
     multiplier = 1 if workload == "inference" else 3

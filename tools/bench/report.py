@@ -135,6 +135,8 @@ def check_goals(records, peaks, suite_records=None):
 
     The forward-pass goal divides kbert's FLOP rate by the highest matmul peak measured on
     any backend in the run (the machine's matmul limit), and also reports each backend's own.
+    A further line gives each forward row's share of its backend's matmul bound: the time the
+    forward's own matmuls take alone, at its shapes, on that backend (`matmul_bound_seconds`).
     """
     if suite_records is not None:
         records = suite_records
@@ -177,6 +179,16 @@ def check_goals(records, peaks, suite_records=None):
                 f"  {workload}: {what} = {share:.0%} ({best['backend']}, {best['sequences_per_second']:.2f} "
                 f"seq/s against {limit / 1e9:.0f} GFLOP/s; {own}) (goal >= {threshold:.0%}): {verdict}"
             )
+            bounded = [
+                f"{r['framework']}/{r['backend']} {r['matmul_bound_seconds'] / r['step_seconds']:.0%}"
+                for r in ours + find(workload, "hf")
+                if r.get("matmul_bound_seconds")
+            ]
+            if bounded:
+                lines.append(
+                    f"  {workload}: share of the backend's own matmuls at the forward's shapes "
+                    f"(their time alone / the step's): {', '.join(bounded)}"
+                )
     return "\n".join(lines)
 
 

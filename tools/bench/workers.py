@@ -12,10 +12,10 @@ import sys
 
 from bench.common import RESULT_MARKER, log, median_and_all
 from bench.devices import device_kind, device_name
-from bench.flops import resolve_preset, step_flops
+from bench.flops import encoder_matmuls, resolve_preset, step_flops
 from bench.hf_timing import run_hf_cell
 from bench.keras_timing import run_keras_cell
-from bench.peak import measure_matmul_peak
+from bench.peak import measure_matmul_peak, measure_matmuls_seconds
 
 BENCHMARK_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark.py")
 
@@ -85,6 +85,15 @@ def worker_main(spec):
                 peaks[precision] = None
                 log(f"  matmul peak for {precision} on {backend} failed: {error}")
         shape = resolve_preset(cell["preset"])
+        # A forward pass is bounded by its own matmuls, at its own shapes, on this backend.
+        bound = None
+        if cell["workload"] == "inference":
+            matmuls = encoder_matmuls(shape, cell["batch_size"], cell["sequence_length"])
+            try:
+                bound = measure_matmuls_seconds(backend, precision, matmuls)
+                log(f"  the forward's matmuls alone on {backend}: {bound * 1000:.0f} ms per batch")
+            except Exception as error:
+                log(f"  timing the forward's matmuls on {backend} failed: {error}")
         for framework, optimizer in _runs(spec, cell):
             name = "hf-compile" if framework == "hf" and spec["torch_compile"] else framework
             label = (
@@ -122,6 +131,8 @@ def worker_main(spec):
                     matmul_peak_flops=peaks[precision],
                     mfu=(throughput * flops / peaks[precision]) if peaks[precision] else None,
                 )
+                if bound is not None:
+                    record["matmul_bound_seconds"] = round(bound, 5)
                 log(f"    {throughput:8.2f} seq/s (median step {median * 1000:.0f} ms)")
             except Exception as error:
                 record["error"] = f"{type(error).__name__}: {error}"[:500]
