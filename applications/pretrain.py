@@ -635,15 +635,22 @@ def main(argv=None, callbacks=()):
     history = backup  # step_loss and epochs of the whole run, resumed parts included.
 
     # === Outputs ===
-    last = history.epochs[-1] if history.epochs else {}
-    metrics = {
-        name: float(last[name])
-        for name in ("mlm_accuracy", "mlm_loss", "nsp_accuracy", "nsp_loss", "loss")
-        if name in last
-    }
-    if args.pack and "accuracy" in last:  # A one-output model logs its metric unprefixed.
-        metrics["mlm_accuracy"] = float(last["accuracy"])
-        metrics["mlm_loss"] = metrics["loss"]  # The masked LM is the whole loss.
+    def scores(logs):
+        """The run's metrics from Keras' logs of one epoch (running means over its batches)."""
+        found = {
+            name: float(logs[name])
+            for name in ("mlm_accuracy", "mlm_loss", "nsp_accuracy", "nsp_loss", "loss")
+            if name in logs
+        }
+        if args.pack and "accuracy" in logs:  # A one-output model logs its metric unprefixed.
+            found["mlm_accuracy"] = float(logs["accuracy"])
+            found["mlm_loss"] = found["loss"]  # The masked LM is the whole loss.
+        return found
+
+    # No dev set here: the figure's right panel shows the accuracies on the training batches of
+    # every epoch (the losses are in its left panel).
+    per_epoch = [{"step": (k + 1) * steps_per_epoch, **scores(logs)} for k, logs in enumerate(history.epochs)]
+    metrics = scores(history.epochs[-1]) if history.epochs else {}
     tracking.print_metrics("pretrain", metrics)
     print(f"{backup.step} steps in {train_seconds:.1f} s of training"
           + (f" (resumed at step {start_step})" if start_step else ""))
@@ -660,6 +667,9 @@ def main(argv=None, callbacks=()):
         metrics,
         step_loss=history.step_loss,
         epoch_logs=history.epochs,
+        evaluations=per_epoch,
+        evaluation_label="training batches",
+        plot_metrics=[name for name in ("mlm_accuracy", "nsp_accuracy") if name in metrics],
         arguments=vars(args),
         extra={
             "train_seconds": train_seconds,

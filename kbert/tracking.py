@@ -116,6 +116,8 @@ def write_run_report(
     arguments=None,
     extra=None,
     plot=True,
+    evaluation_label="dev",
+    plot_metrics=None,
 ):
     """Writes `metrics.json` and `training_curve.png` of a run into `directory`.
 
@@ -144,6 +146,10 @@ def write_run_report(
         plot: bool. Draw `training_curve.png` (needs matplotlib: `pip install
             "kbert[plots]"`; without it a warning is given and no figure is drawn).
             Defaults to `True`.
+        evaluation_label: str. What the evaluations were computed on, for the figure's
+            legend and title. Defaults to `"dev"`.
+        plot_metrics: list of str. The metrics drawn in the evaluation panel. Defaults to
+            every numeric metric of `metrics`.
 
     Returns:
         `(metrics_path, curve_path)`; `curve_path` is `None` when no figure was drawn.
@@ -185,13 +191,15 @@ def write_run_report(
     if plot:
         curve_path = plot_training_curve(
             directory / "training_curve.png", name, step_loss, evaluations, baseline=baseline,
-            metric_names=list(scores),
+            metric_names=list(plot_metrics or scores), evaluation_label=evaluation_label,
         )
     return metrics_path, curve_path
 
 
-def plot_training_curve(path, name, step_loss, evaluations=(), baseline=None, metric_names=None):
-    """Draws the training loss per step and the dev metrics per evaluation into a PNG.
+def plot_training_curve(
+    path, name, step_loss, evaluations=(), baseline=None, metric_names=None, evaluation_label="dev"
+):
+    """Draws the training loss per step and the metrics of every evaluation into a PNG.
 
     Args:
         path: str or `Path`. The PNG to write (atomically).
@@ -201,6 +209,8 @@ def plot_training_curve(path, name, step_loss, evaluations=(), baseline=None, me
         baseline: optional `(label, {metric: value})`, drawn dashed.
         metric_names: list of str. The metrics to draw. Defaults to every metric in
             `evaluations`.
+        evaluation_label: str. What the evaluations were computed on (`"dev"`, or e.g.
+            `"training batches"`), shown in the legend and the panel's title.
 
     Returns:
         The `Path` written, or `None` without matplotlib (with a warning).
@@ -234,7 +244,7 @@ def plot_training_curve(path, name, step_loss, evaluations=(), baseline=None, me
     for metric in names:
         points = [(e["step"], e[metric]) for e in evaluations if metric in e]
         if points:
-            dev_axis.plot(*zip(*points), marker="o", label=f"dev {metric}")
+            dev_axis.plot(*zip(*points), marker="o", label=f"{evaluation_label} {metric}")
     baseline_values = dict(baseline[1]) if baseline else {}
     for metric, value in baseline_values.items():
         dev_axis.axhline(
@@ -248,7 +258,7 @@ def plot_training_curve(path, name, step_loss, evaluations=(), baseline=None, me
         dev_axis.set_ylim(min(0.0, min(values)), max(values) * 1.1 + 1e-9)
     dev_axis.set_xlim(0, max(len(step_loss), 1) * 1.02)
     dev_axis.set_xlabel("training step")
-    dev_axis.set_title("dev set, at each evaluation")
+    dev_axis.set_title(f"{evaluation_label}, at each evaluation")
     if names or baseline_values:
         dev_axis.legend(loc="lower right")
     final = evaluations[-1] if evaluations else {}

@@ -25,11 +25,13 @@ Pipeline (streaming; memory does not grow with the corpus):
 """
 
 import bisect
+import codecs
 import collections
 import concurrent.futures
 import os
 import random
 import re
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -221,7 +223,8 @@ _AUTO_PROBE_LINES = 20000
 
 
 def _check_text_file(path):
-    """Refuses empty and binary files before any training starts."""
+    """Refuses empty and binary files before any training starts; warns about text that is not
+    UTF-8 (checked on the file's first 64 KiB)."""
     with tf.io.gfile.GFile(path, "rb") as f:
         head = f.read(_PROBE_BYTES)
     if not head.strip():
@@ -237,6 +240,18 @@ def _check_text_file(path):
             f"The file {path!r} is binary (it holds NUL bytes), not text. Expected UTF-8 text "
             f"files or pretraining shards ({SHARD_SUFFIX} files written by "
             "tools/prepare_pretraining_data.py)."
+        )
+    try:
+        # Incremental: a character cut by the end of the probe is not an error.
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError as error:
+        warnings.warn(
+            f"The file {path!r} is not valid UTF-8: byte 0x{head[error.start]:02x} at offset "
+            f"{error.start} cannot be decoded. Undecodable bytes are dropped from the text (as "
+            "google-research/bert's data script does), so a file in another encoding (Latin-1, "
+            "cp1252) loses those characters: convert it to UTF-8 first (for example "
+            "`iconv -f latin1 -t utf-8`).",
+            stacklevel=4,  # The caller of pretraining_dataset / packed_pretraining_dataset.
         )
 
 

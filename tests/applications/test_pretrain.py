@@ -183,6 +183,12 @@ def test_writes_a_loadable_preset_and_metrics(continuous):
     assert record["metrics"] == continuous["metrics"]
     assert record["train_steps"] == record["total_steps"] == 2 * STEPS_PER_EPOCH
     assert len(record["step_loss"]) == 2 * STEPS_PER_EPOCH and len(record["epochs"]) == 2
+    # One evaluation per epoch end: the training batches' metrics (there is no dev set), the
+    # last one the final metrics.
+    steps = [e.pop("step") for e in record["evaluations"]]
+    assert steps == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]
+    assert record["evaluations"][-1] == record["metrics"]
+    assert record["evaluations"][0]["mlm_accuracy"] == record["epochs"][0]["mlm_accuracy"]
     assert record["resumed_from_step"] == 0
     assert math.isfinite(record["train_seconds"]) and record["train_seconds"] > 0
     assert (output_dir / "training_curve.png").stat().st_size > 0
@@ -215,6 +221,7 @@ def test_resume_after_an_interruption_between_epochs(continuous, inputs, tmp_pat
     # Same batches, same dropout masks, same optimizer state: the same numbers exactly.
     assert record["step_loss"] == reference["step_loss"]
     assert record["metrics"] == reference["metrics"]
+    assert record["evaluations"] == reference["evaluations"]  # Epochs before the resume too.
     assert_same_weights(tmp_path / "preset", continuous["dir"] / "preset")
     assert not (tmp_path / "backup").exists()
 

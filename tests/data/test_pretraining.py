@@ -6,6 +6,7 @@ example can be traced back to the documents it came from without trusting the co
 
 import os
 import random
+import warnings
 from pathlib import Path
 
 import keras
@@ -513,6 +514,24 @@ def test_bad_files(tmp_path, tokenizer):
         pretraining_dataset(str(binary), tokenizer)
 
 
+def test_text_in_another_encoding_warns_and_utf8_does_not(tmp_path, tokenizer):
+    stem = VOCAB[10]
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(f"{stem} caf\xe9 .\n\n{stem} na\xefve .\n".encode("latin-1"))
+    with pytest.warns(UserWarning, match=r"latin.txt' is not valid UTF-8: byte 0xe9 at offset \d+.*iconv"):
+        pretraining_dataset(str(latin), tokenizer, sequence_length=16, max_predictions=3)
+    # UTF-8 whose two-byte character straddles the end of the 64 KiB probe: no warning.
+    line = (stem + " ") * 20 + ".\n\n"
+    text = line * (65536 // len(line))
+    text += "x" * (65535 - len(text.encode("utf-8"))) + "\u00e9 " + stem + " .\n"
+    assert text.encode("utf-8")[65535:65537] == "\u00e9".encode("utf-8")
+    clean = tmp_path / "clean.txt"
+    clean.write_text(text, encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pretraining_dataset(str(clean), tokenizer, sequence_length=16, max_predictions=3)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -557,8 +576,10 @@ def test_invalid_utf8_short_and_empty_documents(tmp_path, tokenizer):
         + ((stem + " ") * 200 + ".\n").encode("utf-8")
         + f"\n{stem} {stem} .\n".encode("utf-8")
     )
-    batches = _collect(pretraining_dataset([str(path)], tokenizer, sequence_length=16,
-                                           max_predictions=3, batch_size=4, seed=0, dupe_factor=5))
+    with pytest.warns(UserWarning, match=r"odd.txt' is not valid UTF-8: byte 0xff at offset"):
+        dataset = pretraining_dataset([str(path)], tokenizer, sequence_length=16,
+                                      max_predictions=3, batch_size=4, seed=0, dupe_factor=5)
+    batches = _collect(dataset)
     original = _rebuild(batches)
     lengths = batches["x/padding_mask"].sum(axis=1)
     assert len(original) >= 10 and lengths.max() == 16
