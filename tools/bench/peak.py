@@ -83,7 +83,8 @@ def measure_matmuls_seconds(backend, precision, matmuls, repeats=7):
 
     A model's forward pass cannot be faster than its own matmuls at its own shapes on the same
     library; this is that bound (the square peak of `measure_matmul_peak` can sit above or
-    below what a model's shapes reach).
+    below what a model's shapes reach). Meant for CPUs: each product is timed with its own
+    synchronisation, which on a GPU would add the launch latency to every product.
     """
     dtype = COMPUTE_DTYPE[precision]
     on_gpu = device_kind() == "gpu"

@@ -86,8 +86,10 @@ def worker_main(spec):
                 log(f"  matmul peak for {precision} on {backend} failed: {error}")
         shape = resolve_preset(cell["preset"])
         # A forward pass is bounded by its own matmuls, at its own shapes, on this backend.
+        # CPU only: on a GPU one product takes tens of microseconds, and timing each with a
+        # synchronisation would measure launch latency rather than the bound.
         bound = None
-        if cell["workload"] == "inference":
+        if cell["workload"] == "inference" and info["device_kind"] != "gpu":
             matmuls = encoder_matmuls(shape, cell["batch_size"], cell["sequence_length"])
             try:
                 bound = measure_matmuls_seconds(backend, precision, matmuls)
