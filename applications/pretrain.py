@@ -649,7 +649,9 @@ def main(argv=None, callbacks=()):
 
     # No dev set here: the figure's right panel shows the accuracies on the training batches of
     # every epoch (the losses are in its left panel).
-    per_epoch = [{"step": (k + 1) * steps_per_epoch, **scores(logs)} for k, logs in enumerate(history.epochs)]
+    per_epoch = [
+        {"step": (k + 1) * steps_per_epoch, **scores(logs)} for k, logs in enumerate(history.epochs)
+    ]
     metrics = scores(history.epochs[-1]) if history.epochs else {}
     tracking.print_metrics("pretrain", metrics)
     print(f"{backup.step} steps in {train_seconds:.1f} s of training"

@@ -928,15 +928,15 @@ def pretraining_dataset(
 
     Streaming. Each pass reads this process's files in a seeded random order, up to 4 at a time,
     one document from each in turn. Raw text is limited by tokenization, shards are not: for
-    long runs, tokenize once into shards (figures in BENCHMARKS.md). Documents go through a buffer of `document_buffer` documents;
-    the next document made into examples is drawn from it at random (the oldest with
-    `shuffle=False`). Examples go through a shuffle buffer of `example_buffer` examples. Both
-    buffers start handing out items before they are full (one for every two new ones), so the
-    first batch comes early. Deviation from the in-memory reference: the "random other document"
-    of a NotNext pair is drawn uniformly from the document buffer and the `document_buffer`
-    documents used last, not from the whole corpus; the NotNext rate (about 50 %) and the fact
-    that B comes from another document are unchanged. With a corpus smaller than the buffer, the
-    whole corpus is the pool, as in the reference.
+    long runs, tokenize once into shards (figures in BENCHMARKS.md). Documents go through a
+    buffer of `document_buffer` documents; the next document made into examples is drawn from it
+    at random (the oldest with `shuffle=False`). Examples go through a shuffle buffer of
+    `example_buffer` examples. Both buffers start handing out items before they are full (one
+    for every two new ones), so the first batch comes early. Deviation from the in-memory
+    reference: the "random other document" of a NotNext pair is drawn uniformly from the
+    document buffer and the `document_buffer` documents used last, not from the whole corpus;
+    the NotNext rate (about 50 %) and the fact that B comes from another document are unchanged.
+    With a corpus smaller than the buffer, the whole corpus is the pool, as in the reference.
 
     Several processes (hosts). With `num_processes > 1`, each process reads a disjoint part:
     file `i` goes to process `i % num_processes` when there are at least as many files as

@@ -279,9 +279,11 @@ def _adversarial_ascii_strings(vocabulary, count, seed):
                 word = rng.choice(words).replace("##", "")
                 parts.append("".join(c.upper() if rng.random() < 0.3 else c for c in word))
             elif kind < 0.65:
-                parts.append("".join(rng.choice(string.printable[:95]) for _ in range(rng.randint(1, 8))))
+                length = rng.randint(1, 8)
+                parts.append("".join(rng.choice(string.printable[:95]) for _ in range(length)))
             elif kind < 0.72:
-                parts.append("".join(rng.choice(string.ascii_letters) for _ in range(rng.choice([99, 100, 101, 102, 150]))))
+                length = rng.choice([99, 100, 101, 102, 150])  # Around the 100-character limit.
+                parts.append("".join(rng.choice(string.ascii_letters) for _ in range(length)))
             elif kind < 0.8:
                 parts.append("##" + rng.choice(words))
             else:
