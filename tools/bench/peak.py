@@ -92,19 +92,19 @@ def measure_matmuls_seconds(backend, precision, matmuls, repeats=7):
     for count, batch, m, k, n in matmuls:
         run = matmul_runner(backend, dtype, batch, m, k, n, on_gpu)
         run()  # Compilation / first-call set-up.
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        total += count * statistics.median(times)
+        total += count * _median_seconds(run, repeats)
     return total
 
 
-def _median_flops(run, n, repeats):
+def _median_seconds(run, repeats):
+    """Median wall time of `repeats` calls of `run`."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return 2 * n**3 / statistics.median(times)
+    return statistics.median(times)
+
+
+def _median_flops(run, n, repeats):
+    return 2 * n**3 / _median_seconds(run, repeats)
