@@ -14,6 +14,7 @@ from kbert.checkpoints.loading import (
     load_model,
 )
 from kbert.checkpoints.safetensors_io import read_safetensors
+from kbert.checkpoints.sentence_transformers import export_to_sentence_transformers
 from kbert.checkpoints.vocabulary import read_vocabulary
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "atomic_write_text",
     "detect_format",
     "export_to_huggingface",
+    "export_to_sentence_transformers",
     "installed_presets_dir",
     "load_checkpoint",
     "load_google_weights",

@@ -9,6 +9,7 @@ from kbert.models.pretrainer import BertPretrainer
 from kbert.models.question_answerer import BertQuestionAnswerer
 from kbert.models.tagger import BertTagger
 from kbert.models.task import BertTask
+from kbert.models.text_embedder import BertTextEmbedder
 
 __all__ = [
     "BACKBONE_PRESETS",
@@ -19,6 +20,7 @@ __all__ = [
     "BertQuestionAnswerer",
     "BertTagger",
     "BertTask",
+    "BertTextEmbedder",
     "Lamb",
     "WarmupLinearDecay",
     "bert_optimizer",

@@ -1,0 +1,648 @@
+"""BertTextEmbedder: sentence embeddings (pooling + normalisation), as sentence-transformers.
+
+A `BertTextEmbedder` is the backbone's `sequence_output` pooled over the real (unpadded)
+positions - `mean`, `cls`, `max` or `mean_sqrt_len` - and optionally L2-normalised. On a
+sentence-transformers directory (`modules.json`: Transformer, Pooling, Normalize) its
+`encode` returns the embeddings sentence-transformers' `encode` returns. It trains with
+`fit` on raw string pairs/triples and the contrastive losses of `kbert.losses`.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from kbert.models import batching
+from kbert.models.backbone import BACKBONE_INPUTS
+from kbert.models.task import BertTask, is_dataset, text_parts
+
+# kbert's pooling names; sentence-transformers spells the last one `mean_sqrt_len_tokens`.
+POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len")
+_POOLING_ALIASES = {"mean_sqrt_len_tokens": "mean_sqrt_len"}
+SIMILARITY_FUNCTIONS = ("cosine", "dot")
+PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
+# Bucket step of `encode`'s padded lengths on torch, which compiles nothing per shape.
+_TORCH_GRANULARITY = 8
+
+
+def canonical_pooling(pooling):
+    """`pooling` (a mode name or a list of them) as a tuple of kbert mode names, checked."""
+    modes = (pooling,) if isinstance(pooling, str) else pooling
+    if not isinstance(modes, (list, tuple)) or not modes:
+        raise ValueError(
+            f"`pooling` must be one of {list(POOLING_MODES)} or a non-empty list of them. "
+            f"Received: pooling={pooling!r}"
+        )
+    out = []
+    for mode in modes:
+        mode = _POOLING_ALIASES.get(mode, mode)
+        if mode not in POOLING_MODES:
+            raise ValueError(
+                f"Unknown pooling mode {mode!r}. Expected one of {list(POOLING_MODES)} "
+                "(or a list of them, concatenated in that order)."
+            )
+        out.append(mode)
+    return tuple(out)
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class EmbeddingPooling(keras.layers.Layer):
+    """Pools token vectors into one vector per row, over the real positions only.
+
+    Modes (several are concatenated in the given order, as sentence-transformers does):
+    `mean` (sum of real vectors / their count), `cls` (the first position, `[CLS]`), `max`
+    (element-wise maximum over real positions), `mean_sqrt_len` (sum / sqrt(count)). Computes
+    in float32 whatever the input dtype; `normalize=True` divides each row by its L2 norm
+    (floored at 1e-12, as `torch.nn.functional.normalize`).
+
+    Args:
+        pooling: str or list of str. The mode(s). Defaults to `"mean"`.
+        normalize: bool. L2-normalise the pooled vector. Defaults to `False`.
+
+    Call arguments:
+        sequence_output: float tensor `(batch_size, sequence_length, hidden_dim)`.
+        padding_mask: int/bool tensor `(batch_size, sequence_length)`, 1 at real positions.
+
+    Returns:
+        float32 tensor `(batch_size, len(pooling) * hidden_dim)`.
+
+    Example:
+    >>> layer = EmbeddingPooling("mean")
+    >>> layer(np.ones((1, 3, 2)), np.array([[1, 1, 0]])).shape
+    (1, 2)
+    """
+
+    def __init__(self, pooling="mean", normalize=False, **kwargs):
+        super().__init__(**kwargs)
+        self.pooling = list(canonical_pooling(pooling))
+        self.normalize = bool(normalize)
+
+    def call(self, sequence_output, padding_mask):
+        x = ops.cast(sequence_output, "float32")  # (batch, seq, hidden)
+        mask = ops.expand_dims(ops.cast(padding_mask, "float32"), -1)  # (batch, seq, 1)
+        outputs = []
+        for mode in self.pooling:
+            if mode == "cls":
+                outputs.append(x[:, 0, :])
+            elif mode == "max":
+                outputs.append(ops.max(ops.where(mask > 0, x, float("-inf")), axis=1))
+            else:
+                total = ops.sum(x * mask, axis=1)  # (batch, hidden)
+                count = ops.maximum(ops.sum(mask, axis=1), 1e-9)  # (batch, 1)
+                outputs.append(total / (count if mode == "mean" else ops.sqrt(count)))
+        pooled = outputs[0] if len(outputs) == 1 else ops.concatenate(outputs, axis=-1)
+        if self.normalize:
+            norm = ops.sqrt(ops.sum(ops.square(pooled), axis=-1, keepdims=True))
+            pooled = pooled / ops.maximum(norm, 1e-12)
+        return pooled
+
+    def compute_output_spec(self, sequence_output, padding_mask):
+        shape = tuple(sequence_output.shape[:-1][:1]) + (
+            None if sequence_output.shape[-1] is None
+            else sequence_output.shape[-1] * len(self.pooling),
+        )
+        return keras.KerasTensor(shape, dtype="float32")
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"pooling": list(self.pooling), "normalize": self.normalize})
+        return config
+
+
+def quantize_embeddings(embeddings, precision):
+    """Quantises float embeddings as sentence-transformers' `quantize_embeddings` does.
+
+    `int8`/`uint8`: each dimension's range `[min, max]` over the given embeddings is cut
+    into 255 steps (`floor((x - min) / step)`, clipped to [0, 255]; `int8` subtracts 128);
+    `binary`/`ubinary`: bits `x > 0` packed 8 per byte (`binary` subtracts 128 as int8).
+
+    Args:
+        embeddings: float array `(num_rows, dim)`.
+        precision: `"float32"`, `"int8"`, `"uint8"`, `"binary"` or `"ubinary"`.
+
+    Returns:
+        NumPy array: float32 / int8 / uint8 `(num_rows, dim)`, or int8 / uint8
+        `(num_rows, ceil(dim / 8))` for the binary precisions.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"Unknown `precision` {precision!r}. Expected one of {list(PRECISIONS)}")
+    embeddings = np.asarray(embeddings)
+    if embeddings.dtype.kind != "f":
+        raise ValueError(
+            f"Embeddings to quantise must be floats. Received dtype {embeddings.dtype}"
+        )
+    if precision == "float32":
+        return embeddings.astype(np.float32)
+    if precision in ("int8", "uint8"):
+        if embeddings.ndim != 2 or embeddings.shape[0] < 2:
+            raise ValueError(
+                f"{precision} quantisation takes each dimension's range from the embeddings "
+                f"themselves and needs at least 2 rows. Received shape {embeddings.shape}"
+            )
+        starts = embeddings.min(axis=0).astype(np.float32)
+        steps = (embeddings.max(axis=0).astype(np.float32) - starts) / 255
+        steps = np.where(steps == 0, 1, steps)
+        values = np.clip(np.floor((embeddings - starts) / steps), 0, 255)
+        return (values - 128).astype(np.int8) if precision == "int8" else values.astype(np.uint8)
+    bits = np.packbits(embeddings > 0, axis=-1)
+    return (bits - 128).astype(np.int8) if precision == "binary" else bits
+
+
+def _l2_normalize(x):
+    norm = np.sqrt(np.sum(np.square(x, dtype=np.float64), axis=-1, keepdims=True))
+    return (x / np.maximum(norm, 1e-12)).astype(np.float32)
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class BertTextEmbedder(BertTask):
+    """BERT sentence embeddings: backbone -> pooling over real tokens -> optional L2 norm.
+
+    The model maps the backbone's input dict to one float32 vector per row. `encode` takes
+    raw strings and returns NumPy embeddings; `similarity` compares two sets of them; `fit`
+    trains on raw string columns (pairs, triples or a dict of columns) with a contrastive
+    loss (see `kbert.losses`).
+
+    **Checkpoints.** `from_preset` on a sentence-transformers directory reads its pooling
+    (`1_Pooling/config.json`), `Normalize` module, `max_seq_length`, `do_lower_case`,
+    `prompts`, `default_prompt_name` and `similarity_fn_name` (see
+    `kbert.checkpoints.sentence_transformers`); on any other source kbert reads (a kbert
+    preset saved from another task, Hugging Face, Google or keras-hub BERT) it uses mean
+    pooling without normalisation unless `pooling` / `normalize` say otherwise.
+    `save_to_preset` keeps all of these settings; `kbert.checkpoints.
+    export_to_sentence_transformers` writes a directory sentence-transformers loads.
+
+    **Batching.** `encode` (and `predict` on strings) tokenizes in Python, sorts rows by
+    length, pads each batch only to the smallest bucket length that holds its longest row
+    (`kbert.models.batching`), and returns rows in the caller's order.
+
+    **Training.** The default `compile()` uses BERT's recipe (AdamW, 10 % warm-up, linear
+    decay) with `kbert.losses.MultipleNegativesRankingLoss` (scale 20). For scored pairs
+    compile with `kbert.losses.CoSENTLoss()`. During `fit` the model returns `(batch,
+    columns, dim)`: one embedding per text column.
+
+    Args:
+        backbone: `kbert.models.BertBackbone`.
+        pooling: str or list of str. `"mean"`, `"cls"`, `"max"`, `"mean_sqrt_len"` (or a list,
+            concatenated). Defaults to `"mean"`.
+        normalize: bool. L2-normalise the pooled vector inside the model (a
+            sentence-transformers `Normalize` module). Defaults to `False`.
+        preprocessor: `kbert.text.BertPreprocessor` or `None`. Its tokenizer and
+            `sequence_length` (the maximum tokens per text, `[CLS]`/`[SEP]` included) serve
+            `encode`. Defaults to `None`.
+        prompts: dict of name -> text prepended to every input by `encode(prompt_name=...)`.
+            Defaults to `None` (no prompts).
+        default_prompt_name: str or `None`. The prompt `encode` applies when given none.
+            Defaults to `None`.
+        similarity_function: `"cosine"` or `"dot"`. What `similarity` computes. Defaults to
+            `"cosine"`.
+        truncate_dim: int or `None`. Default `truncate_dim` of `encode` (Matryoshka models).
+            Defaults to `None`.
+        lowercase_input: bool. Lower-case texts before tokenization (sentence-transformers'
+            `do_lower_case`). Defaults to `False`.
+
+    Example:
+    >>> embedder = BertTextEmbedder.from_preset("path/to/all-MiniLM-L6-v2")
+    >>> vectors = embedder.encode(["A man is eating food.", "A man eats."])
+    >>> embedder.similarity(vectors[:1], vectors[1:])  # cosine, (1, 1)
+
+    Reference: Reimers and Gurevych, 2019, "Sentence-BERT" (arXiv 1908.10084).
+    """
+
+    def __init__(
+        self,
+        backbone,
+        pooling="mean",
+        normalize=False,
+        preprocessor=None,
+        prompts=None,
+        default_prompt_name=None,
+        similarity_function="cosine",
+        truncate_dim=None,
+        lowercase_input=False,
+        **kwargs,
+    ):
+        self._check_backbone(backbone, "BertTextEmbedder")
+        pooling = list(canonical_pooling(pooling))
+        if not isinstance(normalize, bool):
+            raise ValueError(f"`normalize` must be True or False. Received: normalize={normalize!r}")
+        prompts = dict(prompts or {})
+        bad = {k: v for k, v in prompts.items() if not (isinstance(k, str) and isinstance(v, str))}
+        if bad:
+            raise ValueError(f"`prompts` must map names (str) to texts (str). Received: {bad!r}")
+        if default_prompt_name is not None and default_prompt_name not in prompts:
+            raise ValueError(
+                f"`default_prompt_name` {default_prompt_name!r} is not among the prompts "
+                f"{sorted(prompts)}"
+            )
+        if similarity_function not in SIMILARITY_FUNCTIONS:
+            raise ValueError(
+                f"`similarity_function` must be one of {list(SIMILARITY_FUNCTIONS)}. "
+                f"Received: {similarity_function!r}"
+            )
+        dimension = backbone.hidden_dim * len(pooling)
+        if truncate_dim is not None:
+            _check_truncate_dim(truncate_dim, dimension)
+
+        # === Layers ===
+        pooler = EmbeddingPooling(
+            pooling, normalize=normalize, dtype=backbone.dtype_policy, name="embedding_pooling"
+        )
+
+        # === Functional model ===
+        inputs = dict(backbone.input)
+        sequence = backbone(inputs)["sequence_output"]  # (batch, seq, hidden)
+        embeddings = pooler(sequence, inputs["padding_mask"])  # (batch, dim)
+        super().__init__(
+            inputs=inputs, outputs=embeddings, backbone=backbone, preprocessor=preprocessor,
+            **kwargs,
+        )
+        self.pooler = pooler
+
+        # === Config ===
+        self.pooling = pooling
+        self.normalize = normalize
+        self.prompts = prompts
+        self.default_prompt_name = default_prompt_name
+        self.similarity_function = similarity_function
+        self.truncate_dim = truncate_dim
+        self.lowercase_input = bool(lowercase_input)
+        self.embedding_dim = dimension
+
+        # === Default compile ===
+        self.compile()
+
+    # ----------------------------------------------------------------- calling
+    def call(self, inputs, training=None, mask=None):
+        """`(batch, dim)` for inputs `(batch, seq)`; `(batch, columns, dim)` for
+        `(batch, columns, seq)` (several texts per example, as in contrastive training)."""
+        token_ids = inputs["token_ids"] if isinstance(inputs, dict) else None
+        if token_ids is None or len(token_ids.shape) != 3:
+            return super().call(inputs, training=training, mask=mask)
+        columns, length = token_ids.shape[1], token_ids.shape[2]
+        flat = {k: ops.reshape(inputs[k], (-1, length)) for k in BACKBONE_INPUTS}
+        out = super().call(flat, training=training, mask=mask)  # (batch * columns, dim)
+        return ops.reshape(out, (-1, columns, self.embedding_dim))
+
+    def compute_output_spec(self, inputs, training=None, mask=None):
+        shape = inputs["token_ids"].shape
+        if len(shape) == 3:
+            return keras.KerasTensor((shape[0], shape[1], self.embedding_dim), "float32")
+        return keras.KerasTensor((shape[0], self.embedding_dim), "float32")
+
+    # --------------------------------------------------------------- compiling
+    def _default_loss(self):
+        from kbert.losses import MultipleNegativesRankingLoss
+
+        return MultipleNegativesRankingLoss()
+
+    # ---------------------------------------------------------------- encoding
+    def _require_tokenizer(self):
+        if self.preprocessor is None:
+            raise ValueError(
+                "BertTextEmbedder needs a preprocessor (a kbert.text.BertPreprocessor) to take "
+                "raw strings. Build it with `from_preset` on a source that has a vocabulary, "
+                "or pass `preprocessor=`."
+            )
+        return self.preprocessor.tokenizer, self.preprocessor.sequence_length
+
+    def resolve_prompt(self, prompt=None, prompt_name=None):
+        """The text `encode` prepends: `prompt`, else `prompts[prompt_name]`, else the default
+        prompt (`default_prompt_name`), else `""`."""
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise ValueError(f"`prompt` must be a string. Received: {prompt!r}")
+            return prompt
+        if prompt_name is not None:
+            if prompt_name not in self.prompts:
+                raise ValueError(
+                    f"Unknown prompt name {prompt_name!r}. This model's prompts are "
+                    f"{sorted(self.prompts)}"
+                )
+            return self.prompts[prompt_name]
+        if self.default_prompt_name is not None:
+            return self.prompts[self.default_prompt_name]
+        return ""
+
+    def tokenize_texts(self, texts, prompt=""):
+        """Token ids of each text (prompt prepended, lower-cased if `lowercase_input`),
+        cut to `sequence_length - 2` so that `[CLS]` and `[SEP]` fit. A list of lists."""
+        tokenizer, sequence_length = self._require_tokenizer()
+        if prompt:
+            texts = [prompt + text for text in texts]
+        if self.lowercase_input:
+            texts = [text.lower() for text in texts]
+        budget = sequence_length - 2
+        return [ids[:budget] for ids in tokenizer.tokenize(texts)]
+
+    def pack_token_ids(self, rows, length=None):
+        """Packs lists of token ids into `token_ids`, `segment_ids`, `padding_mask` int32
+        arrays `(len(rows), length)`; `length` defaults to the smallest bucket (see
+        `kbert.models.batching`) that holds the longest row with `[CLS]` and `[SEP]`."""
+        tokenizer, _ = self._require_tokenizer()
+        if length is None:
+            longest = max(len(ids) for ids in rows) + 2
+            length = int(batching.bucket_for([longest], self._buckets())[0])
+        token_ids = np.full((len(rows), length), tokenizer.pad_token_id, dtype="int32")
+        padding_mask = np.zeros((len(rows), length), dtype="int32")
+        for i, ids in enumerate(rows):
+            token_ids[i, 0] = tokenizer.cls_token_id
+            token_ids[i, 1 : len(ids) + 1] = ids
+            token_ids[i, len(ids) + 1] = tokenizer.sep_token_id
+            padding_mask[i, : len(ids) + 2] = 1
+        return {
+            "token_ids": token_ids,
+            "segment_ids": np.zeros_like(token_ids),
+            "padding_mask": padding_mask,
+        }
+
+    def _buckets(self):
+        """Padded lengths of `encode`'s batches (see `kbert.models.batching.bucket_lengths`):
+        steps of 8 tokens on torch (nothing is compiled per shape), the default steps on
+        the compiling backends; `bucket_granularity` overrides."""
+        _, sequence_length = self._require_tokenizer()
+        granularity = getattr(self, "bucket_granularity", None)
+        if granularity is None and keras.backend.backend() == "torch":
+            granularity = _TORCH_GRANULARITY
+        return batching.bucket_lengths(sequence_length, granularity)
+
+    def _embed_rows(self, rows, batch_size, verbose=False):
+        """Embeddings (float32 NumPy) of tokenized rows: batches of similar length, each
+        padded to its bucket, returned in the caller's order."""
+        lengths = [len(ids) + 2 for ids in rows]
+        plan = batching.plan_batches(lengths, batch_size, self._buckets())
+        out = np.empty((len(rows), self.embedding_dim), dtype=np.float32)
+        progress = keras.utils.Progbar(len(plan)) if verbose else None
+        for step, (indices, length) in enumerate(plan):
+            packed = self.pack_token_ids([rows[i] for i in indices], length)
+            out[indices] = keras.ops.convert_to_numpy(self.predict_on_batch(packed))
+            if progress is not None:
+                progress.update(step + 1)
+        return out
+
+    def encode(
+        self,
+        texts,
+        batch_size=32,
+        normalize=None,
+        truncate_dim=None,
+        prompt=None,
+        prompt_name=None,
+        precision="float32",
+        verbose=False,
+    ):
+        """Embeds raw strings; returns NumPy, in the order given.
+
+        Equal to sentence-transformers' `encode(texts, batch_size, normalize_embeddings,
+        truncate_dim, prompt, prompt_name, precision)` on the same checkpoint: the prompt is
+        prepended to each text, the model pools (and normalises, when the preset has a
+        `Normalize` module), the vectors are truncated to `truncate_dim`, then
+        normalised again when `normalize=True`, then quantised to `precision`.
+
+        Args:
+            texts: str or list / NumPy array of str. One string returns one vector.
+            batch_size: int. Rows per forward pass. Defaults to `32`.
+            normalize: `None`, `True` or `False`. `True` L2-normalises the returned
+                (truncated) vectors; `None`/`False` return the model's own output (unit
+                vectors when the model normalises, as sentence-transformers). Defaults to
+                `None`.
+            truncate_dim: int or `None`. Keep the first `truncate_dim` dimensions
+                (Matryoshka). Defaults to the model's `truncate_dim`.
+            prompt: str or `None`. Text prepended to every input (overrides `prompt_name`).
+            prompt_name: str or `None`. A key of the model's `prompts`.
+            precision: `"float32"`, `"int8"`, `"uint8"`, `"binary"` or `"ubinary"` (see
+                `quantize_embeddings`). Defaults to `"float32"`.
+            verbose: bool. Show a progress bar. Defaults to `False`.
+
+        Returns:
+            NumPy array `(len(texts), dim)` (or `(dim,)` for one string); binary precisions
+            pack 8 dimensions per byte.
+        """
+        single = isinstance(texts, (str, bytes))
+        if isinstance(texts, (list, tuple, np.ndarray)) and len(texts) == 0:
+            raise ValueError("`encode` received an empty list of texts. Expected at least one string.")
+        texts = text_parts(texts)
+        if len(texts) != 1:
+            raise ValueError("`encode` takes a batch of strings, not sentence pairs.")
+        texts = texts[0]
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size!r}")
+        if normalize not in (None, True, False):
+            raise ValueError(f"`normalize` must be None, True or False. Received: {normalize!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"Unknown `precision` {precision!r}. Expected one of {list(PRECISIONS)}")
+        truncate_dim = self.truncate_dim if truncate_dim is None else truncate_dim
+        if truncate_dim is not None:
+            _check_truncate_dim(truncate_dim, self.embedding_dim)
+        prompt = self.resolve_prompt(prompt, prompt_name)
+        rows = self.tokenize_texts(texts, prompt)
+        embeddings = self._embed_rows(rows, int(batch_size), verbose=verbose)
+        if truncate_dim is not None:
+            embeddings = embeddings[:, :truncate_dim]
+        if normalize:
+            embeddings = _l2_normalize(embeddings)
+        if precision != "float32":
+            embeddings = quantize_embeddings(embeddings, precision)
+        return embeddings[0] if single else embeddings
+
+    def similarity(self, a, b):
+        """Pairwise similarity `(len(a), len(b))` of two embedding matrices (NumPy): cosine
+        or dot product, as the preset's `similarity_function`."""
+        a, b = np.atleast_2d(np.asarray(a, "float32")), np.atleast_2d(np.asarray(b, "float32"))
+        if a.shape[-1] != b.shape[-1]:
+            raise ValueError(
+                f"Embeddings to compare must have the same size. Received {a.shape} and {b.shape}"
+            )
+        if self.similarity_function == "cosine":
+            a, b = _l2_normalize(a), _l2_normalize(b)
+        return a @ b.T
+
+    def predict(self, x, batch_size=None, **kwargs):
+        """Embeddings of raw strings (as `encode` with its defaults) or of packed inputs."""
+        if isinstance(x, (str, bytes)) or (
+            isinstance(x, (list, np.ndarray)) and len(x) > 0 and isinstance(x[0], (str, bytes))
+        ):
+            verbose = kwargs.get("verbose", "auto")
+            return self.encode(x, batch_size=batch_size or 32, verbose=verbose not in (0, False))
+        return super().predict(x, batch_size=batch_size, **kwargs)
+
+    # ---------------------------------------------------------------- training
+    def _prepare_inputs(self, x, y=None, sample_weight=None, mode="fit"):
+        if mode != "predict" and not is_dataset(x) and _is_text_columns(x):
+            return _text_column_batches(self, x, y, sample_weight), None, None
+        return super()._prepare_inputs(x, y, sample_weight, mode)
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, sample_weight=None, **kwargs):
+        """`BertTask.fit` that also takes text columns for contrastive training.
+
+        `x` may be a tuple/list of equally long lists of strings (`(anchors, positives)`,
+        `(anchors, positives, negatives)`), a list of such tuples, or a dict of columns
+        (used in insertion order). `y` holds the scores of scored pairs (for
+        `kbert.losses.CoSENTLoss`) or is left out. Rows are shuffled each epoch and each
+        batch is padded to its own longest text. See `kbert.losses` for the losses.
+        """
+        if not is_dataset(x) and _is_text_columns(x):
+            self._fit_batch_size = batch_size or 32
+            kwargs.pop("shuffle", None)
+            batch_size = None
+        return super().fit(
+            x, y, batch_size=batch_size, epochs=epochs, sample_weight=sample_weight, **kwargs
+        )
+
+    # ------------------------------------------------------------------ config
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "pooling": list(self.pooling),
+                "normalize": self.normalize,
+                "prompts": dict(self.prompts),
+                "default_prompt_name": self.default_prompt_name,
+                "similarity_function": self.similarity_function,
+                "truncate_dim": self.truncate_dim,
+                "lowercase_input": self.lowercase_input,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_preset(cls, source, load_weights=True, preprocessor="auto", **kwargs):
+        """Builds the embedder from a preset name or a checkpoint directory.
+
+        On a sentence-transformers directory (one with `modules.json`) the pooling, the
+        `Normalize` module, `max_seq_length` (the preprocessor's `sequence_length`),
+        `do_lower_case`, `prompts`, `default_prompt_name` and `similarity_fn_name` come from
+        its files; a module kbert does not implement is a ValueError naming it. On every
+        other source (kbert preset of another task, Hugging Face, Google, keras-hub) the
+        embedder uses mean pooling without normalisation unless `pooling=` / `normalize=`
+        say otherwise. Arguments given here override what the directory says.
+
+        Args:
+            source: str or path. A preset name or a checkpoint directory.
+            load_weights: bool. Defaults to `True`.
+            preprocessor: `"auto"`, `None` or a preprocessor (see `BertTask.from_preset`).
+            **kwargs: constructor arguments (`pooling`, `normalize`, `prompts`, ...),
+                `sequence_length` of the automatic preprocessor, backbone overrides.
+        """
+        from pathlib import Path
+
+        from kbert.checkpoints import sentence_transformers
+
+        settings = {}
+        path = Path(source) if isinstance(source, str) or hasattr(source, "__fspath__") else None
+        if path is not None and path.is_dir() and sentence_transformers.is_sentence_transformers_dir(path):
+            settings = sentence_transformers.read_settings(path)
+            source = sentence_transformers.transformer_directory(path)
+        sequence_length = settings.pop("max_seq_length", None)
+        for key, value in settings.items():
+            kwargs.setdefault(key, value)
+        if sequence_length is not None:
+            kwargs.setdefault("sequence_length", sequence_length)
+        return super().from_preset(source, load_weights=load_weights, preprocessor=preprocessor, **kwargs)
+
+
+def _check_truncate_dim(truncate_dim, dimension):
+    if (
+        not isinstance(truncate_dim, (int, np.integer))
+        or isinstance(truncate_dim, bool)
+        or not 1 <= truncate_dim <= dimension
+    ):
+        raise ValueError(
+            f"`truncate_dim` must be an integer in [1, {dimension}] (the embedding size). "
+            f"Received: truncate_dim={truncate_dim!r}"
+        )
+
+
+def _is_string_list(value):
+    return (
+        isinstance(value, (list, tuple, np.ndarray))
+        and len(value) > 0
+        and isinstance(value[0], (str, bytes))
+    )
+
+
+def _is_text_columns(x):
+    """True for text columns: a dict of string lists, a tuple/list of >= 2 string lists, or a
+    list of (str, str[, str]) tuples."""
+    if isinstance(x, dict):
+        return len(x) > 0 and all(_is_string_list(v) for v in x.values())
+    if isinstance(x, (tuple, list)) and len(x) >= 2 and all(_is_string_list(v) for v in x):
+        return True
+    return (
+        isinstance(x, list)
+        and len(x) > 0
+        and isinstance(x[0], tuple)
+        and len(x[0]) >= 2
+        and all(isinstance(v, (str, bytes)) for v in x[0])
+    )
+
+
+def text_columns(x):
+    """Text columns (see `_is_text_columns`) as a list of equally long lists of `str`."""
+    if isinstance(x, dict):
+        columns = list(x.values())
+    elif isinstance(x, list) and isinstance(x[0], tuple):
+        width = len(x[0])
+        bad = [i for i, row in enumerate(x) if not isinstance(row, tuple) or len(row) != width]
+        if bad:
+            raise ValueError(
+                f"Every training example must be a tuple of {width} strings. Item {bad[0]} is "
+                f"{x[bad[0]]!r}"
+            )
+        columns = [[row[j] for row in x] for j in range(width)]
+    else:
+        columns = list(x)
+    columns = [text_parts(list(c) if isinstance(c, tuple) else c)[0] for c in columns]
+    lengths = [len(c) for c in columns]
+    if len(set(lengths)) != 1:
+        raise ValueError(
+            f"Text columns must have the same number of rows. Received lengths {lengths}"
+        )
+    return columns
+
+
+class _TextColumnBatches(keras.utils.PyDataset):
+    """Batches of tokenized text columns `(batch, columns, seq)`, in a new random order each
+    epoch (in-batch negatives stay random, as in sentence-transformers), each padded to the
+    smallest bucket that holds its longest text (see `kbert.models.batching`)."""
+
+    def __init__(self, embedder, columns, y, sample_weight, batch_size, shuffle=True, seed=0):
+        super().__init__()
+        self.embedder = embedder
+        self.rows = [embedder.tokenize_texts(column) for column in columns]
+        self.num_rows = len(columns[0])
+        self.y = None if y is None else np.asarray(y, dtype="float32")
+        if self.y is not None and len(self.y) != self.num_rows:
+            raise ValueError(
+                f"`y` has {len(self.y)} rows but the text columns have {self.num_rows}"
+            )
+        self.sample_weight = None if sample_weight is None else np.asarray(sample_weight, "float32")
+        self.batch_size = int(batch_size)
+        self.shuffle = shuffle
+        self.random = np.random.default_rng(seed)
+        self.order = np.arange(self.num_rows)
+        if shuffle:
+            self.random.shuffle(self.order)
+
+    def __len__(self):
+        return -(-self.num_rows // self.batch_size)
+
+    def __getitem__(self, index):
+        indices = self.order[index * self.batch_size : (index + 1) * self.batch_size]
+        rows = [column[i] for i in indices for column in self.rows]  # row-major (batch, columns)
+        packed = self.embedder.pack_token_ids(rows)
+        x = {
+            k: v.reshape(len(indices), len(self.rows), -1) for k, v in packed.items()
+        }
+        y = np.zeros(len(indices), "float32") if self.y is None else self.y[indices]
+        if self.sample_weight is not None:
+            return x, y, self.sample_weight[indices]
+        return x, y
+
+    def on_epoch_end(self):
+        if self.shuffle:
+            self.random.shuffle(self.order)
+
+
+def _text_column_batches(embedder, x, y, sample_weight):
+    columns = text_columns(x)
+    batch_size = getattr(embedder, "_fit_batch_size", None) or 32
+    return _TextColumnBatches(embedder, columns, y, sample_weight, batch_size)
