@@ -368,3 +368,157 @@ class LengthBatches(keras.utils.PyDataset):
 def num_batches(num_rows, batch_size):
     """`ceil(num_rows / batch_size)`: the batches `plan_batches` makes."""
     return int(math.ceil(num_rows / batch_size))
+
+
+# ------------------------------------------------------------------------------ task models
+# Keras' default batch size for arrays.
+_KERAS_DEFAULT_BATCH_SIZE = 32
+
+
+def _distributed(model):
+    """True under a `keras.distribution` or a multi-replica `tf.distribute` strategy: Keras'
+    own loops split those batches, so the tasks leave the data to them."""
+    if keras.distribution.distribution() is not None:
+        return True
+    strategy = getattr(model, "distribute_strategy", None)
+    return getattr(strategy, "num_replicas_in_sync", 1) > 1
+
+
+def _rows_of(value):
+    leaves = keras.tree.flatten(value)
+    if not leaves or not all(isinstance(leaf, (np.ndarray, list)) for leaf in leaves):
+        return None
+    rows = {len(leaf) for leaf in leaves}
+    return rows.pop() if len(rows) == 1 else None
+
+
+def can_batch_by_length(model, x, y=None, sample_weight=None):
+    """True when a task's `fit`/`evaluate`/`predict` input can be batched by length.
+
+    That is: `model.length_batching` is on, `x` is a dict of 2-D NumPy arrays with exactly
+    the model's inputs (`token_ids`, `segment_ids`, `padding_mask`; a packed backbone's
+    `document_ids` are left alone), `y` and `sample_weight` are `None` or NumPy arrays (or
+    dicts of them) with as many rows, and no distribution splits the batches. Everything
+    else (datasets, generators, backend tensors) goes to Keras as given.
+    """
+    if not getattr(model, "length_batching", False) or not isinstance(x, dict):
+        return False
+    if set(x) != {"token_ids", "segment_ids", "padding_mask"}:
+        return False
+    if set(getattr(model, "input_names", ())) != set(x):
+        return False
+    arrays = list(x.values())
+    if not all(isinstance(a, np.ndarray) and a.ndim == 2 for a in arrays):
+        return False
+    if len({a.shape for a in arrays}) != 1 or arrays[0].shape[0] == 0:
+        return False
+    rows = arrays[0].shape[0]
+    for part in (y, sample_weight):
+        if part is not None and _rows_of(part) != rows:
+            return False
+    return not _distributed(model)
+
+
+def _buckets(model, sequence_length):
+    return bucket_lengths(sequence_length, getattr(model, "bucket_granularity", None))
+
+
+def length_batched(model, x, y=None, sample_weight=None, batch_size=None, shuffle=False):
+    """The planned batches of a task's packed NumPy data, for Keras' `fit` / `evaluate`.
+
+    Checks the ids once, whole (Keras does not look inside a `PyDataset`), and returns a
+    `LengthBatches` (JAX, PyTorch) or its `tf.data.Dataset` (TensorFlow). Per-token labels
+    and weights are cropped with the inputs when `model.sequence_targets` is true.
+    """
+    from kbert.models.input_checks import check_model_inputs
+
+    check_model_inputs(x, model.backbone)
+    sequence_length = x["padding_mask"].shape[1]
+    batches = LengthBatches(
+        x,
+        keras.tree.map_structure(np.asarray, y) if y is not None else None,
+        np.asarray(sample_weight) if sample_weight is not None else None,
+        batch_size=batch_size or _KERAS_DEFAULT_BATCH_SIZE,
+        buckets=_buckets(model, sequence_length),
+        shuffle=shuffle,
+        sequence_targets=getattr(model, "sequence_targets", False),
+    )
+    if keras.backend.backend() == "tensorflow":
+        return batches.as_tf_dataset()
+    return batches
+
+
+def split_validation_tail(x, y, sample_weight, validation_split):
+    """`(train, validation)` parts of NumPy data, each an `(x, y, sample_weight)` tuple: the
+    last `validation_split` of the rows is the validation data, as Keras' `fit` takes it."""
+    rows = _rows_of(x)
+    split_at = int(math.floor(rows * (1.0 - validation_split)))
+    if split_at == 0 or split_at == rows:
+        raise ValueError(
+            f"`validation_split={validation_split}` leaves no training or no validation rows "
+            f"out of {rows}."
+        )
+
+    def part(start, stop):
+        def take(value):
+            return None if value is None else np.asarray(value)[start:stop]
+
+        return tuple(
+            None if value is None else keras.tree.map_structure(take, value)
+            for value in (x, y, sample_weight)
+        )
+
+    return part(0, split_at), part(split_at, rows)
+
+
+def _sequence_outputs(model):
+    """Per output of the model: True when axis 1 is the (variable) sequence axis."""
+    return keras.tree.map_structure(
+        lambda spec: len(spec.shape) >= 2 and spec.shape[1] is None, model.output
+    )
+
+
+def predict_by_length(model, x, batch_size=None, verbose="auto", callbacks=None):
+    """`model.predict` on packed NumPy inputs, batch by batch in length order.
+
+    Rows are sorted by length (`plan_batches`), each batch is cropped to its bucket and run
+    with `model.predict_on_batch`, and the outputs come back in the caller's row order;
+    per-token outputs are padded back to the input's length with `model.prediction_fill_value`
+    (0 unless the task says otherwise). Callbacks and the progress bar behave as in
+    `keras.Model.predict` (a `keras.callbacks.CallbackList`, `on_predict_*` hooks).
+    """
+    from kbert.models.input_checks import check_model_inputs
+
+    check_model_inputs(x, model.backbone)
+    num_rows, sequence_length = x["token_ids"].shape
+    plan = plan_batches(
+        row_lengths(x["padding_mask"]),
+        batch_size or _KERAS_DEFAULT_BATCH_SIZE,
+        _buckets(model, sequence_length),
+    )
+    if not isinstance(callbacks, keras.callbacks.CallbackList):
+        callbacks = keras.callbacks.CallbackList(
+            callbacks,
+            add_progbar=verbose != 0,
+            verbose=verbose,
+            epochs=1,
+            steps=len(plan),
+            model=model,
+        )
+    collected = OrderedOutputs(
+        num_rows,
+        sequence_length,
+        _sequence_outputs(model),
+        fill_value=getattr(model, "prediction_fill_value", 0.0),
+    )
+    model.stop_predicting = False
+    callbacks.on_predict_begin()
+    for step, (rows, length) in enumerate(plan):
+        callbacks.on_predict_batch_begin(step)
+        outputs = model.predict_on_batch(crop_batch(x, rows, length))
+        collected.add(rows, length, outputs)
+        callbacks.on_predict_batch_end(step, {"outputs": outputs})
+        if model.stop_predicting:
+            break
+    callbacks.on_predict_end()
+    return collected.result()

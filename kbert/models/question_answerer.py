@@ -4,7 +4,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from kbert.models.task import BertTask, check_class_ids, is_dataset
+from kbert._tensorflow import is_dataset
+from kbert.models.task import BertTask, check_class_ids
 
 # Logit given to positions outside the context: exp(-1e9 - max) is exactly 0 in float32.
 _MASKED_LOGIT = -1e9
@@ -158,10 +159,8 @@ class BertQuestionAnswerer(BertTask):
             training exactly (cross-entropy over all positions); decoding picks context
             spans either way. On the short SQuAD recipe of `BENCHMARKS.md` masking adds about
             10 F1 points. Defaults to `True`.
-        learning_rate: float. Peak learning rate of the default optimizer. Defaults to `5e-5`.
-        weight_decay: float. Defaults to `0.01`.
-        warmup_ratio: float. Defaults to `0.1`.
-        total_steps: int or `None`. `None` plans the schedule in each `fit`. Defaults to `None`.
+        learning_rate, weight_decay, warmup_ratio, total_steps: deprecated (a
+            `DeprecationWarning`); pass them to `compile` (see `BertTask.compile`).
 
     Example:
     >>> qa = BertQuestionAnswerer.from_preset("path/to/bert_dir")
@@ -188,13 +187,12 @@ class BertQuestionAnswerer(BertTask):
         null_score_diff_threshold=0.0,
         context_only=True,
         learning_rate=None,
-        weight_decay=0.01,
-        warmup_ratio=0.1,
+        weight_decay=None,
+        warmup_ratio=None,
         total_steps=None,
         **kwargs,
     ):
         self._check_backbone(backbone, "BertQuestionAnswerer")
-        self._check_training_arguments(learning_rate, weight_decay, warmup_ratio, total_steps)
         self._check_unknown_arguments(kwargs)
         if sequence_length is None:
             sequence_length = min(self.default_sequence_length, backbone.max_sequence_length)
@@ -259,6 +257,12 @@ class BertQuestionAnswerer(BertTask):
 
         # === Default compile ===
         self.compile()
+
+    @property
+    def prediction_fill_value(self):
+        """Logit of positions past a batch's bucket in `predict`: the mask's -1e9 (what the
+        full-length run gives there) with `context_only`, else 0."""
+        return _MASKED_LOGIT if self.context_only else 0.0
 
     def _default_loss(self):
         return {

@@ -3,7 +3,8 @@
 import keras
 import numpy as np
 
-from kbert.models.task import BertTask, check_class_ids, is_dataset, is_raw_text
+from kbert._tensorflow import is_dataset
+from kbert.models.task import BertTask, check_class_ids, is_raw_text
 
 
 def _is_word_batch(x):
@@ -48,10 +49,8 @@ class BertTagger(BertTask):
             Needed to train on, or predict, label names. Defaults to `None`.
         dropout: float. Dropout on the sequence output before the dense layer. Defaults to `0.1`.
         preprocessor: `kbert.text.BertPreprocessor` or `None`. Defaults to `None`.
-        learning_rate: float. Peak learning rate of the default optimizer. Defaults to `5e-5`.
-        weight_decay: float. Defaults to `0.01`.
-        warmup_ratio: float. Defaults to `0.1`.
-        total_steps: int or `None`. `None` plans the schedule in each `fit`. Defaults to `None`.
+        learning_rate, weight_decay, warmup_ratio, total_steps: deprecated (a
+            `DeprecationWarning`); pass them to `compile` (see `BertTask.compile`).
 
     Example:
     >>> tagger = BertTagger.from_preset("path/to/bert_dir", labels=["O", "B-PER", "I-PER"])
@@ -62,6 +61,9 @@ class BertTagger(BertTask):
     Reference: Devlin et al., 2018, section 4.3 (CoNLL-2003 NER).
     """
 
+    # Labels and sample weights are per token: length batching crops them with the inputs.
+    sequence_targets = True
+
     def __init__(
         self,
         backbone,
@@ -70,13 +72,12 @@ class BertTagger(BertTask):
         dropout=0.1,
         preprocessor=None,
         learning_rate=None,
-        weight_decay=0.01,
-        warmup_ratio=0.1,
+        weight_decay=None,
+        warmup_ratio=None,
         total_steps=None,
         **kwargs,
     ):
         self._check_backbone(backbone, "BertTagger")
-        self._check_training_arguments(learning_rate, weight_decay, warmup_ratio, total_steps)
         if labels is not None:
             labels = [str(label) for label in labels]
             duplicates = sorted({label for label in labels if labels.count(label) > 1})

@@ -3,12 +3,14 @@
 A task model is a functional `keras.Model`: the backbone's input dict, the backbone, and a small
 head. On top of that every task:
 
-- comes compiled, once, with BERT's fine-tuning recipe (AdamW, weight decay 0.01 except
-  LayerNorm and biases, global-norm clipping at 1.0, 10 % linear warm-up then linear decay to
-  0). When `total_steps` is left `None`, each `fit` call sets that schedule's length to exactly
+- is built without training settings and comes compiled with BERT's fine-tuning recipe
+  (`compile()` with no arguments: AdamW, weight decay 0.01 except LayerNorm and biases,
+  global-norm clipping at 1.0, 10 % linear warm-up then linear decay to 0), as keras-hub's
+  tasks are. `compile(learning_rate=..., warmup_ratio=..., ...)` changes the recipe's
+  settings; `compile(optimizer=...)` alone keeps the default loss and metrics. When the
+  recipe's `total_steps` is left `None`, each `fit` call sets the schedule's length to exactly
   the steps it will run, as Hugging Face's `Trainer.train()` does, without recompiling (the
-  length is an optimizer variable). `compile(optimizer=...)` alone keeps the default loss and
-  metrics;
+  length is an optimizer variable);
 - may carry a `preprocessor` (a `kbert.text.BertPreprocessor`). With one attached, `fit`,
   `evaluate` and `predict` accept raw strings (and `(a, b)` pairs); without one, packed dicts of
   `token_ids`, `segment_ids` and `padding_mask`. `from_preset` attaches one whenever the source
@@ -28,9 +30,12 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from kbert._tensorflow import is_dataset
 from kbert.checkpoints import read_preprocessor_settings
+from kbert.models import batching
 from kbert.models.backbone import BACKBONE_INPUTS, BertBackbone, check_input_keys
-from kbert.models.input_checks import HostInputChecks, check_model_inputs
+from kbert.models.input_checks import check_data, check_model_inputs
+from kbert.models.multiprocess import MultiProcessTraining
 from kbert.models.optimization import bert_optimizer, planned_schedule
 from kbert.models.presets import PresetMixin
 
@@ -40,21 +45,16 @@ _PREPROCESS_CHUNK = 4096
 _KERAS_DEFAULT_BATCH_SIZE = 32
 
 
-def is_dataset(x):
-    """True for a `tf.data.Dataset` (checked by duck typing: models/ does not import TensorFlow)."""
-    return hasattr(x, "element_spec") and hasattr(x, "map") and hasattr(x, "batch")
-
-
 def _is_text(value):
     """True for one string or a batch of them (list, NumPy array, TensorFlow string tensor)."""
     if isinstance(value, (str, bytes)):
         return True
     if isinstance(value, np.ndarray):
         return value.dtype.kind in "US" or (
-            value.dtype.kind == "O" and value.size > 0 and isinstance(value.flat[0], (str, bytes))
+            value.dtype.kind == "O" and any(isinstance(v, (str, bytes)) for v in value.flat)
         )
-    if isinstance(value, list):
-        return len(value) > 0 and isinstance(value[0], (str, bytes))
+    if isinstance(value, list):  # Any string makes it text: other items get an error by index.
+        return any(isinstance(item, (str, bytes)) for item in value)
     return getattr(getattr(value, "dtype", None), "name", None) == "string"
 
 
@@ -101,12 +101,13 @@ def _as_text_list(x):
         x = x.numpy()
     values = x.tolist() if isinstance(x, np.ndarray) else list(x)
     out = []
-    for value in values:
+    for index, value in enumerate(values):
         if isinstance(value, bytes):
             value = value.decode("utf-8", errors="replace")
         if not isinstance(value, str):
             raise ValueError(
-                f"Expected a batch of strings. Received an item of type {type(value).__name__}: {value!r}"
+                f"Expected a batch of strings. The item at index {index} is of type "
+                f"{type(value).__name__}: {value!r}"
             )
         out.append(value)
     return out
@@ -183,7 +184,54 @@ def check_class_ids(labels, num_classes, name):
         )
 
 
-class BertTask(PresetMixin, HostInputChecks, keras.Model):
+# The settings of BERT's recipe that `BertTask.compile` takes, with their defaults (the
+# learning rate and warm-up ratio default to the task class' `default_*` attributes).
+RECIPE_DEFAULTS = {
+    "learning_rate": None,
+    "weight_decay": 0.01,
+    "warmup_ratio": None,
+    "warmup_steps": None,
+    "total_steps": None,
+    "update_rule": "adamw",
+    "gradient_accumulation_steps": None,
+}
+
+
+def _check_recipe(settings):
+    """Raises a ValueError naming the first setting of BERT's recipe that is out of range."""
+    learning_rate = settings.get("learning_rate")
+    if learning_rate is not None and (
+        isinstance(learning_rate, bool)
+        or not isinstance(learning_rate, (int, float))
+        or not learning_rate > 0
+    ):
+        raise ValueError(
+            f"`learning_rate` must be a positive number. Received: learning_rate={learning_rate!r}"
+        )
+    weight_decay = settings.get("weight_decay")
+    if weight_decay is not None and not weight_decay >= 0:
+        raise ValueError(f"`weight_decay` must be >= 0. Received: weight_decay={weight_decay!r}")
+    warmup_ratio = settings.get("warmup_ratio")
+    if warmup_ratio is not None and not 0 <= warmup_ratio <= 1:
+        raise ValueError(
+            f"`warmup_ratio` must lie in [0, 1]. Received: warmup_ratio={warmup_ratio!r}"
+        )
+    for name, low in (("warmup_steps", 0), ("total_steps", 1)):
+        value = settings.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low
+        ):
+            raise ValueError(
+                f"`{name}` must be an integer >= {low} or None. Received: {name}={value!r}"
+            )
+    update_rule = settings.get("update_rule")
+    if update_rule is not None and update_rule not in ("adamw", "lamb"):
+        raise ValueError(
+            f'`update_rule` must be "adamw" or "lamb". Received: update_rule={update_rule!r}'
+        )
+
+
+class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
     """Base class of kbert's task models: backbone + head + optional preprocessor.
 
     Subclasses build their functional graph, call `super().__init__(inputs=..., outputs=...,
@@ -192,46 +240,81 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
     turn their own raw input (words and word labels, questions and contexts) into packed
     arrays. Checkpoint formats know the tasks' head names (`kbert.checkpoints`), not the tasks.
 
+    Training settings belong to `compile` (see `compile`), as in keras-hub: a task is built
+    without them and comes compiled with BERT's recipe, so `fit` works right away.
+
+    `fit`, `evaluate`, `predict` and the `*_on_batch` methods share one input route,
+    `_prepare_inputs`: raw text goes through the preprocessor, labels are checked, and the ids
+    are checked against the backbone's limits (`kbert.models.input_checks`).
+
     Args (shared by every task):
         backbone: `kbert.models.BertBackbone`.
         preprocessor: `kbert.text.BertPreprocessor` or `None`. Maps raw strings to packed
             inputs in `fit`, `evaluate` and `predict`. Defaults to `None`.
-        learning_rate: float. Peak learning rate of the default optimizer.
-        weight_decay: float. Decoupled weight decay of the default AdamW (not applied to
-            LayerNorm parameters and biases). Defaults to `0.01`.
-        warmup_ratio: float. Fraction of the schedule spent warming up. Defaults to `0.1`.
-        total_steps: int or `None`. Length of the default schedule; `None` plans it in each
-            `fit` call from the data size, batch size and epochs (see `fit`). Defaults to `None`.
-
-    The task compiles itself once, in its constructor; `fit` never recompiles.
+        learning_rate, weight_decay, warmup_ratio, total_steps: deprecated, pass them to
+            `compile`. Accepted for one more release with a `DeprecationWarning`; they become
+            the settings of the task's default `compile()`.
     """
 
     default_learning_rate = 5e-5
+    default_warmup_ratio = 0.1
     default_sequence_length = 128
+    # Constructor arguments that were training settings -> the `compile` argument each became.
+    deprecated_training_arguments = {
+        "learning_rate": "learning_rate",
+        "weight_decay": "weight_decay",
+        "warmup_ratio": "warmup_ratio",
+        "total_steps": "total_steps",
+    }
 
-    def __init__(
-        self,
-        *,
-        inputs,
-        outputs,
-        backbone,
-        preprocessor=None,
-        learning_rate=None,
-        weight_decay=0.01,
-        warmup_ratio=0.1,
-        total_steps=None,
-        **kwargs,
-    ):
+    def __init__(self, *, inputs, outputs, backbone, preprocessor=None, **kwargs):
         kwargs.pop("dtype", None)  # The task follows its backbone's dtype policy.
+        given = {
+            name: kwargs.pop(name)
+            for name in self.deprecated_training_arguments
+            if name in kwargs
+        }
+        recipe = self._recipe_from_arguments(given)
         self._check_unknown_arguments(kwargs)
+        if recipe:
+            warnings.warn(
+                f"Passing training settings to the {type(self).__name__} constructor is "
+                "deprecated and will stop working in the next release. Received: "
+                f"{', '.join(f'{k}={v!r}' for k, v in given.items() if v is not None)}. "
+                f"Call `model.compile({', '.join(f'{k}=...' for k in recipe)})` instead.",
+                DeprecationWarning,
+                stacklevel=3,
+            )
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
         self.dtype_policy = backbone.dtype_policy
         self.backbone = backbone
         self.preprocessor = preprocessor
-        self.learning_rate = self.default_learning_rate if learning_rate is None else learning_rate
-        self.weight_decay = weight_decay
-        self.warmup_ratio = warmup_ratio
-        self.total_steps = total_steps
+        # Recipe settings of the deprecated constructor arguments: the default `compile()`'s.
+        self._constructor_recipe = recipe
+        self.recipe = None
+        self.compiled_with_defaults = False
+
+    @classmethod
+    def _recipe_from_arguments(cls, arguments):
+        """Deprecated constructor (or old config) training arguments -> `compile` settings.
+
+        `None` values are dropped; the rest are checked (a ValueError names a bad one).
+        """
+        recipe = {
+            cls.deprecated_training_arguments[name]: value
+            for name, value in arguments.items()
+            if value is not None
+        }
+        _check_recipe(recipe)
+        return recipe
+
+    @classmethod
+    def split_training_config(cls, config):
+        """`(config, recipe)`: a task config without the training settings that configs
+        written by earlier releases carry, and those settings as `compile` arguments."""
+        config = dict(config)
+        old = {name: config.pop(name) for name in cls.deprecated_training_arguments if name in config}
+        return config, cls._recipe_from_arguments(old)
 
     @staticmethod
     def _check_backbone(backbone, model_name):
@@ -253,22 +336,19 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
                 "or (in from_preset) BertBackbone arguments such as `dtype`."
             )
 
-    @staticmethod
-    def _check_training_arguments(learning_rate, weight_decay, warmup_ratio, total_steps):
-        if learning_rate is not None and not learning_rate > 0:
-            raise ValueError(f"`learning_rate` must be positive. Received: learning_rate={learning_rate}")
-        if not 0 <= weight_decay:
-            raise ValueError(f"`weight_decay` must be >= 0. Received: weight_decay={weight_decay}")
-        if not 0 <= warmup_ratio <= 1:
-            raise ValueError(f"`warmup_ratio` must lie in [0, 1]. Received: warmup_ratio={warmup_ratio}")
-        if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
-            raise ValueError(
-                f"`total_steps` must be a positive integer or None. Received: total_steps={total_steps!r}"
-            )
-
     # ------------------------------------------------------------------ calling
     # Keys of the model's input dict.
     input_names = BACKBONE_INPUTS
+    # Length-aware batching of packed NumPy data (raw text included) in `fit`, `evaluate` and
+    # `predict` (see `kbert.models.batching`); set `model.length_batching = False` to pad
+    # every batch to the full length instead. `bucket_granularity`: step between bucket
+    # lengths (`None`: 16 up to length 128, else 32).
+    length_batching = True
+    bucket_granularity = None
+    # True when labels and sample weights are per token (cropped with the inputs).
+    sequence_targets = False
+    # Value of per-token `predict` outputs past a row's bucket (never at real positions).
+    prediction_fill_value = 0.0
 
     def call(self, inputs, training=None, mask=None):
         check_input_keys(inputs, self.input_names, type(self).__name__)
@@ -288,40 +368,91 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
     def _default_loss_weights(self):
         return None
 
-    # Name of the default optimizer's update rule for `bert_optimizer` ("adamw" or "lamb").
-    optimizer_name = "adamw"
-    # Fixed warm-up length of the default schedule; `None` uses `warmup_ratio`.
-    warmup_steps = None
-
-    def _default_optimizer(self):
-        """BERT's optimizer; with `total_steps=None` its schedule is planned by each `fit`."""
-        return bert_optimizer(
-            self.learning_rate,
-            total_steps=self.total_steps,
-            warmup_steps=self.warmup_steps,
-            warmup_ratio=self.warmup_ratio,
-            weight_decay=self.weight_decay,
-            optimizer=self.optimizer_name,
-        )
-
     def compile(
-        self, optimizer="auto", loss="auto", metrics="auto", weighted_metrics="auto", **kwargs
+        self,
+        optimizer="auto",
+        loss="auto",
+        metrics="auto",
+        weighted_metrics="auto",
+        *,
+        learning_rate=None,
+        weight_decay=None,
+        warmup_ratio=None,
+        warmup_steps=None,
+        total_steps=None,
+        update_rule=None,
+        gradient_accumulation_steps=None,
+        **kwargs,
     ):
         """`keras.Model.compile` with the task's defaults for every argument left `"auto"`.
 
-        The default optimizer is `kbert.models.bert_optimizer` (AdamW, linear warm-up and
-        linear decay; see the class docstring). The task compiles itself once, in its
-        constructor; `fit` never compiles. With `total_steps=None` the schedule's length is
-        planned at the start of each `fit` from what `fit` receives (see `fit`): the schedule
-        keeps its length in optimizer variables, so planning changes no compiled function.
+        `optimizer="auto"` is BERT's recipe, `kbert.models.bert_optimizer`: AdamW (decoupled
+        weight decay, not on LayerNorm parameters and biases; epsilon after bias correction,
+        as PyTorch's), gradients clipped to a global norm of 1.0, linear warm-up then linear
+        decay to 0. The keyword-only arguments below set the recipe and apply to
+        `optimizer="auto"` only. The loss and metrics default to the task's.
+
+        With `total_steps=None` the schedule's length is planned at the start of each `fit`
+        from what `fit` receives (see `fit`): the length lives in optimizer variables, so
+        planning changes no compiled function. The task compiles itself with the defaults in
+        its constructor; `fit` never compiles.
+
+        Args:
+            optimizer: `"auto"` or a Keras optimizer (instance or name). Defaults to `"auto"`.
+            loss: `"auto"` (the task's loss) or a Keras loss. Defaults to `"auto"`.
+            metrics: `"auto"` (the task's metrics) or Keras metrics. Defaults to `"auto"`.
+            weighted_metrics: `"auto"` or Keras metrics. Defaults to `"auto"`.
+            learning_rate: float. Peak learning rate. Defaults to the class'
+                `default_learning_rate` (`5e-5`; `1e-4` for `BertPretrainer`).
+            weight_decay: float >= 0. Decoupled weight decay. Defaults to `0.01`.
+            warmup_ratio: float in [0, 1]. Warm-up as a fraction of the schedule. Defaults to
+                the class' `default_warmup_ratio` (`0.1`; `0.01` for `BertPretrainer`).
+            warmup_steps: int or `None`. A fixed warm-up length instead of `warmup_ratio`.
+                Defaults to `None`.
+            total_steps: int or `None`. A fixed length of the schedule; `None` plans it in
+                each `fit` call. Defaults to `None`.
+            update_rule: `"adamw"` or `"lamb"` (layer-wise trust ratio, for large-batch
+                pretraining). Defaults to `"adamw"`.
+            gradient_accumulation_steps: int >= 2 or `None`. Update once every this many
+                batches, with their averaged gradient. Defaults to `None`.
+            **kwargs: other arguments of `keras.Model.compile` (`jit_compile`,
+                `steps_per_execution`, `loss_weights`, ...).
+
+        Example:
+        >>> classifier.compile(learning_rate=2e-5, warmup_ratio=0.06)
+        >>> classifier.compile(optimizer=keras.optimizers.SGD(0.01))  # task loss and metrics
         """
-        # Every argument left to the defaults: a fresh default compile can replace this one
-        # (see `kbert.models.lora.refresh_optimizer`).
-        self.compiled_with_defaults = not kwargs and all(
-            isinstance(a, str) and a == "auto" for a in (optimizer, loss, metrics, weighted_metrics)
+        given = {
+            "learning_rate": learning_rate,
+            "weight_decay": weight_decay,
+            "warmup_ratio": warmup_ratio,
+            "warmup_steps": warmup_steps,
+            "total_steps": total_steps,
+            "update_rule": update_rule,
+            "gradient_accumulation_steps": gradient_accumulation_steps,
+        }
+        given = {name: value for name, value in given.items() if value is not None}
+        auto_optimizer = isinstance(optimizer, str) and optimizer == "auto"
+        if given and not auto_optimizer:
+            raise ValueError(
+                f"The recipe settings {sorted(given)} apply to `optimizer=\"auto\"` only. "
+                f"Received: optimizer={optimizer!r}. Configure that optimizer itself, or leave "
+                "`optimizer=\"auto\"`."
+            )
+        _check_recipe(given)
+        recipe = None
+        if auto_optimizer:
+            recipe = {**getattr(self, "_constructor_recipe", {}), **given}
+            optimizer = self._recipe_optimizer(recipe)
+        # The recipe settings of this compile (`None` with another optimizer), and whether
+        # everything else is the task's default: a fresh default compile can then replace this
+        # one (`kbert.models.lora.refresh_optimizer`, loading a `.keras` file).
+        self.recipe = recipe
+        self.compiled_with_defaults = (
+            auto_optimizer
+            and not kwargs
+            and all(isinstance(a, str) and a == "auto" for a in (loss, metrics, weighted_metrics))
         )
-        if isinstance(optimizer, str) and optimizer == "auto":
-            optimizer = self._default_optimizer()
         if isinstance(loss, str) and loss == "auto":
             loss = self._default_loss()
             if kwargs.get("loss_weights") is None:
@@ -337,6 +468,43 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
             weighted_metrics=weighted_metrics,
             **kwargs,
         )
+
+    def _recipe_optimizer(self, recipe):
+        """BERT's optimizer for the recipe settings `recipe` (the rest take their defaults)."""
+        settings = dict(RECIPE_DEFAULTS)
+        settings["learning_rate"] = self.default_learning_rate
+        settings["warmup_ratio"] = self.default_warmup_ratio
+        settings.update(recipe)
+        return bert_optimizer(
+            settings["learning_rate"],
+            total_steps=settings["total_steps"],
+            warmup_steps=settings["warmup_steps"],
+            warmup_ratio=settings["warmup_ratio"],
+            weight_decay=settings["weight_decay"],
+            optimizer=settings["update_rule"],
+            gradient_accumulation_steps=settings["gradient_accumulation_steps"],
+        )
+
+    def get_compile_config(self):
+        """Keras' compile config, plus the recipe settings of a default compile: loading a
+        `.keras` file compiles the task again with them (see `compile_from_config`)."""
+        config = super().get_compile_config()
+        if config is not None and self.compiled_with_defaults:
+            config = dict(config, kbert_recipe=dict(self.recipe or {}))
+        return config
+
+    def compile_from_config(self, config):
+        """Called when a `.keras` file is loaded, before its optimizer state.
+
+        A task saved after a default compile (`compile()` or `compile(learning_rate=...)`)
+        compiles again with the same recipe settings. Otherwise the task keeps the default
+        compile of its constructor. Building the optimizer lets the saved state load into it.
+        """
+        recipe = config.get("kbert_recipe") if isinstance(config, dict) else None
+        if recipe is not None:
+            self.compile(**recipe)
+        if self.optimizer is not None and self.built:
+            self.optimizer.build(self.trainable_variables)
 
     # --------------------------------------------------------------- raw inputs
     @property
@@ -370,17 +538,22 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
     def _prepare_inputs(self, x, y=None, sample_weight=None, mode="fit"):
         """Maps what the user gave to `fit`/`evaluate`/`predict` onto packed model inputs.
 
+        The one input route of the task's `fit`, `evaluate`, `predict` and `*_on_batch`
+        methods: raw text goes through the preprocessor, labels are checked, and the ids are
+        checked against the backbone's limits (NumPy inputs now, a `tf.data.Dataset` in its
+        pipeline; see `kbert.models.input_checks`).
+
         Returns `(x, y, sample_weight)`. `mode` is `"fit"`, `"evaluate"` or `"predict"`.
         """
         if is_dataset(x):
             if self.preprocessor is not None and dataset_has_strings(x):
-                return x.map(self.preprocessor, num_parallel_calls=-1), None, None
-            return x, y, sample_weight
-        if is_raw_text(x):
-            x = self._preprocess_text(x)
-        if y is not None and not is_dataset(y):
-            self._check_labels(y)
-        return x, y, sample_weight
+                x, y, sample_weight = x.map(self.preprocessor, num_parallel_calls=-1), None, None
+        else:
+            if is_raw_text(x):
+                x = self._preprocess_text(x)
+            if y is not None and not is_dataset(y):
+                self._check_labels(y)
+        return check_data(x, self.backbone), y, sample_weight
 
     def _prepare_validation_data(self, validation_data):
         if validation_data is None:
@@ -394,6 +567,30 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
             )
         prepared = self._prepare_inputs(*validation_data, mode="evaluate")
         return prepared if prepared[2] is not None else prepared[:2]
+
+    def _batch_by_length(
+        self, x, y, sample_weight, batch_size, validation_data, validation_split, fit_kwargs
+    ):
+        """`fit`'s NumPy data (and validation data) as length-planned batches, when it can be
+        (see `kbert.models.batching`); otherwise everything as given. Updates `fit_kwargs`."""
+        if isinstance(validation_data, tuple) and batching.can_batch_by_length(
+            self, *validation_data
+        ):
+            size = fit_kwargs.pop("validation_batch_size", None) or batch_size
+            validation_data = batching.length_batched(self, *validation_data, batch_size=size)
+        if not batching.can_batch_by_length(self, x, y, sample_weight):
+            return x, y, sample_weight, batch_size, validation_data, validation_split
+        if validation_split and validation_data is None:
+            (x, y, sample_weight), held_out = batching.split_validation_tail(
+                x, y, sample_weight, validation_split
+            )
+            size = fit_kwargs.pop("validation_batch_size", None) or batch_size
+            validation_data = batching.length_batched(self, *held_out, batch_size=size)
+        shuffle = bool(fit_kwargs.get("shuffle", True))
+        x = batching.length_batched(self, x, y, sample_weight, batch_size, shuffle=shuffle)
+        if is_dataset(x):
+            fit_kwargs["shuffle"] = False  # The plan shuffles; Keras ignores it for datasets.
+        return x, None, None, None, validation_data, 0.0
 
     def _steps_per_epoch(self, x, batch_size, steps_per_epoch, validation_split):
         """Batches one epoch of `fit` will run, or `None` when the input does not say."""
@@ -430,8 +627,8 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
         See `keras.Model.fit` for the arguments. Labels are checked before training. Raw
         strings (or `(a, b)` pairs) go through the attached preprocessor.
 
-        **Schedule.** When the optimizer's schedule has no fixed length (the default,
-        `total_steps=None`), this call sets it to the steps it is about to run -
+        **Schedule.** When the optimizer's schedule has no fixed length (the default recipe,
+        `compile(total_steps=None)`), this call sets it to the steps it is about to run -
         `(epochs - initial_epoch) x steps per epoch` - with `warmup_ratio` of them warming up,
         starting from the optimizer's current step: each `fit` call warms up and decays over
         its own steps, as Hugging Face's `Trainer.train()` does. Steps per epoch come from
@@ -444,27 +641,15 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
         """
         x, y, sample_weight = self._prepare_inputs(x, y, sample_weight, mode="fit")
         validation_data = self._prepare_validation_data(validation_data)
+        x, y, sample_weight, batch_size, validation_data, validation_split = self._batch_by_length(
+            x, y, sample_weight, batch_size, validation_data, validation_split, kwargs
+        )
         if is_dataset(x):
             # Keras warns that `shuffle` (on by default) is ignored for datasets: say it is off.
             kwargs.setdefault("shuffle", False)
-        schedule = planned_schedule(self.optimizer)
-        if schedule is not None:
-            steps = self._steps_per_epoch(x, batch_size, steps_per_epoch, validation_split)
-            if steps is None and is_dataset(x) and _cardinality(x) == _UNKNOWN_CARDINALITY:
-                steps = _count_batches(x)
-                # Each epoch takes exactly `steps` batches of the repeated dataset: no
-                # "ran out of data" stop when a later pass yields fewer batches.
-                x, steps_per_epoch = x.repeat(), steps
-            if steps is None:
-                warnings.warn(
-                    f"{type(self).__name__}.fit could not count the training steps (a generator, "
-                    "an infinite or an empty dataset), so the learning rate stays at its peak without warm-up "
-                    "or decay. Pass `steps_per_epoch` or give the model `total_steps`.",
-                    stacklevel=2,
-                )
-            else:
-                start = int(keras.ops.convert_to_numpy(self.optimizer.iterations))
-                schedule.plan(steps * max(epochs - initial_epoch, 1), start_step=start)
+        x, steps_per_epoch = self._plan_schedule(
+            x, batch_size, epochs, steps_per_epoch, initial_epoch, validation_split
+        )
         return super().fit(
             x=x,
             y=y,
@@ -478,9 +663,40 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
             **kwargs,
         )
 
+    def _plan_schedule(self, x, batch_size, epochs, steps_per_epoch, initial_epoch, validation_split):
+        """Sets a planned schedule's length to the steps `fit` is about to run (see `fit`).
+
+        Returns `(x, steps_per_epoch)` for `keras.Model.fit`: a dataset of unknown size is
+        counted here and then repeated with `steps_per_epoch` set to its count.
+        """
+        schedule = planned_schedule(self.optimizer)
+        if schedule is None:
+            return x, steps_per_epoch
+        steps = self._steps_per_epoch(x, batch_size, steps_per_epoch, validation_split)
+        if steps is None and is_dataset(x) and _cardinality(x) == _UNKNOWN_CARDINALITY:
+            steps = _count_batches(x)
+            # Each epoch takes exactly `steps` batches of the repeated dataset: no
+            # "ran out of data" stop when a later pass yields fewer batches.
+            if steps is not None:
+                x, steps_per_epoch = x.repeat(), steps
+        if steps is None:
+            warnings.warn(
+                f"{type(self).__name__}.fit could not count the training steps (a generator, an "
+                "infinite or an empty dataset), so the learning rate stays at its peak without "
+                "warm-up or decay. Pass `steps_per_epoch` to `fit`, or `total_steps` to `compile`.",
+                stacklevel=3,
+            )
+        else:
+            start = int(keras.ops.convert_to_numpy(self.optimizer.iterations))
+            schedule.plan(steps * max(epochs - initial_epoch, 1), start_step=start)
+        return x, steps_per_epoch
+
     def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None, **kwargs):
         """`keras.Model.evaluate` that also takes raw text when a preprocessor is attached."""
         x, y, sample_weight = self._prepare_inputs(x, y, sample_weight, mode="evaluate")
+        if batching.can_batch_by_length(self, x, y, sample_weight):
+            x = batching.length_batched(self, x, y, sample_weight, batch_size)
+            y = sample_weight = batch_size = None
         return super().evaluate(x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, **kwargs)
 
     def predict(self, x, batch_size=None, **kwargs):
@@ -491,7 +707,26 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
                 "0 rows). Expected at least one string, pair or packed row."
             )
         x, _, _ = self._prepare_inputs(x, mode="predict")
+        if kwargs.get("steps") is None and batching.can_batch_by_length(self, x):
+            return batching.predict_by_length(
+                self, x, batch_size, kwargs.get("verbose", "auto"), kwargs.get("callbacks")
+            )
         return super().predict(x, batch_size=batch_size, **kwargs)
+
+    def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
+        """`keras.Model.train_on_batch` through the task's input route (`_prepare_inputs`)."""
+        x, y, sample_weight = self._prepare_inputs(x, y, sample_weight, mode="fit")
+        return super().train_on_batch(x, y, sample_weight=sample_weight, **kwargs)
+
+    def test_on_batch(self, x, y=None, sample_weight=None, **kwargs):
+        """`keras.Model.test_on_batch` through the task's input route (`_prepare_inputs`)."""
+        x, y, sample_weight = self._prepare_inputs(x, y, sample_weight, mode="evaluate")
+        return super().test_on_batch(x, y, sample_weight=sample_weight, **kwargs)
+
+    def predict_on_batch(self, x):
+        """`keras.Model.predict_on_batch` through the task's input route (`_prepare_inputs`)."""
+        x, _, _ = self._prepare_inputs(x, mode="predict")
+        return super().predict_on_batch(x)
 
     # LoRA: see `BertBackbone.enable_lora` and kbert/models/lora.py. The head stays trainable.
     def enable_lora(self, rank, alpha=None, feedforward=False):
@@ -531,12 +766,6 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
         if format == "onnx":
             return export.export_onnx(self, filepath, **kwargs)
         return super().export(filepath, format=format, verbose=verbose, **kwargs)
-
-    def compile_from_config(self, config):
-        """Called when a `.keras` file is loaded: the task compiled itself with its defaults
-        in `__init__`; building the optimizer lets the saved optimizer state load into it."""
-        if self.optimizer is not None and self.built:
-            self.optimizer.build(self.trainable_variables)
 
     # ------------------------------------------------------------------ presets
     @classmethod
@@ -608,20 +837,20 @@ class BertTask(PresetMixin, HostInputChecks, keras.Model):
             "trainable": self.trainable,
             "backbone": keras.layers.serialize(self.backbone),
             "preprocessor": preprocessor,
-            "learning_rate": self.learning_rate,
-            "weight_decay": self.weight_decay,
-            "warmup_ratio": self.warmup_ratio,
-            "total_steps": self.total_steps,
         }
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
+        # Configs of earlier releases carry training settings: they become the compile's.
+        config, recipe = cls.split_training_config(config)
         if isinstance(config.get("backbone"), dict):
             config["backbone"] = keras.layers.deserialize(config["backbone"])
         if isinstance(config.get("preprocessor"), dict):
             config["preprocessor"] = keras.saving.deserialize_keras_object(config["preprocessor"])
-        return cls(**config)
+        model = cls(**config)
+        if recipe:
+            model.compile(**recipe)
+        return model
 
 
 def _preprocessor_for_vocabulary(vocabulary_path, sequence_length, default_sequence_length):

@@ -1,0 +1,237 @@
+"""Length-aware batching: bucketed fit/evaluate/predict equal the full-length runs.
+
+Every comparison runs the same model twice, with `length_batching` on and off (every batch
+padded to the preprocessor's full length), and compares real positions only; rows have very
+different lengths and the outputs of different rows differ by far more than the tolerance,
+so a lost, cropped or reordered row fails.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from kbert.models import BertClassifier, BertQuestionAnswerer, BertTagger, batching
+from tests.models.test_classifier import TOY_WORDS, toy_backbone, toy_preprocessor
+from tests.test_case import assert_all_close
+
+SEQUENCE_LENGTH = 64  # Buckets (16, 32, 48, 64).
+BUCKETS = batching.bucket_lengths(SEQUENCE_LENGTH)
+
+
+def _sentences(count, seed=0, longest=50):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, longest, size=count)
+    return [" ".join(rng.choice(TOY_WORDS, size=n)) for n in lengths]
+
+
+def _differ(reference):
+    """The rows' outputs differ from each other by far more than the tolerance."""
+    flat = np.asarray(reference, "float64").reshape(len(reference), -1)
+    assert np.abs(flat - flat[::-1]).max() > 1e-3
+
+
+def _large_weights(model, seed=0):
+    """Matrices drawn with std 0.2 (as HF's initializer_range in the parity tests): the
+    rows' outputs then differ by far more than float error."""
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        if len(variable.shape) >= 2:
+            variable.assign(rng.normal(0.0, 0.2, variable.shape).astype("float32"))
+    return model
+
+
+def _both(model, run):
+    """`run(model)` with length batching, then with every batch at the full length."""
+    bucketed = run(model)
+    model.length_batching = False
+    try:
+        full = run(model)
+    finally:
+        model.length_batching = True
+    return bucketed, full
+
+
+# ------------------------------------------------------------------------- planning
+def test_bucket_lengths_and_bound():
+    assert batching.bucket_lengths(128) == (16, 32, 48, 64, 80, 96, 112, 128)
+    assert len(batching.bucket_lengths(512)) == 16
+    assert batching.bucket_lengths(40, granularity=16) == (16, 32, 40)
+    with pytest.raises(ValueError, match="granularity"):
+        batching.bucket_lengths(128, granularity=0)
+
+
+def test_plan_sorts_for_inference_and_groups_shuffled_for_training():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 65, size=203)
+    plan = batching.plan_batches(lengths, 8, BUCKETS)
+    rows = np.concatenate([r for r, _ in plan])
+    assert sorted(rows.tolist()) == list(range(203)) and len(plan) == 26
+    assert np.all(np.diff(lengths[rows]) <= 0)  # longest first
+    for r, padded in plan:  # the smallest bucket holding the batch's longest row
+        assert padded == min(b for b in BUCKETS if b >= lengths[r].max())
+
+    first = batching.plan_batches(lengths, 8, BUCKETS, shuffle=True, seed=1, group_size=4)
+    second = batching.plan_batches(lengths, 8, BUCKETS, shuffle=True, seed=2, group_size=4)
+    for shuffled in (first, second):
+        rows = np.concatenate([r for r, _ in shuffled])
+        assert sorted(rows.tolist()) == list(range(203)) and len(shuffled) == 26
+    assert [r.tolist() for r, _ in first] != [r.tolist() for r, _ in second]
+    # Grouped by length: far less padding than random batches of the same rows.
+    padding = sum(len(r) * lengths[r].max() - lengths[r].sum() for r, _ in first)
+    random_rows = np.random.default_rng(3).permutation(203)
+    random_batches = [random_rows[i : i + 8] for i in range(0, 203, 8)]
+    random_padding = sum(len(r) * lengths[r].max() - lengths[r].sum() for r in random_batches)
+    assert padding < 0.5 * random_padding
+
+
+def test_row_lengths_keep_every_real_position():
+    mask = np.zeros((3, 10), "int32")
+    mask[0, :3] = 1
+    mask[1, :] = 1
+    mask[2, [0, 4]] = 1  # a hole: keep up to the last real position
+    assert batching.row_lengths(mask).tolist() == [3, 10, 5]
+
+
+# ------------------------------------------------------------------- the three tasks
+def test_classifier_predict_and_evaluate_equal_full_length():
+    model = BertClassifier(toy_backbone(), num_classes=3, preprocessor=toy_preprocessor(SEQUENCE_LENGTH))
+    _large_weights(model)
+    texts = _sentences(37)
+    pairs = (texts, _sentences(37, seed=1, longest=20))
+    labels = np.arange(37) % 3
+    for x in (texts, pairs):
+        bucketed, full = _both(model, lambda m, x=x: m.predict(x, batch_size=8, verbose=0))
+        _differ(full)
+        assert_all_close(bucketed, full, atol=1e-5, rtol=0)
+    packed = model.preprocessor(texts)
+    packed = {k: keras.ops.convert_to_numpy(v) for k, v in packed.items()}
+    bucketed, full = _both(model, lambda m: m.predict(packed, batch_size=8, verbose=0))
+    assert_all_close(bucketed, full, atol=1e-5, rtol=0)
+
+    bucketed, full = _both(
+        model, lambda m: m.evaluate(texts, labels, batch_size=8, verbose=0, return_dict=True)
+    )
+    assert sorted(bucketed) == sorted(full)
+    for key in full:
+        assert abs(bucketed[key] - full[key]) <= 1e-5, (key, bucketed, full)
+
+
+def test_tagger_word_predictions_equal_full_length():
+    tags = ["O", "B-PER", "I-PER", "B-LOC"]
+    model = BertTagger(toy_backbone(), labels=tags, preprocessor=toy_preprocessor(SEQUENCE_LENGTH))
+    _large_weights(model)
+    sentences = [s.split() for s in _sentences(21, seed=2)]
+    features = model.encode(sentences)
+    bucketed, full = _both(model, lambda m: m.predict(features.inputs, batch_size=4, verbose=0))
+    _differ(full)
+    assert_all_close(bucketed, full, atol=1e-5, rtol=0, mask=features.inputs["padding_mask"])
+    words, words_full = _both(model, lambda m: m.predict_words(sentences, batch_size=4, verbose=0))
+    assert words == words_full
+    # One batch (same rows together in both runs): the per-piece weighted loss is equal too.
+    word_labels = [[tags[i % 4] for i in range(len(s))] for s in sentences]
+    bucketed, full = _both(
+        model,
+        lambda m: m.evaluate(sentences, word_labels, batch_size=32, verbose=0, return_dict=True),
+    )
+    for key in full:
+        assert abs(bucketed[key] - full[key]) <= 1e-5, (key, bucketed, full)
+
+
+def test_question_answerer_same_windows_same_answers():
+    model = BertQuestionAnswerer(
+        toy_backbone(), preprocessor=toy_preprocessor(), sequence_length=SEQUENCE_LENGTH
+    )
+    _large_weights(model)
+    contexts = _sentences(9, seed=3, longest=90)  # some need several windows
+    questions = _sentences(9, seed=4, longest=8)
+    examples = [
+        {"id": str(i), "question": q, "context": c} for i, (q, c) in enumerate(zip(questions, contexts))
+    ]
+    features = model.encode(examples)
+    assert len(features) > len(examples)
+    bucketed, full = _both(model, lambda m: m.predict(features.inputs, batch_size=4, verbose=0))
+    _differ(full["start_logits"])
+    mask = features.inputs["padding_mask"]
+    assert_all_close(bucketed, full, atol=1e-5, rtol=0, mask=mask)
+    answers, answers_full = _both(
+        model, lambda m: m.predict_answers(examples, batch_size=4, return_details=True, verbose=0)
+    )
+    assert answers[0] == answers_full[0]
+    for key, value in answers[1].items():
+        assert abs(value - answers_full[1][key]) <= 1e-4
+
+
+# ------------------------------------------------------------------- shapes and fit
+def test_bounded_number_of_shapes():
+    """JAX and TensorFlow trace `call` once per input shape they compile: at most one per
+    bucket plus the one short batch. Torch runs eagerly: every batch is cropped to its
+    bucket, never longer."""
+    model = BertClassifier(toy_backbone(), num_classes=2, preprocessor=toy_preprocessor(SEQUENCE_LENGTH))
+    shapes = []
+    original = model.call
+
+    def recording_call(inputs, *args, **kwargs):
+        shapes.append(tuple(inputs["token_ids"].shape))
+        return original(inputs, *args, **kwargs)
+
+    model.call = recording_call
+    texts = _sentences(101, seed=5)
+    packed = {k: keras.ops.convert_to_numpy(v) for k, v in model.preprocessor(texts).items()}
+    lengths = batching.row_lengths(packed["padding_mask"])
+    model.predict(packed, batch_size=8, verbose=0)
+    model.predict(packed, batch_size=8, verbose=0)
+    lengths_seen = {shape[1] for shape in shapes}
+    assert lengths_seen <= set(BUCKETS) and len(lengths_seen) >= 3
+    if keras.backend.backend() == "torch":
+        plan = batching.plan_batches(lengths, 8, BUCKETS)
+        assert [s[1] for s in shapes] == [p for _, p in plan] * 2
+    else:
+        assert len(shapes) <= len(BUCKETS) + 1, shapes
+
+
+def test_fit_shuffles_every_epoch_and_trains():
+    model = BertClassifier(
+        toy_backbone(), num_classes=2, preprocessor=toy_preprocessor(SEQUENCE_LENGTH), learning_rate=1e-2
+    )
+    texts = _sentences(48, seed=6)
+    labels = np.array([int("good" in t or "great" in t) for t in texts])
+    epochs = []
+    original = batching.crop_batch
+
+    def recording_crop(arrays, rows, length, sequence_keys=None):
+        if isinstance(arrays, dict):
+            epochs.append(np.asarray(rows).tolist())
+        return original(arrays, rows, length, sequence_keys)
+
+    batching.crop_batch = recording_crop
+    try:
+        history = model.fit(texts, labels, batch_size=8, epochs=2, verbose=0)
+    finally:
+        batching.crop_batch = original
+    orders = [sum(epochs[i : i + 6], []) for i in (0, 6)]
+    if keras.backend.backend() == "tensorflow":  # tf.data reads the signature's batch first
+        orders = [sum(epochs[1 + i : 7 + i], []) for i in (0, 6)]
+    for order in orders:
+        assert sorted(order) == list(range(48))
+    assert orders[0] != orders[1]
+    assert np.isfinite(history.history["loss"]).all()
+
+
+def test_fit_on_packed_tagger_labels_crops_them():
+    tags = ["O", "B-PER", "I-PER", "B-LOC"]
+    model = BertTagger(toy_backbone(), labels=tags, preprocessor=toy_preprocessor(SEQUENCE_LENGTH))
+    sentences = [s.split() for s in _sentences(16, seed=7)]
+    word_labels = [[tags[len(w) % 4] for w in s] for s in sentences]
+    history = model.fit(sentences, word_labels, batch_size=4, epochs=1, verbose=0, validation_split=0.25)
+    assert np.isfinite(history.history["val_loss"]).all()
+
+
+# ------------------------------------------------------------------------ bad input
+def test_bad_input_names_what_is_wrong():
+    model = BertClassifier(toy_backbone(), num_classes=2, preprocessor=toy_preprocessor(16))
+    with pytest.raises(ValueError, match="empty batch"):
+        model.predict([])
+    with pytest.raises(ValueError, match="index 2.*NoneType"):
+        model.predict(["a film", "the plot", None])
+    with pytest.raises(ValueError, match="index 1.*int"):
+        model.evaluate(["a film", 3], [0, 1], verbose=0)
