@@ -17,9 +17,27 @@
 * **TensorFlow** - `tf.distribute` strategies (e.g. `tf.distribute.MirroredStrategy()`):
   create and compile the model inside `strategy.scope()`, then `fit` as usual; Keras splits
   each global batch over the replicas.
-* **PyTorch** - the Keras torch backend has no `keras.distribution`; wrap the training loop
-  in `torch.nn.parallel.DistributedDataParallel` (one process per device, launched with
-  `torchrun`), or train on JAX for multi-device runs.
+* **PyTorch** - the Keras torch backend has no `keras.distribution`; within one process kbert
+  trains on one device. Over several processes see below.
+
+**Several processes** (one per host or per accelerator; tested with 2 local processes on
+CPU). Every process runs the same script; `initialize()` starts the backend's own engine from
+the launcher's environment (torchrun's `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`,
+`TF_CONFIG`, Keras' `KERAS_DISTRIBUTION_*`) or from explicit arguments, and `data_parallel()`
+then spans every process on every backend:
+
+    kbert.distribution.initialize()          # before the first model is created
+    distribution = kbert.distribution.data_parallel()
+    with distribution.scope():
+        model = kbert.models.BertClassifier.from_preset(..., num_classes=2)
+        model.fit(x, y, batch_size=64)       # same full x, y and global batch everywhere
+
+JAX runs `jax.distributed` (gloo collectives on CPU) under `keras.distribution`
+(`model_parallel` spans processes too); TensorFlow runs `MultiWorkerMirroredStrategy`; torch
+runs `torch.distributed` (gloo on CPU, nccl on GPU) and kbert's tasks average the gradients
+over the processes in their train step (`kbert.models.multiprocess`). Each process trains on
+its slice of every global batch; process 0 alone writes presets, backups and run reports
+(`kbert.processes.is_writer`).
 
 Example:
 >>> distribution = data_parallel()
@@ -27,10 +45,23 @@ Example:
 ...     backbone = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
 """
 
+import contextlib
+import datetime
+import json
+import os
+import socket
+import time
+
 import keras
 import numpy as np
 
+from kbert import processes
 from kbert.models.backbone import BertBackbone
+from kbert.models.multiprocess import check_global_batch_size
+
+# Seconds `initialize` waits for every process to join by default, and the bound of every
+# collective after that (a process that died makes the others fail after at most this long).
+DEFAULT_TIMEOUT = 120
 
 
 def _data_parallel_size(distribution):
@@ -56,6 +87,9 @@ def check_batch_size(batch_size, distribution=None):
     if distribution is None or batch_size is None:
         return
     replicas = _data_parallel_size(distribution)
+    if processes.process_count() > 1:
+        # Keras hands each process' own rows to the layout: they split over its devices.
+        replicas = max(replicas // processes.process_count(), 1)
     if int(batch_size) % replicas:
         raise ValueError(
             f"The batch size must be divisible by the {replicas} devices of the data-parallel "
@@ -111,10 +145,22 @@ def data_parallel(devices=None):
     Args:
         devices: optional list of device names (`keras.distribution.list_devices()`).
 
+    After `initialize()` in several processes the distribution spans them all: on JAX a
+    `DataParallel` over every process' devices; on TensorFlow and torch a
+    `ProcessDataParallel` (the run's `MultiWorkerMirroredStrategy`, or torch.distributed).
+
     Returns:
-        `kbert.distribution.DataParallel`.
+        `kbert.distribution.DataParallel` or `kbert.distribution.ProcessDataParallel`.
     """
-    return DataParallel(devices=devices or keras.distribution.list_devices())
+    group = processes.process_group()
+    if group is not None and group.num_processes > 1 and group.backend != "jax":
+        return ProcessDataParallel(group)
+    distribution = DataParallel(devices=devices or keras.distribution.list_devices())
+    if group is not None and group.num_processes > 1:
+        # kbert gives each process its own rows (kbert.models.multiprocess); Keras must not
+        # split a tf.data input again.
+        distribution.auto_shard_dataset = False
+    return distribution
 
 
 def _backbone_config(config):
@@ -225,4 +271,279 @@ def model_parallel(
         model_parallel_dim_name=model_parallel_dim_name,
         data_parallel_dim_name=data_parallel_dim_name if shard_weights_over_batch else None,
     )
-    return ModelParallel(layout_map=layout_map, batch_dim_name=data_parallel_dim_name)
+    distribution = ModelParallel(layout_map=layout_map, batch_dim_name=data_parallel_dim_name)
+    if processes.process_count() > 1:
+        distribution.auto_shard_dataset = False  # kbert gives each process its own rows.
+    return distribution
+
+
+# ------------------------------------------------------------------------ several processes
+class ProcessDataParallel:
+    """Data parallelism over the processes of a TensorFlow or torch run.
+
+    Returned by `data_parallel()` after `initialize()` in several processes. Create the model
+    inside `scope()` and call `fit` with the global batch: each process trains a replica on
+    its slice of every batch (`kbert.models.multiprocess`).
+
+    Args:
+        group: the `kbert.processes.ProcessGroup` started by `initialize`.
+
+    Attributes:
+        num_processes: int.
+        process_id: int.
+        strategy: the `tf.distribute.MultiWorkerMirroredStrategy` (TensorFlow), else `None`.
+    """
+
+    def __init__(self, group):
+        self.group = group
+        self.num_processes = group.num_processes
+        self.process_id = group.process_id
+        self.strategy = group.strategy
+
+    def check_batch_size(self, batch_size):
+        """Raises a ValueError unless the global `batch_size` splits over the processes."""
+        check_global_batch_size(batch_size, self.num_processes)
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Models created (and compiled) inside train across the processes."""
+        if self.strategy is not None:
+            with self.strategy.scope():
+                yield self
+        else:
+            yield self
+
+    def __repr__(self):
+        return f"ProcessDataParallel({self.group!r})"
+
+
+def _environment_settings():
+    """`(coordinator_address, num_processes, process_id, where)` from a launcher, or None."""
+    env = os.environ
+    if "WORLD_SIZE" in env and "RANK" in env:
+        port = env.get("MASTER_PORT")
+        if not port:
+            raise ValueError("torchrun's RANK and WORLD_SIZE are set but MASTER_PORT is not.")
+        address = f"{env.get('MASTER_ADDR', '127.0.0.1')}:{port}"
+        return address, int(env["WORLD_SIZE"]), int(env["RANK"]), "torchrun's RANK/WORLD_SIZE"
+    if env.get("TF_CONFIG"):
+        try:
+            config = json.loads(env["TF_CONFIG"])
+            workers = list(config["cluster"]["worker"])
+            task = config["task"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(
+                "TF_CONFIG must be JSON like {\"cluster\": {\"worker\": [\"host:port\", ...]}, "
+                f"\"task\": {{\"type\": \"worker\", \"index\": i}}}}. Received: {env['TF_CONFIG']!r} "
+                f"({error})"
+            ) from None
+        if task.get("type", "worker") != "worker" or set(config["cluster"]) != {"worker"}:
+            raise ValueError(
+                "kbert runs TensorFlow's MultiWorkerMirroredStrategy with workers only: "
+                f"TF_CONFIG must name a cluster of 'worker' tasks. Received: {env['TF_CONFIG']!r}"
+            )
+        return workers[0], len(workers), int(task["index"]), "TF_CONFIG"
+    if env.get("KERAS_DISTRIBUTION_JOB_ADDRESSES"):
+        addresses = env["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",")
+        count = int(env.get("KERAS_DISTRIBUTION_NUM_PROCESSES", len(addresses)))
+        index = int(env.get("KERAS_DISTRIBUTION_PROCESS_ID", 0))
+        return addresses[0], count, index, "KERAS_DISTRIBUTION_*"
+    return None
+
+
+def _resolve(coordinator_address, num_processes, process_id):
+    found = _environment_settings()
+    if found is None:
+        if num_processes is None or process_id is None or coordinator_address is None:
+            raise ValueError(
+                "kbert.distribution.initialize needs `coordinator_address`, `num_processes` and "
+                "`process_id`, or a launcher's environment (torchrun's RANK/WORLD_SIZE/"
+                "MASTER_ADDR/MASTER_PORT, TF_CONFIG, or KERAS_DISTRIBUTION_*). Received: "
+                f"coordinator_address={coordinator_address!r}, num_processes={num_processes!r}, "
+                f"process_id={process_id!r} and none of those variables."
+            )
+        return coordinator_address, int(num_processes), int(process_id)
+    address, count, index, where = found
+    for name, given, launched in (
+        ("num_processes", num_processes, count),
+        ("process_id", process_id, index),
+        ("coordinator_address", coordinator_address, address),
+    ):
+        if given is not None and given != launched:
+            raise ValueError(
+                f"`{name}`={given!r} does not match the launcher's {launched!r} ({where}). "
+                "Leave the argument out to take the launcher's, or launch with the same value."
+            )
+    return address, count, index
+
+
+def _check_settings(coordinator_address, num_processes, process_id):
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"`num_processes` must be a positive integer. Received: {num_processes!r}")
+    if not isinstance(process_id, int) or not 0 <= process_id < num_processes:
+        raise ValueError(
+            f"`process_id` must lie in [0, num_processes) = [0, {num_processes}). "
+            f"Received: process_id={process_id!r}"
+        )
+    host, _, port = str(coordinator_address).rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(
+            "`coordinator_address` must be 'host:port' (process 0's address). "
+            f"Received: {coordinator_address!r}"
+        )
+    return host, int(port)
+
+
+def _wait_for_coordinator(host, port, timeout, process_id):
+    """Waits (at most `timeout` seconds) until process 0's coordinator accepts connections."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=2):
+                return
+        except OSError as error:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"Process {process_id} could not reach the coordinator at {host}:{port} "
+                    f"within {timeout} s ({error}). Check that process 0 runs, the address "
+                    "and port, and the firewall."
+                ) from None
+            time.sleep(0.2)
+
+
+def initialize(coordinator_address=None, num_processes=None, process_id=None, timeout=None):
+    """Starts the backend's multi-process engine; `data_parallel()` then spans every process.
+
+    Call it first thing, in every process, before any model exists. The settings come from
+    the arguments or the launcher's environment: torchrun's `RANK`, `WORLD_SIZE`,
+    `MASTER_ADDR` and `MASTER_PORT`; `TF_CONFIG` (workers only; its first worker is the
+    coordinator); Keras' `KERAS_DISTRIBUTION_JOB_ADDRESSES`, `..._NUM_PROCESSES` and
+    `..._PROCESS_ID`. Arguments that contradict the launcher are a ValueError.
+
+    * JAX: `jax.distributed.initialize` (with gloo collectives on CPU, set before it);
+    * TensorFlow: a `tf.distribute.MultiWorkerMirroredStrategy` (needs `TF_CONFIG`, which
+      names every worker's address);
+    * torch: `torch.distributed.init_process_group`, gloo on CPU, nccl when CUDA is
+      available (each process then uses GPU `LOCAL_RANK`).
+
+    With `num_processes=1` nothing is started.
+
+    Args:
+        coordinator_address: str. `host:port` of process 0 (JAX's coordinator, torch's
+            `MASTER_ADDR:MASTER_PORT`, TensorFlow's first worker).
+        num_processes: int. Processes in the run.
+        process_id: int. This process' index, 0 to `num_processes - 1`.
+        timeout: seconds. How long to wait for every process to join (a ValueError/
+            TimeoutError/RuntimeError after it), and on torch and TensorFlow the bound of each
+            collective, so that a process that died makes the others fail instead of hang.
+            Defaults to `DEFAULT_TIMEOUT` (120).
+
+    Returns:
+        `kbert.processes.ProcessGroup`.
+
+    Example:
+    >>> kbert.distribution.initialize("10.0.0.1:1234", num_processes=2, process_id=0)
+    """
+    timeout = int(DEFAULT_TIMEOUT if timeout is None else timeout)
+    coordinator_address, num_processes, process_id = _resolve(
+        coordinator_address, num_processes, process_id
+    )
+    host, port = _check_settings(coordinator_address, num_processes, process_id)
+    existing = processes.process_group()
+    if existing is not None:
+        if (existing.num_processes, existing.process_id) != (num_processes, process_id):
+            raise RuntimeError(f"kbert.distribution is already initialized: {existing!r}.")
+        return existing
+    backend = keras.backend.backend()
+    if num_processes == 1:
+        group = processes.ProcessGroup(backend, 1, 0, coordinator_address)
+        processes.set_process_group(group)
+        return group
+    start = {"jax": _start_jax, "tensorflow": _start_tensorflow, "torch": _start_torch}[backend]
+    group = start(coordinator_address, host, port, num_processes, process_id, timeout)
+    processes.set_process_group(group)
+    return group
+
+
+def _start_jax(address, host, port, num_processes, process_id, timeout):
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if process_id != 0:
+        _wait_for_coordinator(host, port, timeout, process_id)
+    jax.distributed.initialize(
+        coordinator_address=address,
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=timeout,
+        heartbeat_timeout_seconds=max(10, min(timeout, 100)),
+    )
+    return processes.ProcessGroup("jax", num_processes, process_id, address)
+
+
+def _start_tensorflow(address, host, port, num_processes, process_id, timeout):
+    import tensorflow as tf
+
+    if not os.environ.get("TF_CONFIG"):
+        raise ValueError(
+            "On TensorFlow, kbert.distribution.initialize needs TF_CONFIG, which lists every "
+            "worker's address: TF_CONFIG='{\"cluster\": {\"worker\": [\"host0:port\", "
+            "\"host1:port\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}'."
+        )
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+        timeout_seconds=timeout,
+    )
+    if process_id != 0:
+        _wait_for_coordinator(host, port, timeout, process_id)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    if strategy.num_replicas_in_sync != num_processes:
+        raise ValueError(
+            f"The TensorFlow cluster has {strategy.num_replicas_in_sync} replicas, but kbert "
+            f"expects one per process ({num_processes}): use one device per worker."
+        )
+    return processes.ProcessGroup("tensorflow", num_processes, process_id, address, strategy)
+
+
+def _start_torch(address, host, port, num_processes, process_id, timeout):
+    import torch
+    import torch.distributed as dist
+
+    if torch.cuda.is_available():
+        backend, device = "nccl", "cuda"
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", process_id)))
+    else:
+        backend, device = "gloo", "cpu"
+    # Under torchrun its agent already serves the rendezvous store at MASTER_PORT.
+    launched = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    try:
+        dist.init_process_group(
+            backend,
+            init_method="env://" if launched else f"tcp://{host}:{port}",
+            world_size=num_processes,
+            rank=process_id,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+    except Exception as error:
+        raise RuntimeError(
+            f"Process {process_id} of {num_processes} could not join the torch.distributed "
+            f"group at {address} within {timeout} s: {error}"
+        ) from error
+    return processes.ProcessGroup("torch", num_processes, process_id, address, device=device)
+
+
+def shutdown():
+    """Leaves the process group started by `initialize` (at the end of a run)."""
+    group = processes.process_group()
+    if group is None:
+        return
+    if group.num_processes > 1 and group.backend == "torch":
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    elif group.num_processes > 1 and group.backend == "jax":
+        import jax
+
+        jax.distributed.shutdown()
+    processes.set_process_group(None)

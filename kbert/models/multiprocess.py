@@ -1,0 +1,305 @@
+"""`fit` over several processes: each process trains on its slice of every global batch.
+
+Started by `kbert.distribution.initialize` (see `kbert.processes`), every process runs the
+same script with the same full inputs and the global `batch_size`. `MultiProcessTraining`, a
+base of `kbert.models.BertTask`, then turns `fit`'s inputs into this process' share and keeps
+the replicas equal:
+
+* **NumPy arrays and raw text** (packed by the task first): `ProcessBatches` gives process `p`
+  of `P` rows `[p * B/P, (p + 1) * B/P)` of every global batch of `B` rows. `B` must be a
+  multiple of `P` (a ValueError otherwise). The last, partial batch of `n` rows keeps its
+  first `n - n % P` rows, split the same way on every process (a warning names the rows
+  left out of each epoch), so every process runs the same number of steps. With `shuffle`
+  (the default) the order of each epoch is drawn from a seed process 0 sends to all.
+* **`tf.data.Dataset`s** are taken as this process' batches (kbert's `pretraining_dataset`
+  splits its files by process index); nothing is split again.
+* **Replicas**: at the start of `fit` the weights of process 0 are sent to all (JAX, torch;
+  TensorFlow's strategy does it itself). Per backend the global step is:
+  JAX - one program over the global batch (`keras.distribution`); TensorFlow -
+  `MultiWorkerMirroredStrategy` sums the replicas' gradients of per-replica losses scaled by
+  `1/P`; torch - after each parameter's gradient is accumulated in `backward()`, a hook
+  (`torch.Tensor.register_post_accumulate_grad_hook`) all-reduces it (`torch.distributed`)
+  and divides it by `P`, before Keras' own `TorchTrainer.train_step` applies the optimizer;
+  the metrics' states are summed over processes when they are read (`get_metrics_result`),
+  so the logs are the global batch's, as on the other backends.
+
+So a loss that is a mean over each batch's examples gives the one-process result for the
+global batch exactly. A loss normalised by a count that differs between slices (e.g. the
+masked-LM loss, a mean over each slice's masked positions) is the mean of the slices' means,
+as with `torch.nn.parallel.DistributedDataParallel` and `tf.distribute`.
+"""
+
+import math
+import warnings
+
+import keras
+import numpy as np
+
+from kbert import processes
+
+
+def _rows(x):
+    leaves = [leaf for leaf in keras.tree.flatten(x) if leaf is not None]
+    counts = {len(leaf) for leaf in leaves}
+    if len(counts) != 1:
+        raise ValueError(
+            f"Every input array must have the same number of rows. Received row counts "
+            f"{sorted(counts)}"
+        )
+    return counts.pop()
+
+
+def check_global_batch_size(batch_size, num_processes=None):
+    """Raises a ValueError unless the global `batch_size` splits evenly over the processes."""
+    num_processes = num_processes or processes.process_count()
+    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(
+            "Training over several processes needs the global `batch_size` (examples per step "
+            f"over all {num_processes} processes). Received: batch_size={batch_size!r}"
+        )
+    if batch_size % num_processes:
+        raise ValueError(
+            f"The global batch size must be divisible by the {num_processes} processes, which "
+            f"each take an equal slice of every batch. Received: batch_size={int(batch_size)}. "
+            f"Use a multiple of {num_processes}."
+        )
+
+
+def _agreed_seed():
+    """A random seed drawn by process 0 and sent to every process."""
+    seed = np.array([np.random.SeedSequence().entropy % (2**31 - 1)], "int64")
+    return int(processes.broadcast([seed])[0][0])
+
+
+class ProcessBatches(keras.utils.PyDataset):
+    """This process' slice of every global batch of NumPy arrays.
+
+    Args:
+        x, y, sample_weight: NumPy arrays (or dicts / tuples of them) with the same rows; `y`
+            and `sample_weight` may be `None`.
+        batch_size: int. The global batch size, a multiple of `num_processes`.
+        shuffle: bool. Draw a new order every epoch (the same on every process).
+        seed: int. Seed of the orders (the same on every process). Defaults to 0.
+        num_processes: int. Defaults to `kbert.processes.process_count()`.
+        process_index: int. Defaults to `kbert.processes.process_index()`.
+    """
+
+    def __init__(
+        self,
+        x,
+        y=None,
+        sample_weight=None,
+        *,
+        batch_size,
+        shuffle=False,
+        seed=0,
+        num_processes=None,
+        process_index=None,
+    ):
+        super().__init__()
+        self.num_processes = num_processes or processes.process_count()
+        self.process_index = processes.process_index() if process_index is None else process_index
+        check_global_batch_size(batch_size, self.num_processes)
+        self.data = tuple(d for d in (x, y, sample_weight) if d is not None)
+        self.rows = _rows(self.data)
+        self.batch_size = int(batch_size)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        last = self.rows % self.batch_size
+        self.dropped_rows = last % self.num_processes
+        if self.rows < self.num_processes:
+            raise ValueError(
+                f"{self.rows} rows cannot be split over {self.num_processes} processes."
+            )
+        self.used_rows = self.rows - self.dropped_rows
+        self._order = self._make_order()
+
+    def _make_order(self):
+        if not self.shuffle:
+            return np.arange(self.rows)
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.rows)
+
+    @property
+    def num_batches(self):
+        return math.ceil(self.used_rows / self.batch_size)
+
+    def __len__(self):
+        return self.num_batches
+
+    def __getitem__(self, index):
+        if not 0 <= index < self.num_batches:
+            raise IndexError(f"Batch {index} of {self.num_batches}.")
+        start = index * self.batch_size
+        size = min(self.batch_size, self.used_rows - start)
+        share = size // self.num_processes
+        first = start + self.process_index * share
+        rows = self._order[first : first + share]
+        batch = keras.tree.map_structure(lambda a: np.asarray(a)[rows], self.data)
+        return batch if len(batch) > 1 else batch[0]
+
+    def on_epoch_end(self):
+        self.epoch += 1
+        self._order = self._make_order()
+
+
+def _is_dataset(x):
+    return hasattr(x, "element_spec") and hasattr(x, "map") and hasattr(x, "batch")
+
+
+def _tf_distributed(group, data):
+    """A TensorFlow strategy's dataset that hands each worker `data` (its own batches) as is."""
+    import tensorflow as tf
+
+    if isinstance(data, ProcessBatches):
+        batches = data
+        first = batches[0]
+        spec = keras.tree.map_structure(
+            lambda a: tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype)), first
+        )
+
+        def generate():
+            for i in range(len(batches)):
+                yield batches[i]
+            batches.on_epoch_end()
+
+        dataset = tf.data.Dataset.from_generator(generate, output_signature=spec)
+    else:
+        dataset = data
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    dataset = dataset.with_options(options)
+    return group.strategy.distribute_datasets_from_function(lambda context: dataset)
+
+
+class MultiProcessTraining:
+    """Mixin of `keras.Model` subclasses: `fit` over the processes of `kbert.distribution`.
+
+    Does nothing in a single process. See the module docstring for what it does in several.
+    """
+
+    def fit(self, x=None, y=None, batch_size=None, **kwargs):
+        group = processes.process_group()
+        if group is None or group.num_processes == 1:
+            return super().fit(x=x, y=y, batch_size=batch_size, **kwargs)
+        self._check_multi_process_setup(group)
+        if kwargs.get("validation_split"):
+            raise ValueError(
+                "`validation_split` is not supported when training over several processes: "
+                "pass `validation_data` (the same full arrays on every process)."
+            )
+        shuffle = kwargs.pop("shuffle", True)
+        seed = _agreed_seed() if shuffle and not _is_dataset(x) else 0
+        x, y, sample_weight, batch_size = self._process_inputs(
+            group, x, y, kwargs.pop("sample_weight", None), batch_size, shuffle, seed
+        )
+        validation = kwargs.get("validation_data")
+        if validation is not None:
+            if _is_dataset(validation):
+                kwargs["validation_data"] = self._process_inputs(
+                    group, validation, None, None, None, False, 0
+                )[0]
+            else:
+                kwargs["validation_data"] = self._process_inputs(
+                    group,
+                    *(tuple(validation) + (None,))[:3],
+                    kwargs.pop("validation_batch_size", None) or batch_size * group.num_processes,
+                    False,
+                    0,
+                )[0]
+        self._broadcast_weights(group)
+        hooks = self._average_gradients(group)
+        try:
+            return super().fit(
+                x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, shuffle=False,
+                **kwargs
+            )
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def _check_multi_process_setup(self, group):
+        if group.backend != keras.backend.backend():
+            raise RuntimeError(
+                f"kbert.distribution.initialize started {group.backend!r}, but Keras runs on "
+                f"{keras.backend.backend()!r}."
+            )
+        if group.backend == "jax" and keras.distribution.distribution() is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.fit runs in process {group.process_id} of "
+                f"{group.num_processes}, but outside a distribution: call it (and create the "
+                "model) inside `with kbert.distribution.data_parallel().scope():`."
+            )
+        if group.backend == "tensorflow" and self.distribute_strategy is not group.strategy:
+            raise RuntimeError(
+                f"{type(self).__name__} was not created in the scope of the run's "
+                "MultiWorkerMirroredStrategy: create (and compile) the model inside "
+                "`with kbert.distribution.data_parallel().scope():`."
+            )
+
+    def _process_inputs(self, group, x, y, sample_weight, batch_size, shuffle, seed):
+        if _is_dataset(x):
+            data = x
+            if group.backend == "tensorflow":
+                data = _tf_distributed(group, data)
+            return data, None, None, None
+        if batch_size is None:
+            raise ValueError(
+                "Training over several processes needs the global `batch_size` (examples per "
+                f"step over all {group.num_processes} processes) with array or text inputs."
+            )
+        batches = ProcessBatches(
+            x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed
+        )
+        if batches.dropped_rows:
+            warnings.warn(
+                f"The last batch has {batches.rows % batches.batch_size} rows, which do not split "
+                f"evenly over {group.num_processes} processes: its last {batches.dropped_rows} "
+                "rows are left out of every epoch (on every process alike).",
+                stacklevel=3,
+            )
+        if group.backend == "tensorflow":
+            return _tf_distributed(group, batches), None, None, None
+        return batches, None, None, None
+
+    def _broadcast_weights(self, group):
+        """Process 0's weights (and seed states) on every process (JAX and torch)."""
+        if group.backend == "tensorflow":
+            return  # MultiWorkerMirroredStrategy creates its variables equal everywhere.
+        variables = list(self.variables)
+        values = processes.broadcast([keras.ops.convert_to_numpy(v) for v in variables])
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+
+    def _average_gradients(self, group):
+        """Torch: hooks that all-reduce each parameter's gradient and divide it by P."""
+        if group.backend != "torch":
+            return []
+        import torch.distributed as dist
+
+        size = group.num_processes
+
+        def average(parameter):
+            dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
+            parameter.grad.div_(size)
+
+        return [
+            v.value.register_post_accumulate_grad_hook(average)
+            for v in self.trainable_variables
+            if getattr(v.value, "requires_grad", False)
+        ]
+
+    def get_metrics_result(self):
+        """The metrics' results; on torch over several processes, of the summed states."""
+        group = processes.process_group()
+        if group is None or group.num_processes == 1 or group.backend != "torch":
+            return super().get_metrics_result()
+        variables = list(self.metrics_variables)
+        local = [keras.ops.convert_to_numpy(v) for v in variables]
+        for variable, total in zip(variables, processes.all_sum(local)):
+            variable.assign(total)
+        try:
+            return super().get_metrics_result()
+        finally:
+            for variable, value in zip(variables, local):
+                variable.assign(value)
