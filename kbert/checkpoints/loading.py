@@ -4,17 +4,12 @@ The model classes (`kbert.models`) call `load_checkpoint` from their `from_prese
 themselves and their backbone class in: this package imports nothing from `kbert.models`.
 """
 
-import os
 from pathlib import Path
 
 from kbert.checkpoints import formats
 from kbert.checkpoints._config import read_json
 from kbert.checkpoints.kbert_preset import is_kbert_preset, load_kbert_preset
-
-
-def installed_presets_dir():
-    """Where named presets with weights are looked up: `$KBERT_PRESETS_DIR` or `~/.cache/kbert/presets`."""
-    return Path(os.environ.get("KBERT_PRESETS_DIR", Path.home() / ".cache" / "kbert" / "presets"))
+from kbert.hub import installed_presets_dir  # noqa: F401 (re-exported by kbert.checkpoints)
 
 
 def detect_format(path):
@@ -80,7 +75,8 @@ def load_model(cls, source, load_weights=True, **kwargs):
 
     Args:
         cls: a kbert model class (`kbert.models.BertBackbone`, `BertClassifier`, ...).
-        source: str or path. A preset name or a checkpoint directory.
+        source: str or path. A preset name, an `hf://<owner>/<name>[@revision]` handle
+            (see `kbert.hub`) or a checkpoint directory.
         load_weights: bool. Whether to load the weights. Defaults to `True`.
         **kwargs: arguments of `cls.from_preset`.
     """

@@ -9,7 +9,7 @@ import inspect
 import os
 from pathlib import Path
 
-from kbert import checkpoints
+from kbert import checkpoints, hub
 from kbert.checkpoints.atomic import recover
 
 _UNCASED_VOCABULARY_SIZE = 30522
@@ -97,16 +97,22 @@ BACKBONE_PRESETS = {
 class PresetMixin:
     """`from_preset`, `save_to_preset` and `presets` for kbert models.
 
-    A `source` is a preset name (`bert_base_en_uncased`...) or a directory: a kbert preset, a
-    Hugging Face BERT directory, an original Google BERT checkpoint directory or a keras-hub
-    BERT preset. See `kbert.checkpoints.load_model`.
+    A `source` is a preset name (`bert_base_en_uncased`...), a Hugging Face Hub handle
+    (`hf://<owner>/<name>[@revision]`, downloaded into huggingface_hub's cache, see `kbert.hub`)
+    or a directory: a kbert preset, a Hugging Face BERT directory, an original Google BERT
+    checkpoint directory or a keras-hub BERT preset. See `kbert.checkpoints.load_model`.
     """
 
     @classmethod
     def presets(cls):
-        """The built-in preset names mapped to their description and parameter count."""
+        """The built-in preset names mapped to their description, parameter count and the
+        `hf://` handle of the Hugging Face repository their weights come from."""
         return {
-            name: {"description": p["description"], "params": p["params"]}
+            name: {
+                "description": p["description"],
+                "params": p["params"],
+                "handle": hub.PRESET_HANDLES[name],
+            }
             for name, p in BACKBONE_PRESETS.items()
         }
 
@@ -116,10 +122,13 @@ class PresetMixin:
 
         Args:
             source: str or path. A built-in preset name (the installed preset directory
-                `$KBERT_PRESETS_DIR/<name>`, see `tools/convert_checkpoint.py`) or a directory.
+                `$KBERT_PRESETS_DIR/<name>` if there is one, else its Hugging Face
+                repository, see `presets()`), an `hf://<owner>/<name>[@revision]` handle
+                (downloaded once into huggingface_hub's cache; `HF_HUB_OFFLINE=1` loads it
+                from there without a request, see `kbert.hub`) or a directory.
             load_weights: bool. Load the weights; `False` builds the architecture with
-                freshly initialised weights (the only way to use a preset name whose
-                weights are not installed). Defaults to `True`.
+                freshly initialised weights (a preset name then downloads nothing).
+                Defaults to `True`.
             **kwargs: the model's constructor arguments (e.g. `num_classes`, a task's head
                 `dropout`), `BertBackbone` arguments that override the stored configuration
                 (e.g. `dtype`, `flash_attention`; a backbone's `dropout`), and `fresh_heads`
@@ -127,7 +136,8 @@ class PresetMixin:
                 argument goes to the model. Any other name is a ValueError.
 
         Example:
-        >>> backbone = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
+        >>> backbone = BertBackbone.from_preset("hf://sentence-transformers/all-MiniLM-L6-v2")
+        >>> fresh = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
         """
         from kbert.models.backbone import BertBackbone
 
@@ -215,35 +225,25 @@ def _explicit_parameters(function):
 
 def _preset_directory(source, load_weights):
     """The checkpoint directory `from_preset` reads for `source`, or None for a built-in preset
-    name to build with fresh weights (`load_weights=False` and no installed weights)."""
-    if not isinstance(source, (str, os.PathLike)):
-        raise ValueError(
-            "`source` must be a preset name or a checkpoint directory (str or path). "
-            f"Received: {type(source).__name__} {source!r}"
-        )
+    name to build with fresh weights (`load_weights=False` and no installed weights).
+
+    Local paths and installed presets first complete an interrupted atomic save; `hf://`
+    handles and names without an installed preset go through `kbert.hub`."""
     if not isinstance(load_weights, bool):
-        raise ValueError(f"`load_weights` must be True or False. Received: load_weights={load_weights!r}")
-    name = os.fspath(source)
-    if not name:
-        raise ValueError("`source` is empty. Expected a preset name or a checkpoint directory.")
-    path = recover(name)  # Completes a save that was interrupted.
-    if Path(path).exists() or "/" in name or "\\" in name:
-        return Path(path)
-    if name not in BACKBONE_PRESETS:
         raise ValueError(
-            f"Unknown preset {name!r}. Known presets: {sorted(BACKBONE_PRESETS)}; "
-            "or pass a checkpoint directory."
+            f"`load_weights` must be True or False. Received: load_weights={load_weights!r}"
         )
-    installed = recover(checkpoints.installed_presets_dir() / name)
-    if installed.is_dir():
-        return installed
-    if load_weights:
-        raise FileNotFoundError(
-            f"No weights are installed for preset {name!r}: {installed} does not exist. "
-            "Convert a checkpoint into that directory with `python tools/convert_checkpoint.py "
-            f"--source <Hugging Face or Google BERT directory> --output {installed}` (set "
-            "$KBERT_PRESETS_DIR to keep presets elsewhere), pass a checkpoint directory "
-            "instead of the name, or pass load_weights=False for the architecture with freshly "
-            "initialised weights."
-        )
-    return None
+    name = source
+    if isinstance(source, (str, os.PathLike)) and not hub.is_hub_handle(os.fspath(source)):
+        name = os.fspath(source)
+        if name:
+            path = recover(name)  # Completes a save that was interrupted.
+            if path.exists():
+                return path
+        if name in BACKBONE_PRESETS:
+            installed = recover(checkpoints.installed_presets_dir() / name)
+            if installed.is_dir():
+                return installed
+            if not load_weights:
+                return None  # The architecture alone: nothing to download.
+    return hub.resolve_preset_source(name, load_weights=load_weights)

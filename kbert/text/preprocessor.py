@@ -154,7 +154,8 @@ class BertPreprocessor:
 
     @classmethod
     def from_preset(cls, preset, sequence_length=128, truncate="longest_first", **kwargs):
-        """Preprocessor for a preset directory (or vocab file); `kwargs` go
-        to `BertTokenizer.from_preset`."""
+        """Preprocessor for a preset directory, a vocab file, an `hf://` handle or a
+        preset name (see `BertTokenizer.from_preset`); `kwargs` go to
+        `BertTokenizer.from_preset`."""
         tokenizer = BertTokenizer.from_preset(preset, **kwargs)
         return cls(tokenizer, sequence_length=sequence_length, truncate=truncate)

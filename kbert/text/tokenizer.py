@@ -769,17 +769,26 @@ class BertTokenizer:
 
         `preset` is either a `vocab.txt` file, or a directory holding
         `vocab.txt` (a Hugging Face / kbert preset) or
-        `assets/tokenizer/vocabulary.txt` (a keras-hub preset). Casing comes
+        `assets/tokenizer/vocabulary.txt` (a keras-hub preset), or an
+        `hf://<owner>/<name>[@revision]` handle or a built-in preset name,
+        whose tokenizer files (no weights) are downloaded into
+        huggingface_hub's cache (see `kbert.hub`). Casing comes
         from `tokenizer_config.json` (`do_lower_case`, `strip_accents`), else
         from `tokenizer.json` (keras-hub config or Hugging Face normalizer),
         when present, else from the vocabulary itself (`vocabulary_is_uncased`:
         a cased vocabulary holds upper-case pieces); keyword arguments override it.
 
         Args:
-            preset: str path.
+            preset: str or path. A directory, a vocabulary file, a handle or a
+                preset name.
             **kwargs: constructor arguments that override the preset's.
+
+        Example:
+        >>> tokenizer = BertTokenizer.from_preset("hf://google-bert/bert-base-uncased")
         """
-        preset = os.fspath(preset)
+        from kbert.hub import resolve_preset_source
+
+        preset = os.fspath(resolve_preset_source(preset, load_weights=False))
         if os.path.isfile(preset):
             kwargs.setdefault("lowercase", vocabulary_is_uncased(preset))
             return cls(vocabulary=preset, **kwargs)
