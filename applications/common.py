@@ -83,24 +83,25 @@ def check_data_dir(args, required=()):
 
 
 def quiet_startup():
-    """Imports kbert and Keras and wakes the backend, hiding the known start-up notices of
-    TensorFlow/XLA on a machine without GPU (oneDNN, cudart, cuInit CUDA error 303); every
-    other line written meanwhile (real errors) still reaches stderr.
+    """Imports Keras and wakes the backend, hiding the known start-up notices of TensorFlow/XLA
+    on a machine without GPU (oneDNN, cudart, cuInit CUDA error 303); every other line written
+    meanwhile (real errors) still reaches stderr.
 
-    `import kbert` holds those notices back itself (`kbert.startup.quiet_native_startup`);
-    the first computation, which makes the backend look for devices, is wrapped here, and so is
-    TensorFlow's device discovery where TensorFlow is loaded for tf.data under another backend
-    (it would otherwise print the cuInit error when the first pipeline is built).
+    An application's choice: `import kbert` leaves stderr alone. Where TensorFlow is installed
+    it is loaded here too (through `kbert._tensorflow`, which hides the GPUs from it when it
+    only feeds data to JAX or PyTorch), so that its device discovery, which prints the cuInit
+    error, happens inside the quiet block rather than when the first pipeline is built.
     """
-    from kbert.startup import quiet_native_startup  # First: `import kbert` loads Keras quietly.
-
-    import keras
+    from kbert.startup import quiet_native_startup  # Standard library only.
 
     with quiet_native_startup():
+        import keras
+
+        from kbert import _tensorflow
+
         keras.ops.convert_to_numpy(keras.ops.zeros(1))
-        tensorflow = sys.modules.get("tensorflow")
-        if tensorflow is not None:
-            tensorflow.config.list_physical_devices()
+        if _tensorflow.available():
+            _tensorflow.tensorflow().config.list_physical_devices()
 
 
 def base_parser(description, *, epochs, batch_size, learning_rate, max_length):
@@ -146,7 +147,19 @@ def base_parser(description, *, epochs, batch_size, learning_rate, max_length):
         default=None,
         help="Where metrics.json and training_curve.png go. Default: ./runs/<application>.",
     )
+    add_tune_allocator_flag(parser)
     return parser
+
+
+def add_tune_allocator_flag(parser):
+    """Adds `--tune-allocator`: call `kbert.tune_allocator()` before the backend computes."""
+    parser.add_argument(
+        "--tune-allocator",
+        action="store_true",
+        help="Make glibc's malloc reuse large blocks (kbert.tune_allocator(): no mmap, no trim, "
+        "one arena) before the backend first computes. Off by default; BENCHMARKS.md has its "
+        "measured effect.",
+    )
 
 
 def parse_args(parser, argv=None):
@@ -166,7 +179,19 @@ def parse_args(parser, argv=None):
             )
         os.environ["KERAS_BACKEND"] = args.backend
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    apply_tune_allocator(args)
     return args
+
+
+def apply_tune_allocator(args):
+    """Calls `kbert.tune_allocator()` if `--tune-allocator` was given; prints why not if it
+    could not apply."""
+    if getattr(args, "tune_allocator", False):
+        import kbert.runtime  # Standard library only: Keras is not imported yet.
+
+        state = kbert.runtime.tune_allocator()
+        if not state["applied"]:
+            print(f"--tune-allocator: {state['reason']}", file=sys.stderr)
 
 
 def seed_everything(seed):

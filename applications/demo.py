@@ -44,6 +44,7 @@ def parse_args(argv=None):
     parser.add_argument("--sequence-length", type=int, default=64, help="Default: %(default)s.")
     parser.add_argument("--seed", type=int, default=0, help="Default: %(default)s.")
     parser.add_argument("--output-dir", default="runs/demo", help="Default: %(default)s.")
+    common.add_tune_allocator_flag(parser)
     return parser.parse_args(argv)
 
 
@@ -57,6 +58,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.backend:
         os.environ["KERAS_BACKEND"] = args.backend
+    common.apply_tune_allocator(args)
     for name in ("corpus.txt", "reviews.tsv"):
         if not (DEMO_DATA / name).is_file():
             common.fail(f"{DEMO_DATA / name} is missing; restore it with `git checkout applications/demo_data`.")

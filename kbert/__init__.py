@@ -11,29 +11,57 @@ Subpackages:
     kbert.export       SavedModel (raw strings in, tokenizer in the graph) and ONNX export.
     kbert.distribution Data- and model-parallel training (keras.distribution) with BERT layouts.
     kbert.tracking     Record a run: per-step loss, dev scores per epoch, metrics.json, curve PNG.
+    kbert.runtime      Opt-in process settings: `tune_allocator()` (glibc malloc reuse on CPU).
+
+Importing kbert changes nothing in the process: it sets no allocator or logging options,
+leaves stderr alone, probes no devices and imports nothing heavy. Each subpackage (and Keras
+with it) is imported the first time it is used, e.g. `kbert.models.BertClassifier` or
+`from kbert import models`.
 
 TensorFlow is optional: everything runs with Keras on JAX or PyTorch alone except the tf.data
 pipelines, the tokenizer inside a tf.data graph and Google TF checkpoints, which raise one clear
-error naming `pip install "kbert[tensorflow]"` when it is missing.
+error naming `pip install "kbert[tensorflow]"` when it is missing. TensorFlow is imported only
+when one of those is used.
 """
+
+import importlib
 
 __version__ = "0.1.0"
 
-# First: glibc malloc reuses large blocks across training steps (see kbert/runtime.py).
-from kbert import runtime  # noqa: F401  (isort: skip)
-from kbert.startup import quiet_native_startup  # Standard library only.
+_SUBMODULES = (
+    "callbacks",
+    "checkpoints",
+    "data",
+    "distribution",
+    "export",
+    "layers",
+    "metrics",
+    "models",
+    "runtime",
+    "text",
+    "tracking",
+)
 
-# Keras (and TensorFlow, where installed) start here: the known start-up notices TensorFlow/XLA
-# write from C++ on a CPU machine (oneDNN, cudart, cuInit) are dropped, every other line kept.
-with quiet_native_startup():
-    from kbert import callbacks, checkpoints, data, distribution, export, layers, metrics, models, text
-    from kbert import tracking
+__all__ = [*_SUBMODULES, "tune_allocator"]
 
-    import keras as _keras
 
-    if _keras.backend.backend() == "tensorflow":
-        import tensorflow as _tf
+def tune_allocator():
+    """Makes glibc's malloc reuse large blocks; see `kbert.runtime.tune_allocator`.
 
-        _tf.config.list_physical_devices()  # Device discovery (cuInit on a CPU machine) prints here.
-        del _tf
-    del _keras
+    Returns:
+        A dict: `"applied"` (bool) and `"reason"` (what was done, or why not).
+    """
+    from kbert import runtime
+
+    return runtime.tune_allocator()
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        # Imports the subpackage, which binds it as an attribute of this module.
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_SUBMODULES))

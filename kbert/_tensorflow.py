@@ -4,10 +4,17 @@ TensorFlow (with tensorflow-text) is needed only for the `tf.data` pipelines, th
 inside a `tf.data` / `tf.function` graph and Google TF1 checkpoints. Everything else in kbert
 runs with Keras on JAX or PyTorch alone. Code that needs TensorFlow calls `tensorflow(what)` /
 `tensorflow_text(what)` at the point of use; without it installed the user gets one clear
-error that names the extra to install.
+error that names the extra to install. Nothing here imports TensorFlow before a feature that
+needs it is used: `import kbert` and the models never do.
+
+When TensorFlow only feeds data (the Keras backend is JAX or PyTorch), kbert hides the
+accelerators from it as it imports it (`tf.config.set_visible_devices([], "GPU")`), so that it
+does not claim the GPU memory the backend computes on. A process that imported and initialised
+TensorFlow itself before keeps the devices it chose.
 """
 
 import importlib
+import os
 import sys
 
 INSTALL_HINT = 'pip install "kbert[tensorflow]"'
@@ -19,12 +26,33 @@ class MissingTensorFlowError(ImportError):
     """Raised when a kbert feature that needs TensorFlow is used without it installed."""
 
 
+def _keras_backend():
+    """The Keras backend, without importing Keras when it is not imported yet."""
+    keras = sys.modules.get("keras")
+    if keras is not None and hasattr(keras, "backend"):
+        return keras.backend.backend()
+    return os.environ.get("KERAS_BACKEND", "tensorflow")
+
+
+def _hide_accelerators(tf):
+    """Hides the GPUs from TensorFlow when it only feeds data to another backend."""
+    if _keras_backend() == "tensorflow":
+        return
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:  # TensorFlow's devices were initialised before: left as they are.
+        pass
+
+
 def _import(name, package, what):
     if name not in _modules:
         try:
             _modules[name] = importlib.import_module(name)
         except Exception as error:  # ImportError, or a broken install raising anything else.
             _modules[name] = error
+        else:
+            if name == "tensorflow":
+                _hide_accelerators(_modules[name])
     module = _modules[name]
     if isinstance(module, Exception):
         raise MissingTensorFlowError(
@@ -64,20 +92,36 @@ def is_tensor(value):
 
 
 def is_dataset(value):
-    """`isinstance(value, tf.data.Dataset)`, False when TensorFlow was never imported."""
+    """Whether `value` is a `tf.data.Dataset`: kbert's one dataset predicate.
+
+    `isinstance(value, tf.data.Dataset)` without importing TensorFlow: False when TensorFlow
+    was never imported (a dataset cannot exist before it is).
+    """
     tf = sys.modules.get("tensorflow")
     data = getattr(tf, "data", None)
-    return data is not None and isinstance(value, data.Dataset)
+    dataset = getattr(data, "Dataset", None)
+    return isinstance(dataset, type) and isinstance(value, dataset)
 
 
 def do_not_convert(function):
-    """`tf.autograph.experimental.do_not_convert` when TensorFlow is installed, else `function`.
+    """`function` for AutoGraph to call as it is, without importing TensorFlow to say so.
 
     kbert's text classes branch on Python types; AutoGraph must call them as they are when
-    they are mapped over a `tf.data.Dataset`.
+    they are mapped over a `tf.data.Dataset`. The returned function calls
+    `tf.autograph.experimental.do_not_convert(function)` when TensorFlow is imported (the only
+    case where AutoGraph can be converting its caller), and `function` itself otherwise.
     """
-    try:
-        tf = tensorflow()
-    except MissingTensorFlowError:
-        return function
-    return tf.autograph.experimental.do_not_convert(function)
+    unconverted = []
+
+    def call(*args, **kwargs):
+        tf = sys.modules.get("tensorflow")
+        if tf is None or not hasattr(tf, "autograph"):
+            return function(*args, **kwargs)
+        if not unconverted:
+            unconverted.append(tf.autograph.experimental.do_not_convert(function))
+        return unconverted[0](*args, **kwargs)
+
+    # Not functools.wraps: AutoGraph would follow `__wrapped__` to the original's source.
+    for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(call, attribute, getattr(function, attribute, None))
+    return call

@@ -26,6 +26,8 @@ from collections import OrderedDict
 import keras
 import numpy as np
 
+from kbert import _tensorflow, processes
+
 BACKUP_FORMAT = "kbert-training-backup-1"
 BACKUP_FILE = "training_state.npz"
 
@@ -59,7 +61,7 @@ class BatchStream:
         self.passes_started = 0
 
     def _read(self):
-        import tensorflow as tf
+        tf = _tensorflow.tensorflow("Resumable batches")
 
         while True:
             if self._iterator is None:
@@ -118,7 +120,7 @@ class BatchStream:
 
     def dataset(self, start):
         """A `tf.data.Dataset` of the batches from `start` on (endless)."""
-        import tensorflow as tf
+        tf = _tensorflow.tensorflow("Resumable batches as a tf.data.Dataset")
 
         first = self.get(start)
         spec = tf.nest.map_structure(

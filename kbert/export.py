@@ -35,6 +35,8 @@ from pathlib import Path
 
 import keras
 
+from kbert import _tensorflow
+
 _PACKED_INPUTS = ("token_ids", "segment_ids", "padding_mask")
 
 
@@ -168,7 +170,7 @@ def _tokenizer_resources(preprocessor):
 
 
 def _write_saved_model(model, preprocessor, target):
-    import tensorflow as tf
+    tf = _tensorflow.tensorflow("Exporting a SavedModel")
 
     def outputs_of(packed):
         outputs = model(packed, training=False)

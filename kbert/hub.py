@@ -197,7 +197,15 @@ def resolve_preset_source(source, load_weights=True):
     installed = installed_presets_dir() / name
     if installed.is_dir():
         return installed
-    return download(PRESET_HANDLES[name], load_weights=load_weights)
+    try:
+        return download(PRESET_HANDLES[name], load_weights=load_weights)
+    except (FileNotFoundError, PermissionError, ConnectionError) as error:
+        raise type(error)(
+            f"Preset {name!r}: {error} Alternatively install a kbert preset at {installed} "
+            "(`python tools/convert_checkpoint.py --source <checkpoint> --output "
+            f"{installed}`), or pass load_weights=False for the architecture with freshly "
+            "initialised weights."
+        ) from error.__cause__
 
 
 def select_files(files, load_weights=True):
@@ -270,7 +278,6 @@ def download(handle, load_weights=True):
 
     repo_id, revision = parse_handle(handle)
     endpoint = (os.environ.get("HF_ENDPOINT") or "").rstrip("/") or None
-    cache_dir = hub_cache_dir()
     timeout = _timeout()
     where = f"the Hub at {endpoint or 'https://huggingface.co'}"
     files = None
@@ -349,7 +356,9 @@ def _load_cached(hub, errors, handle, load_weights, reach_error, where):
     cache_dir = hub_cache_dir()
     if reach_error is None:
         why = "HF_HUB_OFFLINE is set"
-        todo = "Unset HF_HUB_OFFLINE and load it once with network access, or pass a local directory."
+        todo = (
+            "Unset HF_HUB_OFFLINE and load it once with network access, or pass a local directory."
+        )
     else:
         why = (
             f"{where} could not be reached within {_timeout():g} s ({type(reach_error).__name__}: "

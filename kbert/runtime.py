@@ -1,4 +1,9 @@
-"""Process settings kbert applies when it is imported: glibc's malloc keeps large blocks for reuse.
+"""An opt-in process setting: glibc's malloc keeps large blocks for reuse.
+
+kbert applies nothing when it is imported; call `kbert.tune_allocator()` (or
+`kbert.runtime.tune_allocator()`) yourself, first thing in a training script, or pass
+`--tune-allocator` to the applications. Whether it pays depends on the backend and the machine:
+BENCHMARKS.md has its measured effect.
 
 On CPU, XLA (the JAX and TensorFlow backends) and PyTorch allocate the temporary buffers of
 every training step afresh; the fine-tuning step of a 6-layer, 384-wide BERT at batch 32 and
@@ -15,8 +20,9 @@ system (`M_TRIM_THRESHOLD`), and to use one arena for every thread (`M_ARENA_MAX
 that a block freed in one step is reused, already mapped, in the next: no page faults after
 the first step. The cost is that memory the process has freed stays reserved for it (its
 resident size stays at its peak). A thread keeps the arena it already has, so the setting
-takes full effect only before the backend first computes: kbert applies it when it is
-imported.
+takes full effect only before the backend first computes: call it before the first
+computation. In a multi-threaded server one arena serialises allocations and memory is never
+returned to the system: leave it off there.
 
 It applies on Linux with glibc only, and not when `KBERT_MALLOC_TUNING=0` is set, nor when
 `GLIBC_TUNABLES` already sets one of these malloc parameters (the user's choice wins).
@@ -64,8 +70,13 @@ def _glibc():
 def tune_allocator():
     """Makes glibc's malloc reuse large blocks instead of mapping them afresh for every step.
 
-    Called once when kbert is imported; calling it again does nothing more. See the module
-    docstring for what it sets and why.
+    Never called by kbert itself. Call it once, before the backend first computes; calling it
+    again does nothing more. See the module docstring for what it sets, why, and its cost.
+
+    Example:
+    >>> import kbert
+    >>> kbert.tune_allocator()["applied"]  # doctest: +SKIP
+    True
 
     Returns:
         A dict: `"applied"` (bool) and `"reason"` (a sentence saying what was done or why not).
@@ -96,8 +107,6 @@ def tune_allocator():
 
 
 def allocator_tuning():
-    """What `tune_allocator` did in this process: a dict with `"applied"` and `"reason"`."""
+    """What `tune_allocator` did in this process: a dict with `"applied"` and `"reason"`
+    (`"not attempted"` until it is called)."""
     return dict(_state)
-
-
-tune_allocator()

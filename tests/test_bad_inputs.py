@@ -7,7 +7,9 @@ Add a case: one `_case(id, callable, ExpectedError, "substring")` line. Callable
 """
 
 import json
+import os
 import time
+from unittest import mock
 
 import keras
 import numpy as np
@@ -136,6 +138,14 @@ def _squad(paragraph):
 _QA_OK = {"id": "q1", "question": "What?", "answers": [{"text": "film", "answer_start": 2}]}
 
 
+def _offline(c, fn, *args):
+    """`fn(*args)` with huggingface_hub offline and an empty cache: no request leaves the test."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(c.root / "hf_cache"),
+           "KBERT_PRESETS_DIR": str(c.root / "presets")}
+    with mock.patch.dict(os.environ, env):
+        return fn(*args)
+
+
 def _case(case_id, fn, error, substring):
     return pytest.param(fn, error, substring, id=case_id)
 
@@ -170,7 +180,7 @@ CASES = [
     _case("classifier-dropout-str", lambda c: BertClassifier(c.classifier.backbone, num_classes=2, dropout="x"), ValueError, "dropout='x'"),
     _case("classifier-multi-label-str", lambda c: BertClassifier(c.classifier.backbone, num_classes=2, multi_label="yes"), ValueError, "multi_label='yes'"),
     _case("classifier-unknown-kwarg", lambda c: BertClassifier(c.classifier.backbone, num_classes=2, num_labels=3), ValueError, "num_labels"),
-    _case("classifier-learning-rate-negative", lambda c: BertClassifier(c.classifier.backbone, num_classes=2, learning_rate=-1.0), ValueError, "learning_rate=-1.0"),
+    _case("classifier-learning-rate-negative", lambda c: c.classifier.compile(learning_rate=-1.0), ValueError, "learning_rate=-1.0"),
     _case("qa-sequence-too-long", lambda c: BertQuestionAnswerer(c.classifier.backbone, sequence_length=1000), ValueError, "sequence_length=1000"),
     _case("qa-unknown-kwarg", lambda c: BertQuestionAnswerer(c.classifier.backbone, stride=3), ValueError, "stride"),
     # --- calling models ---------------------------------------------------------------------
@@ -183,7 +193,7 @@ CASES = [
     _case("fit-regression-inf", lambda c: c.regressor.fit(c.inputs, np.array([np.inf])), ValueError, "inf"),
     _case("call-missing-key", lambda c: c.classifier.backbone({"token_ids": c.inputs["token_ids"]}), ValueError, 'input "padding_mask"'),
     # --- from_preset: sources and arguments -------------------------------------------------
-    _case("preset-name-without-weights", lambda c: BertBackbone.from_preset("bert_tiny_en_uncased"), FileNotFoundError, "load_weights=False"),
+    _case("preset-name-without-weights", lambda c: _offline(c, BertBackbone.from_preset, "bert_tiny_en_uncased"), FileNotFoundError, "load_weights=False"),
     _case("preset-name-unknown", lambda c: BertBackbone.from_preset("bert_huge_xx"), ValueError, "'bert_huge_xx'"),
     _case("preset-source-int", lambda c: BertBackbone.from_preset(123), ValueError, "int 123"),
     _case("preset-load-weights-str", lambda c: BertBackbone.from_preset(c.preset, load_weights="no"), ValueError, "load_weights='no'"),
@@ -232,7 +242,7 @@ CASES = [
     _case("tagging-unknown-label", lambda c: encode_tagging([["the"]], c.tokenizer, word_labels=[["B-XYZ"]], label_to_id={"O": 0}), ValueError, "'B-XYZ'"),
     # --- tools ----------------------------------------------------------------------------
     _case("convert-missing-source", lambda c: _convert_tool("--source", str(c.root / "no_such_dir"), "--output", str(c.root / "out")), SystemExit, "no_such_dir"),
-    _case("convert-preset-name-without-weights", lambda c: _convert_tool("--source", "bert_tiny_en_uncased", "--output", str(c.root / "out")), SystemExit, "load_weights=False"),
+    _case("convert-preset-name-without-weights", lambda c: _offline(c, _convert_tool, "--source", "bert_tiny_en_uncased", "--output", str(c.root / "out")), SystemExit, "load_weights=False"),
     _case("convert-not-a-checkpoint", lambda c: _convert_tool("--source", str(c.root), "--output", str(c.root / "out")), SystemExit, "is not a known BERT checkpoint"),
     _case("tagging-word-not-str", lambda c: encode_tagging([["the", 5]], c.tokenizer), ValueError, "5 (type int)"),
 ]

@@ -168,7 +168,15 @@ def run_memory(args):
                 "jit_compile": {"auto": "auto", "on": True, "off": False}[args.jit_compile],
             }
             try:
-                results.append(spawn(spec, backend, args.nice, args.malloc_hugepages == "on"))
+                results.append(
+                    spawn(
+                        spec,
+                        backend,
+                        args.nice,
+                        args.malloc_hugepages == "on",
+                        args.allocator_tuning == "on",
+                    )
+                )
             except RuntimeError as error:
                 results.append(dict(spec, error=str(error)))
     lines = [
@@ -246,9 +254,9 @@ def parse_args(argv=None):
     parser.add_argument(
         "--allocator-tuning",
         choices=("on", "off"),
-        default="on",
-        help="off: KBERT_MALLOC_TUNING=0 for every worker, so that kbert leaves glibc's malloc "
-        "as it is (to measure what kbert.runtime's tuning does)",
+        default="off",
+        help="on: every kbert worker calls kbert.tune_allocator() before it computes (glibc "
+        "malloc reuse); off (default, as a script that does not opt in): malloc as it is",
     )
     parser.add_argument(
         "--plain",
@@ -287,6 +295,10 @@ def main(argv=None):
         print(table)
         payload = {"command": command, "date": started.isoformat(), "memory": results}
         payload["malloc_hugepages"] = args.malloc_hugepages
+            if spec.get("allocator_tuning"):
+                import kbert
+
+                kbert.tune_allocator()
     else:
         records, infos, peaks = run_benchmark(args)
         print(f"\ndevice: {next(iter(infos.values()))['device'] if infos else '?'}")

@@ -82,7 +82,7 @@ def main(argv=None):
         fmt = detect_format(args.source) if os.path.isdir(args.source) else "preset name"
         print(f"[1/4] Loading {args.source} ({fmt}) as {cls.__name__}", flush=True)
         model = cls.from_preset(args.source, fresh_heads=True if args.fresh_heads else None)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError, ImportError) as error:  # OSError: also hf:// download errors
         raise SystemExit(f"--source {args.source}: {error}") from None
     backbone = getattr(model, "backbone", model)
     inputs = parity.sample_inputs(backbone)

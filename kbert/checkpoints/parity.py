@@ -12,6 +12,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from kbert import _tensorflow
 from kbert.checkpoints import google, keras_hub
 
 
@@ -78,7 +79,7 @@ def reference_outputs(source, fmt, inputs, heads=False):
     if fmt == "huggingface":
         return _huggingface_reference(source, inputs, heads)
     if fmt == "google":
-        import tensorflow as tf
+        tf = _tensorflow.tensorflow("Checking a Google TF checkpoint")
 
         from kbert.checkpoints._config import read_json
         from kbert.checkpoints.numpy_reference import google_bert_forward

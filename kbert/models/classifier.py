@@ -3,7 +3,8 @@
 import keras
 import numpy as np
 
-from kbert.models.task import BertTask, check_class_ids, is_dataset
+from kbert._tensorflow import is_dataset
+from kbert.models.task import BertTask, check_class_ids
 
 
 @keras.saving.register_keras_serializable(package="kbert")

@@ -21,6 +21,8 @@ seen inside Keras' epoch loop); neither are backend tensors that already live on
 import keras
 import numpy as np
 
+from kbert import _tensorflow
+from kbert._tensorflow import is_dataset
 from kbert.layers.utils import check_integer_dtype, host_values, index_range_message
 
 # Integer inputs and the backbone attribute bounding them (None: the sequence length).
@@ -69,13 +71,9 @@ def check_model_inputs(inputs, backbone):
             raise ValueError(index_range_message(key, upper_name, upper, low, high))
 
 
-def _is_dataset(x):
-    return hasattr(x, "element_spec") and hasattr(x, "map") and hasattr(x, "batch")
-
-
 def _checked_dataset(dataset, backbone):
     """`dataset` with an in-pipeline assertion on the ids of every element."""
-    import tensorflow as tf
+    tf = _tensorflow.tensorflow("Checking the ids of a tf.data.Dataset")
 
     def features_of(element):  # The features dict of `x` or of an `(x, y, ...)` tuple.
         if isinstance(element, dict):
@@ -117,7 +115,7 @@ def _checked_dataset(dataset, backbone):
 
 def check_data(x, backbone):
     """`x` for `fit`/`evaluate`/`predict`, with its ids checked (NumPy) or to be checked (tf.data)."""
-    if _is_dataset(x):
+    if is_dataset(x):
         return _checked_dataset(x, backbone)
     if isinstance(x, dict):
         check_model_inputs(x, backbone)
@@ -142,7 +140,7 @@ class HostInputChecks:
     def fit(self, x=None, *args, validation_data=None, **kwargs):
         x = self._checked_x(x)
         if validation_data is not None:
-            if _is_dataset(validation_data):
+            if is_dataset(validation_data):
                 validation_data = self._checked_x(validation_data)
             elif isinstance(validation_data, (tuple, list)) and validation_data:
                 self._checked_x(validation_data[0])

@@ -7,7 +7,6 @@ depend on checkpoints, never the reverse.
 
 import inspect
 import os
-from pathlib import Path
 
 from kbert import checkpoints, hub
 from kbert.checkpoints.atomic import recover

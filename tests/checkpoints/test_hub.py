@@ -2,7 +2,6 @@
 stand-in of the Hub (`_hub_server.py`) reached through `HF_ENDPOINT`: download, cache hit,
 offline load, every failure, interrupted downloads."""
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,11 @@ WORDS = "the quick brown fox a lazy dog jumps over".split()
 
 def _files(directory):
     directory = Path(directory)
-    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+    return {
+        p.relative_to(directory).as_posix(): p.read_bytes()
+        for p in directory.rglob("*")
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +90,9 @@ def _cached_blobs(hub_env):
 
 
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="a real 22M-parameter model: once")
-def test_handle_loads_minilm_equal_to_the_local_directory(served, hub_env, minilm_dir, minilm_files):
+def test_handle_loads_minilm_equal_to_the_local_directory(
+    served, hub_env, minilm_dir, minilm_files
+):
     served.repositories[MINILM] = Repository(minilm_files)
     backbone = BertBackbone.from_preset(f"hf://{MINILM}")
     reference = BertBackbone.from_preset(minilm_dir)
@@ -98,7 +103,9 @@ def test_handle_loads_minilm_equal_to_the_local_directory(served, hub_env, minil
     snapshot = hub.resolve_preset_source(f"hf://{MINILM}")
     assert snapshot.is_relative_to(hub_env / "hf_cache")  # huggingface_hub's own cache
     fetched = sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
-    assert fetched == sorted(set(_files(minilm_dir)) - {"README.md", ".gitattributes", "data_config.json"})
+    assert fetched == sorted(
+        set(_files(minilm_dir)) - {"README.md", ".gitattributes", "data_config.json"}
+    )
     # Cache hit: the second and third resolutions listed the repository but fetched no file.
     assert len(served.file_requests("GET")) == len(fetched)
 
@@ -123,7 +130,8 @@ def test_task_tokenizer_and_preprocessor_by_handle_equal_the_local_preset(served
     classifier = BertClassifier.from_preset(handle)
     reference = BertClassifier.from_preset(tiny_preset)
     np.testing.assert_array_equal(
-        to_numpy(classifier.predict(TEXTS, verbose=0)), to_numpy(reference.predict(TEXTS, verbose=0))
+        to_numpy(classifier.predict(TEXTS, verbose=0)),
+        to_numpy(reference.predict(TEXTS, verbose=0)),
     )
     assert classifier.preprocessor.sequence_length == 12
     before = len(served.file_requests("GET"))
@@ -167,7 +175,8 @@ def test_preset_name_resolves_to_its_repository_unless_installed(hub_env, monkey
         loaded = BertBackbone.from_preset("bert_tiny_en_uncased")
         inputs = random_backbone_inputs()
         np.testing.assert_array_equal(
-            to_numpy(loaded(inputs))["sequence_output"], to_numpy(backbone(inputs))["sequence_output"]
+            to_numpy(loaded(inputs))["sequence_output"],
+            to_numpy(backbone(inputs))["sequence_output"],
         )
         # An installed preset wins and costs no request.
         installed = BertBackbone(**tiny_backbone_kwargs(hidden_dim=16, intermediate_dim=24))
@@ -176,7 +185,10 @@ def test_preset_name_resolves_to_its_repository_unless_installed(hub_env, monkey
         assert BertBackbone.from_preset("bert_tiny_en_uncased").hidden_dim == 16
         assert len(server.requests) == seen
     assert set(hub.PRESET_HANDLES) == set(BertBackbone.presets())
-    assert BertBackbone.presets()["bert_base_en_uncased"]["handle"] == "hf://google-bert/bert-base-uncased"
+    assert (
+        BertBackbone.presets()["bert_base_en_uncased"]["handle"]
+        == "hf://google-bert/bert-base-uncased"
+    )
 
 
 @pytest.mark.parametrize(
@@ -185,7 +197,11 @@ def test_preset_name_resolves_to_its_repository_unless_installed(hub_env, monkey
         ("hf://nobody/nothing", FileNotFoundError, "no repository 'nobody/nothing'"),
         (f"hf://{TINY}@v9", FileNotFoundError, "has no revision 'v9'"),
         ("hf://kbert-test/gated", PermissionError, "gated or private.*HF_TOKEN"),
-        ("hf://kbert-test/missing-file", FileNotFoundError, "a file the repository lists is missing"),
+        (
+            "hf://kbert-test/missing-file",
+            FileNotFoundError,
+            "a file the repository lists is missing",
+        ),
         ("hf://kbert-test/not-bert", FileNotFoundError, "holds no BERT checkpoint"),
         ("hf://not a repo", ValueError, "must look like"),
     ],
@@ -209,7 +225,9 @@ def test_unreachable_hub_fails_fast_naming_the_handle(hub_env, monkeypatch):
         port = probe.getsockname()[1]
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     start = time.perf_counter()
-    with pytest.raises(ConnectionError, match=r"hf://kbert-test/x.*could not be reached within 10 s"):
+    with pytest.raises(
+        ConnectionError, match=r"hf://kbert-test/x.*could not be reached within 10 s"
+    ):
         BertBackbone.from_preset("hf://kbert-test/x")
     assert time.perf_counter() - start < 10
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -230,13 +248,16 @@ def test_interrupted_download_resumes(served, hub_env, tiny_preset):
     classifier = BertClassifier.from_preset(f"hf://{TINY}")
     reference = BertClassifier.from_preset(tiny_preset)
     np.testing.assert_array_equal(
-        to_numpy(classifier.predict(TEXTS, verbose=0)), to_numpy(reference.predict(TEXTS, verbose=0))
+        to_numpy(classifier.predict(TEXTS, verbose=0)),
+        to_numpy(reference.predict(TEXTS, verbose=0)),
     )
     transfers = [p for p in served.file_requests("GET") if p.endswith("model.weights.h5")]
     assert len(transfers) == 2  # the cut transfer and its resumption (or restart)
 
 
-def test_failed_download_leaves_nothing_a_later_load_reads(served, hub_env, monkeypatch, tiny_preset):
+def test_failed_download_leaves_nothing_a_later_load_reads(
+    served, hub_env, monkeypatch, tiny_preset
+):
     handle = f"hf://{TINY}"
     served.drop["model.weights.h5"] = 1
     served.fail_after_drop = True  # the resumption fails too
@@ -251,27 +272,60 @@ def test_failed_download_leaves_nothing_a_later_load_reads(served, hub_env, monk
     classifier = BertClassifier.from_preset(handle)
     reference = BertClassifier.from_preset(tiny_preset)
     np.testing.assert_array_equal(
-        to_numpy(classifier.predict(TEXTS, verbose=0)), to_numpy(reference.predict(TEXTS, verbose=0))
+        to_numpy(classifier.predict(TEXTS, verbose=0)),
+        to_numpy(reference.predict(TEXTS, verbose=0)),
     )
 
 
 def test_select_files_prefers_safetensors_and_skips_other_formats():
     listing = [
-        "config.json", "vocab.txt", "tokenizer.json", "model.safetensors", "pytorch_model.bin",
-        "tf_model.h5", "flax_model.msgpack", "onnx/model.onnx", "README.md", "1_Pooling/config.json",
-        "2_Dense/config.json", "2_Dense/model.safetensors", "2_Dense/pytorch_model.bin",
-        "openvino/openvino_model.xml", "modules.json",
+        "config.json",
+        "vocab.txt",
+        "tokenizer.json",
+        "model.safetensors",
+        "pytorch_model.bin",
+        "tf_model.h5",
+        "flax_model.msgpack",
+        "onnx/model.onnx",
+        "README.md",
+        "1_Pooling/config.json",
+        "2_Dense/config.json",
+        "2_Dense/model.safetensors",
+        "2_Dense/pytorch_model.bin",
+        "openvino/openvino_model.xml",
+        "modules.json",
     ]
-    assert hub.select_files(listing) == sorted([
-        "1_Pooling/config.json", "2_Dense/config.json", "2_Dense/model.safetensors", "config.json",
-        "model.safetensors", "modules.json", "tokenizer.json", "vocab.txt",
-    ])
-    sharded = ["config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors",
-               "model-00002-of-00002.safetensors", "pytorch_model.bin"]
+    assert hub.select_files(listing) == sorted(
+        [
+            "1_Pooling/config.json",
+            "2_Dense/config.json",
+            "2_Dense/model.safetensors",
+            "config.json",
+            "model.safetensors",
+            "modules.json",
+            "tokenizer.json",
+            "vocab.txt",
+        ]
+    )
+    sharded = [
+        "config.json",
+        "model.safetensors.index.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "pytorch_model.bin",
+    ]
     assert "pytorch_model.bin" not in hub.select_files(sharded)
-    assert hub.select_files(["config.json", "pytorch_model.bin"]) == ["config.json", "pytorch_model.bin"]
-    google = ["bert_config.json", "vocab.txt", "bert_model.ckpt.index",
-              "bert_model.ckpt.data-00000-of-00001", "bert_model.ckpt.meta"]
+    assert hub.select_files(["config.json", "pytorch_model.bin"]) == [
+        "config.json",
+        "pytorch_model.bin",
+    ]
+    google = [
+        "bert_config.json",
+        "vocab.txt",
+        "bert_model.ckpt.index",
+        "bert_model.ckpt.data-00000-of-00001",
+        "bert_model.ckpt.meta",
+    ]
     assert hub.select_files(google) == sorted(google[:4])
     assert hub.select_files(sharded, load_weights=False) == ["config.json"]
     assert hub.parse_handle("hf://a/b@v1.0") == ("a/b", "v1.0")

@@ -37,12 +37,17 @@ class TestBertBackbone(TestCase):
         self.run_backbone_test(BertBackbone, tiny_backbone_kwargs(), random_backbone_inputs(), tmp_path)
 
     @pytest.mark.parametrize("name", sorted(BACKBONE_PRESETS))
-    def test_preset_parameter_counts_equal_hf(self, name):
+    def test_preset_parameter_counts_equal_hf(self, name, tmp_path, monkeypatch):
         preset = BACKBONE_PRESETS[name]
         expected = _hf_parameter_count(preset["config"])
         assert preset["params"] == expected
         if preset["config"]["num_layers"] <= 4:  # Building the large ones here would be slow.
-            with pytest.raises(FileNotFoundError, match="convert_checkpoint.py"):
+            # Weights come from the Hub (tests/checkpoints/test_hub.py); offline with an empty
+            # cache, the name is an error naming its repository.
+            monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+            monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+            monkeypatch.setenv("KBERT_PRESETS_DIR", str(tmp_path / "presets"))
+            with pytest.raises(FileNotFoundError, match="hf://google/bert_uncased_L-.*OFFLINE"):
                 BertBackbone.from_preset(name)
             backbone = BertBackbone.from_preset(name, load_weights=False)
             assert backbone.count_params() == expected

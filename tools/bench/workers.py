@@ -45,10 +45,13 @@ def _versions(family):
     return versions
 
 
-def _allocator_state():
-    """What kbert did to the C allocator in this process (imports kbert, as a user's script does)."""
+def _allocator_state(tune):
+    """Calls `kbert.tune_allocator()` if `tune` (as a script that opts in does, before it
+    computes), and returns what kbert did to the C allocator in this process."""
     import kbert.runtime
 
+    if tune:
+        return kbert.runtime.tune_allocator()
     return kbert.runtime.allocator_tuning()
 
 
@@ -67,8 +70,10 @@ def worker_main(spec):
     backend = spec["backend"]
     results = []
     peaks = {}
-    # First, as a user's script imports kbert before it computes (see kbert.runtime).
-    allocator = _allocator_state() if spec["family"] != "hf" else None
+    # First, as a script that opts in tunes the allocator before it computes (kbert.runtime).
+    allocator = (
+        _allocator_state(spec.get("allocator_tuning", False)) if spec["family"] != "hf" else None
+    )
     info = {"device": device_name(), "device_kind": device_kind(), "versions": _versions(spec["family"])}
     if allocator is not None:
         info["allocator"] = allocator
@@ -150,7 +155,7 @@ def worker_environment(backend, hugepages=False, allocator_tuning=True):
 
     `hugepages=False` also removes the tunable from a `GLIBC_TUNABLES` inherited from the caller
     (the Makefile exports it), so that "off" means off. `allocator_tuning=False` sets
-    `KBERT_MALLOC_TUNING=0`: kbert then leaves glibc's allocator as it is.
+    `KBERT_MALLOC_TUNING=0`: `kbert.tune_allocator()` then leaves glibc's allocator as it is.
     """
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
     tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t != HUGEPAGE_TUNABLE]
@@ -165,7 +170,7 @@ def worker_environment(backend, hugepages=False, allocator_tuning=True):
     return env
 
 
-def spawn(spec, backend, nice, hugepages=False, allocator_tuning=True):
+def spawn(spec, backend, nice, hugepages=False, allocator_tuning=False):
     """Runs one worker process for `spec` and returns its JSON result.
 
     Hugging Face workers never get kbert's allocator tuning: HF's users do not import kbert.
@@ -180,3 +185,4 @@ def spawn(spec, backend, nice, hugepages=False, allocator_tuning=True):
         if line.startswith(RESULT_MARKER):
             return json.loads(line[len(RESULT_MARKER) :])
     raise RuntimeError(f"worker for {backend} exited with {process.returncode} and no result")
+    spec = dict(spec, allocator_tuning=allocator_tuning)
