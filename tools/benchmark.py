@@ -22,9 +22,13 @@ backend) is the one common peak of every row. Each Keras backend runs in its own
 subprocess (`KERAS_BACKEND` is fixed at import); Hugging Face runs in its own subprocess
 too. Warm-up steps (compilation) are excluded; a cell is the median of the timed steps; with
 `--rounds N` every process is run N times, interleaved, and the best round is kept (the
-machine may be shared). Every worker runs with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`
-(`--malloc-hugepages off` to compare): large malloc blocks on 2 MiB pages, which removes most
-of the page faults XLA's fresh per-step buffers cost on CPU.
+machine may be shared). Workers run in the caller's environment, as a user's script does:
+`--malloc-hugepages on` gives every worker `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (large malloc
+blocks on 2 MiB pages, fewer page faults for XLA's fresh per-step buffers on CPU), a process
+setting a plain script does not have, so its figures are not a plain script's. The timed cells
+run first in each worker; the matmul peak and bound (large products) are measured after them.
+`--check-plain` also times every float32 HF cell with `tools/bench/plain_step.py`, the same
+workload written as a user's own script, in the same run, and prints both figures side by side.
 
 `--memory` measures instead the peak memory of a fine-tuning step for the memory options:
 plain, `BertBackbone(remat=True)` and gradient accumulation (`bert_optimizer(...,
@@ -43,6 +47,7 @@ python tools/benchmark.py --suite gpu-goals              # the GPU goals (BERT-B
 python tools/benchmark.py --suite gpu-goals --config tiny --steps 2   # its code path, seconds
 python tools/benchmark.py --suite host-overhead          # tiny model on torch vs HF eager
 python tools/benchmark.py --suite cpu-goals --plain      # as a user's script runs
+python tools/benchmark.py --suite host-overhead --check-plain   # HF figures vs a plain script
 python tools/benchmark.py --memory --preset bert_mini_en_uncased --sequence-length 512 \
     --batch-size 16 --backend jax torch
 ```
@@ -63,6 +68,7 @@ import sys
 from bench.cells import SUITE_PROCESSES, SUITES, build_cells, suite_cells
 from bench.common import BACKENDS, FRAMEWORKS, MEMORY_VARIANTS, PRECISIONS, WORKLOADS, log
 from bench.memory import memory_worker_main
+from bench.plain_check import format_plain_checks, run_plain_checks
 from bench.report import (
     apply_common_peaks,
     best_of_rounds,
@@ -128,7 +134,7 @@ def run_benchmark(args):
     cells = build_cells(args)
     specs = _processes(args, cells)
     hugepages = args.malloc_hugepages == "on" and not args.plain
-    records, infos, peaks = [], {}, {}
+    records, infos, peaks, checks = [], {}, {}, []
     total = args.rounds * len(specs)
     done = 0
     for round_index in range(args.rounds):
@@ -143,8 +149,10 @@ def run_benchmark(args):
                 if peak:
                     key = f"{backend}/{precision}"
                     peaks[key] = max(peaks.get(key, 0), peak)
+            if args.check_plain and spec["family"] == "hf" and not spec["torch_compile"]:
+                checks.extend(run_plain_checks(spec["cells"], args))
     records = apply_common_peaks(best_of_rounds(records), peaks)
-    return records, infos, peaks
+    return records, infos, peaks, checks
 
 
 def run_memory(args):
@@ -247,9 +255,10 @@ def parse_args(argv=None):
     parser.add_argument(
         "--malloc-hugepages",
         choices=("on", "off"),
-        default="on",
-        help=f"run every worker with GLIBC_TUNABLES={HUGEPAGE_TUNABLE} (fewer page faults); "
-        "off also removes it from an inherited GLIBC_TUNABLES",
+        default="off",
+        help=f"on: run every worker with GLIBC_TUNABLES={HUGEPAGE_TUNABLE} (fewer page faults; "
+        "a process setting a plain script does not have); off (default) also removes it from "
+        "an inherited GLIBC_TUNABLES",
     )
     parser.add_argument(
         "--allocator-tuning",
@@ -263,6 +272,12 @@ def parse_args(argv=None):
         action="store_true",
         help="run as a user's script would: no GLIBC_TUNABLES, kbert's training cells also "
         "with keras.optimizers.AdamW(2e-5); prints page faults per step",
+    )
+    parser.add_argument(
+        "--check-plain",
+        action="store_true",
+        help="also time every float32 HF cell as a plain user script (tools/bench/plain_step.py) "
+        "after each HF worker, and print both figures and their ratio",
     )
     parser.add_argument("--json", help="write all records to this JSON file")
     parser.add_argument("--chart", help="write a PNG bar chart to this path")
@@ -280,6 +295,10 @@ def main(argv=None):
     if args.worker:
         spec = json.loads(args.worker)
         if spec.get("mode") == "memory":
+            if spec.get("allocator_tuning"):
+                import kbert
+
+                kbert.tune_allocator()
             memory_worker_main(spec)
         else:
             worker_main(spec)
@@ -295,12 +314,8 @@ def main(argv=None):
         print(table)
         payload = {"command": command, "date": started.isoformat(), "memory": results}
         payload["malloc_hugepages"] = args.malloc_hugepages
-            if spec.get("allocator_tuning"):
-                import kbert
-
-                kbert.tune_allocator()
     else:
-        records, infos, peaks = run_benchmark(args)
+        records, infos, peaks, checks = run_benchmark(args)
         print(f"\ndevice: {next(iter(infos.values()))['device'] if infos else '?'}")
         for name, peak in sorted(peaks.items()):
             print(f"measured matmul peak {name}: {peak / 1e9:.1f} GFLOP/s")
@@ -317,6 +332,8 @@ def main(argv=None):
             print(goals)
         if args.plain:
             print(format_page_faults(records))
+        if args.check_plain:
+            print(format_plain_checks(checks, records))
         if args.chart:
             write_chart(records, args.chart)
             print(f"\nchart written to {args.chart}")
@@ -329,6 +346,7 @@ def main(argv=None):
             "results": records,
             "malloc_hugepages": hugepages,
             "plain": args.plain,
+            "plain_checks": checks,
         }
     load = os.getloadavg()
     print(f"load average at end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

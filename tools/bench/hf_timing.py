@@ -4,6 +4,10 @@ import time
 
 from bench.common import minor_page_faults, random_batch
 
+# Wall-time floors of the warm-up and of the timed steps (see the loop in `run_hf_cell`).
+MIN_WARMUP_SECONDS = 0.5
+MIN_TIMED_SECONDS = 1.0
+
 
 def run_hf_cell(shape, cell, warmup, steps, torch_compile=False):
     import numpy as np
@@ -90,10 +94,17 @@ def run_hf_cell(shape, cell, warmup, steps, torch_compile=False):
             loss.item()
             sync()
 
-    for _ in range(max(warmup, 1)):
+    # A fast step (a tiny model) is warmed up and timed for a minimum wall time as well as a
+    # minimum count, as a user's script that loops for a while runs it: a handful of 30 ms steps
+    # right after start-up is not the step's steady speed.
+    started, done = time.perf_counter(), 0
+    while done < max(warmup, 1) or (
+        time.perf_counter() - started < MIN_WARMUP_SECONDS and done < 100
+    ):
         step()
+        done += 1
     times, faults = [], []
-    for _ in range(steps):
+    while len(times) < steps or (sum(times) < MIN_TIMED_SECONDS and len(times) < 200):
         before = minor_page_faults()
         start = time.perf_counter()
         step()

@@ -65,6 +65,42 @@ def _runs(spec, cell):
             yield framework, optimizer
 
 
+def _add_peaks_and_bounds(backend, kind, records, peaks):
+    """Measures the matmul peak of each precision of `records` (filling `peaks`), and the matmul
+    bound of each forward cell; sets each record's `matmul_peak_flops`, `mfu` and
+    `matmul_bound_seconds`."""
+    bounds = {}
+    for record in records:
+        precision = record["precision"]
+        if precision not in peaks:
+            try:
+                peaks[precision] = measure_matmul_peak(backend, precision)
+            except Exception as error:  # e.g. float16 matmul unsupported on this CPU build.
+                peaks[precision] = None
+                log(f"  matmul peak for {precision} on {backend} failed: {error}")
+        if "error" in record:
+            continue
+        record["matmul_peak_flops"] = peaks[precision]
+        record["mfu"] = record["achieved_flops"] / peaks[precision] if peaks[precision] else None
+        # A forward pass is bounded by its own matmuls, at its own shapes, on this backend.
+        # CPU only: on a GPU one product takes tens of microseconds, and timing each with a
+        # synchronisation would measure launch latency rather than the bound.
+        if record["workload"] != "inference" or kind == "gpu":
+            continue
+        key = (record["preset"], record["batch_size"], record["sequence_length"], precision)
+        if key not in bounds:
+            shape = resolve_preset(record["preset"])
+            matmuls = encoder_matmuls(shape, record["batch_size"], record["sequence_length"])
+            try:
+                bounds[key] = measure_matmuls_seconds(backend, precision, matmuls)
+                log(f"  the forward's matmuls alone on {backend}: {bounds[key] * 1000:.0f} ms")
+            except Exception as error:
+                bounds[key] = None
+                log(f"  timing the forward's matmuls on {backend} failed: {error}")
+        if bounds[key] is not None:
+            record["matmul_bound_seconds"] = round(bounds[key], 5)
+
+
 def worker_main(spec):
     """Runs every cell of one process (one framework family on one backend); prints JSON."""
     backend = spec["backend"]
@@ -81,26 +117,11 @@ def worker_main(spec):
         import torch
 
         torch.set_num_threads(spec["torch_threads"])
+    # The cells are timed first, in a process that has computed nothing else yet, as a user's
+    # script runs them; the matmul peaks and bounds (large products of their own) come after.
     for cell in spec["cells"]:
         precision = cell["precision"]
-        if precision not in peaks:
-            try:
-                peaks[precision] = measure_matmul_peak(backend, precision)
-            except Exception as error:  # e.g. float16 matmul unsupported on this CPU build.
-                peaks[precision] = None
-                log(f"  matmul peak for {precision} on {backend} failed: {error}")
         shape = resolve_preset(cell["preset"])
-        # A forward pass is bounded by its own matmuls, at its own shapes, on this backend.
-        # CPU only: on a GPU one product takes tens of microseconds, and timing each with a
-        # synchronisation would measure launch latency rather than the bound.
-        bound = None
-        if cell["workload"] == "inference" and info["device_kind"] != "gpu":
-            matmuls = encoder_matmuls(shape, cell["batch_size"], cell["sequence_length"])
-            try:
-                bound = measure_matmuls_seconds(backend, precision, matmuls)
-                log(f"  the forward's matmuls alone on {backend}: {bound * 1000:.0f} ms per batch")
-            except Exception as error:
-                log(f"  timing the forward's matmuls on {backend} failed: {error}")
         for framework, optimizer in _runs(spec, cell):
             name = "hf-compile" if framework == "hf" and spec["torch_compile"] else framework
             label = (
@@ -135,11 +156,7 @@ def worker_main(spec):
                     sequences_per_second=round(throughput, 3),
                     flops_per_sequence=flops,
                     achieved_flops=throughput * flops,
-                    matmul_peak_flops=peaks[precision],
-                    mfu=(throughput * flops / peaks[precision]) if peaks[precision] else None,
                 )
-                if bound is not None:
-                    record["matmul_bound_seconds"] = round(bound, 5)
                 log(f"    {throughput:8.2f} seq/s (median step {median * 1000:.0f} ms)")
             except Exception as error:
                 record["error"] = f"{type(error).__name__}: {error}"[:500]
@@ -147,6 +164,7 @@ def worker_main(spec):
                     record["label"] = "hf-compile"
                 log(f"    failed: {record['error']}")
             results.append(record)
+    _add_peaks_and_bounds(backend, info["device_kind"], results, peaks)
     print(RESULT_MARKER + json.dumps({"info": info, "peaks": peaks, "results": results}), flush=True)
 
 
@@ -177,6 +195,7 @@ def spawn(spec, backend, nice, hugepages=False, allocator_tuning=False):
     """
     allocator_tuning = allocator_tuning and spec.get("family") != "hf"
     env = worker_environment(backend, hugepages, allocator_tuning)
+    spec = dict(spec, allocator_tuning=allocator_tuning)
     command = [sys.executable, BENCHMARK_SCRIPT, "--worker", json.dumps(spec)]
     if nice:
         command = ["nice", "-n", str(nice)] + command
@@ -185,4 +204,3 @@ def spawn(spec, backend, nice, hugepages=False, allocator_tuning=False):
         if line.startswith(RESULT_MARKER):
             return json.loads(line[len(RESULT_MARKER) :])
     raise RuntimeError(f"worker for {backend} exited with {process.returncode} and no result")
-    spec = dict(spec, allocator_tuning=allocator_tuning)
