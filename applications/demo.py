@@ -97,8 +97,8 @@ def main(argv=None):
         seed=args.seed,
         repeat=True,
     )
-    pretrainer = kbert.models.BertPretrainer(
-        backbone,
+    pretrainer = kbert.models.BertPretrainer(backbone)
+    pretrainer.compile(
         learning_rate=1e-3,
         total_steps=args.pretrain_steps,
         warmup_steps=args.pretrain_steps // 10,
@@ -117,8 +117,8 @@ def main(argv=None):
         backbone,
         num_classes=2,
         preprocessor=kbert.text.BertPreprocessor(tokenizer, sequence_length=32),
-        learning_rate=args.finetune_learning_rate,
     )
+    classifier.compile(learning_rate=args.finetune_learning_rate)
     print(f"[3/3] Fine-tuning on {split} reviews, evaluating on {len(sentences) - split}")
     classifier.fit(
         sentences[:split], np.array(labels[:split]), batch_size=args.batch_size,

@@ -136,11 +136,11 @@ def main(argv=None):
         args.preset,
         num_classes=dev.num_classes,
         sequence_length=args.max_length,
-        learning_rate=args.learning_rate,
         fresh_heads=True,
     )
     if model.preprocessor is None:
         common.fail(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
+    model.compile(learning_rate=args.learning_rate)
     history = tracking.StepLossHistory()
     batch = max(args.batch_size, 64)
     evaluation = tracking.EpochEvaluation(

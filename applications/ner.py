@@ -67,11 +67,11 @@ def main(argv=None):
         args.preset,
         labels=labels,
         sequence_length=args.max_length,
-        learning_rate=args.learning_rate,
         fresh_heads=True,
     )
     if model.preprocessor is None:
         common.fail(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
+    model.compile(learning_rate=args.learning_rate)
     history = tracking.StepLossHistory()
     start = time.time()
     model.fit(

@@ -391,15 +391,16 @@ def choose_tokenizer(args, kind, backup_dir, files):
     return tokenizer, f"trained on the input text ({len(tokens):,} of at most {target:,} tokens)", True
 
 
-def repack(model, packed, learning_rate):
-    """An MLM-only `BertPretrainer` with the weights of `model` and a `packed` backbone."""
+def repack(model, packed):
+    """An MLM-only `BertPretrainer` with the weights of `model` and a `packed` backbone
+    (compiled with the defaults; the run compiles it with its own schedule)."""
     from kbert.models import BertBackbone, BertPretrainer
 
     config = model.backbone.get_config()
     config["packed"] = packed
     backbone = BertBackbone.from_config(config)
     backbone.set_weights(model.backbone.get_weights())
-    result = BertPretrainer(backbone, next_sentence=False, learning_rate=learning_rate)
+    result = BertPretrainer(backbone, next_sentence=False)
     head = model.masked_lm_head
     for target, source in zip(result.masked_lm_head.weights, head.weights):
         target.assign(source)
@@ -487,18 +488,17 @@ def main(argv=None, callbacks=()):
     # === Model ===
     if kind == "name":
         model = BertPretrainer.from_preset(
-            args.preset, load_weights=False, vocabulary_size=len(vocabulary),
-            learning_rate=args.learning_rate,
+            args.preset, load_weights=False, vocabulary_size=len(vocabulary)
         )
         model_source = f"the {args.preset} architecture with fresh weights"
     else:
         try:
-            model = BertPretrainer.from_preset(args.preset, learning_rate=args.learning_rate)
+            model = BertPretrainer.from_preset(args.preset)
         except (ValueError, FileNotFoundError) as error:
             raise SystemExit(f"--preset {args.preset}: {error}") from None
         model_source = f"the weights of {args.preset} (continued pretraining)"
     if args.pack:
-        model = repack(model, packed=True, learning_rate=args.learning_rate)
+        model = repack(model, packed=True)
         model_source += "; masked LM only, on packed rows (--pack)"
     backbone = model.backbone
     if backbone.vocabulary_size != len(vocabulary):
@@ -557,8 +557,10 @@ def main(argv=None, callbacks=()):
     if warmup_steps is None:
         warmup_steps = int(round(total_steps * args.warmup_ratio))
     warmup_steps = min(warmup_steps, total_steps)
-    model.total_steps, model.warmup_steps = total_steps, warmup_steps
-    model.compile()  # BERT's AdamW with the schedule of this run.
+    # BERT's AdamW with the schedule of this run.
+    model.compile(
+        learning_rate=args.learning_rate, total_steps=total_steps, warmup_steps=warmup_steps
+    )
     print(
         f"Training: {args.epochs} epochs x {steps_per_epoch} steps = {total_steps} steps of "
         f"{args.batch_size} sequences of {sequence_length} tokens; learning rate "
@@ -660,7 +662,7 @@ def main(argv=None, callbacks=()):
     # and a mismatch warning when the preset is loaded again); the weights are unchanged.
     model.compile()
     if args.pack:  # An ordinary preset: the packing input is an option of the run, not of the model.
-        model = repack(model, packed=False, learning_rate=args.learning_rate)
+        model = repack(model, packed=False)
     write_preset(model, tokenizer, preset_path, args.overwrite)
     print(f"Wrote the preset {preset_path} (BertBackbone/BertClassifier/BertPretrainer.from_preset)")
     paths = tracking.write_run_report(

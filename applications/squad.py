@@ -108,11 +108,11 @@ def main(argv=None):
         max_answer_length=args.max_answer_length,
         allow_no_answer=args.version == "2.0",
         null_score_diff_threshold=args.null_score_diff_threshold,
-        learning_rate=args.learning_rate,
         fresh_heads=True,
     )
     if model.preprocessor is None:
         common.fail(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
+    model.compile(learning_rate=args.learning_rate)
     features = model.encode(train_examples, labels=True, verbose=True)
     print(f"{len(features)} training windows")
     history = tracking.StepLossHistory()

@@ -56,11 +56,9 @@ def run_one(mode, args):
         args.preset,
         num_classes=2,
         sequence_length=recipe["max_length"],
-        learning_rate=learning_rate,
-        weight_decay=0.01,
-        warmup_ratio=0.1,
         fresh_heads=True,
     )
+    model.compile(learning_rate=learning_rate, weight_decay=0.01, warmup_ratio=0.1)
     if mode == "lora":
         model.enable_lora(args.rank)
     trainable = int(sum(np.prod(v.shape) for v in model.trainable_weights))

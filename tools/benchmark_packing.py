@@ -111,7 +111,8 @@ def main(argv=None):
     for name in batches:
         keras.utils.set_random_seed(args.seed)
         backbone = BertBackbone(**dict(config, packed=name == "packed"))
-        models[name] = BertPretrainer(backbone, next_sentence=False, total_steps=10**6)
+        models[name] = BertPretrainer(backbone, next_sentence=False)
+        models[name].compile(total_steps=10**6)
 
     def run(name, steps, offset):
         model, data = models[name], batches[name]

@@ -191,13 +191,15 @@ def run_kbert(task, args, recipe):
 
     from kbert.models import BertClassifier, BertQuestionAnswerer, BertTagger
 
-    common = dict(learning_rate=recipe["learning_rate"], weight_decay=WEIGHT_DECAY, warmup_ratio=WARMUP_RATIO)
+    training = dict(learning_rate=recipe["learning_rate"], weight_decay=WEIGHT_DECAY, warmup_ratio=WARMUP_RATIO)
+    common = {}
     if task == "sst2":
         x, y, dev_x, dev_y = sst2_data(args.data_dir, args.seed, recipe["train_examples"])
         source = _source(task, args, common, num_labels=2)
         model = BertClassifier.from_preset(
             source, num_classes=2, sequence_length=recipe["max_length"], **common
         )
+        model.compile(**training)
         _maybe_torch_epsilon(model, args, len(y), recipe)
         start = time.time()
         model.fit(x, y, batch_size=recipe["batch_size"], epochs=1, shuffle=False)
@@ -210,6 +212,7 @@ def run_kbert(task, args, recipe):
         train, dev, labels = conll_data(args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"])
         source = _source(task, args, common, num_labels=len(labels))
         model = BertTagger.from_preset(source, labels=labels, sequence_length=recipe["max_length"], **common)
+        model.compile(**training)
         if args.torch_epsilon:
             num_rows = len(model.encode([w for w, _ in train]).sentence_ids)
             _maybe_torch_epsilon(model, args, num_rows, recipe)
@@ -231,6 +234,7 @@ def run_kbert(task, args, recipe):
         max_query_length=MAX_QUERY_LENGTH,
         **common,
     )
+    model.compile(**training)
     features = model.encode(train, labels=True)
     _maybe_torch_epsilon(model, args, len(features), recipe)
     start = time.time()

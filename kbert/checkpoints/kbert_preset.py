@@ -10,6 +10,7 @@ from pathlib import Path
 
 import keras
 
+from kbert import processes
 from kbert.checkpoints._config import read_json
 
 CONFIG_FILE = "config.json"
@@ -141,9 +142,14 @@ def save_preset(model, path, tokenizer=None, include_optimizer=False):
             `BertPretrainer`, which has no preprocessor). Defaults to the model's own.
         include_optimizer: bool. Also store the optimizer's state (to resume training).
             Defaults to `False`.
+
+    In a run over several processes (`kbert.distribution.initialize`) only process 0 writes;
+    the others return without writing.
     """
     from kbert.checkpoints.atomic import atomic_directory, fix_file_modes
 
+    if not processes.is_writer():  # Several processes: process 0 writes the preset.
+        return
     path = Path(path)
     backbone = getattr(model, "backbone", model)
     config = {
@@ -361,8 +367,12 @@ def load_kbert_preset(
             check_weights_header(path / BACKBONE_WEIGHTS_FILE, backbone_config)
     backbone = backbone_class(**backbone_config)
     arguments = dict(model_arguments or {})
+    recipe = None
     if same_task:
         task_config = {k: v for k, v in config["task"].items() if k not in ("name", "trainable", "dtype")}
+        if hasattr(cls, "split_training_config"):
+            # Presets of earlier releases carry training settings: they become the compile's.
+            task_config, recipe = cls.split_training_config(task_config)
         arguments = {**task_config, **arguments}
     # A bare backbone saved with `include_optimizer` and loaded as a backbone keeps that state.
     backbone_with_optimizer = config.get("task") is None and saved_class == cls.__name__
@@ -373,6 +383,8 @@ def load_kbert_preset(
             bool(config.get("optimizer_state")) and backbone_with_optimizer,
         )
     model = cls.from_backbone(backbone, **arguments)
+    if recipe:
+        model.compile(**recipe)
     if load_weights and same_task:
         _load_weights(model, path / TASK_WEIGHTS_FILE, bool(config.get("optimizer_state")))
     if (path / VOCABULARY_FILE).is_file():

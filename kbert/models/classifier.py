@@ -23,9 +23,10 @@ class BertClassifier(BertTask):
     `[0, num_classes)` (checked before training), floats for regression, or multi-hot rows
     `(batch_size, num_classes)` of 0/1 for multi-label.
 
-    The model comes compiled with BERT's fine-tuning recipe: AdamW at `learning_rate`
-    (5e-5), weight decay 0.01 except LayerNorm and biases, gradients clipped to norm 1, 10 %
-    linear warm-up then linear decay to 0 over each `fit` call (see `kbert.models.task`);
+    The model comes compiled with BERT's fine-tuning recipe (`compile()`; change its
+    settings with e.g. `compile(learning_rate=2e-5)`): AdamW at 5e-5, weight decay 0.01
+    except LayerNorm and biases, gradients clipped to norm 1, 10 % linear warm-up then linear
+    decay to 0 over each `fit` call (see `kbert.models.task`);
     metrics: accuracy (classification), binary accuracy at logit 0 (multi-label), Pearson
     correlation (regression).
 
@@ -39,10 +40,8 @@ class BertClassifier(BertTask):
         dropout: float. Dropout on the pooled output before the dense layer. Defaults to `0.1`.
         multi_label: bool. Independent sigmoid per class instead of a softmax. Defaults to `False`.
         preprocessor: `kbert.text.BertPreprocessor` or `None`. Defaults to `None`.
-        learning_rate: float. Peak learning rate of the default optimizer. Defaults to `5e-5`.
-        weight_decay: float. Defaults to `0.01`.
-        warmup_ratio: float. Defaults to `0.1`.
-        total_steps: int or `None`. `None` plans the schedule in each `fit`. Defaults to `None`.
+        learning_rate, weight_decay, warmup_ratio, total_steps: deprecated (a
+            `DeprecationWarning`); pass them to `compile` (see `BertTask.compile`).
 
     Example:
     >>> backbone = BertBackbone(vocabulary_size=1000, num_layers=2, num_heads=2,
@@ -69,13 +68,12 @@ class BertClassifier(BertTask):
         multi_label=False,
         preprocessor=None,
         learning_rate=None,
-        weight_decay=0.01,
-        warmup_ratio=0.1,
+        weight_decay=None,
+        warmup_ratio=None,
         total_steps=None,
         **kwargs,
     ):
         self._check_backbone(backbone, "BertClassifier")
-        self._check_training_arguments(learning_rate, weight_decay, warmup_ratio, total_steps)
         if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 1:
             raise ValueError(
                 f"`num_classes` must be a positive integer. Received: num_classes={num_classes!r}"

@@ -226,7 +226,8 @@ def refresh_optimizer(model):
     if optimizer is None or not optimizer.built:
         return  # Built on the first `fit`, from the variables that train then.
     if getattr(model, "compiled_with_defaults", False):
-        model.compile()  # The task's defaults again, for the variables that train now.
+        # The task's default compile again (same recipe settings), for the variables that train now.
+        model.compile(**(model.recipe or {}))
     else:
         import warnings
 

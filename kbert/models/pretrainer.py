@@ -27,49 +27,46 @@ class BertPretrainer(BertTask):
     and of the packed rows of `kbert.data.packed_pretraining_dataset`): no NSP head, no `nsp`
     output, loss and metrics; a backbone built with `packed=True` adds its `document_ids` input.
 
-    The model is a `kbert.models.BertTask` and comes compiled, once, with the paper's recipe:
-    AdamW at 1e-4, beta 0.9/0.999, weight decay 0.01 (not on LayerNorm or biases), linear
-    warm-up then linear decay, and the loss `mlm` cross-entropy averaged over real predictions
-    plus `nsp` cross-entropy. `fit` takes `(x, y, sample_weight)` with `y = {"mlm": ids at
-    mask_positions, "nsp": labels}` and `sample_weight = {"mlm": 1 for real predictions / 0
-    for padded slots, "nsp": ...}` - exactly what `kbert.data.pretraining_dataset` yields.
+    The model is a `kbert.models.BertTask` and comes compiled with the paper's recipe
+    (`compile()`): AdamW at 1e-4, beta 0.9/0.999, weight decay 0.01 (not on LayerNorm or
+    biases), linear warm-up over 1 % of the steps then linear decay, and the loss `mlm`
+    cross-entropy averaged over real predictions plus `nsp` cross-entropy. `fit` takes
+    `(x, y, sample_weight)` with `y = {"mlm": ids at mask_positions, "nsp": labels}` and
+    `sample_weight = {"mlm": 1 for real predictions / 0 for padded slots, "nsp": ...}` -
+    exactly what `kbert.data.pretraining_dataset` yields.
     `compile(optimizer=...)` alone keeps the default losses and metrics (masked-LM accuracy,
     NSP accuracy).
 
-    With `total_steps=None` (the default) each `fit` call plans the schedule over the steps
-    it runs, warming up for `warmup_steps` of them (or `warmup_ratio` of them), as the
-    fine-tuning tasks do (see `BertTask.fit`); the paper's run is `total_steps=1_000_000,
-    warmup_steps=10_000`.
+    The recipe's settings are `compile`'s (see `BertTask.compile`): e.g.
+    `compile(learning_rate=1.76e-3, update_rule="lamb")` for LAMB. With `total_steps=None`
+    (the default) each `fit` call plans the schedule over the steps it runs, warming up for
+    `warmup_steps` of them (or `warmup_ratio` of them), as the fine-tuning tasks do (see
+    `BertTask.fit`); the paper's run is `compile(total_steps=1_000_000, warmup_steps=10_000)`.
 
     Args:
         backbone: `BertBackbone`.
-        optimizer: `"adamw"` or `"lamb"` for the default compile. Defaults to `"adamw"`.
-        learning_rate: float. Peak rate of the default schedule. Defaults to `1e-4`.
-        total_steps: int or `None`. Length of the default schedule; `None` plans it in each
-            `fit`. Defaults to `None`.
-        warmup_steps: int or `None`. Warm-up of the default schedule; `None` uses
-            `warmup_ratio`. Defaults to `None`.
-        warmup_ratio: float. Warm-up as a fraction of the schedule. Defaults to `0.01` (the
-            paper's 10k of 1M steps).
-        weight_decay: float. Defaults to `0.01`.
+        optimizer, learning_rate, total_steps, warmup_steps, warmup_ratio, weight_decay:
+            deprecated (a `DeprecationWarning`); pass them to `compile` (`optimizer` became
+            `compile(update_rule=...)`).
         next_sentence: bool. Build the next-sentence head (and its loss). `False` trains
             the masked LM alone. Defaults to `True`.
 
     Example:
     >>> backbone = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
     >>> pretrainer = BertPretrainer(backbone)
+    >>> pretrainer.compile(learning_rate=2e-4, warmup_ratio=0.05)  # or keep the defaults
     >>> pretrainer.fit(kbert.data.pretraining_dataset(files, tokenizer), epochs=1)
     """
 
     def __init__(
         self,
         backbone,
-        optimizer="adamw",
-        learning_rate=1e-4,
+        optimizer=None,
+        learning_rate=None,
         total_steps=None,
         warmup_steps=None,
-        warmup_ratio=0.01,
-        weight_decay=0.01,
+        warmup_ratio=None,
+        weight_decay=None,
         next_sentence=True,
         **kwargs,
     ):
@@ -101,13 +98,6 @@ class BertPretrainer(BertTask):
         outputs = {"mlm": masked_lm_head(features["sequence_output"], inputs["mask_positions"])}
         if next_sentence:
             outputs["nsp"] = next_sentence_head(features["pooled_output"])
-        self._check_training_arguments(learning_rate, weight_decay, warmup_ratio, total_steps)
-        if optimizer not in ("adamw", "lamb"):
-            raise ValueError(f'`optimizer` must be "adamw" or "lamb". Received: optimizer={optimizer!r}')
-        if warmup_steps is not None and (not isinstance(warmup_steps, int) or warmup_steps < 0):
-            raise ValueError(
-                f"`warmup_steps` must be an integer >= 0 or None. Received: warmup_steps={warmup_steps!r}"
-            )
         kwargs.pop("preprocessor", None)  # Pretraining inputs come from kbert.data, not strings.
         super().__init__(
             inputs=inputs,
@@ -117,6 +107,8 @@ class BertPretrainer(BertTask):
             weight_decay=weight_decay,
             warmup_ratio=warmup_ratio,
             total_steps=total_steps,
+            warmup_steps=warmup_steps,
+            optimizer=optimizer,
             **kwargs,
         )
         self.masked_lm_head = masked_lm_head
@@ -125,13 +117,18 @@ class BertPretrainer(BertTask):
 
         # === Config ===
         self.next_sentence = next_sentence
-        self.optimizer_name = optimizer
-        self.warmup_steps = warmup_steps
 
         # === Default compile ===
         self.compile()
 
     input_names = PRETRAINER_INPUTS
+    default_learning_rate = 1e-4
+    default_warmup_ratio = 0.01  # The paper's 10k warm-up steps of 1M.
+    deprecated_training_arguments = {
+        **BertTask.deprecated_training_arguments,
+        "warmup_steps": "warmup_steps",
+        "optimizer": "update_rule",
+    }
 
     def _default_loss(self):
         loss = {"mlm": masked_lm_loss()}
@@ -164,11 +161,5 @@ class BertPretrainer(BertTask):
             "name": self.name,
             "trainable": self.trainable,
             "backbone": keras.layers.serialize(self.backbone),
-            "optimizer": self.optimizer_name,
-            "learning_rate": self.learning_rate,
-            "total_steps": self.total_steps,
-            "warmup_steps": self.warmup_steps,
-            "warmup_ratio": self.warmup_ratio,
-            "weight_decay": self.weight_decay,
             "next_sentence": self.next_sentence,
         }

@@ -256,6 +256,7 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
             the settings of the task's default `compile()`.
     """
 
+    backbone_cls = BertBackbone
     default_learning_rate = 5e-5
     default_warmup_ratio = 0.1
     default_sequence_length = 128
@@ -313,7 +314,8 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
         """`(config, recipe)`: a task config without the training settings that configs
         written by earlier releases carry, and those settings as `compile` arguments."""
         config = dict(config)
-        old = {name: config.pop(name) for name in cls.deprecated_training_arguments if name in config}
+        names = [name for name in cls.deprecated_training_arguments if name in config]
+        old = {name: config.pop(name) for name in names}
         return config, cls._recipe_from_arguments(old)
 
     @staticmethod
@@ -663,7 +665,9 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
             **kwargs,
         )
 
-    def _plan_schedule(self, x, batch_size, epochs, steps_per_epoch, initial_epoch, validation_split):
+    def _plan_schedule(
+        self, x, batch_size, epochs, steps_per_epoch, initial_epoch, validation_split
+    ):
         """Sets a planned schedule's length to the steps `fit` is about to run (see `fit`).
 
         Returns `(x, steps_per_epoch)` for `keras.Model.fit`: a dataset of unknown size is

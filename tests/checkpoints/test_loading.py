@@ -59,10 +59,8 @@ def test_named_preset_without_weights_takes_any_backbone_argument():
         "bert_tiny_en_uncased", load_weights=False, vocabulary_size=50, max_sequence_length=16, remat=True
     )
     assert (backbone.vocabulary_size, backbone.max_sequence_length, backbone.remat) == (50, 16, True)
-    pretrainer = BertPretrainer.from_preset(
-        "bert_tiny_en_uncased", load_weights=False, vocabulary_size=50, learning_rate=3e-4
-    )
-    assert pretrainer.learning_rate == 3e-4 and pretrainer.backbone.vocabulary_size == 50
+    pretrainer = BertPretrainer.from_preset("bert_tiny_en_uncased", load_weights=False, vocabulary_size=50)
+    assert pretrainer.backbone.vocabulary_size == 50
 
 
 def test_head_rows_follow_the_class_hierarchy(hf_classifier_dir):

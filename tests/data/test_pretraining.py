@@ -597,7 +597,8 @@ def test_feeds_bert_pretrainer_fit(corpus, tokenizer):
         vocabulary_size=len(VOCAB), num_layers=1, num_heads=2, hidden_dim=16,
         intermediate_dim=32, max_sequence_length=SEQ_LEN,
     )
-    pretrainer = BertPretrainer(backbone, learning_rate=1e-3, total_steps=10, warmup_steps=1)
+    pretrainer = BertPretrainer(backbone)
+    pretrainer.compile(learning_rate=1e-3, total_steps=10, warmup_steps=1)
     dataset = _build(corpus, tokenizer, batch_size=16, repeat=True)
     history = pretrainer.fit(dataset, steps_per_epoch=2, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
@@ -747,12 +748,12 @@ def _reference_truncated_lengths(length_a, length_b, max_num_tokens):
 
 
 def test_truncated_lengths_equal_longest_first_one_token_at_a_time():
-    from kbert.data.pretraining import _truncated_lengths
+    from kbert.data.nsp import truncated_lengths
 
     for max_num_tokens in (5, 6, 61, 62):
         for length_a in range(1, 90):
             for length_b in range(1, 90):
-                assert _truncated_lengths(length_a, length_b, max_num_tokens) == (
+                assert truncated_lengths(length_a, length_b, max_num_tokens) == (
                     _reference_truncated_lengths(length_a, length_b, max_num_tokens)
                 ), (length_a, length_b, max_num_tokens)
 
@@ -760,11 +761,11 @@ def test_truncated_lengths_equal_longest_first_one_token_at_a_time():
 def test_front_cut_is_binomial_like_one_coin_per_removed_token():
     from math import comb
 
-    from kbert.data.pretraining import _front_cut
+    from kbert.data.nsp import front_cut
 
     rng = random.Random(0)
-    assert _front_cut(0, rng) == 0
-    draws = np.array([_front_cut(10, rng) for _ in range(40000)])
+    assert front_cut(0, rng) == 0
+    draws = np.array([front_cut(10, rng) for _ in range(40000)])
     assert draws.min() >= 0 and draws.max() <= 10
     observed = np.bincount(draws, minlength=11) / len(draws)
     expected = np.array([comb(10, k) / 2**10 for k in range(11)])
@@ -786,10 +787,10 @@ def _reference_pack(instances, sequence_length, nsp):
 
 @pytest.mark.parametrize("nsp", [True, False])
 def test_pack_equals_row_by_row_packing(nsp):
-    from kbert.data.pretraining import _PairGenerator
+    from kbert.data.nsp import PairGenerator
 
     length = 24
-    generator = _PairGenerator(
+    generator = PairGenerator(
         source=None, sequence_length=length, nsp=nsp, short_seq_prob=0.1, dupe_factor=1,
         shuffle=True, repeat=False, batch_size=8, drop_remainder=False, seed=0, cls_id=CLS,
         sep_id=SEP, pad_id=PAD, document_buffer=4, example_buffer=4,
@@ -838,7 +839,7 @@ def test_truncation_cuts_both_ends_of_long_segments(tmp_path, tokenizer):
 
 
 def test_corrupt_shard_record_is_refused(tmp_path, tokenizer):
-    from kbert.data.shards import ShardWriter, read_shard_flat_documents
+    from kbert.data.shard_records import ShardWriter, read_shard_flat_documents
 
     path = str(tmp_path / "bad.tfrecord")
     writer = ShardWriter(path, tokenizer)

@@ -231,9 +231,8 @@ class TestBertClassifier(TestCase):
     def test_fit_on_raw_strings_learns_a_toy_task_with_the_default_schedule(self):
         sentences = ["a good film", "a great movie", "a fine plot", "a bad film", "an awful movie", "a dull plot"]
         labels = [1, 1, 1, 0, 0, 0]
-        model = BertClassifier(
-            toy_backbone(), num_classes=2, dropout=0.0, preprocessor=toy_preprocessor(), learning_rate=2e-2
-        )
+        model = BertClassifier(toy_backbone(), num_classes=2, dropout=0.0, preprocessor=toy_preprocessor())
+        model.compile(learning_rate=2e-2)
         self.run_task_test(
             model,
             raw_x=sentences,
@@ -329,7 +328,8 @@ class TestBertClassifier(TestCase):
     def test_schedule_planning_and_compile_keeps_the_loss(self):
         inputs = random_backbone_inputs(10, 8, vocabulary_size=len(TOY_VOCABULARY))
         labels = np.arange(10) % 2
-        model = BertClassifier(toy_backbone(), num_classes=2, learning_rate=1e-3, warmup_ratio=0.2)
+        model = BertClassifier(toy_backbone(), num_classes=2)
+        model.compile(learning_rate=1e-3, warmup_ratio=0.2)
         # `fit` plans the steps it runs: 10 rows in batches of 4 -> 3 steps (warm-up round(0.6) = 1);
         # with half of them held out for validation, 5 rows in batches of 4 -> 2 steps.
         model.fit(inputs, labels, batch_size=4, epochs=1, verbose=0)
@@ -340,7 +340,8 @@ class TestBertClassifier(TestCase):
         schedule.plan(20)
         assert schedule.planned_length() == (20, 4)
         # A fixed total_steps is kept: nothing to plan.
-        fixed = BertClassifier(toy_backbone(), num_classes=2, total_steps=100)
+        fixed = BertClassifier(toy_backbone(), num_classes=2)
+        fixed.compile(total_steps=100)
         assert planned_schedule(fixed.optimizer) is None
         assert fixed.optimizer.get_config()["learning_rate"]["config"]["total_steps"] == 100
         # compile(optimizer=...) alone keeps the default loss and metrics, and no re-planning.

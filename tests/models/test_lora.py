@@ -199,8 +199,7 @@ class TestLora(TestCase):
     def test_enable_lora_after_full_fine_tuning_trains_the_adapter_only(self):
         """The optimizer built by an earlier `fit` tracked other variables: LoRA replaces it."""
         model = tiny_classifier()
-        model.total_steps = 4  # A fixed schedule: `fit` would not re-plan (and so rebuild) it.
-        model.compile()
+        model.compile(total_steps=4)  # A fixed schedule: `fit` would not re-plan (and so rebuild) it.
         inputs = random_backbone_inputs(batch_size=8)
         labels = np.arange(8) % 3
         model.fit(inputs, labels, batch_size=4, epochs=1, verbose=0)

@@ -204,8 +204,8 @@ def test_masked_lm_loss_of_a_packed_batch_equals_the_documents_run_separately():
 def test_mlm_only_pretrainer_fits_on_packed_rows_and_round_trips(tmp_path):
     keras.utils.set_random_seed(2)
     backbone = BertBackbone(**_config(packed=True, dropout=0.1, attention_dropout=0.1))
-    pretrainer = BertPretrainer(backbone, next_sentence=False, learning_rate=1e-3,
-                                total_steps=4, warmup_steps=1)
+    pretrainer = BertPretrainer(backbone, next_sentence=False)
+    pretrainer.compile(learning_rate=1e-3, total_steps=4, warmup_steps=1)
     chosen = [[1, 3], [2, 5, 6], [1], [4]]
     x, y, sample_weight = _masked_batch(DOCUMENTS, chosen, True)
     x = {k: np.repeat(v, 4, axis=0) for k, v in x.items()}

@@ -126,7 +126,8 @@ class TestBertPretrainer(TestCase):
         np.testing.assert_allclose(other["mlm_loss"], results["mlm_loss"], rtol=1e-6)
 
     def test_default_compile_is_the_papers_recipe(self):
-        model = BertPretrainer(BertBackbone(**tiny_backbone_kwargs()), total_steps=1_000_000, warmup_steps=10_000)
+        model = BertPretrainer(BertBackbone(**tiny_backbone_kwargs()))
+        model.compile(total_steps=1_000_000, warmup_steps=10_000)
         optimizer = model.optimizer
         assert isinstance(optimizer, keras.optimizers.AdamW)
         assert optimizer.weight_decay == pytest.approx(0.01)

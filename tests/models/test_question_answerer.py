@@ -132,7 +132,8 @@ class TestBertQuestionAnswerer(TestCase):
         questions = [q for q, _, _ in examples]
         contexts = [c for _, c, _ in examples]
         answers = [{"text": a, "answer_start": c.index(a)} for _, c, a in examples]
-        model = toy_answerer(backbone=toy_backbone(num_layers=2, hidden_dim=32, intermediate_dim=48), learning_rate=1e-2)
+        model = toy_answerer(backbone=toy_backbone(num_layers=2, hidden_dim=32, intermediate_dim=48))
+        model.compile(learning_rate=1e-2)
         self.run_task_test(
             model,
             raw_x=(questions[:2], contexts[:2]),

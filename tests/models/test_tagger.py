@@ -65,9 +65,8 @@ class TestBertTagger(TestCase):
             ["B-PER", "O", "B-LOC"],
             ["B-PER", "O", "O", "B-LOC"],
         ]
-        model = BertTagger(
-            toy_backbone(), labels=TAGS, dropout=0.0, preprocessor=toy_preprocessor(12), learning_rate=2e-2
-        )
+        model = BertTagger(toy_backbone(), labels=TAGS, dropout=0.0, preprocessor=toy_preprocessor(12))
+        model.compile(learning_rate=2e-2)
         history = self.run_task_test(
             model,
             raw_x=sentences,

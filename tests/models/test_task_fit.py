@@ -14,13 +14,16 @@ from tests.test_case import TestCase, random_backbone_inputs, tiny_backbone_kwar
 VOCABULARY_SIZE = 40
 
 
-def _classifier(**kwargs):
+def _classifier(**recipe):
     backbone = BertBackbone(
         **tiny_backbone_kwargs(
             vocabulary_size=VOCABULARY_SIZE, num_layers=1, hidden_dim=16, intermediate_dim=24, max_sequence_length=16
         )
     )
-    return BertClassifier(backbone, num_classes=2, dropout=0.0, **kwargs)
+    model = BertClassifier(backbone, num_classes=2, dropout=0.0)
+    if recipe:
+        model.compile(**recipe)
+    return model
 
 
 def _expected_rate(step, peak, total, warmup):
@@ -131,7 +134,8 @@ class TestTaskFit(TestCase):
         from kbert.models.task import BertTask
 
         backbone = BertBackbone(**tiny_backbone_kwargs(vocabulary_size=VOCABULARY_SIZE, num_layers=1))
-        pretrainer = BertPretrainer(backbone, learning_rate=1e-3, warmup_steps=1)
+        pretrainer = BertPretrainer(backbone)
+        pretrainer.compile(learning_rate=1e-3, warmup_steps=1)
         assert isinstance(pretrainer, BertTask)
         x = random_backbone_inputs(4, 8, vocabulary_size=VOCABULARY_SIZE)
         x["mask_positions"] = np.array([[1, 2]] * 4, "int32")

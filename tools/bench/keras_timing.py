@@ -157,7 +157,7 @@ def _keras_models(framework, shape, precision, workload, remat=False):
         if workload == "inference":
             return backbone
         if workload == "pretrain":
-            return BertPretrainer(backbone, total_steps=10_000, warmup_steps=100)
+            return BertPretrainer(backbone)
         pooled = backbone(backbone.input)["pooled_output"]
         pooled = keras.layers.Dropout(0.1, dtype=backbone.dtype_policy)(pooled)
         logits = keras.layers.Dense(2, dtype=backbone.dtype_policy, name="logits")(pooled)
@@ -196,6 +196,8 @@ def _compile_keras(model, framework, workload, jit_compile, accumulation=None, o
         kwargs = {"jit_compile": jit_compile}
         if accumulation or optimizer != "kbert":
             kwargs["optimizer"] = _keras_optimizer(accumulation, optimizer)
+        else:  # BERT's recipe with the schedule of `_keras_optimizer`.
+            kwargs.update(total_steps=10_000, warmup_steps=100)
         model.compile(**kwargs)  # BertPretrainer keeps its MLM + NSP losses.
     else:
         model.compile(
