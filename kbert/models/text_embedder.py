@@ -242,6 +242,10 @@ class BertTextEmbedder(BertTask):
         if truncate_dim is not None:
             _check_truncate_dim(truncate_dim, dimension)
 
+        # The [CLS] pooler plays no part in the embedding: frozen, it gets no (missing)
+        # gradient in `fit` and no optimizer slots.
+        backbone.pooler.trainable = False
+
         # === Layers ===
         pooler = EmbeddingPooling(
             pooling, normalize=normalize, dtype=backbone.dtype_policy, name="embedding_pooling"
