@@ -48,7 +48,7 @@ def is_keras_hub_config(config):
     )
 
 
-def _backbone_fields(raw, source):
+def backbone_fields(raw, source):
     registered = raw.get("registered_name") or f"{raw.get('module')}.{raw.get('class_name')}"
     if registered not in _BERT_NAMES and not (
         raw.get("class_name") == "BertBackbone" and str(raw.get("module", "")).endswith(".bert.bert_backbone")
@@ -75,7 +75,7 @@ def read_config(path, require_weights=True):
     path = Path(path)
     raw = read_json(path / CONFIG_FILE)
     source = str(path / CONFIG_FILE)
-    fields = _backbone_fields(raw, source)
+    fields = backbone_fields(raw, source)
     if require_weights and not (path / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"The keras-hub preset {path} has no {WEIGHTS_FILE}")
     dropout = config_float(fields, "dropout", source, 0.1)

@@ -113,7 +113,7 @@ def _keras_hub_backbone(source):
 
     source = Path(source)
     config_path = source / keras_hub.CONFIG_FILE
-    fields = keras_hub._backbone_fields(read_json(config_path), str(config_path))
+    fields = keras_hub.backbone_fields(read_json(config_path), str(config_path))
     weights = source / keras_hub.WEIGHTS_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"The keras-hub preset {source} has no {keras_hub.WEIGHTS_FILE}")

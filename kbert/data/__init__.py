@@ -54,8 +54,8 @@ __all__ = [
 _TENSORFLOW_NAMES = {
     "packed_pretraining_dataset": "kbert.data.packing",
     "pretraining_dataset": "kbert.data.pretraining",
-    "read_documents": "kbert.data.pretraining",
-    "split_sentences": "kbert.data.pretraining",
+    "read_documents": "kbert.data.documents",
+    "split_sentences": "kbert.data.documents",
     "read_shard_metadata": "kbert.data.shards",
     "vocabulary_digest": "kbert.data.shards",
     "write_pretraining_shards": "kbert.data.shards",

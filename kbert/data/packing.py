@@ -11,16 +11,10 @@ outputs it would get alone.
 import random
 
 import numpy as np
-import tensorflow as tf
 
-from kbert.data.pretraining import (
-    _check_masking_rates,
-    _check_positive_int,
-    _check_tokenizer,
-    _checked_seed,
-    _DynamicMasker,
-    _open_documents,
-)
+from kbert.data.checks import check_positive_int
+from kbert.data.documents import open_documents
+from kbert.data.pretraining import check_masked_lm_arguments, masked_lm_dataset
 
 
 def pack_pieces(pieces, sequence_length, packing_buffer):
@@ -220,25 +214,24 @@ def packed_pretraining_dataset(
     pretrainer.fit(ds, epochs=1)
     ```
     """
-    _check_tokenizer(tokenizer)
-    _check_positive_int("sequence_length", sequence_length, minimum=8)
-    _check_positive_int("max_predictions", max_predictions)
-    if max_predictions > sequence_length - 2:
-        raise ValueError(
-            "`max_predictions` cannot exceed the number of maskable positions of a row, "
-            f"sequence_length - 2 = {sequence_length - 2}. Received: "
-            f"max_predictions={max_predictions}, sequence_length={sequence_length}"
-        )
-    _check_positive_int("batch_size", batch_size)
-    _check_positive_int("packing_buffer", packing_buffer)
-    _check_masking_rates(mask_rate, random_token_rate, unchanged_rate)
+    seed = check_masked_lm_arguments(
+        tokenizer,
+        sequence_length=sequence_length,
+        max_predictions=max_predictions,
+        reserved_tokens=2,
+        batch_size=batch_size,
+        mask_rate=mask_rate,
+        random_token_rate=random_token_rate,
+        unchanged_rate=unchanged_rate,
+        seed=seed,
+    )
+    check_positive_int("packing_buffer", packing_buffer)
     for name, value in (("pack", pack), ("shuffle", shuffle), ("repeat", repeat),
                         ("whole_word_masking", whole_word_masking),
                         ("drop_remainder", drop_remainder)):
         if not isinstance(value, bool):
             raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
-    seed = _checked_seed(seed)
-    source, *_ = _open_documents(
+    source, *_ = open_documents(
         files, tokenizer, text_format, num_processes, process_index, shuffle
     )
     generator = _PackedRowGenerator(
@@ -254,33 +247,17 @@ def packed_pretraining_dataset(
         sep_id=int(tokenizer.sep_token_id),
         pad_id=int(tokenizer.pad_token_id),
     )
-    masker = _DynamicMasker(
-        tokenizer,
-        max_predictions=max_predictions,
-        mask_rate=float(mask_rate),
-        whole_word_masking=whole_word_masking,
-        random_token_rate=float(random_token_rate),
-        unchanged_rate=float(unchanged_rate),
-        nsp=False,
-    )
-
-    def mask(token_ids, segment_ids, lengths, labels, document_ids, mask_seed):
-        x, y, sample_weight = masker(token_ids, segment_ids, lengths, labels, mask_seed)
-        x["document_ids"] = document_ids
-        return x, y, sample_weight
-
-    rows = batch_size if drop_remainder else None
-    matrix = tf.TensorSpec((rows, sequence_length), tf.int32)
-    dataset = tf.data.Dataset.from_generator(
+    return masked_lm_dataset(
         generator,
-        output_signature=(
-            matrix,
-            matrix,
-            tf.TensorSpec((rows,), tf.int32),
-            tf.TensorSpec((rows,), tf.int32),
-            matrix,
-            tf.TensorSpec((2,), tf.int64),
-        ),
+        tokenizer,
+        sequence_length=sequence_length,
+        batch_size=batch_size,
+        drop_remainder=drop_remainder,
+        max_predictions=max_predictions,
+        mask_rate=mask_rate,
+        whole_word_masking=whole_word_masking,
+        random_token_rate=random_token_rate,
+        unchanged_rate=unchanged_rate,
+        nsp=False,
+        row_features=("document_ids",),
     )
-    dataset = dataset.map(mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return dataset.prefetch(tf.data.AUTOTUNE)

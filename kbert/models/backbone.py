@@ -2,6 +2,7 @@
 
 import keras
 
+from kbert import backend_paths
 from kbert.layers import BertEmbeddings, BertPooler, TransformerEncoder
 from kbert.layers.embeddings import PackedDocumentMasks
 from kbert.models.input_checks import HostInputChecks, check_model_inputs
@@ -66,6 +67,7 @@ _BACKBONE_ARGUMENTS = _SIZE_ARGUMENTS + (
     "layer_norm_epsilon",
     "pad_token_id",
     "flash_attention",
+    "attention_implementation",
     "remat",
     "packed",
     "dtype",
@@ -164,6 +166,13 @@ def validate_backbone_config(config, source=None):
     for name in ("flash_attention",):
         if config.get(name) not in (None, True, False):
             raise ValueError(f"`{name}` must be None, True or False. Received: {name}={config[name]!r}{where}")
+    implementation = config.get("attention_implementation", "auto")
+    if implementation not in backend_paths.ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(
+            "`attention_implementation` must be one of "
+            f"{list(backend_paths.ATTENTION_IMPLEMENTATIONS)}. "
+            f"Received: attention_implementation={implementation!r}{where}"
+        )
     if not isinstance(config.get("remat", False), bool):
         raise ValueError(f"`remat` must be True or False. Received: remat={config['remat']!r}{where}")
     if not isinstance(config.get("packed", False), bool):
@@ -214,6 +223,11 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         pad_token_id: int or `None`. Token id whose embedding row is not trained (Hugging
             Face's `padding_idx`; see `BertEmbeddings`). Defaults to `0`.
         flash_attention: `None` (backend decides), `True` or `False`. Defaults to `None`.
+        attention_implementation: `"auto"` (the backend's fused attention), `"plain"`
+            (kbert's softmax-matmul in `keras.ops`, the same program on every backend),
+            `"fused"` (`keras.ops.dot_product_attention`) or `"torch_sdpa"` (torch only);
+            see `kbert.layers.BertSelfAttention`. It changes no weight, only how attention
+            is computed. Defaults to `"auto"`.
         remat: bool. Rematerialise (recompute) each transformer block in the backward pass
             instead of keeping its activations: training memory grows with the number of
             blocks' inputs only, at the cost of about one more forward pass. For long
@@ -260,6 +274,7 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         remat=False,
         packed=False,
         dtype=None,
+        attention_implementation="auto",
         **kwargs,
     ):
         validate_backbone_config(
@@ -277,6 +292,7 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
                 "layer_norm_epsilon": layer_norm_epsilon,
                 "pad_token_id": pad_token_id,
                 "flash_attention": flash_attention,
+                "attention_implementation": attention_implementation,
                 "remat": remat,
                 "packed": packed,
             }
@@ -309,6 +325,7 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
                 attention_dropout=attention_dropout,
                 layer_norm_epsilon=layer_norm_epsilon,
                 flash_attention=flash_attention,
+                attention_implementation=attention_implementation,
                 remat=remat,
                 dtype=dtype,
                 name=f"transformer_layer_{i}",
@@ -367,6 +384,7 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.pad_token_id = pad_token_id
         self.flash_attention = flash_attention
+        self.attention_implementation = attention_implementation
         self.remat = remat
         self.packed = packed
         self.input_names = PACKED_BACKBONE_INPUTS if packed else BACKBONE_INPUTS
@@ -489,6 +507,7 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "pad_token_id": self.pad_token_id,
             "flash_attention": self.flash_attention,
+            "attention_implementation": self.attention_implementation,
             "remat": self.remat,
             "packed": self.packed,
         }
@@ -549,3 +568,7 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         compare it with the weights' shapes and build anything.
         """
         validate_backbone_config(config, source=source)
+
+
+# A backbone is its own preset class (`PresetMixin.from_preset` builds `backbone_cls`).
+BertBackbone.backbone_cls = BertBackbone

@@ -5,7 +5,7 @@ import math
 import keras
 from keras import ops
 
-from kbert.models.optimization import SlotIndex
+from kbert.models.optimizer_slots import SlotIndex
 
 # BERT excludes biases and LayerNorm parameters from weight decay (and LAMB from adaptation).
 _NO_DECAY = ("bias", "gamma", "beta")

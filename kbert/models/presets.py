@@ -100,7 +100,12 @@ class PresetMixin:
     (`hf://<owner>/<name>[@revision]`, downloaded into huggingface_hub's cache, see `kbert.hub`)
     or a directory: a kbert preset, a Hugging Face BERT directory, an original Google BERT
     checkpoint directory or a keras-hub BERT preset. See `kbert.checkpoints.load_model`.
+
+    A class using it names its backbone class in `backbone_cls` (as keras-hub's tasks do):
+    `BertBackbone` itself, or the backbone a task wraps.
     """
+
+    backbone_cls = None
 
     @classmethod
     def presets(cls):
@@ -138,18 +143,17 @@ class PresetMixin:
         >>> backbone = BertBackbone.from_preset("hf://sentence-transformers/all-MiniLM-L6-v2")
         >>> fresh = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
         """
-        from kbert.models.backbone import BertBackbone
-
+        backbone_cls = cls.backbone_cls
         fresh_heads = kwargs.pop("fresh_heads", None)
         backbone_arguments, model_arguments = cls._split_preset_arguments(kwargs)
         path = _preset_directory(source, load_weights)
         if path is None:  # A built-in name without installed weights, load_weights=False.
             config = {**BACKBONE_PRESETS[os.fspath(source)]["config"], **backbone_arguments}
-            return cls.from_backbone(BertBackbone(**config), **model_arguments)
+            return cls.from_backbone(backbone_cls(**config), **model_arguments)
         return checkpoints.load_checkpoint(
             cls,
             path,
-            BertBackbone,
+            backbone_cls,
             load_weights=load_weights,
             fresh_heads=fresh_heads,
             backbone_arguments=backbone_arguments,
@@ -164,10 +168,8 @@ class PresetMixin:
         head's); a name in `BertBackbone`'s constructor overrides the backbone config; any
         other name is a ValueError listing both.
         """
-        from kbert.models.backbone import BertBackbone
-
-        backbone_names = _explicit_parameters(BertBackbone.__init__)
-        if issubclass(cls, BertBackbone):
+        backbone_names = _explicit_parameters(cls.backbone_cls.__init__)
+        if issubclass(cls, cls.backbone_cls):
             backbone_names.add("name")
             model_names = set()
         else:  # `name` names the model being built.
