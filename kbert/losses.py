@@ -166,7 +166,8 @@ class MatryoshkaLoss(keras.losses.Loss):
             isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in dimensions
         ):
             raise ValueError(
-                f"`dimensions` must be a non-empty list of positive integers. Received: {dimensions!r}"
+                "`dimensions` must be a non-empty list of positive integers. "
+                f"Received: {dimensions!r}"
             )
         weights = [1.0] * len(dimensions) if weights is None else [float(w) for w in weights]
         if len(weights) != len(dimensions):

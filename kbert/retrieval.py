@@ -119,7 +119,9 @@ def _relevant_sets(relevant, num_queries):
 def _hits(ranked, relevant, k):
     ranked = np.asarray(ranked)
     if ranked.ndim != 2:
-        raise ValueError(f"`ranked` must be (num_queries, n) indices. Received shape {ranked.shape}")
+        raise ValueError(
+            f"`ranked` must be (num_queries, n) indices. Received shape {ranked.shape}"
+        )
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"`k` must be a positive integer. Received: k={k!r}")
     sets = _relevant_sets(relevant, ranked.shape[0])

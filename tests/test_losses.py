@@ -82,7 +82,8 @@ def test_losses_equal_sentence_transformers():
     mnrl = st_losses.MultipleNegativesRankingLoss.compute_loss_from_embeddings
 
     def reference_mnrl(**settings):
-        loss = st_losses.MultipleNegativesRankingLoss.__new__(st_losses.MultipleNegativesRankingLoss)
+        cls = st_losses.MultipleNegativesRankingLoss
+        loss = cls.__new__(cls)
         torch.nn.Module.__init__(loss)
         defaults = dict(scale=20.0, gather_across_devices=False, directions=("query_to_doc",),
                         partition_mode="joint", hardness_mode=None, hardness_strength=0.0)

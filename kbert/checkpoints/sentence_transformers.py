@@ -77,7 +77,9 @@ def read_modules(path):
     file = path / MODULES_FILE
     entries = read_json(file)
     if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{file} must hold a non-empty JSON list of modules. Received: {entries!r}")
+        raise ValueError(
+            f"{file} must hold a non-empty JSON list of modules. Received: {entries!r}"
+        )
     modules = [(_module_kind(e, file), path / (e.get("path") or "")) for e in entries]
     kinds = [kind for kind, _ in modules]
     if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
@@ -146,8 +148,10 @@ def read_settings(path):
     if max_length is None:
         tokenizer_config = _optional_json(transformer_dir / "tokenizer_config.json")
         model_config = _optional_json(transformer_dir / "config.json")
-        limit = model_config.get("max_position_embeddings") if isinstance(model_config, dict) else None
-        candidate = tokenizer_config.get("model_max_length") if isinstance(tokenizer_config, dict) else None
+        model_config = model_config if isinstance(model_config, dict) else {}
+        tokenizer_config = tokenizer_config if isinstance(tokenizer_config, dict) else {}
+        limit = model_config.get("max_position_embeddings")
+        candidate = tokenizer_config.get("model_max_length")
         if isinstance(candidate, int) and (limit is None or candidate <= limit):
             max_length = candidate
         elif isinstance(limit, int):
@@ -228,7 +232,9 @@ def write_settings(embedder, directory, version=None):
     }
     if embedder.truncate_dim is not None:
         st_config["truncate_dim"] = int(embedder.truncate_dim)
-    (directory / SENTENCE_TRANSFORMERS_CONFIG_FILE).write_text(json.dumps(st_config, indent=2) + "\n")
+    (directory / SENTENCE_TRANSFORMERS_CONFIG_FILE).write_text(
+        json.dumps(st_config, indent=2) + "\n"
+    )
 
 
 def export_to_sentence_transformers(embedder, path):

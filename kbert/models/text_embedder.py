@@ -223,7 +223,9 @@ class BertTextEmbedder(BertTask):
         self._check_backbone(backbone, "BertTextEmbedder")
         pooling = list(canonical_pooling(pooling))
         if not isinstance(normalize, bool):
-            raise ValueError(f"`normalize` must be True or False. Received: normalize={normalize!r}")
+            raise ValueError(
+                f"`normalize` must be True or False. Received: normalize={normalize!r}"
+            )
         prompts = dict(prompts or {})
         bad = {k: v for k, v in prompts.items() if not (isinstance(k, str) and isinstance(v, str))}
         if bad:
@@ -422,17 +424,25 @@ class BertTextEmbedder(BertTask):
         """
         single = isinstance(texts, (str, bytes))
         if isinstance(texts, (list, tuple, np.ndarray)) and len(texts) == 0:
-            raise ValueError("`encode` received an empty list of texts. Expected at least one string.")
+            raise ValueError(
+                "`encode` received an empty list of texts. Expected at least one string."
+            )
         texts = text_parts(texts)
         if len(texts) != 1:
             raise ValueError("`encode` takes a batch of strings, not sentence pairs.")
         texts = texts[0]
-        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
+        if (
+            not isinstance(batch_size, (int, np.integer))
+            or isinstance(batch_size, bool)
+            or batch_size < 1
+        ):
             raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size!r}")
         if normalize not in (None, True, False):
             raise ValueError(f"`normalize` must be None, True or False. Received: {normalize!r}")
         if precision not in PRECISIONS:
-            raise ValueError(f"Unknown `precision` {precision!r}. Expected one of {list(PRECISIONS)}")
+            raise ValueError(
+                f"Unknown `precision` {precision!r}. Expected one of {list(PRECISIONS)}"
+            )
         truncate_dim = self.truncate_dim if truncate_dim is None else truncate_dim
         if truncate_dim is not None:
             _check_truncate_dim(truncate_dim, self.embedding_dim)
@@ -532,7 +542,7 @@ class BertTextEmbedder(BertTask):
 
         settings = {}
         path = Path(source) if isinstance(source, str) or hasattr(source, "__fspath__") else None
-        if path is not None and path.is_dir() and sentence_transformers.is_sentence_transformers_dir(path):
+        if path is not None and sentence_transformers.is_sentence_transformers_dir(path):
             settings = sentence_transformers.read_settings(path)
             source = sentence_transformers.transformer_directory(path)
         sequence_length = settings.pop("max_seq_length", None)
@@ -540,7 +550,9 @@ class BertTextEmbedder(BertTask):
             kwargs.setdefault(key, value)
         if sequence_length is not None:
             kwargs.setdefault("sequence_length", sequence_length)
-        return super().from_preset(source, load_weights=load_weights, preprocessor=preprocessor, **kwargs)
+        return super().from_preset(
+            source, load_weights=load_weights, preprocessor=preprocessor, **kwargs
+        )
 
 
 def _check_truncate_dim(truncate_dim, dimension):

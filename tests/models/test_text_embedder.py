@@ -7,7 +7,6 @@ The parity checks run the real all-MiniLM-L6-v2 (a sentence-transformers directo
 
 import json
 import os
-import shutil
 
 import keras
 import numpy as np
@@ -162,7 +161,8 @@ class TestPresetsAndExport:
         )
         assert reference.similarity_fn_name == "dot"
         again = BertTextEmbedder.from_preset(out)
-        assert again.pooling == ["max"] and again.normalize and again.prompts == {"query": "query: "}
+        assert again.pooling == ["max"] and again.normalize
+        assert again.prompts == {"query": "query: "}
 
     def test_save_to_preset_keeps_settings(self, tmp_path):
         backbone = BertBackbone(**tiny_backbone_kwargs(vocabulary_size=len(TOY_VOCABULARY)))
@@ -234,9 +234,10 @@ class TestBadInput:
     def test_unknown_module(self, tmp_path):
         path = _copy_minilm(tmp_path)
         modules = json.loads((path / "modules.json").read_text())
-        modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
+        dense = "sentence_transformers.models.Dense"
+        modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": dense})
         (path / "modules.json").write_text(json.dumps(modules))
-        with pytest.raises(ValueError, match="sentence_transformers.models.Dense.*does not implement"):
+        with pytest.raises(ValueError, match=f"{dense}.*does not implement"):
             BertTextEmbedder.from_preset(path)
 
 
