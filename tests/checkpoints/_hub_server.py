@@ -15,6 +15,7 @@ Only 127.0.0.1, an ephemeral port, one daemon thread per connection and socket t
 `requests` records `(method, path)` of every request; `drop` makes the next GETs of a file
 send half of it and close the connection, and `fail_after_drop` answers the later GETs (the
 client's resumption or restart) with 500;
+`stall` makes GETs of a file send half of it and wait (the test kills the client meanwhile);
 a file whose bytes are None is listed but answered with `EntryNotFound`.
 """
 
@@ -60,6 +61,9 @@ class HubServer:
         self.requests = []
         self.drop = {}  # path in repo -> how many more GETs to cut in half
         self.fail_after_drop = False
+        self.stall = set()  # paths in repo whose GET sends half, then waits for `release`
+        self.stalled = threading.Event()  # set once a stalled transfer has sent its half
+        self.release = threading.Event()
         self._lock = threading.Lock()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -83,6 +87,7 @@ class HubServer:
         self.close()
 
     def close(self):
+        self.release.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
@@ -203,6 +208,13 @@ def _handler(hub):
                 self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
             self.end_headers()
             if head:
+                return
+            if not head and match["path"] in hub.stall:  # Half the bytes, then silence.
+                self.wfile.write(data[start : start + (len(data) - start) // 2])
+                self.wfile.flush()
+                hub.stalled.set()
+                hub.release.wait(timeout=30)
+                self.close_connection = True
                 return
             if cut:  # Half the bytes, then the connection drops.
                 self.wfile.write(data[start : start + (len(data) - start) // 2])

@@ -2,6 +2,8 @@
 stand-in of the Hub (`_hub_server.py`) reached through `HF_ENDPOINT`: download, cache hit,
 offline load, every failure, interrupted downloads."""
 
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,7 +16,7 @@ from kbert import hub
 from kbert.models import BertBackbone, BertClassifier
 from kbert.text import BertPreprocessor, BertTokenizer
 from tests.checkpoints._hub_server import HubServer, Repository
-from tests.test_case import random_backbone_inputs, tiny_backbone_kwargs, to_numpy
+from tests.test_case import REPO_ROOT, random_backbone_inputs, tiny_backbone_kwargs, to_numpy
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
 pytestmark = pytest.mark.skipif(
@@ -330,3 +332,38 @@ def test_select_files_prefers_safetensors_and_skips_other_formats():
     assert hub.select_files(sharded, load_weights=False) == ["config.json"]
     assert hub.parse_handle("hf://a/b@v1.0") == ("a/b", "v1.0")
     assert hub.parse_handle("hf://bert-base-uncased") == ("bert-base-uncased", None)
+
+
+def test_killed_download_leaves_nothing_a_later_load_reads(
+    served, hub_env, monkeypatch, tiny_preset
+):
+    """A process killed in the middle of a file leaves a temporary file that no load reads."""
+    handle = f"hf://{TINY}"
+    served.stall.add("model.weights.h5")
+    code = f"import kbert.hub; kbert.hub.download({handle!r})"
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    process = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert served.stalled.wait(timeout=120), "the download never reached the weights"
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+        served.stall.clear()
+        served.release.set()
+    assert [b for b in _cached_blobs(hub_env) if b.endswith(".incomplete")]  # the cut file
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match=f"Cannot load {handle}.*holds only part of it"):
+        BertClassifier.from_preset(handle)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    classifier = BertClassifier.from_preset(handle)
+    reference = BertClassifier.from_preset(tiny_preset)
+    np.testing.assert_array_equal(
+        to_numpy(classifier.predict(TEXTS, verbose=0)),
+        to_numpy(reference.predict(TEXTS, verbose=0)),
+    )
