@@ -14,11 +14,11 @@ from kbert.models import BertClassifier, BertQuestionAnswerer, BertTagger, batch
 from tests.models.test_classifier import TOY_WORDS, toy_backbone, toy_preprocessor
 from tests.test_case import assert_all_close
 
-SEQUENCE_LENGTH = 64  # Buckets (16, 32, 48, 64).
+SEQUENCE_LENGTH = 48  # Buckets (16, 32, 48).
 BUCKETS = batching.bucket_lengths(SEQUENCE_LENGTH)
 
 
-def _sentences(count, seed=0, longest=50):
+def _sentences(count, seed=0, longest=40):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, longest, size=count)
     return [" ".join(rng.choice(TOY_WORDS, size=n)) for n in lengths]
@@ -62,7 +62,7 @@ def test_bucket_lengths_and_bound():
 
 def test_plan_sorts_for_inference_and_groups_shuffled_for_training():
     rng = np.random.default_rng(0)
-    lengths = rng.integers(0, 65, size=203)
+    lengths = rng.integers(0, 49, size=203)
     plan = batching.plan_batches(lengths, 8, BUCKETS)
     rows = np.concatenate([r for r, _ in plan])
     assert sorted(rows.tolist()) == list(range(203)) and len(plan) == 26
@@ -94,11 +94,12 @@ def test_row_lengths_keep_every_real_position():
 
 # ------------------------------------------------------------------- the three tasks
 def test_classifier_predict_and_evaluate_equal_full_length():
-    model = BertClassifier(toy_backbone(), num_classes=3, preprocessor=toy_preprocessor(SEQUENCE_LENGTH))
+    preprocessor = toy_preprocessor(SEQUENCE_LENGTH)
+    model = BertClassifier(toy_backbone(), num_classes=3, preprocessor=preprocessor)
     _large_weights(model)
-    texts = _sentences(37)
-    pairs = (texts, _sentences(37, seed=1, longest=20))
-    labels = np.arange(37) % 3
+    texts = _sentences(24)
+    pairs = (texts, _sentences(24, seed=1, longest=12))
+    labels = np.arange(24) % 3
     for x in (texts, pairs):
         bucketed, full = _both(model, lambda m, x=x: m.predict(x, batch_size=8, verbose=0))
         _differ(full)
@@ -120,7 +121,7 @@ def test_tagger_word_predictions_equal_full_length():
     tags = ["O", "B-PER", "I-PER", "B-LOC"]
     model = BertTagger(toy_backbone(), labels=tags, preprocessor=toy_preprocessor(SEQUENCE_LENGTH))
     _large_weights(model)
-    sentences = [s.split() for s in _sentences(21, seed=2)]
+    sentences = [s.split() for s in _sentences(16, seed=2)]
     features = model.encode(sentences)
     bucketed, full = _both(model, lambda m: m.predict(features.inputs, batch_size=4, verbose=0))
     _differ(full)
@@ -142,10 +143,11 @@ def test_question_answerer_same_windows_same_answers():
         toy_backbone(), preprocessor=toy_preprocessor(), sequence_length=SEQUENCE_LENGTH
     )
     _large_weights(model)
-    contexts = _sentences(9, seed=3, longest=90)  # some need several windows
-    questions = _sentences(9, seed=4, longest=8)
+    contexts = _sentences(6, seed=3, longest=70)  # some need several windows
+    questions = _sentences(6, seed=4, longest=8)
     examples = [
-        {"id": str(i), "question": q, "context": c} for i, (q, c) in enumerate(zip(questions, contexts))
+        {"id": str(i), "question": q, "context": c}
+        for i, (q, c) in enumerate(zip(questions, contexts))
     ]
     features = model.encode(examples)
     assert len(features) > len(examples)
@@ -166,7 +168,8 @@ def test_bounded_number_of_shapes():
     """JAX and TensorFlow trace `call` once per input shape they compile: at most one per
     bucket plus the one short batch. Torch runs eagerly: every batch is cropped to its
     bucket, never longer."""
-    model = BertClassifier(toy_backbone(), num_classes=2, preprocessor=toy_preprocessor(SEQUENCE_LENGTH))
+    preprocessor = toy_preprocessor(SEQUENCE_LENGTH)
+    model = BertClassifier(toy_backbone(), num_classes=2, preprocessor=preprocessor)
     shapes = []
     original = model.call
 
@@ -175,13 +178,16 @@ def test_bounded_number_of_shapes():
         return original(inputs, *args, **kwargs)
 
     model.call = recording_call
-    texts = _sentences(101, seed=5)
+    texts = _sentences(44, seed=5)
     packed = {k: keras.ops.convert_to_numpy(v) for k, v in model.preprocessor(texts).items()}
     lengths = batching.row_lengths(packed["padding_mask"])
     model.predict(packed, batch_size=8, verbose=0)
     model.predict(packed, batch_size=8, verbose=0)
     lengths_seen = {shape[1] for shape in shapes}
-    assert lengths_seen <= set(BUCKETS) and len(lengths_seen) >= 3
+    if keras.backend.backend() == "tensorflow":  # reduce_retracing relaxes to (None, None)
+        assert lengths_seen - {None} <= set(BUCKETS)
+    else:
+        assert lengths_seen == set(BUCKETS)
     if keras.backend.backend() == "torch":
         plan = batching.plan_batches(lengths, 8, BUCKETS)
         assert [s[1] for s in shapes] == [p for _, p in plan] * 2
@@ -190,40 +196,43 @@ def test_bounded_number_of_shapes():
 
 
 def test_fit_shuffles_every_epoch_and_trains():
-    model = BertClassifier(
-        toy_backbone(), num_classes=2, preprocessor=toy_preprocessor(SEQUENCE_LENGTH), learning_rate=1e-2
-    )
-    texts = _sentences(48, seed=6)
+    model = BertClassifier(toy_backbone(), num_classes=2, preprocessor=toy_preprocessor(32))
+    model.compile(learning_rate=1e-2)
+    texts = _sentences(24, seed=6, longest=28)
     labels = np.array([int("good" in t or "great" in t) for t in texts])
-    epochs = []
-    original = batching.crop_batch
+    plans = []
+    original = batching.plan_batches
 
-    def recording_crop(arrays, rows, length, sequence_keys=None):
-        if isinstance(arrays, dict):
-            epochs.append(np.asarray(rows).tolist())
-        return original(arrays, rows, length, sequence_keys)
+    def recording_plan(*args, **kwargs):
+        plan = original(*args, **kwargs)
+        plans.append((kwargs.get("shuffle"), [rows.tolist() for rows, _ in plan]))
+        return plan
 
-    batching.crop_batch = recording_crop
+    batching.plan_batches = recording_plan
     try:
         history = model.fit(texts, labels, batch_size=8, epochs=2, verbose=0)
     finally:
-        batching.crop_batch = original
-    orders = [sum(epochs[i : i + 6], []) for i in (0, 6)]
-    if keras.backend.backend() == "tensorflow":  # tf.data reads the signature's batch first
-        orders = [sum(epochs[1 + i : 7 + i], []) for i in (0, 6)]
-    for order in orders:
-        assert sorted(order) == list(range(48))
-    assert orders[0] != orders[1]
+        batching.plan_batches = original
+    training = [batches for shuffle, batches in plans if shuffle]
+    assert len(training) >= 2  # one plan per epoch
+    for batches in training:
+        assert sorted(sum(batches, [])) == list(range(24))
+    assert training[0] != training[1]
     assert np.isfinite(history.history["loss"]).all()
 
 
-def test_fit_on_packed_tagger_labels_crops_them():
+def test_fit_on_tagger_word_labels_crops_them():
     tags = ["O", "B-PER", "I-PER", "B-LOC"]
-    model = BertTagger(toy_backbone(), labels=tags, preprocessor=toy_preprocessor(SEQUENCE_LENGTH))
-    sentences = [s.split() for s in _sentences(16, seed=7)]
+    model = BertTagger(toy_backbone(), labels=tags, preprocessor=toy_preprocessor(32))
+    sentences = [s.split() for s in _sentences(16, seed=7, longest=28)]
     word_labels = [[tags[len(w) % 4] for w in s] for s in sentences]
-    history = model.fit(sentences, word_labels, batch_size=4, epochs=1, verbose=0, validation_split=0.25)
+    history = model.fit(
+        sentences, word_labels, batch_size=4, epochs=1, verbose=0, validation_split=0.25
+    )
     assert np.isfinite(history.history["val_loss"]).all()
+    # The held-out quarter is the last 4 sentences, as Keras takes it.
+    expected = model.evaluate(sentences[12:], word_labels[12:], batch_size=4, verbose=0)[0]
+    assert abs(history.history["val_loss"][0] - expected) < 1e-5
 
 
 # ------------------------------------------------------------------------ bad input
