@@ -276,6 +276,9 @@ class BertTextEmbedder(BertTask):
         # === Default compile ===
         self.compile()
 
+    # Name of the output in an exported SavedModel (see `kbert.export`).
+    export_output_name = "embeddings"
+
     # ----------------------------------------------------------------- calling
     def call(self, inputs, training=None, mask=None):
         """`(batch, dim)` for inputs `(batch, seq)`; `(batch, columns, dim)` for
@@ -530,7 +533,8 @@ class BertTextEmbedder(BertTask):
         say otherwise. Arguments given here override what the directory says.
 
         Args:
-            source: str or path. A preset name or a checkpoint directory.
+            source: str or path. A preset name, an `hf://<owner>/<name>[@revision]` handle
+                (see `kbert.hub`) or a checkpoint directory.
             load_weights: bool. Defaults to `True`.
             preprocessor: `"auto"`, `None` or a preprocessor (see `BertTask.from_preset`).
             **kwargs: constructor arguments (`pooling`, `normalize`, `prompts`, ...),
@@ -538,8 +542,11 @@ class BertTextEmbedder(BertTask):
         """
         from pathlib import Path
 
+        from kbert import hub
         from kbert.checkpoints import sentence_transformers
 
+        if hub.is_hub_handle(source):  # Downloaded first: its module files are read below.
+            source = hub.resolve_preset_source(source, load_weights=load_weights)
         settings = {}
         path = Path(source) if isinstance(source, str) or hasattr(source, "__fspath__") else None
         if path is not None and sentence_transformers.is_sentence_transformers_dir(path):

@@ -110,6 +110,20 @@ def test_handle_loads_minilm_equal_to_the_local_directory(
     )
     # Cache hit: the second and third resolutions listed the repository but fetched no file.
     assert len(served.file_requests("GET")) == len(fetched)
+    # The embedder reads the sentence-transformers modules (pooling, Normalize) of the snapshot.
+    from kbert.models import BertTextEmbedder
+
+    embedder = BertTextEmbedder.from_preset(f"hf://{MINILM}")
+    local = BertTextEmbedder.from_preset(minilm_dir)
+    settings = [
+        {k: v for k, v in model.get_config().items() if k not in ("name", "backbone")}
+        for model in (embedder, local)
+    ]
+    assert embedder.normalize and settings[0] == settings[1]
+    np.testing.assert_array_equal(
+        np.asarray(embedder.encode(TEXTS)), np.asarray(local.encode(TEXTS))
+    )
+    assert len(served.file_requests("GET")) == len(fetched)
 
 
 def test_offline_and_unreachable_hub_load_from_the_cache(served, hub_env, monkeypatch):
