@@ -7,6 +7,7 @@ Subpackages:
     kbert.data         Dataset readers, SQuAD / tagging features, tf.data pretraining pipeline.
     kbert.metrics      MCC, Pearson/Spearman, entity F1, SQuAD EM/F1.
     kbert.checkpoints  Readers/writers for HF, Google TF and keras-hub checkpoints.
+    kbert.hub          `hf://` handles and preset names: download, cache, offline (huggingface_hub).
     kbert.callbacks    Resumable training: atomic backups every N steps, exact resume.
     kbert.export       SavedModel (raw strings in, tokenizer in the graph) and ONNX export.
     kbert.distribution Data- and model-parallel training (keras.distribution) with BERT layouts.
@@ -34,6 +35,7 @@ _SUBMODULES = (
     "data",
     "distribution",
     "export",
+    "hub",
     "layers",
     "metrics",
     "models",

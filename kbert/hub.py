@@ -38,6 +38,19 @@ import os
 import re
 from pathlib import Path
 
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "HANDLE_PREFIX",
+    "PRESET_HANDLES",
+    "download",
+    "hub_cache_dir",
+    "installed_presets_dir",
+    "is_hub_handle",
+    "parse_handle",
+    "resolve_preset_source",
+    "select_files",
+]
+
 HANDLE_PREFIX = "hf://"
 
 # The canonical Hugging Face repository of each built-in preset name: Google's own uploads of

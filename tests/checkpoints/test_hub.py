@@ -186,7 +186,9 @@ def test_preset_name_resolves_to_its_repository_unless_installed(hub_env, monkey
     repository = hub.PRESET_HANDLES["bert_tiny_en_uncased"][len("hf://") :]
     with HubServer({repository: Repository(_files(tmp_path / "hf"))}) as server:
         monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-        fresh = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False, num_layers=1)
+        fresh = BertBackbone.from_preset(
+            "bert_tiny_en_uncased", load_weights=False, num_layers=1, vocabulary_size=50
+        )
         assert fresh.hidden_dim == 128 and server.requests == []  # nothing downloaded
         loaded = BertBackbone.from_preset("bert_tiny_en_uncased")
         inputs = random_backbone_inputs()
