@@ -36,14 +36,23 @@ def native_dropout(inputs, rate):
     return _torch_dropout(inputs, rate)
 
 
-def attention_path(compute_dtype, flash_attention):
+# The values of `BertSelfAttention(attention_implementation=...)`.
+ATTENTION_IMPLEMENTATIONS = ("auto", "plain", "fused", "torch_sdpa")
+
+
+def attention_path(compute_dtype, flash_attention, implementation="auto"):
     """How `BertSelfAttention` computes attention; decided once, when the layer is made.
 
     Returns `"torch"` (torch's `scaled_dot_product_attention` called directly, with a boolean
-    key mask and the dropout inside: `torch_attention`), `"explicit"` (kbert's
-    softmax-matmul in `keras.ops`, for JAX-CPU float16, see `fused_attention_unsupported`) or
-    `"keras"` (`keras.ops.dot_product_attention`, explicit form for attention dropout).
-    `flash_attention=True` keeps the Keras op on torch, which honours or refuses it.
+    key mask and the dropout inside: `torch_attention`), `"explicit"` (kbert's plain
+    softmax-matmul in `keras.ops`) or `"keras"` (`keras.ops.dot_product_attention`, explicit
+    form for attention dropout).
+
+    `implementation` is the layer's `attention_implementation`: `"plain"` -> `"explicit"`,
+    `"fused"` -> `"keras"`, `"torch_sdpa"` -> `"torch"` (torch backend only). `"auto"` picks:
+    `"torch"` on torch (`flash_attention=True` keeps the Keras op, which honours or refuses
+    it), `"explicit"` for JAX-CPU float16 (see `fused_attention_unsupported`), else `"keras"`.
+    A choice that cannot run is a ValueError.
 
     On torch, `keras.ops.dot_product_attention` probes the flash kernel with a pybind
     object on every call and turns the mask into an additive float tensor: a graph break
@@ -51,6 +60,33 @@ def attention_path(compute_dtype, flash_attention):
     `torch.nn.functional.scaled_dot_product_attention` directly computes the same function.
     """
     backend = keras.config.backend()
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(
+            f"`attention_implementation` must be one of {list(ATTENTION_IMPLEMENTATIONS)}. "
+            f"Received: attention_implementation={implementation!r}"
+        )
+    if flash_attention and implementation in ("plain", "torch_sdpa"):
+        raise ValueError(
+            f"`flash_attention=True` needs the fused Keras op, but attention_implementation="
+            f"{implementation!r} does not use it. Use attention_implementation=\"auto\" or "
+            "\"fused\" with flash attention."
+        )
+    if implementation == "plain":
+        return "explicit"
+    if implementation == "torch_sdpa":
+        if backend != "torch":
+            raise ValueError(
+                'attention_implementation="torch_sdpa" needs the torch backend. Received '
+                f"backend: {backend}. Use \"auto\", \"plain\" or \"fused\"."
+            )
+        return "torch"
+    if implementation == "fused":
+        if fused_attention_unsupported(compute_dtype):
+            raise ValueError(
+                'attention_implementation="fused" cannot run float16 on JAX on CPU (XLA has '
+                'no float16 x float16 -> float32 product there). Use "auto" or "plain".'
+            )
+        return "keras"
     if backend == "torch" and flash_attention is not True:
         return "torch"
     if fused_attention_unsupported(compute_dtype):

@@ -25,6 +25,12 @@ class BertSelfAttention(keras.layers.Layer):
     op's per-call checks, and traceable by `torch.compile` (`jit_compile=True`) without a
     graph break. `flash_attention=True` on torch goes through the Keras op.
 
+    `attention_implementation="plain"` switches all of that off: the layer then computes
+    `softmax(q k^T / sqrt(d) + mask) v` itself in `keras.ops` (einsum, softmax in float32,
+    `HashDropout` on the probabilities), the same program on every backend and device. It is
+    the reference the other routes are tested against, and the one to use to debug, to
+    export to a runtime without a fused attention op, or to compare backends.
+
     Keys are masked with `padding_mask`. A row whose keys are all padding (an all-padding
     example) attends to every position instead, so it stays finite; its outputs are padding
     and carry no meaning.
@@ -41,6 +47,12 @@ class BertSelfAttention(keras.layers.Layer):
             attention dropout, which the fused op does not implement) the layer falls back to
             the standard computation, with the same numbers, and says so in one warning.
             Defaults to `None`.
+        attention_implementation: which computation the layer uses. `"auto"` (the
+            backend's fused path, as described above), `"plain"` (kbert's softmax-matmul
+            in `keras.ops` on every backend), `"fused"` (`keras.ops.dot_product_attention`
+            on every backend) or `"torch_sdpa"` (torch's `scaled_dot_product_attention`,
+            torch backend only). All give the same numbers up to float rounding. Defaults
+            to `"auto"`.
 
     Call arguments:
         inputs: float tensor `(batch_size, sequence_length, hidden_dim)`.
@@ -66,6 +78,7 @@ class BertSelfAttention(keras.layers.Layer):
         dropout=0.0,
         kernel_initializer=None,
         flash_attention=None,
+        attention_implementation="auto",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -79,6 +92,7 @@ class BertSelfAttention(keras.layers.Layer):
         self.head_dim = hidden_dim // num_heads
         self.dropout = dropout
         self.flash_attention = flash_attention
+        self.attention_implementation = attention_implementation
         self.kernel_initializer = keras.initializers.get(
             kernel_initializer or keras.initializers.TruncatedNormal(stddev=0.02)
         )
@@ -99,7 +113,9 @@ class BertSelfAttention(keras.layers.Layer):
             dropout, dtype=self.dtype_policy, name="attention_probability_dropout"
         )
         # Backend decisions, made once here rather than in every (possibly compiled) call.
-        self._attention_path = backend_paths.attention_path(self.compute_dtype, flash_attention)
+        self._attention_path = backend_paths.attention_path(
+            self.compute_dtype, flash_attention, attention_implementation
+        )
         self._flash_unavailable = False
         self._flash_unavailable_reason = (
             backend_paths.flash_unavailable_reason() if flash_attention else None
@@ -155,7 +171,7 @@ class BertSelfAttention(keras.layers.Layer):
                     keys[:, None, None, :], (ops.shape(keys)[0], 1, length, length)
                 )
             context = None  # (batch, seq, heads, head_dim) once computed
-            if dropout_active:
+            if dropout_active and self._attention_path != "explicit":
                 # torch's fused attention takes the dropout itself (and picks flash where it can).
                 context = backend_paths.attention_with_dropout(
                     query, key, value, mask, self.dropout
@@ -237,6 +253,7 @@ class BertSelfAttention(keras.layers.Layer):
                 "dropout": self.dropout,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "flash_attention": self.flash_attention,
+                "attention_implementation": self.attention_implementation,
             }
         )
         return config

@@ -27,6 +27,8 @@ class TransformerEncoder(keras.layers.Layer):
         kernel_initializer: initializer for all kernels. Defaults to
             `TruncatedNormal(stddev=0.02)`.
         flash_attention: `None`, `True` or `False`; see `BertSelfAttention`.
+        attention_implementation: `"auto"`, `"plain"`, `"fused"` or `"torch_sdpa"`; see
+            `BertSelfAttention`. Defaults to `"auto"`.
         remat: bool. Recompute the block in the backward pass instead of storing its
             activations (`keras.remat`: `jax.checkpoint`, `tf.recompute_grad`,
             `torch.utils.checkpoint`). The dropout keys are drawn before the block and
@@ -57,6 +59,7 @@ class TransformerEncoder(keras.layers.Layer):
         kernel_initializer=None,
         flash_attention=None,
         remat=False,
+        attention_implementation="auto",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -68,6 +71,7 @@ class TransformerEncoder(keras.layers.Layer):
         self.attention_dropout = attention_dropout
         self.layer_norm_epsilon = layer_norm_epsilon
         self.flash_attention = flash_attention
+        self.attention_implementation = attention_implementation
         self.remat = remat
         self.kernel_initializer = keras.initializers.get(
             kernel_initializer or keras.initializers.TruncatedNormal(stddev=0.02)
@@ -82,6 +86,7 @@ class TransformerEncoder(keras.layers.Layer):
             dropout=self.attention_dropout,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             flash_attention=self.flash_attention,
+            attention_implementation=self.attention_implementation,
             dtype=self.dtype_policy,
             name="self_attention",
         )
@@ -170,6 +175,7 @@ class TransformerEncoder(keras.layers.Layer):
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "flash_attention": self.flash_attention,
+                "attention_implementation": self.attention_implementation,
                 "remat": self.remat,
             }
         )

@@ -1,0 +1,163 @@
+"""Every attention route gives the numbers of the plain `keras.ops` route, on every backend.
+
+`BertSelfAttention(attention_implementation=...)` picks the computation: `"plain"` is kbert's
+softmax-matmul in `keras.ops`; `"auto"` and `"fused"` use `keras.ops.dot_product_attention`
+(on torch, `"auto"` calls torch's `scaled_dot_product_attention` itself, as does
+`"torch_sdpa"`); `flash_attention=True` asks the fused op for its flash kernel (falling back
+where there is none). Float32, attention dropout 0, padded rows and packed (pairwise) masks.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+from kbert.layers import BertSelfAttention
+from kbert.models import BertBackbone
+from tests.test_case import TestCase, random_backbone_inputs, tiny_backbone_kwargs, to_numpy
+
+NUM_HEADS, HIDDEN = 4, 16
+RNG = np.random.default_rng(7)
+X = RNG.normal(size=(3, 7, HIDDEN)).astype("float32")
+# Key masks: a full row, a row of 4 real tokens, a row of 2.
+KEY_MASK = np.array([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5], "int32")
+# Pairwise masks of packed rows: two documents per row (block diagonal), then padding.
+_DOCUMENTS = np.array([[1, 1, 1, 2, 2, 2, 2], [1, 1, 2, 2, 2, 0, 0], [1, 2, 2, 2, 0, 0, 0]])
+PAIR_MASK = ((_DOCUMENTS[:, :, None] == _DOCUMENTS[:, None, :]) & (_DOCUMENTS[:, :, None] > 0))
+PAIR_MASK = PAIR_MASK.astype("int32")
+TOLERANCE = dict(atol=2e-5, rtol=1e-5)
+
+
+def _routes():
+    """`(name, constructor arguments)` of every route this backend has."""
+    routes = [
+        ("auto", {}),
+        ("fused", {"attention_implementation": "fused"}),
+        ("flash requested", {"flash_attention": True}),
+    ]
+    if keras.config.backend() == "torch":
+        routes.append(("torch_sdpa", {"attention_implementation": "torch_sdpa"}))
+    return routes
+
+
+def _layer(weights=None, **kwargs):
+    layer = BertSelfAttention(
+        NUM_HEADS,
+        HIDDEN,
+        kernel_initializer=keras.initializers.RandomNormal(stddev=0.5, seed=3),
+        **kwargs,
+    )
+    layer.build(X.shape)
+    if weights is not None:
+        layer.set_weights(weights)
+    return layer
+
+
+def _numpy_attention(weights, x, mask):
+    """Multi-head softmax attention written out in NumPy (float64) from the layer's weights."""
+    (wq, bq), (wk, bk), (wv, bv), (wo, bo) = [weights[i : i + 2] for i in range(0, 8, 2)]
+    x = x.astype("float64")
+
+    def heads(t):
+        return t.reshape(t.shape[0], t.shape[1], NUM_HEADS, -1).transpose(0, 2, 1, 3)
+
+    q, k, v = heads(x @ wq + bq), heads(x @ wk + bk), heads(x @ wv + bv)
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(HIDDEN // NUM_HEADS)
+    allowed = mask[:, None, None, :] if mask.ndim == 2 else mask[:, None, :, :]
+    scores = np.where(allowed.astype(bool), scores, -1e30)
+    probabilities = np.exp(scores - scores.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    context = (probabilities @ v).transpose(0, 2, 1, 3).reshape(x.shape)
+    return context @ wo + bo
+
+
+def _real(output, mask):
+    """The rows of real queries (padding rows carry no meaning)."""
+    queries = mask if mask.ndim == 2 else mask.any(-1)
+    return np.asarray(output)[queries.astype(bool)]
+
+
+class _Calls:
+    """Counts calls of `keras.ops.dot_product_attention` and torch's fused attention."""
+
+    def __init__(self, monkeypatch):
+        self.keras_op = self.torch_sdpa = 0
+        original = keras.ops.dot_product_attention
+
+        def keras_op(*args, **kwargs):
+            self.keras_op += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(keras.ops, "dot_product_attention", keras_op)
+        if keras.config.backend() == "torch":
+            import torch
+
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+
+            def torch_sdpa(*args, **kwargs):
+                self.torch_sdpa += 1
+                return sdpa(*args, **kwargs)
+
+            monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", torch_sdpa)
+
+
+class TestAttentionRoutes(TestCase):
+    @pytest.mark.parametrize("mask", [KEY_MASK, PAIR_MASK], ids=["key_mask", "pairwise_mask"])
+    @pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+    def test_every_route_equals_the_plain_keras_ops_route(self, mask, training, monkeypatch):
+        plain = _layer(attention_implementation="plain")
+        weights = plain.get_weights()
+        calls = _Calls(monkeypatch)
+        expected = to_numpy(plain(X, padding_mask=mask, training=training))
+        # The plain route is softmax attention (checked against NumPy) and calls no fused op.
+        assert calls.keras_op == calls.torch_sdpa == 0
+        reference = _numpy_attention(weights, X, mask)
+        np.testing.assert_allclose(_real(expected, mask), _real(reference, mask), **TOLERANCE)
+        # The comparison can fail: ignoring the mask moves real rows by far more than the
+        # tolerance.
+        unmasked = to_numpy(plain(X, training=training))
+        assert np.abs(_real(unmasked, mask) - _real(expected, mask)).max() > 1e-1
+        for name, kwargs in _routes():
+            layer = _layer(weights, **kwargs)
+            before = (calls.keras_op, calls.torch_sdpa)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "`flash_attention=True` was requested")
+                output = to_numpy(layer(X, padding_mask=mask, training=training))
+            used = (calls.keras_op - before[0], calls.torch_sdpa - before[1])
+            assert used != (0, 0), f"{name} ran no fused attention"
+            np.testing.assert_allclose(
+                _real(output, mask), _real(expected, mask), err_msg=name, **TOLERANCE
+            )
+
+    def test_backbone_switch_gives_the_same_outputs_and_round_trips(self):
+        kwargs = tiny_backbone_kwargs(num_layers=1)
+        plain = BertBackbone(**kwargs, attention_implementation="plain")
+        auto = BertBackbone(**kwargs)
+        auto.set_weights(plain.get_weights())
+        inputs = random_backbone_inputs(batch_size=3, sequence_length=9)
+        mask = inputs["padding_mask"]
+        expected = to_numpy(plain(inputs)["sequence_output"])
+        np.testing.assert_allclose(
+            _real(to_numpy(auto(inputs)["sequence_output"]), mask), _real(expected, mask),
+            **TOLERANCE,
+        )
+        config = plain.get_config()
+        assert config["attention_implementation"] == "plain"
+        restored = BertBackbone.from_config(config)
+        assert restored.get_config() == config
+        layer = restored.transformer_layers[0]
+        assert layer.get_config()["attention_implementation"] == "plain"
+
+    def test_bad_choices_are_refused(self):
+        with pytest.raises(ValueError, match=r"attention_implementation='eager'"):
+            BertSelfAttention(NUM_HEADS, HIDDEN, attention_implementation="eager")
+        with pytest.raises(ValueError, match=r"attention_implementation='sdpa'"):
+            BertBackbone(**tiny_backbone_kwargs(), attention_implementation="sdpa")
+        with pytest.raises(ValueError, match="flash_attention=True"):
+            BertSelfAttention(
+                NUM_HEADS, HIDDEN, attention_implementation="plain", flash_attention=True
+            )
+        if keras.config.backend() != "torch":
+            with pytest.raises(ValueError, match="needs the torch backend"):
+                BertSelfAttention(NUM_HEADS, HIDDEN, attention_implementation="torch_sdpa")
