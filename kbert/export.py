@@ -158,6 +158,8 @@ def _rebuild(staging):
     model.load_weights(staging / "model.weights.h5")
     preprocessor = None
     if (staging / "preprocessor.json").is_file():
+        import kbert.text  # noqa: F401  (registers BertPreprocessor / BertTokenizer)
+
         preprocessor = keras.saving.deserialize_keras_object(
             json.loads((staging / "preprocessor.json").read_text())
         )
@@ -174,8 +176,8 @@ def _write_saved_model(model, preprocessor, target):
 
     def outputs_of(packed):
         outputs = model(packed, training=False)
-        if not isinstance(outputs, dict):
-            outputs = {"logits": outputs}
+        if not isinstance(outputs, dict):  # `embeddings` for a BertTextEmbedder
+            outputs = {getattr(model, "export_output_name", "logits"): outputs}
         return {name: tf.convert_to_tensor(value) for name, value in outputs.items()}
 
     def packed_of(segments):

@@ -285,3 +285,20 @@ class TestFit:
         )
         history = embedder.fit(triples, batch_size=4, epochs=3, verbose=0)
         assert np.isfinite(history.history["loss"]).all()
+
+
+def test_saved_model_takes_raw_strings(tmp_path):
+    """The SavedModel (tokenizer in the graph) returns the normalised embeddings encode does."""
+    tf = pytest.importorskip("tensorflow")
+    pytest.importorskip("tensorflow_text")
+    from kbert.export import export_saved_model
+
+    backbone = BertBackbone(**tiny_backbone_kwargs(vocabulary_size=len(TOY_VOCABULARY)))
+    embedder = BertTextEmbedder(backbone, normalize=True, preprocessor=toy_preprocessor(20))
+    texts = ["the cat sat on the mat", "a dog", "john smith sings in paris"]
+    expected = embedder.encode(texts)
+    export_saved_model(embedder, tmp_path / "exported")
+    served = tf.saved_model.load(str(tmp_path / "exported"))
+    actual = served.signatures["serving_default"](text=tf.constant(texts))["embeddings"].numpy()
+    np.testing.assert_allclose(actual, expected, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(actual, axis=1), 1.0, atol=1e-5)
