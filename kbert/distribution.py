@@ -334,8 +334,8 @@ def _environment_settings():
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(
                 "TF_CONFIG must be JSON like {\"cluster\": {\"worker\": [\"host:port\", ...]}, "
-                f"\"task\": {{\"type\": \"worker\", \"index\": i}}}}. Received: {env['TF_CONFIG']!r} "
-                f"({error})"
+                f"\"task\": {{\"type\": \"worker\", \"index\": i}}}}. "
+                f"Received: {env['TF_CONFIG']!r} ({error})"
             ) from None
         if task.get("type", "worker") != "worker" or set(config["cluster"]) != {"worker"}:
             raise ValueError(
@@ -496,13 +496,40 @@ def _start_tensorflow(address, host, port, num_processes, process_id, timeout):
     )
     if process_id != 0:
         _wait_for_coordinator(host, port, timeout, process_id)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    strategy = _nested_reduce_strategy(tf)(communication_options=options)
     if strategy.num_replicas_in_sync != num_processes:
         raise ValueError(
             f"The TensorFlow cluster has {strategy.num_replicas_in_sync} replicas, but kbert "
             f"expects one per process ({num_processes}): use one device per worker."
         )
     return processes.ProcessGroup("tensorflow", num_processes, process_id, address, strategy)
+
+
+def _nested_reduce_strategy(tf):
+    """`MultiWorkerMirroredStrategy` whose `reduce` also takes a nest of per-replica values.
+
+    `tf.distribute.Strategy.reduce` is documented for nests, but with several workers the
+    collective implementation converts the whole nest to one tensor and fails; Keras reduces
+    a first batch of `(x, y, sample_weight)` this way to build the model
+    (keras-team/keras#20329), so dict inputs could not train on two workers. Keras also
+    reduces each step's scalar logs with `axis=0`, which fails on a scalar. Each leaf is
+    reduced on its own here, scalars over the replicas.
+    """
+
+    class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+        def reduce(self, reduce_op, value, axis):
+            parent = super()
+
+            def reduce_leaf(leaf):
+                local = tf.convert_to_tensor(self.experimental_local_results(leaf)[0])
+                # Keras also reduces its scalar logs over `axis=0`: scalars have no axis.
+                leaf_axis = axis if local.shape.rank else None
+                # A MEAN of integer ids comes back as floats: keep the dtype.
+                return tf.cast(parent.reduce(reduce_op, leaf, leaf_axis), local.dtype)
+
+            return tf.nest.map_structure(reduce_leaf, value)
+
+    return MultiWorkerMirroredStrategy
 
 
 def _start_torch(address, host, port, num_processes, process_id, timeout):
@@ -516,6 +543,8 @@ def _start_torch(address, host, port, num_processes, process_id, timeout):
         backend, device = "gloo", "cpu"
     # Under torchrun its agent already serves the rendezvous store at MASTER_PORT.
     launched = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    if process_id != 0 and not launched:
+        _wait_for_coordinator(host, port, timeout, process_id)
     try:
         dist.init_process_group(
             backend,

@@ -16,12 +16,11 @@ import json
 import os
 import signal
 import sys
-import time
 
 
 def _parse(argv):
     parser = argparse.ArgumentParser()
-    parser.add_argument("--task", choices=("classifier", "pretrainer"), default="classifier")
+    parser.add_argument("--task", choices=("classifier", "pretrainer", "both"), default="both")
     parser.add_argument("--output", required=True)
     parser.add_argument("--results", required=True)
     parser.add_argument("--processes", type=int, default=1)
@@ -31,9 +30,7 @@ def _parse(argv):
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--backup-every", type=int, default=None)
-    parser.add_argument("--hang-after-step", type=int, default=None)
-    parser.add_argument("--die-after-step", type=int, default=None)
+    parser.add_argument("--die-in", default=None, help="TASK:STEP - kill -9 this process there.")
     return parser.parse_args(argv)
 
 
@@ -63,18 +60,42 @@ def _data(task, rows, vocabulary_size=97, length=12, predictions=3):
     return x, y, weights
 
 
+def _audit_writes(root, written):
+    """Records every file or folder this process creates, writes or renames under `root`."""
+    root = os.path.realpath(root)
+
+    def hook(event, arguments):
+        if event == "open" and arguments[0] is not None and not isinstance(arguments[0], int):
+            mode, flags = arguments[1], arguments[2]
+            writes = flags & (os.O_WRONLY | os.O_RDWR)
+            writing = (mode and any(c in mode for c in "wax+")) or writes
+            paths = [arguments[0]] if writing else []
+        elif event in ("os.mkdir", "os.rename", "os.replace", "os.remove", "os.rmdir"):
+            paths = [a for a in arguments[:2] if isinstance(a, (str, bytes, os.PathLike))]
+        else:
+            return
+        for path in paths:
+            path = os.path.realpath(os.fsdecode(path))
+            if path.startswith(root + os.sep):
+                written.append(path)
+
+    sys.addaudithook(hook)
+
+
 def main(argv=None):
     args = _parse(argv)
     import keras
     import numpy as np
 
     import kbert
-    from kbert import processes, tracking
-    from kbert.callbacks import TrainingBackup
-    from kbert.models import BertBackbone, BertClassifier, BertPretrainer
-    from tests.test_case import tiny_backbone_kwargs
+    from kbert import processes
 
+    if os.environ.get("MP_DEBUG"):
+        keras.config.disable_traceback_filtering()
+    written = []
+    os.makedirs(args.results, exist_ok=True)
     if args.processes > 1:
+        _audit_writes(args.output, written)
         kbert.distribution.initialize(
             coordinator_address=args.coordinator,
             num_processes=args.processes if args.coordinator else None,
@@ -82,26 +103,58 @@ def main(argv=None):
             timeout=args.timeout,
         )
     index = processes.process_index()
+    tasks = ("classifier", "pretrainer") if args.task == "both" else (args.task,)
+    report = {"process_index": index, "process_count": processes.process_count()}
+    for task in tasks:
+        report[task] = _train(args, task, np, keras, kbert)
+        np.savez(
+            os.path.join(args.results, f"{task}_{index}.npz"),
+            *report[task].pop("weights"),
+        )
+    report["written"] = sorted(set(written))
+    with open(os.path.join(args.results, f"process_{index}.json"), "w") as f:
+        json.dump(report, f)
+    kbert.distribution.shutdown()
+    return report
+
+
+def _train(args, task, np, keras, kbert):
+    from kbert import tracking
+    from kbert.callbacks import TrainingBackup
+    from kbert.models import BertBackbone, BertClassifier, BertPretrainer
+    from tests.test_case import tiny_backbone_kwargs
+
     keras.utils.set_random_seed(0)
     distribution = kbert.distribution.data_parallel() if args.processes > 1 else None
     scope = distribution.scope() if distribution is not None else _nothing()
-    x, y, weights = _data(args.task, args.rows)
+    x, y, weights = _data(task, args.rows)
+    output = os.path.join(args.output, task)
     with scope:
         backbone = BertBackbone(**tiny_backbone_kwargs())
-        if args.task == "classifier":
+        if task == "classifier":
             model = BertClassifier(backbone, num_classes=3, dropout=0.0)
         else:
             model = BertPretrainer(backbone)
-        if _compiles_settings(model):
-            model.compile(learning_rate=1e-2)
+        # A constant learning rate: a resumed `fit` (from `initial_epoch`) takes the same
+        # steps as an uninterrupted one.
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-2))
+        # The same start on every backend and process (TensorFlow's strategy draws its own
+        # initial values): small normal weights, LayerNorm scales around 1.
+        rng = np.random.default_rng(0)
+        model.set_weights(
+            [
+                (w.path.endswith("gamma") + rng.normal(0, 0.1, w.shape)).astype(w.dtype)
+                for w in model.weights
+            ]
+        )
+        if os.environ.get("MP_DEBUG"):
+            print("DEBUG weights", sum(float(np.abs(keras.ops.convert_to_numpy(w)).sum())
+                                      for w in model.weights), flush=True)
         backup = TrainingBackup(
-            os.path.join(args.output, "backup"),
-            save_every=args.backup_every,
-            settings={"task": args.task, "batch_size": args.batch_size},
+            os.path.join(output, "backup"),
+            settings={"task": task, "batch_size": args.batch_size},
         )
         start = backup.restore(model)
-        history = tracking.StepLossHistory()
-        callbacks = [backup, history, _Faults(args, index)]
         steps_per_epoch = -(-args.rows // args.batch_size)
         epoch, offset = divmod(start, steps_per_epoch)
         if offset:
@@ -115,39 +168,21 @@ def main(argv=None):
             initial_epoch=epoch,
             shuffle=False,
             verbose=0,
-            callbacks=callbacks,
+            callbacks=[backup, _Faults(args, task)],
         )
-    model.save_to_preset(os.path.join(args.output, "preset"))
+    model.save_to_preset(os.path.join(output, "preset"))
     tracking.write_run_report(
-        os.path.join(args.output, "report"),
-        f"multiprocess/{args.task}",
+        os.path.join(output, "report"),
+        f"multiprocess/{task}",
         {"loss": float(backup.step_loss[-1])},
         step_loss=backup.step_loss,
         plot=False,
     )
-    os.makedirs(args.results, exist_ok=True)
-    np.savez(
-        os.path.join(args.results, f"process_{index}.npz"),
-        *[keras.ops.convert_to_numpy(w) for w in model.weights],
-    )
-    with open(os.path.join(args.results, f"process_{index}.json"), "w") as f:
-        json.dump(
-            {
-                "process_index": index,
-                "process_count": processes.process_count(),
-                "step_loss": backup.step_loss,
-                "epoch_loss": [e["loss"] for e in backup.epochs],
-                "resumed_from": start,
-            },
-            f,
-        )
-    kbert.distribution.shutdown()
-
-
-def _compiles_settings(model):
-    import inspect
-
-    return "learning_rate" in inspect.signature(type(model).compile).parameters
+    return {
+        "step_loss": [float(v) for v in backup.step_loss],
+        "resumed_from": start,
+        "weights": [keras.ops.convert_to_numpy(w) for w in model.weights],
+    }
 
 
 class _nothing:
@@ -159,21 +194,21 @@ class _nothing:
 
 
 class _Faults:
-    """Test hooks: this process dies (`--die-after-step`) or hangs (`--hang-after-step`)."""
+    """Test hook: `--die-in TASK:STEP` kills this process (SIGKILL) after that step."""
 
-    def __new__(cls, args, index):
+    def __new__(cls, args, task):
         import keras
+
+        die_task, _, die_step = (args.die_in or ":").partition(":")
 
         class Faults(keras.callbacks.Callback):
             step = 0
 
             def on_train_batch_end(self, batch, logs=None):
                 self.step += 1
-                if args.die_after_step is not None and self.step == args.die_after_step:
+                if task == die_task and self.step == int(die_step):
                     sys.stdout.flush()
                     os.kill(os.getpid(), signal.SIGKILL)
-                if args.hang_after_step is not None and self.step == args.hang_after_step:
-                    time.sleep(3600)
 
         return Faults()
 

@@ -158,10 +158,14 @@ def _tf_distributed(group, data):
             lambda a: tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype)), first
         )
 
-        def generate():
-            for i in range(len(batches)):
-                yield batches[i]
-            batches.on_epoch_end()
+        def generate():  # Endless: `fit` takes `len(batches)` steps per epoch.
+            while True:
+                for i in range(len(batches)):
+                    import os
+                    if os.environ.get("MP_DEBUG"):
+                        print("DEBUG batch", i, batches[i][0]["token_ids"][:, 0], flush=True)
+                    yield batches[i]
+                batches.on_epoch_end()
 
         dataset = tf.data.Dataset.from_generator(generate, output_signature=spec)
     else:
@@ -190,29 +194,29 @@ class MultiProcessTraining:
             )
         shuffle = kwargs.pop("shuffle", True)
         seed = _agreed_seed() if shuffle and not _is_dataset(x) else 0
-        x, y, sample_weight, batch_size = self._process_inputs(
+        x, y, sample_weight, steps = self._process_inputs(
             group, x, y, kwargs.pop("sample_weight", None), batch_size, shuffle, seed
         )
+        if steps is not None and kwargs.get("steps_per_epoch") is None:
+            kwargs["steps_per_epoch"] = steps  # TensorFlow: an endless dataset of epochs.
         validation = kwargs.get("validation_data")
         if validation is not None:
-            if _is_dataset(validation):
-                kwargs["validation_data"] = self._process_inputs(
-                    group, validation, None, None, None, False, 0
-                )[0]
-            else:
-                kwargs["validation_data"] = self._process_inputs(
-                    group,
-                    *(tuple(validation) + (None,))[:3],
-                    kwargs.pop("validation_batch_size", None) or batch_size * group.num_processes,
-                    False,
-                    0,
-                )[0]
+            parts = (validation,) if _is_dataset(validation) else tuple(validation)
+            validation, _, _, steps = self._process_inputs(
+                group,
+                *(parts + (None, None))[:3],
+                kwargs.pop("validation_batch_size", None) or batch_size,
+                False,
+                0,
+            )
+            kwargs["validation_data"] = validation
+            if steps is not None:
+                kwargs.setdefault("validation_steps", steps)
         self._broadcast_weights(group)
         hooks = self._average_gradients(group)
         try:
             return super().fit(
-                x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, shuffle=False,
-                **kwargs
+                x=x, y=y, sample_weight=sample_weight, shuffle=False, **kwargs
             )
         finally:
             for hook in hooks:
@@ -259,7 +263,7 @@ class MultiProcessTraining:
                 stacklevel=3,
             )
         if group.backend == "tensorflow":
-            return _tf_distributed(group, batches), None, None, None
+            return _tf_distributed(group, batches), None, None, len(batches)
         return batches, None, None, None
 
     def _broadcast_weights(self, group):

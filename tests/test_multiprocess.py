@@ -1,0 +1,249 @@
+"""Training over two local processes equals one process (JAX, TensorFlow and torch).
+
+Each backend's own engine starts from a launcher's environment, as in the README: JAX
+processes with `--coordinator 127.0.0.1:PORT` (jax.distributed, gloo collectives), TensorFlow
+workers with `TF_CONFIG` (MultiWorkerMirroredStrategy), torch ranks with torchrun's
+`RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT` (torch.distributed, gloo). Every process runs
+`tests/_multiprocess_worker.py` with the same full arrays and the global batch size.
+
+* Two processes `fit` a `BertClassifier` and a `BertPretrainer`; one of them is killed
+  (`kill -9`) in the second epoch of the pretrainer: the other fails within the collective
+  timeout instead of hanging. The same command run again resumes both from the backups of
+  process 0 and ends at the weights of one process trained on the same global batches
+  (max |delta| <= 1e-5) with the same per-step losses; only process 0 created, wrote or
+  renamed files in the output folder.
+* Bad input: a global batch the processes cannot share, settings that contradict the
+  launcher's, an unreachable coordinator - clear errors within a bounded time.
+
+Ports are free ports of 127.0.0.1; every wait is bounded and every process is killed on
+failure.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from kbert import distribution as kd
+from kbert.models.multiprocess import ProcessBatches, check_global_batch_size
+from tests import _multiprocess_worker as worker
+from tests.test_case import REPO_ROOT
+
+BACKEND = keras.backend.backend()
+# Seconds a process waits for the others (joining, and each collective afterwards).
+TIMEOUT = 20
+# Seconds one two-process launch may take before the test kills it.
+LAUNCH_LIMIT = 240
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(output, results, extra=(), die_in=None):
+    """Starts the two processes as the README's launch lines do; returns their Popen objects."""
+    ports = [_free_port(), _free_port()]
+    commands = []
+    for index in range(2):
+        env = dict(os.environ, KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="3")
+        for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG"):
+            env.pop(name, None)
+        args = [
+            sys.executable, "-m", "tests._multiprocess_worker", "--output", str(output),
+            "--results", str(results), "--processes", "2", "--timeout", str(TIMEOUT), *extra,
+        ]
+        if BACKEND == "jax":
+            args += ["--coordinator", f"127.0.0.1:{ports[0]}", "--process-id", str(index)]
+        elif BACKEND == "torch":
+            env.update(
+                RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]),
+            )
+        else:
+            workers = [f"127.0.0.1:{port}" for port in ports]
+            env["TF_CONFIG"] = json.dumps(
+                {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+            )
+        if die_in is not None and index == 1:
+            args += ["--die-in", die_in]
+        commands.append((args, env))
+    return [
+        subprocess.Popen(
+            args, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+        )
+        for args, env in commands
+    ]
+
+
+def _wait(processes, limit=LAUNCH_LIMIT):
+    """(return codes, outputs); kills every process still running after `limit` seconds."""
+    deadline = time.monotonic() + limit
+    outputs = []
+    try:
+        for process in processes:
+            out, _ = process.communicate(timeout=max(deadline - time.monotonic(), 1))
+            outputs.append(out)
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        raise AssertionError(
+            f"The processes ran past {limit} s (a hang); killed them."
+        ) from None
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    return [p.returncode for p in processes], outputs
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One process trained on the same global batches: per-step losses and final weights."""
+    root = tmp_path_factory.mktemp("reference")
+    results = root / "results"
+    results.mkdir()
+    report = worker.main(["--output", str(root / "output"), "--results", str(results)])
+    weights = {
+        task: [w for _, w in sorted(np.load(results / f"{task}_0.npz").items(), key=_order)]
+        for task in ("classifier", "pretrainer")
+    }
+    return report, weights
+
+
+def _order(item):
+    return int(item[0].split("_")[1])
+
+
+def _weights(results, task, index):
+    with np.load(results / f"{task}_{index}.npz") as data:
+        return [w for _, w in sorted(data.items(), key=_order)]
+
+
+def test_two_processes_train_resume_after_kill_and_equal_one_process(tmp_path, reference):
+    reference_report, reference_weights = reference
+    output, results = tmp_path / "output", tmp_path / "results"
+    results.mkdir()
+
+    # Process 1 is killed after step 6 of 8 of the pretrainer (its backup is at step 4).
+    started = time.monotonic()
+    codes, outputs = _wait(_launch(output, results, die_in="pretrainer:6"))
+    assert codes[1] == -signal.SIGKILL, outputs[1][-3000:]
+    assert codes[0] not in (0, None), outputs[0][-3000:]  # failed, did not hang
+    failed_after = time.monotonic() - started
+    assert failed_after < LAUNCH_LIMIT
+    assert not (results / "process_0.json").exists()
+
+    # The same command again resumes from process 0's backups.
+    codes, outputs = _wait(_launch(output, results))
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    reports = [json.loads((results / f"process_{i}.json").read_text()) for i in range(2)]
+    assert [r["process_index"] for r in reports] == [0, 1]
+    assert all(r["process_count"] == 2 for r in reports)
+    for task in ("classifier", "pretrainer"):
+        expected = reference_report[task]["step_loss"]
+        for index, report in enumerate(reports):
+            # Resumed: the classifier had finished, the pretrainer resumes after epoch 1.
+            assert report[task]["resumed_from"] == (8 if task == "classifier" else 4)
+            np.testing.assert_allclose(report[task]["step_loss"], expected, atol=1e-5)
+            got = _weights(results, task, index)
+            assert len(got) == len(reference_weights[task])
+            delta = max(float(np.abs(a - b).max()) for a, b in zip(got, reference_weights[task]))
+            assert delta <= 1e-5, (task, index, delta)
+        # The run really trained: far from the start, and the two processes' weights agree.
+        assert reference_report[task]["step_loss"][0] - expected[-1] > 0.01
+    # Only process 0 wrote into the output folder (in both launches, for the second here).
+    assert reports[1]["written"] == []
+    assert any(path.endswith("training_state.npz") for path in reports[0]["written"])
+    assert any("preset" in path for path in reports[0]["written"])
+    assert any(path.endswith("metrics.json") for path in reports[0]["written"])
+    for task in ("classifier", "pretrainer"):
+        assert (output / task / "preset" / "config.json").is_file()
+        assert (output / task / "report" / "metrics.json").is_file()
+    leftovers = [p.name for p in output.rglob("*") if "kbert-" in p.name or p.suffix == ".tmp"]
+    assert leftovers == []
+
+
+# === Bad input (no second process needed) ===
+
+
+def test_global_batch_must_divide_over_the_processes():
+    with pytest.raises(ValueError, match="divisible by the 2 processes.*batch_size=7"):
+        check_global_batch_size(7, 2)
+    x = {"a": np.arange(10)}
+    with pytest.raises(ValueError, match="divisible by the 2 processes"):
+        ProcessBatches(x, batch_size=5, num_processes=2, process_index=0)
+
+
+@pytest.mark.parametrize("rows", [8, 11])
+def test_each_process_gets_its_slice_of_every_global_batch(rows):
+    x, y = np.arange(rows), np.arange(rows) * 10
+    slices = [
+        ProcessBatches(x, y, batch_size=4, num_processes=2, process_index=i) for i in range(2)
+    ]
+    assert len(slices[0]) == len(slices[1]) == 2 + (rows == 11)
+    for b in range(len(slices[0])):
+        joined = np.concatenate([s[b][0] for s in slices])
+        np.testing.assert_array_equal(joined, np.arange(b * 4, b * 4 + len(joined)))
+        np.testing.assert_array_equal(np.concatenate([s[b][1] for s in slices]), joined * 10)
+    # 11 rows: the last global batch has 3 rows; each process takes 1, row 10 is left out.
+    assert slices[0].dropped_rows == (rows % 4) % 2
+    shuffled = [
+        ProcessBatches(x, batch_size=4, shuffle=True, seed=3, num_processes=2, process_index=i)
+        for i in range(2)
+    ]
+    rows_seen = np.concatenate([s[b] for b in range(len(shuffled[0])) for s in shuffled])
+    assert len(set(rows_seen.tolist())) == len(rows_seen)  # the same order on both
+
+
+def test_settings_that_contradict_the_launcher_are_refused(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(ValueError, match=r"`num_processes`=3 does not match the launcher's 2"):
+        kd.initialize(num_processes=3)
+    with pytest.raises(ValueError, match=r"`process_id`=1 does not match the launcher's 0"):
+        kd.initialize(process_id=1)
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(ValueError, match=r"`process_id` must lie in \[0, num_processes\)"):
+        kd.initialize()
+
+
+def test_missing_settings_are_refused(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "TF_CONFIG", "KERAS_DISTRIBUTION_JOB_ADDRESSES"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match="needs `coordinator_address`"):
+        kd.initialize(num_processes=2)
+    with pytest.raises(ValueError, match="'host:port'"):
+        kd.initialize("nohost", num_processes=2, process_id=1)
+
+
+def test_unreachable_coordinator_fails_within_the_timeout(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "TF_CONFIG", "KERAS_DISTRIBUTION_JOB_ADDRESSES"):
+        monkeypatch.delenv(name, raising=False)
+    port = _free_port()  # nothing listens there
+    if BACKEND == "tensorflow":
+        workers = [f"127.0.0.1:{port}", f"127.0.0.1:{_free_port()}"]
+        monkeypatch.setenv(
+            "TF_CONFIG",
+            json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": 1}}),
+        )
+        arguments = {}
+    else:
+        arguments = dict(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=1)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=f"could not reach the coordinator at 127.0.0.1:{port}"):
+        kd.initialize(timeout=2, **arguments)
+    assert time.monotonic() - started < 10
+    assert kd.processes.process_group() is None
