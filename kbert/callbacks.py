@@ -340,7 +340,11 @@ class TrainingBackup(keras.callbacks.Callback):
         return self.step
 
     def save(self):
-        """Writes the backup now (atomically)."""
+        """Writes the backup now (atomically); over several processes, on process 0 only.
+
+        Every process reads the state (on TensorFlow, reading a metric's variable is a
+        collective over the workers); process 0 writes it.
+        """
         model_variables, optimizer_variables, metric_variables = _state_variables(self.model)
         arrays = {}
         for group, variables in (
@@ -365,6 +369,9 @@ class TrainingBackup(keras.callbacks.Callback):
         }
         arrays.update(self._random_state or {})
         arrays["metadata"] = np.array(json.dumps(metadata))
+        if not processes.is_writer():
+            self.saved_step = self.step  # Process 0 writes the run's one backup.
+            return
         os.makedirs(self.backup_dir, exist_ok=True)
         try:
             _write_atomically(self.path, arrays)
@@ -381,6 +388,8 @@ class TrainingBackup(keras.callbacks.Callback):
 
     def delete(self):
         """Removes the backup file (e.g. once the final model is safely written)."""
+        if not processes.is_writer():
+            return
         if self.exists():
             os.remove(self.path)
         try:

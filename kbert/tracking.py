@@ -33,6 +33,8 @@ from pathlib import Path
 
 import keras
 
+from kbert import processes
+
 
 class StepLossHistory(keras.callbacks.Callback):
     """Keeps the training loss of every step and the logs of every epoch.
@@ -151,6 +153,9 @@ def write_run_report(
         plot_metrics: list of str. The metrics drawn in the evaluation panel. Defaults to
             every numeric metric of `metrics`.
 
+    In a run over several processes (`kbert.distribution.initialize`) only process 0 writes;
+    the others return the paths without writing.
+
     Returns:
         `(metrics_path, curve_path)`; `curve_path` is `None` when no figure was drawn.
     """
@@ -183,8 +188,10 @@ def write_run_report(
     }
     record.update(extra or {})
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     metrics_path = directory / "metrics.json"
+    if not processes.is_writer():  # Several processes: process 0 writes the run's report.
+        return metrics_path, None
+    directory.mkdir(parents=True, exist_ok=True)
     text = json.dumps(record, indent=2, default=_json_default) + "\n"
     _replace_atomically(metrics_path, lambda path: Path(path).write_text(text))
     curve_path = None

@@ -37,6 +37,8 @@ import math
 import keras
 import numpy as np
 
+from kbert import processes
+
 # Granularity of the buckets when none is given: 16 up to length 128, 32 beyond.
 _SHORT_GRANULARITY = 16
 _LONG_GRANULARITY = 32
@@ -378,8 +380,8 @@ _KERAS_DEFAULT_BATCH_SIZE = 32
 def _distributed(model):
     """True under a `keras.distribution` or a multi-replica `tf.distribute` strategy: Keras'
     own loops split those batches, so the tasks leave the data to them."""
-    if keras.distribution.distribution() is not None:
-        return True
+    if keras.distribution.distribution() is not None or processes.process_count() > 1:
+        return True  # Several processes: kbert.models.multiprocess splits the batches.
     strategy = getattr(model, "distribute_strategy", None)
     return getattr(strategy, "num_replicas_in_sync", 1) > 1
 
