@@ -185,3 +185,146 @@ def test_model_classes_have_no_checkpoint_hooks():
                 ]
     assert not hooks, f"Model classes with checkpoint-format hooks: {hooks}"
 
+
+
+# ------------------------------------------------------------------------------ module level
+def _resolve(name, modules):
+    """The kbert module `name` refers to: itself, or the module that holds the name."""
+    while name not in modules and "." in name:
+        name = name.rpartition(".")[0]
+    return name if name in modules else None
+
+
+def _module_imports(module, path, modules):
+    """`(imported module, [names taken from it])` for every kbert import of `module`'s file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = _resolve(alias.name, modules)
+                if target:
+                    found.append((target, []))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module
+            for alias in node.names:
+                if f"{source}.{alias.name}" in modules:  # `from kbert.data import shards`
+                    found.append((f"{source}.{alias.name}", []))
+                else:
+                    target = _resolve(source, modules)
+                    if target:
+                        found.append((target, [alias.name]))
+    return found
+
+
+def module_graph():
+    """`{module: {modules of the same package it imports}}`, anywhere in its file.
+
+    A package's `__init__` counts as a module of that package: a module that imports its own
+    package's `__init__`, which imports the module back, is a cycle too.
+    """
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets = graph.setdefault(module, set())
+        for target, _ in _module_imports(module, path, modules):
+            target_package = (
+                target if modules[target].name == "__init__.py" else target.rpartition(".")[0]
+            )
+            same = target_package == package or target == package
+            if same and target != module and target != "kbert":
+                targets.add(target)
+    return graph
+
+
+def test_no_import_cycle_between_modules_of_a_package():
+    graph = module_graph()
+    assert "kbert.data.pretraining" in graph["kbert.data.packing"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "Import cycle between kbert modules: " + " -> ".join(cycle)
+
+
+def test_module_graph_sees_a_two_module_cycle(tmp_path):
+    global PACKAGE_DIR
+    package = tmp_path / "kbert" / "data"
+    package.mkdir(parents=True)
+    (tmp_path / "kbert" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from kbert.data.b import thing\n")
+    (package / "b.py").write_text("def f():\n    from kbert.data import a\n")
+    saved, PACKAGE_DIR = PACKAGE_DIR, tmp_path / "kbert"
+    try:
+        cycle = find_cycle(module_graph())
+    finally:
+        PACKAGE_DIR = saved
+    assert cycle in (["kbert.data.a", "kbert.data.b", "kbert.data.a"],
+                     ["kbert.data.b", "kbert.data.a", "kbert.data.b"])
+
+
+def private_name_imports():
+    """`(module, imported module, name)` for every private (underscore) name a kbert module takes
+    from another: `from x import _name`, or `x._name` on an imported kbert module. Private
+    modules themselves (`from kbert import _tensorflow`) are package-internal and allowed."""
+    modules = _modules()
+    found = []
+    for module, path in modules.items():
+        imports = _module_imports(module, path, modules)
+        for source, names in imports:
+            for name in names:
+                if name.startswith("_") and not name.startswith("__") and source != module:
+                    found.append((module, source, name))
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        bound = {}  # local name -> kbert module, for `import kbert.x as y` / `from kbert import x`
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                for alias in node.names:
+                    base = node.module if not node.level else None
+                    if base and f"{base}.{alias.name}" in modules:
+                        bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname and alias.name in modules:
+                        bound[alias.asname] = alias.name
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and f"{bound[node.value.id]}.{node.attr}" not in modules
+            ):
+                found.append((module, bound[node.value.id], node.attr))
+    return sorted(set(found))
+
+
+def test_no_module_imports_another_modules_private_names():
+    found = private_name_imports()
+    assert not found, "Private names imported across modules: " + "; ".join(
+        f"{module} takes {source}.{name}" for module, source, name in found
+    )
+
+
+def test_private_name_check_sees_both_spellings(tmp_path):
+    global PACKAGE_DIR
+    package = tmp_path / "kbert" / "data"
+    package.mkdir(parents=True)
+    (tmp_path / "kbert" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("_secret = 1\n")
+    (package / "b.py").write_text("from kbert.data.a import _secret\n")
+    (package / "c.py").write_text("from kbert.data import a\nvalue = a._secret\n")
+    saved, PACKAGE_DIR = PACKAGE_DIR, tmp_path / "kbert"
+    try:
+        found = private_name_imports()
+    finally:
+        PACKAGE_DIR = saved
+    assert found == [("kbert.data.b", "kbert.data.a", "_secret"),
+                     ("kbert.data.c", "kbert.data.a", "_secret")]

@@ -19,10 +19,10 @@ from pathlib import Path
 from kbert import _tensorflow
 from kbert.checkpoints import _weights
 from kbert.checkpoints._config import config_float, config_int, read_json
+from kbert.checkpoints.vocabulary import VOCABULARY_FILE
 
 CONFIG_FILE = "bert_config.json"
 CHECKPOINT_PREFIX = "bert_model.ckpt"
-VOCABULARY_FILE = "vocab.txt"
 PREFIX = "bert/"
 
 _ACTIVATIONS = {"gelu": "gelu_approximate", "relu": "relu", "tanh": "tanh"}

@@ -23,14 +23,20 @@ from kbert.checkpoints import _weights
 from kbert.checkpoints._config import config_float, config_int, read_json
 from kbert.checkpoints.atomic import atomic_directory, fix_file_modes
 from kbert.checkpoints.safetensors_io import read_safetensors, read_safetensors_header
-from kbert.checkpoints.vocabulary import resolve_vocabulary, write_vocabulary
+from kbert.checkpoints.vocabulary import (
+    TOKENIZER_CONFIG_FILE,
+    VOCABULARY_FILE,
+    model_tokenizer,
+    resolve_vocabulary,
+    tokenizer_file_settings,
+    write_tokenizer_files,
+)
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
 TORCH_INDEX_FILE = "pytorch_model.bin.index.json"
-VOCABULARY_FILE = "vocab.txt"
 PREFIX = "bert."
 
 # `transformers.BertConfig` defaults, used for keys a config.json leaves out.
@@ -569,30 +575,17 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None):
         name = entry.name[len(PREFIX) :] if strip and entry.name.startswith(PREFIX) else entry.name
         tensors[name] = _weights.from_variable_layout(value, entry)
     tokens = resolve_vocabulary(model, vocabulary, config["vocab_size"])
-    if lowercase is None:
-        lowercase = _tokenizer_lowercase(model)
 
-    owned = (CONFIG_FILE, SAFETENSORS_FILE, VOCABULARY_FILE, "tokenizer_config.json")
+    owned = (CONFIG_FILE, SAFETENSORS_FILE, VOCABULARY_FILE, TOKENIZER_CONFIG_FILE)
     with atomic_directory(path, owned_files=owned) as staging:
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
         if tokens is not None:
-            write_vocabulary(tokens, staging / VOCABULARY_FILE)
-            tokenizer_config = {
-                "tokenizer_class": "BertTokenizer",
-                "model_max_length": config["max_position_embeddings"],
-            }
+            settings = tokenizer_file_settings(model_tokenizer(model))
             if lowercase is not None:
-                tokenizer_config["do_lower_case"] = bool(lowercase)
-            (staging / "tokenizer_config.json").write_text(
-                json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8"
+                settings["lowercase"] = bool(lowercase)
+            write_tokenizer_files(
+                staging, tokens, model_max_length=config["max_position_embeddings"], **settings
             )
         fix_file_modes(staging)  # safetensors writes 0600; every file gets the usual mode.
     return path
-
-
-def _tokenizer_lowercase(model):
-    preprocessor = getattr(model, "preprocessor", None)
-    tokenizer = getattr(preprocessor, "tokenizer", None) or getattr(model, "tokenizer", None)
-    value = getattr(tokenizer, "lowercase", None)
-    return value if isinstance(value, bool) else None

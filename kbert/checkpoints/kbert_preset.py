@@ -12,11 +12,19 @@ import keras
 
 from kbert import processes
 from kbert.checkpoints._config import read_json
+from kbert.checkpoints.vocabulary import (
+    TOKENIZER_CONFIG_FILE,
+    VOCABULARY_FILE,
+    model_tokenizer,
+    read_tokenizer_files,
+    read_vocabulary,
+    tokenizer_file_settings,
+    write_tokenizer_files,
+)
 
 CONFIG_FILE = "config.json"
 BACKBONE_WEIGHTS_FILE = "model.weights.h5"
 TASK_WEIGHTS_FILE = "task.weights.h5"
-VOCABULARY_FILE = "vocab.txt"
 FORMAT_NAME = "kbert"
 
 
@@ -31,7 +39,6 @@ def is_kbert_preset(path):
 
 
 PREPROCESSOR_FILE = "preprocessor.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 # Files a kbert preset save owns: an old copy is dropped unless the new save writes it again.
 OWNED_FILES = (
     CONFIG_FILE,
@@ -56,37 +63,6 @@ def read_preprocessor_settings(directory):
     if not isinstance(settings, dict):
         raise ValueError(f"{file} must hold a JSON object. Received: {settings!r}")
     return settings
-
-
-def _model_tokenizer(model):
-    """The tokenizer attached to a model (through its preprocessor), if any."""
-    preprocessor = getattr(model, "preprocessor", None)
-    tokenizer = getattr(preprocessor, "tokenizer", None) or getattr(model, "tokenizer", None)
-    if tokenizer is not None and getattr(tokenizer, "vocabulary", None) is not None:
-        return tokenizer
-    return None
-
-
-def _vocabulary_source(model):
-    """The vocabulary (token list) or vocabulary file attached to a model, if any."""
-    tokenizer = _model_tokenizer(model)
-    if tokenizer is not None:
-        return list(tokenizer.vocabulary)
-    return getattr(model, "preset_vocabulary_path", None)
-
-
-def _vocabulary_tokenizer(vocabulary_path):
-    """The tokenizer of the preset a model was loaded from (by its vocabulary file), or None."""
-    from kbert.text import BertTokenizer
-
-    vocabulary_path = Path(vocabulary_path)
-    if not vocabulary_path.is_file():
-        return None
-    if vocabulary_path.name == VOCABULARY_FILE:
-        return BertTokenizer.from_preset(vocabulary_path.parent)
-    if vocabulary_path.parts[-3:] == ("assets", "tokenizer", "vocabulary.txt"):
-        return BertTokenizer.from_preset(vocabulary_path.parents[2])  # keras-hub preset
-    return BertTokenizer.from_preset(vocabulary_path)
 
 
 def tokenizer_settings(tokenizer):
@@ -165,31 +141,28 @@ def save_preset(model, path, tokenizer=None, include_optimizer=False):
         config["task"].pop("preprocessor", None)
     config_text = json.dumps(config, indent=2, default=_json_default)
     if tokenizer is None:
-        tokenizer = _model_tokenizer(model)
-    if tokenizer is None and getattr(model, "preset_vocabulary_path", None) is not None:
-        tokenizer = _vocabulary_tokenizer(model.preset_vocabulary_path)
+        tokenizer = model_tokenizer(model)
     preprocessor = getattr(model, "preprocessor", None)
     settings = {}
     if preprocessor is not None:
         settings = preprocessor_settings(preprocessor)
+    vocabulary = file_settings = None
     if tokenizer is not None:
+        vocabulary = list(tokenizer.vocabulary)
         settings["tokenizer"] = tokenizer_settings(tokenizer)
+        file_settings = tokenizer_file_settings(tokenizer)
+    elif getattr(model, "preset_vocabulary_path", None) is not None:
+        # The vocabulary and settings of the preset the model was loaded from.
+        vocabulary_path, file_settings = read_tokenizer_files(model.preset_vocabulary_path)
+        vocabulary = read_vocabulary(vocabulary_path)
+        settings["tokenizer"] = dict(file_settings)
     with atomic_directory(path, owned_files=OWNED_FILES) as staging:
         (staging / CONFIG_FILE).write_text(config_text)
         _save_weights(backbone, staging / BACKBONE_WEIGHTS_FILE, include_optimizer and backbone is model)
         if backbone is not model:
             _save_weights(model, staging / TASK_WEIGHTS_FILE, include_optimizer)
-        if tokenizer is not None:
-            vocabulary = list(tokenizer.vocabulary)
-            (staging / VOCABULARY_FILE).write_text("\n".join(vocabulary) + "\n", encoding="utf-8")
-            hf_settings = {"tokenizer_class": "BertTokenizer"}
-            if isinstance(getattr(tokenizer, "lowercase", None), bool):
-                hf_settings["do_lower_case"] = tokenizer.lowercase
-            if isinstance(getattr(tokenizer, "strip_accents", None), bool):
-                hf_settings["strip_accents"] = tokenizer.strip_accents
-            if isinstance(getattr(tokenizer, "unknown_token", None), str):
-                hf_settings["unk_token"] = tokenizer.unknown_token
-            (staging / TOKENIZER_CONFIG_FILE).write_text(json.dumps(hf_settings, indent=2))
+        if vocabulary is not None:
+            write_tokenizer_files(staging, vocabulary, **file_settings)
             (staging / PREPROCESSOR_FILE).write_text(json.dumps(settings, indent=2))
         fix_file_modes(staging)
 

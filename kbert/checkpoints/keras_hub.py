@@ -19,10 +19,11 @@ import numpy as np
 
 from kbert.checkpoints import _weights
 from kbert.checkpoints._config import config_float, config_int, read_json
+from kbert.checkpoints.vocabulary import KERAS_HUB_VOCABULARY_FILE
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
-VOCABULARY_FILE = "assets/tokenizer/vocabulary.txt"
+VOCABULARY_FILE = KERAS_HUB_VOCABULARY_FILE
 _BERT_NAMES = {"keras_hub>BertBackbone", "keras_nlp>BertBackbone"}
 _CONFIG_KEYS = (
     "vocabulary_size",

@@ -1,6 +1,5 @@
 """BERT WordPiece tokenizer: identical ids to the reference, in Python and in tf.data graphs."""
 
-import json
 import os
 import re
 
@@ -8,6 +7,12 @@ import keras
 import numpy as np
 
 from kbert import _tensorflow
+from kbert.checkpoints.vocabulary import (
+    read_tokenizer_files,
+    read_vocabulary,
+    vocabulary_is_uncased,
+    write_tokenizer_files,
+)
 from kbert.text._python_engine import PythonEngine
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -18,45 +23,6 @@ _SURROGATES = re.compile("[\ud800-\udfff]")
 # `FastBertTokenizer` gives the reference's ids: tests/text/test_tokenizer.py checks this on
 # adversarial strings (all symbols, written special tokens, words at the length limit).
 _PLAIN_ASCII = r"[\t\n\r -~]*"
-
-
-def load_vocabulary(path):
-    """Reads a `vocab.txt`: one token per line, the line number is the id."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise ValueError(
-            f"`vocabulary` must be a list of tokens or the path of an existing "
-            f"vocabulary file. Received: vocabulary={path!r}, which is not a file."
-        )
-    with open(path, "r", encoding="utf-8", newline="") as f:
-        lines = f.read().split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # The newline that ends the last line.
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
-def vocabulary_is_uncased(vocabulary):
-    """Whether a WordPiece vocabulary belongs to an uncased (lower-casing) model.
-
-    Used when a checkpoint says nothing about casing (a Google BERT directory, a Hugging Face
-    directory without `tokenizer_config.json`). An uncased vocabulary was built from
-    lower-cased text, so no piece other than the bracketed special tokens changes under
-    lower-casing; a cased one holds `The`, `John`, ... Characters that are upper-case but have
-    no lower-case form (`ℝ` in bert-base-uncased) do not count.
-
-    Args:
-        vocabulary: list of tokens or the path of a `vocab.txt`.
-
-    Returns:
-        bool.
-    """
-    if not isinstance(vocabulary, (list, tuple)):
-        vocabulary = load_vocabulary(vocabulary)
-    return not any(
-        token != token.lower()
-        for token in vocabulary
-        if not (token.startswith("[") and token.endswith("]"))
-    )
 
 
 def _check_vocabulary(vocabulary, required):
@@ -290,7 +256,7 @@ class BertTokenizer:
         unknown_token="[UNK]",
     ):
         if isinstance(vocabulary, (str, os.PathLike)):
-            tokens = load_vocabulary(vocabulary)
+            tokens = read_vocabulary(vocabulary)
         elif isinstance(vocabulary, (list, tuple)):
             tokens = list(vocabulary)
         elif isinstance(vocabulary, np.ndarray):
@@ -792,68 +758,17 @@ class BertTokenizer:
         if os.path.isfile(preset):
             kwargs.setdefault("lowercase", vocabulary_is_uncased(preset))
             return cls(vocabulary=preset, **kwargs)
-        if not os.path.isdir(preset):
-            raise ValueError(
-                f"`preset` must be a directory or a vocab.txt file. Received: "
-                f"preset={preset!r}, which does not exist."
-            )
-        candidates = [
-            os.path.join(preset, "vocab.txt"),
-            os.path.join(preset, "assets", "tokenizer", "vocabulary.txt"),
-        ]
-        vocabulary = next((p for p in candidates if os.path.isfile(p)), None)
-        if vocabulary is None:
-            raise ValueError(
-                f"No vocabulary found in preset directory {preset!r}. Expected "
-                f"one of: vocab.txt, assets/tokenizer/vocabulary.txt."
-            )
-        config = {}
-        hf_config = os.path.join(preset, "tokenizer_config.json")
-        keras_hub_config = os.path.join(preset, "tokenizer.json")
-        if os.path.isfile(hf_config):
-            with open(hf_config, encoding="utf-8") as f:
-                data = json.load(f)
-            if "do_lower_case" in data:
-                config["lowercase"] = bool(data["do_lower_case"])
-            if data.get("strip_accents") is not None:
-                config["strip_accents"] = bool(data["strip_accents"])
-            if isinstance(data.get("unk_token"), str):
-                config["unknown_token"] = data["unk_token"]
-        elif os.path.isfile(keras_hub_config):
-            # keras-hub: {"config": {"lowercase": ...}}; Hugging Face fast
-            # tokenizers: {"normalizer": {"type": "BertNormalizer", ...}}.
-            with open(keras_hub_config, encoding="utf-8") as f:
-                data = json.load(f)
-            data = data if isinstance(data, dict) else {}
-            inner = data.get("config") or {}
-            normalizer = data.get("normalizer") or {}
-            if "lowercase" in inner:
-                config["lowercase"] = bool(inner["lowercase"])
-            elif normalizer.get("type") == "BertNormalizer":
-                config["lowercase"] = bool(normalizer.get("lowercase", True))
-                if normalizer.get("strip_accents") is not None:
-                    config["strip_accents"] = bool(normalizer["strip_accents"])
-        if "lowercase" not in config:
-            config["lowercase"] = vocabulary_is_uncased(vocabulary)
+        vocabulary, config = read_tokenizer_files(preset)
         config.update(kwargs)
-        return cls(vocabulary=vocabulary, **config)
+        return cls(vocabulary=os.fspath(vocabulary), **config)
 
     def save_to_preset(self, preset_dir):
         """Writes `vocab.txt` and a `tokenizer_config.json` (Hugging Face
         keys) into `preset_dir`, readable by `from_preset`."""
-        os.makedirs(preset_dir, exist_ok=True)
-        with open(os.path.join(preset_dir, "vocab.txt"), "w", encoding="utf-8", newline="\n") as f:
-            for token in self._vocabulary:
-                f.write(token + "\n")
-        config = {
-            "tokenizer_class": "BertTokenizer",
-            "do_lower_case": self.lowercase,
-            "strip_accents": self.strip_accents,
-            "unk_token": self.unknown_token,
-            "cls_token": "[CLS]",
-            "sep_token": "[SEP]",
-            "pad_token": "[PAD]",
-            "mask_token": "[MASK]",
-        }
-        with open(os.path.join(preset_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=2)
+        write_tokenizer_files(
+            preset_dir,
+            self._vocabulary,
+            lowercase=self.lowercase,
+            strip_accents=self.strip_accents,
+            unknown_token=self.unknown_token,
+        )
