@@ -32,6 +32,7 @@ __all__ = [
     "SquadExamples",
     "SquadFeatures",
     "TaggingFeatures",
+    "batch_by_length",
     "decode_squad_predictions",
     "encode_tagging",
     "iob1_to_iob2",
@@ -52,6 +53,7 @@ __all__ = [
 
 # Names that live in modules needing TensorFlow, imported on first access.
 _TENSORFLOW_NAMES = {
+    "batch_by_length": "kbert.data.batching",
     "packed_pretraining_dataset": "kbert.data.packing",
     "pretraining_dataset": "kbert.data.pretraining",
     "read_documents": "kbert.data.documents",
