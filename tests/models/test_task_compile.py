@@ -152,8 +152,13 @@ class TestTaskCompile(TestCase):
     def test_keras_file_keeps_the_recipe_and_the_optimizer_state(self, tmp_path):
         model = BertClassifier(_backbone(), num_classes=2)
         model.compile(learning_rate=3e-3, total_steps=20, warmup_steps=5)
-        x = random_backbone_inputs(4, 8, vocabulary_size=VOCABULARY_SIZE)
-        model.fit(x, np.array([0, 1, 1, 0]), batch_size=2, epochs=1, verbose=0)
+        # An optimizer state as after two steps (no training step: tracing one is slow).
+        model.optimizer.build(model.trainable_variables)
+        model.optimizer.iterations.assign(2)
+        rng = np.random.default_rng(0)
+        for variable in model.optimizer.variables:
+            if "momentum" in variable.path or "velocity" in variable.path:
+                variable.assign(rng.uniform(size=variable.shape).astype("float32"))
         model.save(tmp_path / "model.keras")
         loaded = keras.saving.load_model(tmp_path / "model.keras")
         assert loaded.recipe == {"learning_rate": 3e-3, "total_steps": 20, "warmup_steps": 5}
@@ -171,9 +176,10 @@ class TestTaskCompile(TestCase):
     def test_lora_refresh_keeps_the_recipe(self):
         model = BertClassifier(_backbone(), num_classes=2)
         model.compile(learning_rate=2e-3, total_steps=8)
-        x = random_backbone_inputs(4, 8, vocabulary_size=VOCABULARY_SIZE)
-        model.fit(x, np.array([0, 1, 1, 0]), batch_size=2, epochs=1, verbose=0)
+        model.optimizer.build(model.trainable_variables)  # as the first `fit` builds it
+        before = model.optimizer
         model.enable_lora(2)
+        assert model.optimizer is not before  # a fresh optimizer for the LoRA variables
         assert model.recipe == {"learning_rate": 2e-3, "total_steps": 8}
         schedule = model.optimizer.get_config()["learning_rate"]["config"]
         assert (schedule["peak_learning_rate"], schedule["total_steps"]) == (2e-3, 8)
@@ -195,5 +201,3 @@ class TestTaskCompile(TestCase):
                 call()
         with pytest.raises(ValueError, match=r"labels.*\[0, 2\)"):
             model.train_on_batch(x, np.array([0, 5]))
-        loss = model.train_on_batch(x, np.array([0, 1]))
-        assert np.isfinite(loss).all()
