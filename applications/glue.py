@@ -126,9 +126,12 @@ def main(argv=None):
     from kbert import tracking
     from kbert.models import BertClassifier
 
-    train_x, train_y, dev_x, dev_y, dev, note = load_splits(
-        args.task, args.data_dir, args.seed, args.max_train_examples
-    )
+    try:
+        train_x, train_y, dev_x, dev_y, dev, note = load_splits(
+            args.task, args.data_dir, args.seed, args.max_train_examples
+        )
+    except ValueError as error:  # A malformed TSV row: the reader names file, line and columns.
+        common.fail(str(error))
     if note:
         print(note)
     print(f"GLUE {args.task}: {len(train_y)} training examples, {len(dev_y)} dev examples")

@@ -165,6 +165,19 @@ def test_mistakes_fail_at_once_in_one_line(preset, tmp_path):
         assert seconds < 20, (args, seconds)  # no Keras/TensorFlow import before the check
 
 
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="one process run: once")
+def test_malformed_tsv_row_fails_in_one_line(preset, tmp_path):
+    _write_glue(tmp_path / "data")
+    dev = tmp_path / "data" / "glue" / "SST-2" / "dev.tsv"
+    dev.write_text(dev.read_text() + "a broken row\t1\textra column\n")
+    data = str(tmp_path / "data")
+    result, _ = _run("glue.py", "--task", "sst2", "--preset", str(preset), "--data-dir", data)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "dev.tsv:8: expected 2 tab-separated columns, found 3" in lines[-1], result.stderr
+
+
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="help texts: run once")
 def test_help_states_the_recipes():
     for script, recipe in (
