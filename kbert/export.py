@@ -20,9 +20,9 @@ Loading needs TensorFlow and tensorflow-text (the WordPiece step is tensorflow-t
 >>> served = tf.saved_model.load("exported")
 >>> served.signatures["serving_default"](text=tf.constant(["a great film"]))["logits"]
 
-`export_onnx(model, path, batch_size, sequence_length)` writes ONNX through Keras' own
-`Model.export(format="onnx")` on the PyTorch backend: packed int32 ids of a fixed shape in,
-the model's outputs out (no tokenizer); see its docstring for why the shape is fixed.
+`export_onnx(model, path)` writes ONNX through torch's exporter on the PyTorch backend: packed
+int32 ids in, with dynamic batch and sequence axes by default (one file serves every batch size
+and every padded length up to the model's maximum), the model's outputs out (no tokenizer).
 """
 
 import json
@@ -101,13 +101,9 @@ def export_saved_model(model, path, preprocessor=None):
 
 
 def _move_into_place(source, path):
-    old = None
-    if path.exists():
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        os.replace(path, old)
-    os.replace(source, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    """Replaces the directory `path` with the complete `source` (`kbert.checkpoints.atomic`)."""
+    atomic.recover(path)
+    atomic.replace_directory(source, path)
 
 
 def _export_in_tensorflow_process(model, preprocessor, target, staging):
@@ -221,30 +217,49 @@ def _write_saved_model(model, preprocessor, target):
     archive.write_out(str(target), verbose=False)
 
 
-def export_onnx(model, path, batch_size=1, sequence_length=128):
-    """Writes the model as ONNX with Keras' `Model.export(format="onnx")` on PyTorch.
+def export_onnx(model, path, batch_size=None, sequence_length=None):
+    """Writes the model as ONNX, traced with torch's dynamo exporter on PyTorch.
 
-    Inputs are the packed int32 `token_ids`, `segment_ids` and `padding_mask`, of the fixed
-    shape `(batch_size, sequence_length)` (pad or split batches to it); outputs are the
-    model's (see the module docstring). The graph is traced on the PyTorch backend with
-    torch's dynamo exporter - in process on PyTorch, in a PyTorch-backend subprocess on
-    TensorFlow and JAX. (Keras' other ONNX routes fail on BERT: tf2onnx cannot convert the
-    `Erfc` op of TensorFlow's exact GELU, and torch's TorchScript exporter, which Keras uses
-    for dynamic shapes, cannot convert `LayerNormalization`.) Needs `onnx` and `onnxscript`.
+    Inputs are the packed int32 `token_ids`, `segment_ids` and `padding_mask` of shape
+    `(batch, sequence)`; outputs are the model's, named as in the module docstring (`logits`,
+    ...). By default both axes are dynamic: one file serves every batch size and every padded
+    length from 1 up to the backbone's `max_sequence_length` (for example each length bucket
+    of a length-sorted stream), with the same results as the model at real positions. An int
+    `batch_size` or `sequence_length` fixes that axis instead. The graph is traced on the
+    PyTorch backend - in process on PyTorch, in a PyTorch-backend subprocess on TensorFlow and
+    JAX - through `torch.onnx.export(..., dynamo=True, dynamic_shapes=...)`. (Other routes fail
+    on BERT: tf2onnx cannot convert the `Erfc` op of TensorFlow's exact GELU, and torch's
+    TorchScript exporter cannot convert `LayerNormalization`.) Needs `onnx` and `onnxscript`.
 
     Args:
-        model: a built kbert model.
+        model: a built kbert model whose inputs are the packed dict (a backbone or a task).
         path: str or path of the `.onnx` file; written beside it first and renamed.
-        batch_size: int. Rows per call. Defaults to `1`.
-        sequence_length: int. Packed length. Defaults to `128`.
+        batch_size: int or `None`. Rows per call; `None` (default) for a dynamic axis.
+        sequence_length: int or `None`. Packed length; `None` (default) for a dynamic axis
+            bounded by the backbone's `max_sequence_length`.
+
+    Example:
+    >>> export_onnx(classifier, "model.onnx")  # doctest: +SKIP
+    >>> session = onnxruntime.InferenceSession("model.onnx")  # doctest: +SKIP
+    >>> session.run(["logits"], packed_int32_inputs)  # doctest: +SKIP
     """
     _check_exportable(model, "export_onnx")
     path = Path(path)
     if path.suffix != ".onnx":
         raise ValueError(f"export_onnx writes a `.onnx` file. Received: path={str(path)!r}")
     for name, value in (("batch_size", batch_size), ("sequence_length", sequence_length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+        fixed = value is not None
+        if fixed and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(
+                f"`{name}` must be a positive integer, or None for a dynamic axis. "
+                f"Received: {name}={value!r}"
+            )
+    longest = _max_sequence_length(model)
+    if sequence_length is not None and longest is not None and sequence_length > longest:
+        raise ValueError(
+            f"`sequence_length` must be at most the backbone's max_sequence_length ({longest}). "
+            f"Received: sequence_length={sequence_length}"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
     try:
@@ -252,21 +267,83 @@ def export_onnx(model, path, batch_size=1, sequence_length=128):
         if keras.config.backend() == "torch":
             _write_onnx(model, target, batch_size, sequence_length)
         else:
-            _export_in_backend_process(
-                "torch", model, None, staging, ["onnx", str(target), str(batch_size), str(sequence_length)]
-            )
-        os.replace(target, path)
+            axes = [str(batch_size or 0), str(sequence_length or 0)]  # 0: dynamic.
+            _export_in_backend_process("torch", model, None, staging, ["onnx", str(target)] + axes)
+        atomic.replace_file(target, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _write_onnx(model, target, batch_size, sequence_length):
-    signature = {
-        name: keras.InputSpec(shape=(batch_size, sequence_length), dtype="int32", name=name)
-        for name in _PACKED_INPUTS
-    }
-    # `keras.Model.export` itself: `BertTask.export` routes "onnx" back here.
-    keras.Model.export(model, str(target), format="onnx", input_signature=[signature], verbose=False)
+def _max_sequence_length(model):
+    """The longest packed length `model` takes (its backbone's), or None if it names none."""
+    backbone = getattr(model, "backbone", model)
+    return getattr(backbone, "max_sequence_length", None)
+
+
+class _PackedInputs:
+    """Builds the torch module the ONNX exporter traces: positional packed inputs in, the
+    model's outputs out as a tuple (named after the model's output dict), plus the axes."""
+
+    def __init__(self, model, batch_size, sequence_length):
+        import numpy as np
+        import torch
+
+        self.longest = _max_sequence_length(model) or 512
+        # Sample inputs of sizes other than 0 and 1 (which torch.export would specialise on),
+        # with padding in one row so the masked path is traced.
+        rows, length = batch_size or 2, sequence_length or min(8, self.longest)
+        mask = np.ones((rows, length), "int32")
+        mask[-1, max(1, length // 2) :] = 0
+        ids = np.full((rows, length), 1, "int32") * mask
+        self.sample = tuple(torch.from_numpy(a) for a in (ids, np.zeros_like(ids), mask))
+        self.batch_size, self.sequence_length = batch_size, sequence_length
+        outputs = model(dict(zip(_PACKED_INPUTS, self.sample)), training=False)
+        # As the SavedModel's signatures: a task's one tensor is `logits`.
+        self.output_names = list(outputs) if isinstance(outputs, dict) else ["logits"]
+
+        class Packed(torch.nn.Module):
+            def __init__(self, wrapped, names):
+                super().__init__()
+                self.wrapped = wrapped
+                self.names = names
+
+            def forward(self, token_ids, segment_ids, padding_mask):
+                packed = {"token_ids": token_ids, "segment_ids": segment_ids}
+                outputs = self.wrapped(dict(packed, padding_mask=padding_mask), training=False)
+                if isinstance(outputs, dict):
+                    return tuple(outputs[name] for name in self.names)
+                return outputs
+
+        self.module = Packed(model, self.output_names).eval()
+
+    def dynamic_shapes(self):
+        """torch.export's axes spec: a `Dim` for each dynamic axis, `None` for a fixed one."""
+        import torch
+
+        axes = {}
+        if self.batch_size is None:
+            axes[0] = torch.export.Dim("batch")
+        if self.sequence_length is None:
+            axes[1] = torch.export.Dim("sequence", max=self.longest)
+        return {name: dict(axes) for name in _PACKED_INPUTS} if axes else None
+
+
+def _write_onnx(model, target, batch_size=None, sequence_length=None):
+    """Traces `model` on the PyTorch backend and writes its ONNX program to `target`."""
+    import torch
+
+    traced = _PackedInputs(model, batch_size, sequence_length)
+    program = torch.onnx.export(
+        traced.module,
+        traced.sample,
+        dynamo=True,
+        input_names=list(_PACKED_INPUTS),
+        output_names=traced.output_names,
+        dynamic_shapes=traced.dynamic_shapes(),
+        verbose=False,
+    )
+    program.optimize()
+    program.save(str(target))
 
 
 def _main(staging, kind, target, *arguments):
@@ -274,7 +351,7 @@ def _main(staging, kind, target, *arguments):
     if kind == "saved_model":
         _write_saved_model(model, preprocessor, Path(target))
     else:
-        _write_onnx(model, target, *map(int, arguments))
+        _write_onnx(model, target, *(int(a) or None for a in arguments))
 
 
 if __name__ == "__main__":  # The TensorFlow-backend subprocess of `export_saved_model`.

@@ -89,8 +89,10 @@ def test_export_errors(tmp_path):
     assert (tmp_path / "file").read_text() == "keep me"
     with pytest.raises(ValueError, match=r"\.onnx"):
         export.export_onnx(backbone, tmp_path / "model.bin")
-    with pytest.raises(ValueError, match=r"positive integer. Received: sequence_length=0"):
+    with pytest.raises(ValueError, match=r"positive integer, or None .* sequence_length=0"):
         export.export_onnx(backbone, tmp_path / "model.onnx", sequence_length=0)
+    with pytest.raises(ValueError, match=r"at most the backbone's max_sequence_length \(24\)"):
+        export.export_onnx(backbone, tmp_path / "model.onnx", sequence_length=25)
     assert not list(tmp_path.glob(".*"))
 
 
@@ -110,3 +112,34 @@ def test_onnx_matches_predict(tmp_path):
         feed[name] = inputs[key].astype("int32")
     (actual,) = session.run(None, feed)
     np.testing.assert_allclose(actual, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.large
+def test_onnx_dynamic_axes_serve_every_batch_size_and_length(tmp_path):
+    """One file, dynamic batch and sequence axes: equal to the model at real positions for two
+    batch sizes and lengths. The graph is always traced on PyTorch (on TensorFlow and JAX from
+    the weights handed to a torch subprocess), so this runs on every backend to cover that
+    hand-over too."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from kbert.models import BertTagger
+
+    backbone = BertBackbone(**tiny_backbone_kwargs(max_sequence_length=32))
+    model = BertTagger(backbone, num_classes=5, dropout=0.0)
+    model(random_backbone_inputs(batch_size=2, sequence_length=8))
+    export.export_onnx(model, tmp_path / "model.onnx")
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == ["logits"]
+    assert [i.name for i in session.get_inputs()] == ["token_ids", "segment_ids", "padding_mask"]
+    outputs = []
+    for batch_size, sequence_length, seed in ((3, 11, 1), (6, 32, 2)):
+        inputs = random_backbone_inputs(batch_size, sequence_length, seed=seed)
+        expected = keras.ops.convert_to_numpy(model(inputs, training=False))
+        (actual,) = session.run(["logits"], inputs)
+        assert actual.shape == (batch_size, sequence_length, 5)
+        real = inputs["padding_mask"].astype(bool)
+        np.testing.assert_allclose(actual[real], expected[real], atol=1e-5, rtol=1e-5)
+        outputs.append(actual)
+    # The rows really differ by length and content (not a constant the export baked in).
+    assert not np.allclose(outputs[0][0, :11], outputs[1][0, :11], atol=1e-3)
+
