@@ -6,6 +6,8 @@ Subpackages:
     kbert.text         WordPiece tokenizer identical to the reference, input packer.
     kbert.data         Dataset readers, SQuAD / tagging features, tf.data pretraining pipeline.
     kbert.metrics      MCC, Pearson/Spearman, entity F1, SQuAD EM/F1.
+    kbert.losses       Contrastive embedding losses: in-batch negatives, CoSENT, Matryoshka.
+    kbert.retrieval    Exact chunked top-k search; recall@k, MRR@k, nDCG@k, Spearman of cosine.
     kbert.checkpoints  Readers/writers for HF, Google TF and keras-hub checkpoints.
     kbert.hub          `hf://` handles and preset names: download, cache, offline (huggingface_hub).
     kbert.callbacks    Resumable training: atomic backups every N steps, exact resume.
@@ -37,8 +39,10 @@ _SUBMODULES = (
     "export",
     "hub",
     "layers",
+    "losses",
     "metrics",
     "models",
+    "retrieval",
     "runtime",
     "text",
     "tracking",
