@@ -367,6 +367,58 @@ class LengthBatches(keras.utils.PyDataset):
         return dataset.prefetch(2)
 
 
+def pack_rows(x, sequence_length=None):
+    """Packs several short rows into each row of a packed backbone's inputs.
+
+    First-fit decreasing: rows, longest first, go into the first packed row with room for
+    their real positions (`row_lengths`). The result feeds `BertBackbone(packed=True)`:
+    `document_ids` numbers the documents of a packed row 1..k (0 is padding), so each
+    document attends only to itself and its positions restart at 0; its outputs equal those
+    it gets alone in its own row.
+
+    Args:
+        x: dict of packed arrays (`token_ids`, `segment_ids`, `padding_mask`) of one length.
+        sequence_length: int or `None`. Length of a packed row; `None` keeps `x`'s.
+
+    Returns:
+        `(packed, placements)`: `packed` a dict with `token_ids`, `segment_ids`,
+        `padding_mask` and `document_ids` `(num_packed_rows, sequence_length)`;
+        `placements` an int array `(num_rows, 3)` of `(packed_row, start, length)` per input
+        row, in the caller's order (`packed[...][packed_row, start:start + length]` is the
+        row's real part).
+    """
+    lengths = row_lengths(x["padding_mask"])
+    capacity = int(sequence_length or x["padding_mask"].shape[1])
+    if lengths.size and lengths.max() > capacity:
+        raise ValueError(
+            f"A row of length {int(lengths.max())} exceeds the packed length {capacity}."
+        )
+    placements = np.zeros((len(lengths), 3), "int64")
+    free = []  # room left in each packed row
+    for row in np.argsort(-lengths, kind="stable"):
+        length = max(int(lengths[row]), 1)
+        target = next((i for i, room in enumerate(free) if room >= length), None)
+        if target is None:
+            target = len(free)
+            free.append(capacity)
+        placements[row] = (target, capacity - free[target], length)
+        free[target] -= length
+    packed = {
+        key: np.zeros((len(free), capacity), "int32")
+        for key in ("token_ids", "segment_ids", "padding_mask", "document_ids")
+    }
+    counters = [0] * len(free)
+    for row in range(len(lengths)):
+        target, start, length = placements[row]
+        counters[target] += 1
+        span = slice(start, start + length)
+        packed["token_ids"][target, span] = x["token_ids"][row, :length]
+        packed["segment_ids"][target, span] = x["segment_ids"][row, :length]
+        packed["padding_mask"][target, span] = 1
+        packed["document_ids"][target, span] = counters[target]
+    return packed, placements
+
+
 def num_batches(num_rows, batch_size):
     """`ceil(num_rows / batch_size)`: the batches `plan_batches` makes."""
     return int(math.ceil(num_rows / batch_size))

@@ -23,6 +23,7 @@ This module uses keras.ops and NumPy only; the tf.data work of the text pipeline
 `kbert.text` and `kbert.data`.
 """
 
+import inspect
 import math
 import warnings
 from pathlib import Path
@@ -56,6 +57,19 @@ def _is_text(value):
     if isinstance(value, list):  # Any string makes it text: other items get an error by index.
         return any(isinstance(item, (str, bytes)) for item in value)
     return getattr(getattr(value, "dtype", None), "name", None) == "string"
+
+
+def _user_stacklevel():
+    """`stacklevel` for a `warnings.warn` called right here that names the first caller
+    outside kbert and Keras (so Python's default filters show a `DeprecationWarning` raised
+    for a user's own script, also through `from_preset` or `from_config`)."""
+    skip = (str(Path(__file__).resolve().parents[1]), str(Path(keras.__file__).resolve().parent))
+    frame = inspect.currentframe().f_back  # the frame that calls `warnings.warn`: level 1
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def is_raw_text(x):
@@ -284,7 +298,7 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
                 f"{', '.join(f'{k}={v!r}' for k, v in given.items() if v is not None)}. "
                 f"Call `model.compile({', '.join(f'{k}=...' for k in recipe)})` instead.",
                 DeprecationWarning,
-                stacklevel=3,
+                stacklevel=_user_stacklevel(),
             )
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
         self.dtype_policy = backbone.dtype_policy
@@ -627,7 +641,16 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
         """`keras.Model.fit` that also takes raw text and plans the default schedule's length.
 
         See `keras.Model.fit` for the arguments. Labels are checked before training. Raw
-        strings (or `(a, b)` pairs) go through the attached preprocessor.
+        strings (or `(a, b)` pairs) go through the attached preprocessor (texts longer than
+        its `sequence_length` are truncated).
+
+        **Length batching.** Packed NumPy data (raw text included) is batched by length
+        (`kbert.models.batching`): each epoch draws rows in a new random order, groups rows of
+        similar length into batches (as Hugging Face's `group_by_length`), shuffles the
+        batches, and crops each batch to the smallest bucket length holding its longest row.
+        `validation_split` takes the last rows, as Keras does. `model.length_batching =
+        False` pads every batch to the full length instead; datasets and generators are
+        used as given (see `kbert.data.batch_by_length` for tf.data).
 
         **Schedule.** When the optimizer's schedule has no fixed length (the default recipe,
         `compile(total_steps=None)`), this call sets it to the steps it is about to run -
@@ -696,7 +719,13 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
         return x, steps_per_epoch
 
     def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None, **kwargs):
-        """`keras.Model.evaluate` that also takes raw text when a preprocessor is attached."""
+        """`keras.Model.evaluate` that also takes raw text when a preprocessor is attached.
+
+        Packed NumPy data (raw text included) is batched by length, sorted and each batch
+        cropped to its bucket (see `fit`): accuracy-type metrics and row-averaged losses
+        equal those of full-length batches; a loss averaged per batch over weighted tokens
+        (`BertTagger`) depends, as in Keras, on which rows share a batch.
+        """
         x, y, sample_weight = self._prepare_inputs(x, y, sample_weight, mode="evaluate")
         if batching.can_batch_by_length(self, x, y, sample_weight):
             x = batching.length_batched(self, x, y, sample_weight, batch_size)
@@ -704,7 +733,18 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
         return super().evaluate(x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, **kwargs)
 
     def predict(self, x, batch_size=None, **kwargs):
-        """`keras.Model.predict` that also takes raw text when a preprocessor is attached."""
+        """`keras.Model.predict` that also takes raw text when a preprocessor is attached.
+
+        Packed NumPy data (raw text included; longer texts are truncated to the
+        preprocessor's `sequence_length`) is run in length order, each batch cropped to the
+        smallest bucket length holding its rows (`kbert.models.batching.predict_by_length`),
+        and returned in the caller's order: equal to full-length batches at real positions;
+        per-token outputs keep the full length, with `prediction_fill_value` past a row's
+        bucket. JAX and TensorFlow compile at most one shape per bucket plus one for the
+        short batch. `model.length_batching = False`, `steps`, datasets and generators take
+        Keras' own loop. An empty input (no row) raises a ValueError; a `None` or
+        non-string item in a list of texts raises a ValueError naming its index.
+        """
         if _is_empty_batch(x):
             raise ValueError(
                 f"{type(self).__name__}.predict received an empty batch ({type(x).__name__} with "
