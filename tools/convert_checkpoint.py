@@ -1,7 +1,8 @@
 """Convert a BERT checkpoint into a kbert preset or a Hugging Face directory, with a parity report.
 
 Sources: a kbert preset, a Hugging Face BERT directory, an original Google BERT directory or
-a keras-hub BERT preset (see `kbert.checkpoints.formats`). The report gives max |diff| of
+a keras-hub BERT preset (see `kbert.checkpoints.formats`), or an `hf://<owner>/<name>` handle
+or preset name, downloaded first (see `kbert.hub`). The report gives max |diff| of
 kbert's outputs against the source run by its own framework (transformers for HF, keras-hub
 for keras-hub, an independent NumPy forward pass for Google checkpoints) on real positions
 of a padded batch, and against the converted output loaded back.
@@ -24,7 +25,8 @@ def parse_args(argv=None):
         "--source",
         required=True,
         help="checkpoint directory: a kbert preset, a Hugging Face BERT directory, an original "
-        "Google BERT directory or a keras-hub BERT preset",
+        "Google BERT directory or a keras-hub BERT preset; or an hf://<owner>/<name>[@revision] "
+        "handle or a preset name (downloaded into huggingface_hub's cache)",
     )
     parser.add_argument(
         "--output",
@@ -79,9 +81,12 @@ def main(argv=None):
 
     cls = kbert.models.BertPretrainer if args.model == "pretrainer" else kbert.models.BertBackbone
     try:
-        fmt = detect_format(args.source) if os.path.isdir(args.source) else "preset name"
+        # A preset name or an hf:// handle becomes the directory it stands for (installed or
+        # downloaded), so the parity report runs against that checkpoint's own framework.
+        source = str(kbert.hub.resolve_preset_source(args.source))
+        fmt = detect_format(source)
         print(f"[1/4] Loading {args.source} ({fmt}) as {cls.__name__}", flush=True)
-        model = cls.from_preset(args.source, fresh_heads=True if args.fresh_heads else None)
+        model = cls.from_preset(source, fresh_heads=True if args.fresh_heads else None)
     except (ValueError, OSError, ImportError) as error:  # OSError: also hf:// download errors
         raise SystemExit(f"--source {args.source}: {error}") from None
     backbone = getattr(model, "backbone", model)
@@ -91,7 +96,7 @@ def main(argv=None):
     print("[2/4] Computing the reference outputs", flush=True)
     heads = args.model == "pretrainer" and not args.fresh_heads
     try:
-        reference = parity.reference_outputs(args.source, fmt, inputs, heads=heads)
+        reference = parity.reference_outputs(source, fmt, inputs, heads=heads)
         against_source = parity.max_differences(outputs, reference, inputs["padding_mask"])
         reference_note = None
     except parity.ReferenceUnavailable as error:

@@ -382,3 +382,24 @@ def test_killed_download_leaves_nothing_a_later_load_reads(
         to_numpy(classifier.predict(TEXTS, verbose=0)),
         to_numpy(reference.predict(TEXTS, verbose=0)),
     )
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="transformers parity: once")
+def test_convert_tool_takes_a_handle(hub_env, monkeypatch, tmp_path):
+    from kbert.checkpoints import export_to_huggingface
+    from tests.test_bad_inputs import _convert_tool
+
+    backbone = BertBackbone(**tiny_backbone_kwargs())
+    export_to_huggingface(backbone, tmp_path / "hf")
+    with HubServer({"kbert-test/hf-tiny": Repository(_files(tmp_path / "hf"))}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        report = _convert_tool(
+            "--source", "hf://kbert-test/hf-tiny", "--output", str(tmp_path / "out")
+        )
+    assert report["ok"] and report["source_format"] == "huggingface"
+    assert report["against_source"]  # compared with transformers on the downloaded directory
+    inputs = random_backbone_inputs()
+    np.testing.assert_array_equal(
+        to_numpy(BertBackbone.from_preset(tmp_path / "out")(inputs))["sequence_output"],
+        to_numpy(backbone(inputs))["sequence_output"],
+    )
