@@ -125,10 +125,12 @@ def check_data(x, backbone):
 
 
 class HostInputChecks:
-    """Mixin for kbert models: checks token, segment and mask-position ids before each run.
+    """Mixin of `BertBackbone`: checks token, segment and mask-position ids before each run.
 
-    The backbone's limits come from `self.backbone` (task models, pretrainer) or the model
-    itself (`BertBackbone`). See the module docstring for what is checked where.
+    The limits come from `self.backbone` if the model has one, else from the model itself.
+    Task models (`kbert.models.BertTask`) call `check_data` in their own input route
+    instead, so that their `fit` is overridden once. See the module docstring for what is
+    checked where.
     """
 
     def _input_check_backbone(self):

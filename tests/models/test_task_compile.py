@@ -100,8 +100,11 @@ class TestTaskCompile(TestCase):
         assert model.recipe is None and not model.compiled_with_defaults
 
     def test_constructor_training_arguments_warn_and_still_apply(self):
-        with pytest.warns(DeprecationWarning, match=r"compile\(learning_rate=\.\.\., total_steps"):
+        expected = r"compile\(learning_rate=\.\.\., total_steps"
+        with pytest.warns(DeprecationWarning, match=expected) as record:
             model = BertClassifier(_backbone(), num_classes=2, learning_rate=2e-3, total_steps=10)
+        # Attributed to the caller's line, so Python's default filters show it in scripts.
+        assert [w.filename for w in _kbert_deprecations(record)] == [__file__]
         assert model.recipe == {"learning_rate": 2e-3, "total_steps": 10}
         assert _rate_at(model.optimizer, 10) == pytest.approx(0.0, abs=1e-12)
         assert _rate_at(model.optimizer, 1) == pytest.approx(2e-3)  # warm-up round(1.0) = 1
