@@ -144,4 +144,4 @@ class TestTaskFit(TestCase):
         assert planned_schedule(pretrainer.optimizer).planned_length() == (4, 1)
         assert int(keras.ops.convert_to_numpy(pretrainer.optimizer.iterations)) == 4
         with pytest.raises(ValueError, match="lamb"):
-            BertPretrainer(backbone, optimizer="sgd")
+            pretrainer.compile(update_rule="sgd")
