@@ -244,3 +244,22 @@ def test_bad_input_names_what_is_wrong():
         model.predict(["a film", "the plot", None])
     with pytest.raises(ValueError, match="index 1.*int"):
         model.evaluate(["a film", 3], [0, 1], verbose=0)
+
+
+def test_packed_rows_give_each_text_its_own_outputs():
+    backbone = toy_backbone()
+    _large_weights(backbone)
+    packed_backbone = toy_backbone(packed=True)
+    packed_backbone.set_weights(backbone.get_weights())
+    texts = _sentences(12, seed=8, longest=20)
+    x = toy_preprocessor(SEQUENCE_LENGTH)(texts)
+    x = {k: keras.ops.convert_to_numpy(v) for k, v in x.items()}
+    packed, placements = batching.pack_rows(x)
+    assert len(packed["token_ids"]) < len(texts)  # several texts per row
+    alone = keras.ops.convert_to_numpy(backbone(x)["sequence_output"])
+    _differ(alone[:, 0])
+    together = keras.ops.convert_to_numpy(packed_backbone(packed)["sequence_output"])
+    for row, (target, start, length) in enumerate(placements):
+        np.testing.assert_allclose(
+            together[target, start : start + length], alone[row, :length], atol=1e-5, rtol=0
+        )
