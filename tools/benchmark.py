@@ -27,7 +27,7 @@ machine may be shared). Workers run in the caller's environment, as a user's scr
 blocks on 2 MiB pages, fewer page faults for XLA's fresh per-step buffers on CPU), a process
 setting a plain script does not have, so its figures are not a plain script's. The timed cells
 run first in each worker; the matmul peak and bound (large products) are measured after them.
-`--check-plain` also times every float32 HF cell with `tools/bench/plain_step.py`, the same
+`--check-plain` also times every float32 HF cell with `tools/benchmark_plain_step.py`, the
 workload written as a user's own script, in the same run, and prints both figures side by side.
 
 `--memory` measures instead the peak memory of a fine-tuning step for the memory options:
@@ -276,7 +276,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--check-plain",
         action="store_true",
-        help="also time every float32 HF cell as a plain user script (tools/bench/plain_step.py) "
+        help="also time every float32 HF cell as a plain user script (tools/benchmark_plain_step.py) "
         "after each HF worker, and print both figures and their ratio",
     )
     parser.add_argument("--json", help="write all records to this JSON file")

@@ -1,32 +1,27 @@
-"""A Hugging Face cell of the benchmark written as a user's own script: the consistency check.
+"""A Hugging Face cell of tools/benchmark.py written as a user's own script: its consistency check.
 
-The benchmark's HF worker (`bench.hf_timing`) times its cells inside a worker process that the
-tool starts. This script is the same workload as a plain user script writes it, with nothing
-of the tool around it: no worker, no matmul-peak measurement, no environment of its own, the
-model and the loop written out here. `tools/benchmark.py --check-plain` runs it for every HF
-cell of a run, in the same run, and prints its figure beside the worker's: they must agree
+The benchmark's HF worker (`tools/bench/hf_timing.py`) times its cells inside a worker process
+that the tool starts. This script is the same workload as a plain user script writes it,
+with nothing of the tool around it: no worker, no matmul-peak measurement, no environment of its
+own, the model and the loop written out here. `tools/benchmark.py --check-plain` runs it for every
+HF cell of a run, in the same run, and prints its figure beside the worker's: they must agree
 (within the machine's noise), or the tool measures something a user's script does not do.
 
 Run alone (prints one JSON line: the step times in seconds and their median):
 ```
-python tools/bench/plain_step.py --cell finetune:L2-H128-A2:8:32
+python tools/benchmark_plain_step.py --cell finetune:L2-H128-A2:8:32
 ```
 """
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.cells import parse_cell  # noqa: E402  (NumPy-only helpers: the same inputs)
-from bench.common import random_batch  # noqa: E402
-from bench.flops import resolve_preset  # noqa: E402
-
-PLAIN_MARKER = "@@KBERT_PLAIN_STEP@@"
+from bench.cells import parse_cell  # NumPy-only helpers: the very inputs of the benchmark.
+from bench.common import random_batch
+from bench.flops import resolve_preset
+from bench.plain_check import PLAIN_MARKER
 
 
 def _model_and_step(shape, cell):

@@ -169,6 +169,7 @@ def test_gpu_goals_and_host_overhead_suites_run_end_to_end_on_a_tiny_config(tmp_
     command = [
         sys.executable, str(TOOLS / "benchmark.py"), "--suite", "gpu-goals", "host-overhead",
         "--config", "tiny", "--plain", "--steps", "1", "--warmup", "1", "--json", str(out),
+        "--check-plain",
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1500)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -194,4 +195,7 @@ def test_gpu_goals_and_host_overhead_suites_run_end_to_end_on_a_tiny_config(tmp_
     assert "goals (GPU, this run):" in text and "goals (host overhead, CPU, this run):" in text
     assert "finetune: kbert/torch vs hf = " in text
     assert "minor page faults per step" in text
+    # --check-plain: the HF cells also timed as a plain script, in the same run, side by side.
+    assert "plain-script check" in text and "finetune:L2-H64-A2-V512:4:16" in text
+    assert [c["workload"] for c in payload["plain_checks"]] == ["finetune"]  # float32 only.
     assert "pretrain  L2-H64-A2-V512  batch=4  seq=16  mixed_bfloat16" in text

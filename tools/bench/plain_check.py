@@ -1,9 +1,10 @@
 """`--check-plain`: the benchmark's HF figures against the same workload as a plain user script.
 
-`bench.plain_step` is the HF cell written as a user's own script. It runs here, in the same run
-as the HF worker (right after it, each round), in the caller's unchanged environment; the best
-round of each is compared. A ratio far from 1 means the tool times something a user's script
-does not do (a process setting, a short or cold measurement, other work in the process).
+`tools/benchmark_plain_step.py` is the HF cell written as a user's own script. It runs here, in
+the same run as the HF worker (right after it, each round), in the caller's unchanged
+environment; the best round of each is compared. A ratio far from 1 means the tool times
+something a user's script does not do (a process setting, a short or cold measurement, other
+work in the process).
 """
 
 import json
@@ -12,10 +13,13 @@ import subprocess
 import sys
 
 from bench.common import log
-from bench.plain_step import PLAIN_MARKER
 from bench.report import cell_key
 
-PLAIN_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plain_step.py")
+PLAIN_SCRIPT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark_plain_step.py"
+)
+# The line prefix of the plain script's JSON result.
+PLAIN_MARKER = "@@KBERT_PLAIN_STEP@@"
 
 # The largest |worker / plain - 1| reported as consistent: same-run noise on a shared machine.
 TOLERANCE = 0.15
@@ -37,7 +41,9 @@ def run_plain_checks(cells, args):
         process = subprocess.run(command, stdout=subprocess.PIPE, text=True)
         lines = [x for x in process.stdout.splitlines() if x.startswith(PLAIN_MARKER)]
         if not lines:
-            checks.append(dict(cell, error=f"plain_step.py exited with {process.returncode}"))
+            checks.append(
+                dict(cell, error=f"benchmark_plain_step.py exited with {process.returncode}")
+            )
             continue
         result = json.loads(lines[-1][len(PLAIN_MARKER) :])
         log(f"    {cell['batch_size'] / result['step_seconds']:8.2f} seq/s (plain script)")
@@ -59,7 +65,9 @@ def format_plain_checks(checks, records):
         for r in records
         if r["framework"] == "hf" and not r.get("torch_compile") and "error" not in r
     }
-    lines = ["\nplain-script check (HF eager: the tool's worker vs the same code as a plain script)"]
+    lines = [
+        "\nplain-script check (HF eager: the tool's worker vs the same code as a plain script)"
+    ]
     lines.append(f"  {'cell':<34} {'worker ms':>10} {'plain ms':>9} {'worker/plain':>13}  verdict")
     failed = [c for c in checks if "error" in c]
     for key, check in sorted(best.items()):

@@ -1,0 +1,120 @@
+"""tools/benchmark_serving.py (arguments, workloads, worker environments, the ratio table) and
+the plain-script check of tools/benchmark.py (tools/benchmark_plain_step.py, its report).
+
+Nothing here depends on the Keras backend (the tools spawn their own processes), so the tests
+that import torch/transformers run once, in the JAX session."""
+
+import json
+
+import keras
+import pytest
+
+from tests.tools.test_benchmark import TOOLS
+
+
+@pytest.fixture
+def tools(monkeypatch):
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import bench.plain_check
+    import benchmark_plain_step
+    import benchmark_serving
+
+    return benchmark_serving, benchmark_plain_step, bench.plain_check
+
+
+def test_serving_arguments_are_checked(tools, capsys):
+    serving = tools[0]
+    args = serving.parse_args([])
+    assert (args.batch_size, args.short_length, args.long_length) == (32, 128, 512)
+    assert args.system == list(serving.SYSTEMS) and args.device == "cpu"
+    gpu = serving.parse_args(["--device", "gpu", "--dtype", "bfloat16", "--batch-size", "128"])
+    assert (gpu.device, gpu.dtype, gpu.batch_size) == ("gpu", "bfloat16", 128)
+    for bad, message in (
+        (["--batch-size", "0"], "--batch-size must be a positive integer. Received: 0"),
+        (["--dtype", "bfloat16"], "--dtype bfloat16 is meant for --device gpu"),
+        (["--system", "kbert-mxnet"], "invalid choice: 'kbert-mxnet'"),
+    ):
+        with pytest.raises(SystemExit):
+            serving.parse_args(bad)
+        assert message in capsys.readouterr().err
+
+
+def test_serving_workloads_read_sst2_dev_and_the_first_400_squad_paragraphs(tools, tmp_path):
+    serving = tools[0]
+    (tmp_path / "glue" / "SST-2").mkdir(parents=True)
+    rows = ["sentence\tlabel", 'a "quoted" film \t1', "dull\t0"]
+    (tmp_path / "glue" / "SST-2" / "dev.tsv").write_text("\n".join(rows) + "\n")
+    paragraphs = [{"context": f"paragraph {i}", "qas": []} for i in range(450)]
+    articles = [{"title": "a", "paragraphs": paragraphs[:300]}, {"paragraphs": paragraphs[300:]}]
+    (tmp_path / "squad").mkdir()
+    (tmp_path / "squad" / "dev-v1.1.json").write_text(json.dumps({"data": articles}))
+    assert serving.load_texts("short", tmp_path) == ['a "quoted" film ', "dull"]
+    long = serving.load_texts("long", tmp_path)
+    assert len(long) == 400 and long[0] == "paragraph 0" and long[-1] == "paragraph 399"
+    assert serving.load_texts("long", tmp_path, max_texts=3) == [f"paragraph {i}" for i in range(3)]
+
+
+def test_serving_workers_get_their_backend_and_no_gpu_on_cpu(tools, monkeypatch):
+    serving = tools[0]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    env = serving.worker_environment("kbert-tensorflow", "cpu")
+    assert env["KERAS_BACKEND"] == "tensorflow" and env["CUDA_VISIBLE_DEVICES"] == ""
+    env = serving.worker_environment("sentence-transformers", "gpu")
+    assert env["KERAS_BACKEND"] == "torch" and env["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_serving_table_gives_ratios_to_hf_and_sentence_transformers(tools):
+    serving = tools[0]
+    rows = [
+        ("hf", 200.0),
+        ("sentence-transformers", 400.0),
+        ("kbert-jax", 500.0),
+    ]
+    common = {"workload": "short", "texts": 872, "sequence_length": 128}
+    results = [dict(common, system=s, texts_per_second=r) for s, r in rows]
+    results.append({"system": "onnx", "workload": "short", "error": "exited with 1"})
+    table = serving.format_table(results)
+    lines = {line.split()[0]: line.split() for line in table.splitlines()[2:]}
+    assert lines["kbert-jax"][1:] == ["500.0", "2.50x", "1.25x"]
+    assert lines["hf"][1:] == ["200.0", "1.00x", "0.50x"]
+    assert lines["onnx"][1] == "failed:"
+
+
+def test_plain_check_report_flags_a_worker_figure_a_plain_script_does_not_reproduce(tools):
+    plain_check = tools[2]
+    cell = {
+        "preset": "L2-H128-A2",
+        "sequence_length": 32,
+        "batch_size": 8,
+        "precision": "float32",
+        "workload": "finetune",
+        "num_masks": 20,
+    }
+    other = dict(cell, preset="L6-H384-A12")
+    records = [
+        dict(cell, framework="hf", step_seconds=0.078),
+        dict(other, framework="hf", step_seconds=0.100),
+    ]
+    # Two rounds of the plain script for the first cell: the best (0.031 s) counts.
+    checks = [
+        dict(cell, step_seconds=0.040),
+        dict(cell, step_seconds=0.031),
+        dict(other, step_seconds=0.095),
+    ]
+    report = plain_check.format_plain_checks(checks, records).splitlines()
+    first = next(line for line in report if "L2-H128-A2" in line).split()
+    assert first[1:] == ["78.0", "31.0", "2.52x", "DIFFERS"]
+    second = next(line for line in report if "L6-H384-A12" in line).split()
+    assert second[-2:] == ["1.05x", "consistent"]
+
+
+@pytest.mark.large
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="torch only, backend-independent")
+def test_plain_step_times_the_workload_of_the_benchmark_cell(tools):
+    pytest.importorskip("transformers")
+    plain_step = tools[1]
+    cell = plain_step.parse_cell("finetune:L2-H64-A2-V512:4:16", 3)
+    times = plain_step.run(cell, warmup=1, steps=2)
+    assert len(times) == 2 and all(0 < t < 60 for t in times)
+    forward = plain_step.run(plain_step.parse_cell("inference:L2-H64-A2-V512:4:16", 3), 0, 1)
+    assert len(forward) == 1

