@@ -135,21 +135,20 @@ def _train(args, task, np, keras, kbert):
             model = BertClassifier(backbone, num_classes=3, dropout=0.0)
         else:
             model = BertPretrainer(backbone)
+        # The one-process run takes the same batches as the processes' global batches (not
+        # regrouped by length).
+        model.length_batching = False
         # A constant learning rate: a resumed `fit` (from `initial_epoch`) takes the same
         # steps as an uninterrupted one.
-        model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-2))
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-3))
         # The same start on every backend and process (TensorFlow's strategy draws its own
         # initial values): small normal weights, LayerNorm scales around 1.
         rng = np.random.default_rng(0)
-        model.set_weights(
-            [
-                (w.path.endswith("gamma") + rng.normal(0, 0.1, w.shape)).astype(w.dtype)
-                for w in model.weights
-            ]
-        )
-        if os.environ.get("MP_DEBUG"):
-            print("DEBUG weights", sum(float(np.abs(keras.ops.convert_to_numpy(w)).sum())
-                                      for w in model.weights), flush=True)
+        initial = [
+            (w.path.endswith("gamma") + rng.normal(0, 0.1, w.shape)).astype(w.dtype)
+            for w in model.weights
+        ]
+        model.set_weights(initial)
         backup = TrainingBackup(
             os.path.join(output, "backup"),
             settings={"task": task, "batch_size": args.batch_size},
@@ -178,10 +177,12 @@ def _train(args, task, np, keras, kbert):
         step_loss=backup.step_loss,
         plot=False,
     )
+    final = [keras.ops.convert_to_numpy(w) for w in model.weights]
     return {
         "step_loss": [float(v) for v in backup.step_loss],
         "resumed_from": start,
-        "weights": [keras.ops.convert_to_numpy(w) for w in model.weights],
+        "moved": max(float(np.abs(a - b).max()) for a, b in zip(final, initial)),
+        "weights": final,
     }
 
 

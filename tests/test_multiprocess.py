@@ -160,8 +160,8 @@ def test_two_processes_train_resume_after_kill_and_equal_one_process(tmp_path, r
             assert len(got) == len(reference_weights[task])
             delta = max(float(np.abs(a - b).max()) for a, b in zip(got, reference_weights[task]))
             assert delta <= 1e-5, (task, index, delta)
-        # The run really trained: far from the start, and the two processes' weights agree.
-        assert reference_report[task]["step_loss"][0] - expected[-1] > 0.01
+        # The run really trained: the weights moved 100 times farther than the tolerance.
+        assert reference_report[task]["moved"] > 1e-3
     # Only process 0 wrote into the output folder (in both launches, for the second here).
     assert reports[1]["written"] == []
     assert any(path.endswith("training_state.npz") for path in reports[0]["written"])

@@ -161,9 +161,6 @@ def _tf_distributed(group, data):
         def generate():  # Endless: `fit` takes `len(batches)` steps per epoch.
             while True:
                 for i in range(len(batches)):
-                    import os
-                    if os.environ.get("MP_DEBUG"):
-                        print("DEBUG batch", i, batches[i][0]["token_ids"][:, 0], flush=True)
                     yield batches[i]
                 batches.on_epoch_end()
 
