@@ -27,6 +27,7 @@ import keras
 import numpy as np
 
 from kbert import _tensorflow, processes
+from kbert.checkpoints.atomic import atomic_file
 
 BACKUP_FORMAT = "kbert-training-backup-1"
 BACKUP_FILE = "training_state.npz"
@@ -174,35 +175,6 @@ def _set_global_random_state(data):
     cuda = sorted(k for k in data if k.startswith("random/torch_cuda/"))
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all([torch.from_numpy(np.asarray(data[k])) for k in cuda])
-
-
-def _write_atomically(path, arrays):
-    """Writes an .npz to a temporary sibling, fsyncs it and renames it over `path`.
-
-    On any error (a full disk included) the temporary file is removed and `path`, the last
-    good backup, is left as it was.
-    """
-    temporary = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(temporary, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.remove(temporary)
-        except OSError:
-            pass
-        raise
-    try:  # Make the rename durable too.
-        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
 
 
 def _differences(saved, current):
@@ -374,7 +346,8 @@ class TrainingBackup(keras.callbacks.Callback):
             return
         os.makedirs(self.backup_dir, exist_ok=True)
         try:
-            _write_atomically(self.path, arrays)
+            with atomic_file(self.path) as temporary, open(temporary, "wb") as file:
+                np.savez(file, **arrays)
         except OSError as error:
             if error.errno == errno.ENOSPC:
                 raise OSError(

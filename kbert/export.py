@@ -36,6 +36,7 @@ from pathlib import Path
 import keras
 
 from kbert import _tensorflow
+from kbert.checkpoints import atomic
 
 _PACKED_INPUTS = ("token_ids", "segment_ids", "padding_mask")
 

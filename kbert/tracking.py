@@ -27,13 +27,13 @@ kbert.tracking.write_run_report(
 import json
 import math
 import numbers
-import os
 import warnings
 from pathlib import Path
 
 import keras
 
 from kbert import processes
+from kbert.checkpoints.atomic import atomic_file
 
 
 class StepLossHistory(keras.callbacks.Callback):
@@ -193,7 +193,8 @@ def write_run_report(
         return metrics_path, None
     directory.mkdir(parents=True, exist_ok=True)
     text = json.dumps(record, indent=2, default=_json_default) + "\n"
-    _replace_atomically(metrics_path, lambda path: Path(path).write_text(text))
+    with atomic_file(metrics_path) as temporary:
+        temporary.write_text(text)
     curve_path = None
     if plot:
         curve_path = plot_training_curve(
@@ -273,7 +274,8 @@ def plot_training_curve(
     figure.suptitle(f"{name} ({keras.backend.backend()}): {summary}" if summary else name)
     figure.tight_layout()
     path = Path(path)
-    _replace_atomically(path, lambda temporary: figure.savefig(temporary, dpi=100, format="png"))
+    with atomic_file(path) as temporary:
+        figure.savefig(temporary, dpi=100, format="png")
     return path
 
 
@@ -313,16 +315,3 @@ def _moving_average(values, window):
             total -= values[i - window]
         out.append(total / min(i + 1, window))
     return out
-
-
-def _replace_atomically(path, write):
-    """Calls `write(temporary)` on a sibling of `path`, then renames it to `path`."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise

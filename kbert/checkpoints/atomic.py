@@ -1,4 +1,5 @@
-"""Atomic replacement of files and whole directories (presets, exports, backups, metrics).
+"""Atomic replacement of files and whole directories: kbert's one implementation, used by
+every writer (presets, exports, training backups, run records, LoRA weights, data shards).
 
 A kill at any instant of a save leaves either the previous complete version or the new
 complete version under the target name, never a mix, and no staging leftovers inside it.
@@ -142,24 +143,37 @@ def atomic_directory(path, owned_files=()):
                         os.link(item, target)
                     except OSError:
                         shutil.copy2(item, target)
-        os.chmod(staging, 0o777 & ~_umask())
-        _fsync_tree(staging)
-        new, old = _sibling(path, _NEW), _sibling(path, _OLD)
-        if new.exists():
-            shutil.rmtree(new)
-        os.replace(staging, new)  # Step 2: complete.
-        _fsync_directory(path.parent)
-        if path.exists():
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(path, old)  # Step 3.
-        os.replace(new, path)  # Step 4.
-        _fsync_directory(path.parent)
-        if old.exists():
-            shutil.rmtree(old, ignore_errors=True)
+        replace_directory(staging, path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def replace_directory(source, path):
+    """Moves the complete directory `source` to `path`, replacing what is there atomically.
+
+    Steps 2 to 4 of the module docstring: `source` becomes `.<name>.kbert-new`, the old
+    `path` `.<name>.kbert-old`, then the new version takes the name and the old one is
+    removed; a kill in between is completed or rolled back by `recover` (call it on `path`
+    before writing `source`). `source` should be on the same file system as `path` (a
+    sibling), so that each step is one rename.
+    """
+    source, path = Path(source), Path(path).absolute()
+    os.chmod(source, 0o777 & ~_umask())
+    _fsync_tree(source)
+    new, old = _sibling(path, _NEW), _sibling(path, _OLD)
+    if new.exists():
+        shutil.rmtree(new)
+    os.replace(source, new)  # Step 2: complete.
+    _fsync_directory(path.parent)
+    if path.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(path, old)  # Step 3.
+    os.replace(new, path)  # Step 4.
+    _fsync_directory(path.parent)
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _umask():
@@ -168,28 +182,84 @@ def _umask():
     return mask
 
 
+class AtomicFile:
+    """The new version of the file `path`, written at `temporary` (a sibling) until `commit`.
+
+    For writers that want a path rather than a context (a `tf.io.TFRecordWriter` kept open
+    across calls); otherwise use `atomic_file`. `commit()` flushes the temporary file to disk,
+    gives it the usual mode of a new file (0666 minus the umask) and renames it over `path`
+    (one rename: a kill leaves the old or the new complete file); `abort()` removes it and
+    leaves `path` as it was.
+
+    Args:
+        path: str or path. The target file; its folder is created if missing.
+    """
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(
+            dir=self.path.parent, prefix=f".{self.path.name}.kbert-tmp-"
+        )
+        os.close(fd)
+        self.temporary = Path(temporary)
+
+    def commit(self):
+        """Replaces `path` with the temporary file; returns `path`."""
+        try:
+            replace_file(self.temporary, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        return self.path
+
+    def abort(self):
+        """Removes the temporary file; `path` stays as it was."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.temporary)
+
+
+@contextlib.contextmanager
+def atomic_file(path):
+    """Context manager: write the new version of the file `path` at the yielded `Path`.
+
+    The yielded path is a temporary sibling (an empty file); on a clean exit it replaces
+    `path` in one rename (see `AtomicFile.commit`), on an exception it is removed and `path`
+    stays as it was. Every kbert writer of a single file goes through this.
+
+    Example:
+    >>> with atomic_file("metrics.json") as temporary:
+    ...     temporary.write_text("{}")
+    """
+    file = AtomicFile(path)
+    try:
+        yield file.temporary
+    except BaseException:
+        file.abort()
+        raise
+    file.commit()
+
+
+def replace_file(source, path):
+    """Renames the complete file `source` over `path` durably: `source` is flushed to disk and
+    given the usual mode of a new file first, the folder's entry after."""
+    with open(source, "rb+") as file:
+        os.fsync(file.fileno())
+    os.chmod(source, 0o666 & ~_umask())
+    os.replace(source, path)
+    _fsync_directory(Path(path).parent)
+    return Path(path)
+
+
 def atomic_write_bytes(path, data):
     """Writes `data` to the file `path` through a temporary sibling and one rename.
 
     The file gets the usual mode of a new file (0666 minus the umask), whatever the
     temporary file's mode was.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.kbert-tmp-")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(temporary, 0o666 & ~_umask())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    _fsync_directory(path.parent)
-    return path
+    with atomic_file(path) as temporary:
+        temporary.write_bytes(data)
+    return Path(path)
 
 
 def atomic_write_text(path, text, encoding="utf-8"):

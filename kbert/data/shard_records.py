@@ -20,6 +20,7 @@ import struct
 import numpy as np
 
 from kbert import _tensorflow
+from kbert.checkpoints.atomic import AtomicFile
 
 tf = _tensorflow.tensorflow("kbert's pretraining shards")
 
@@ -60,7 +61,8 @@ class ShardWriter:
 
     def __init__(self, path, tokenizer):
         self.path = os.fspath(path)
-        self.temporary = f"{self.path}.tmp-{os.getpid()}"
+        self._file = AtomicFile(self.path)
+        self.temporary = os.fspath(self._file.temporary)
         self.num_documents = 0
         self._writer = tf.io.TFRecordWriter(self.temporary)
         metadata = {
@@ -109,12 +111,11 @@ class ShardWriter:
 
     def close(self):
         self._writer.close()
-        os.replace(self.temporary, self.path)
+        self._file.commit()
 
     def abort(self):
         self._writer.close()
-        if os.path.exists(self.temporary):
-            os.remove(self.temporary)
+        self._file.abort()
 
 
 def _first_record(path):

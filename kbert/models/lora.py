@@ -21,12 +21,12 @@ the adapter apart - e.g. one base model and many small adapters - use `save_lora
 `load_lora_weights`, which write and read only the `A`/`B` matrices.
 """
 
-import os
-import tempfile
 from pathlib import Path
 
 import keras
 import numpy as np
+
+from kbert.checkpoints.atomic import atomic_file
 
 ATTENTION_TARGETS = ("query", "key", "value", "attention_output")
 FEEDFORWARD_TARGETS = ("intermediate_dense", "output_dense")
@@ -130,15 +130,8 @@ def save_lora_weights(backbone, path):
         "feedforward": str(any(not name.split("/")[-2] == "self_attention" for name in layers)),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        save_file(tensors, staging, metadata=metadata)
-        os.replace(staging, path)
-    except BaseException:
-        if os.path.exists(staging):
-            os.remove(staging)
-        raise
+    with atomic_file(path) as temporary:
+        save_file(tensors, str(temporary), metadata=metadata)
 
 
 def load_lora_weights(backbone, path):

@@ -168,3 +168,57 @@ def test_atomic_write_text_replaces_whole_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) in (["metrics.json"],) or all(
         ".kbert-tmp-" in p.name or p.name == "metrics.json" for p in tmp_path.iterdir()
     )
+
+
+def test_atomic_file_keeps_the_old_file_when_the_writer_fails(tmp_path):
+    target = tmp_path / "curve.png"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError, match="disk full"):
+        with atomic.atomic_file(target) as temporary:
+            temporary.write_bytes(b"half")
+            raise RuntimeError("disk full")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["curve.png"]  # The temporary is gone.
+    with atomic.atomic_file(target) as temporary:
+        assert temporary.parent == tmp_path and temporary.name.startswith(".curve.png.")
+        temporary.write_bytes(b"new")
+    assert target.read_bytes() == b"new"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~_umask()
+    assert [p.name for p in tmp_path.iterdir()] == ["curve.png"]
+
+
+def test_atomic_file_for_an_open_writer_commits_or_aborts(tmp_path):
+    target = tmp_path / "sub" / "shard.tfrecord"
+    file = atomic.AtomicFile(target)  # Creates the folder.
+    file.temporary.write_bytes(b"records")
+    assert not target.exists()
+    file.abort()
+    assert not target.exists() and not file.temporary.exists()
+    file = atomic.AtomicFile(target)
+    file.temporary.write_bytes(b"records")
+    assert file.commit() == target and target.read_bytes() == b"records"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["shard.tfrecord"]
+
+
+def test_replace_directory_killed_at_every_step_leaves_old_or_new(tmp_path):
+    target = tmp_path / "exported"
+    for step in range(1, 6):
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir()
+        (target / "version").write_text("old")
+        source = tmp_path / f".exported.staging-{step}"
+        source.mkdir()
+        (source / "version").write_text("new")
+        with _kill_at(step):
+            with contextlib.suppress(_Killed):
+                atomic.replace_directory(source, target)
+        atomic.recover(target)
+        assert (target / "version").read_text() in ("old", "new"), step
+        # Recovered: no half-swapped sibling is left beside the target.
+        assert not any(p.name.startswith(".exported.kbert") for p in tmp_path.iterdir()), step
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
