@@ -12,7 +12,9 @@ Subpackages:
     kbert.hub          `hf://` handles and preset names: download, cache, offline (huggingface_hub).
     kbert.callbacks    Resumable training: atomic backups every N steps, exact resume.
     kbert.export       SavedModel (raw strings in, tokenizer in the graph) and ONNX export.
-    kbert.distribution Data- and model-parallel training (keras.distribution) with BERT layouts.
+    kbert.distribution Data- and model-parallel training (keras.distribution) with BERT layouts;
+                       `initialize()` for `fit` over several processes on every backend.
+    kbert.processes    This process' index in a multi-process run; which one writes files.
     kbert.tracking     Record a run: per-step loss, dev scores per epoch, metrics.json, curve PNG.
     kbert.runtime      Opt-in process settings: `tune_allocator()` (glibc malloc reuse on CPU).
 
@@ -42,6 +44,7 @@ _SUBMODULES = (
     "losses",
     "metrics",
     "models",
+    "processes",
     "retrieval",
     "runtime",
     "text",
