@@ -302,3 +302,21 @@ def test_saved_model_takes_raw_strings(tmp_path):
     actual = served.signatures["serving_default"](text=tf.constant(texts))["embeddings"].numpy()
     np.testing.assert_allclose(actual, expected, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(actual, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "torch", reason="ONNX export runs on torch; checked there once"
+)
+def test_onnx_export_equals_encode(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    backbone = BertBackbone(**tiny_backbone_kwargs(vocabulary_size=len(TOY_VOCABULARY)))
+    embedder = BertTextEmbedder(backbone, normalize=True, preprocessor=toy_preprocessor(20))
+    texts = ["the cat sat on the mat", "a dog", "john smith sings in paris"]
+    expected = embedder.encode(texts)
+    embedder.export(str(tmp_path / "embedder.onnx"), format="onnx")
+    session = ort.InferenceSession(str(tmp_path / "embedder.onnx"))
+    for rows, length in ((3, 20), (2, 8)):  # dynamic batch and sequence axes
+        packed = embedder.pack_token_ids(embedder.tokenize_texts(texts[:rows]), length)
+        names = ("token_ids", "segment_ids", "padding_mask")
+        actual = session.run(None, {k: packed[k] for k in names})[0]
+        np.testing.assert_allclose(actual, expected[:rows], atol=1e-5)
