@@ -287,6 +287,10 @@ class TestFit:
         assert np.isfinite(history.history["loss"]).all()
 
 
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="slow (a TensorFlow export subprocess); the embedder adds nothing backend-specific",
+)
 def test_saved_model_takes_raw_strings(tmp_path):
     """The SavedModel (tokenizer in the graph) returns the normalised embeddings encode does."""
     tf = pytest.importorskip("tensorflow")
