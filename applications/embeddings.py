@@ -180,7 +180,9 @@ def run_evaluate(args, embedder):
     batch = args.encode_batch_size
     results = {
         "kbert": evaluate_embeddings(
-            lambda texts, kind: embedder.encode(texts, batch_size=batch), stsb, squad
+            lambda texts, kind: embedder.encode(texts, batch_size=batch, verbose=True),
+            stsb,
+            squad,
         )
     }
     _print("kbert", results["kbert"])
@@ -193,7 +195,9 @@ def run_evaluate(args, embedder):
             )
         model = SentenceTransformer(str(args.preset), device="cpu")
         results["sentence-transformers"] = evaluate_embeddings(
-            lambda texts, kind: model.encode(texts, batch_size=batch), stsb, squad
+            lambda texts, kind: model.encode(texts, batch_size=batch, show_progress_bar=True),
+            stsb,
+            squad,
         )
         _print("sentence-transformers", results["sentence-transformers"])
         ratios = {
