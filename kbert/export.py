@@ -296,7 +296,8 @@ class _PackedInputs:
         mask = np.ones((rows, length), "int32")
         mask[-1, max(1, length // 2) :] = 0
         ids = np.full((rows, length), 1, "int32") * mask
-        self.sample = tuple(torch.from_numpy(a) for a in (ids, np.zeros_like(ids), mask))
+        # On the backend's device (a GPU when torch has one), as the weights are.
+        self.sample = tuple(keras.ops.convert_to_tensor(a) for a in (ids, np.zeros_like(ids), mask))
         self.batch_size, self.sequence_length = batch_size, sequence_length
         outputs = model(dict(zip(_PACKED_INPUTS, self.sample)), training=False)
         # As the SavedModel's signatures: a task's one tensor is `logits`.
