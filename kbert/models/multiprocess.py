@@ -36,6 +36,7 @@ import keras
 import numpy as np
 
 from kbert import processes
+from kbert._tensorflow import is_dataset
 
 
 def _rows(x):
@@ -143,10 +144,6 @@ class ProcessBatches(keras.utils.PyDataset):
         self._order = self._make_order()
 
 
-def _is_dataset(x):
-    return hasattr(x, "element_spec") and hasattr(x, "map") and hasattr(x, "batch")
-
-
 def _tf_distributed(group, data):
     """A TensorFlow strategy's dataset that hands each worker `data` (its own batches) as is."""
     import tensorflow as tf
@@ -190,7 +187,7 @@ class MultiProcessTraining:
                 "pass `validation_data` (the same full arrays on every process)."
             )
         shuffle = kwargs.pop("shuffle", True)
-        seed = _agreed_seed() if shuffle and not _is_dataset(x) else 0
+        seed = _agreed_seed() if shuffle and not is_dataset(x) else 0
         x, y, sample_weight, steps = self._process_inputs(
             group, x, y, kwargs.pop("sample_weight", None), batch_size, shuffle, seed
         )
@@ -198,7 +195,7 @@ class MultiProcessTraining:
             kwargs["steps_per_epoch"] = steps  # TensorFlow: an endless dataset of epochs.
         validation = kwargs.get("validation_data")
         if validation is not None:
-            parts = (validation,) if _is_dataset(validation) else tuple(validation)
+            parts = (validation,) if is_dataset(validation) else tuple(validation)
             validation, _, _, steps = self._process_inputs(
                 group,
                 *(parts + (None, None))[:3],
@@ -239,7 +236,7 @@ class MultiProcessTraining:
             )
 
     def _process_inputs(self, group, x, y, sample_weight, batch_size, shuffle, seed):
-        if _is_dataset(x):
+        if is_dataset(x):
             data = x
             if group.backend == "tensorflow":
                 data = _tf_distributed(group, data)
