@@ -32,12 +32,15 @@ then spans every process on every backend:
         model = kbert.models.BertClassifier.from_preset(..., num_classes=2)
         model.fit(x, y, batch_size=64)       # same full x, y and global batch everywhere
 
-JAX runs `jax.distributed` (gloo collectives on CPU) under `keras.distribution`
-(`model_parallel` spans processes too); TensorFlow runs `MultiWorkerMirroredStrategy`; torch
-runs `torch.distributed` (gloo on CPU, nccl on GPU) and kbert's tasks average the gradients
-over the processes in their train step (`kbert.models.multiprocess`). Each process trains on
-its slice of every global batch; process 0 alone writes presets, backups and run reports
-(`kbert.processes.is_writer`).
+JAX runs `jax.distributed` (gloo collectives on CPU) under `keras.distribution` (a
+`model_parallel` mesh also takes every process' devices; only `data_parallel` is tested over
+processes); TensorFlow runs `MultiWorkerMirroredStrategy`; torch runs `torch.distributed`
+(gloo on CPU, nccl on GPU) and kbert's tasks average the gradients over the processes in
+their train step (`kbert.models.multiprocess`). Each process trains on its slice of every
+global batch; process 0 alone writes presets, backups and run reports
+(`kbert.processes.is_writer`). `initialize(timeout=...)` bounds the wait for the coordinator
+and the other processes and, on torch and TensorFlow, every collective (JAX: its heartbeat),
+so a process that dies makes the others fail instead of hang.
 
 Example:
 >>> distribution = data_parallel()
