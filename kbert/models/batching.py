@@ -438,9 +438,24 @@ def _distributed(model):
     return getattr(strategy, "num_replicas_in_sync", 1) > 1
 
 
+def _as_arrays(value):
+    """Labels or weights as a NumPy array or a dict of them (lists converted); `None` when
+    they are something else (a backend tensor, a ragged list)."""
+    if isinstance(value, dict):
+        converted = {key: _as_arrays(part) for key, part in value.items()}
+        return None if any(part is None for part in converted.values()) else converted
+    if not isinstance(value, (np.ndarray, list, tuple)):
+        return None
+    try:
+        array = np.asarray(value)
+    except ValueError:
+        return None
+    return array if array.dtype != object and array.ndim >= 1 else None
+
+
 def _rows_of(value):
     leaves = keras.tree.flatten(value)
-    if not leaves or not all(isinstance(leaf, (np.ndarray, list)) for leaf in leaves):
+    if not leaves or not all(isinstance(leaf, np.ndarray) and leaf.ndim for leaf in leaves):
         return None
     rows = {len(leaf) for leaf in leaves}
     return rows.pop() if len(rows) == 1 else None
@@ -468,7 +483,7 @@ def can_batch_by_length(model, x, y=None, sample_weight=None):
         return False
     rows = arrays[0].shape[0]
     for part in (y, sample_weight):
-        if part is not None and _rows_of(part) != rows:
+        if part is not None and _rows_of(_as_arrays(part)) != rows:
             return False
     return not _distributed(model)
 
@@ -490,8 +505,8 @@ def length_batched(model, x, y=None, sample_weight=None, batch_size=None, shuffl
     sequence_length = x["padding_mask"].shape[1]
     batches = LengthBatches(
         x,
-        keras.tree.map_structure(np.asarray, y) if y is not None else None,
-        np.asarray(sample_weight) if sample_weight is not None else None,
+        _as_arrays(y) if y is not None else None,
+        _as_arrays(sample_weight) if sample_weight is not None else None,
         batch_size=batch_size or _KERAS_DEFAULT_BATCH_SIZE,
         buckets=_buckets(model, sequence_length),
         shuffle=shuffle,
@@ -505,6 +520,8 @@ def length_batched(model, x, y=None, sample_weight=None, batch_size=None, shuffl
 def split_validation_tail(x, y, sample_weight, validation_split):
     """`(train, validation)` parts of NumPy data, each an `(x, y, sample_weight)` tuple: the
     last `validation_split` of the rows is the validation data, as Keras' `fit` takes it."""
+    y = None if y is None else _as_arrays(y)
+    sample_weight = None if sample_weight is None else _as_arrays(sample_weight)
     rows = _rows_of(x)
     split_at = int(math.floor(rows * (1.0 - validation_split)))
     if split_at == 0 or split_at == rows:
