@@ -91,7 +91,7 @@ def _cached_blobs(hub_env):
     return sorted(p.name for p in (hub_env / "hf_cache").rglob("blobs/*"))
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="a real 22M-parameter model: once")
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="a real 22M-parameter model: once")
 def test_handle_loads_minilm_equal_to_the_local_directory(
     served, hub_env, minilm_dir, minilm_files
 ):
