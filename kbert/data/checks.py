@@ -18,7 +18,8 @@ def check_positive_int(name, value, minimum=1):
 
 
 def checked_seed(seed):
-    """`seed` as a non-negative int below 2**63 (a fresh random one for `None`), or a clear error."""
+    """`seed` as a non-negative int below 2**63 (a fresh random one for `None`), or a clear
+    error."""
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:

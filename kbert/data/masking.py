@@ -52,7 +52,8 @@ class DynamicMasker:
         self.pad_id = int(tokenizer.pad_token_id)
         self.mask_id = int(tokenizer.mask_token_id)
         vocabulary = list(tokenizer.vocabulary)
-        specials = {self.cls_id, self.sep_id, self.pad_id, self.mask_id, int(tokenizer.unk_token_id)}
+        unk_id = int(tokenizer.unk_token_id)
+        specials = {self.cls_id, self.sep_id, self.pad_id, self.mask_id, unk_id}
         # Random replacements are uniform over the vocabulary minus the five special tokens.
         self.random_ids = tf.constant(
             [i for i in range(len(vocabulary)) if i not in specials], tf.int32
