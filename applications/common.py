@@ -221,5 +221,73 @@ def shuffled_indices(num_examples, seed, limit=None):
 
 def output_dir(args, application):
     path = Path(args.output_dir or Path("runs") / application)
-    path.mkdir(parents=True, exist_ok=True)
+    if is_writer():  # Several processes: process 0 alone writes the run's files.
+        path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# ------------------------------------------------------------------ several processes
+def launched_processes():
+    """How many processes a launcher started this run with, from its environment (1 if none).
+
+    torchrun's `WORLD_SIZE` (with `RANK`), the workers of `TF_CONFIG`, or Keras'
+    `KERAS_DISTRIBUTION_NUM_PROCESSES` / `KERAS_DISTRIBUTION_JOB_ADDRESSES` (JAX). Read before
+    Keras is imported; `kbert.distribution.initialize` checks the values.
+    """
+    import json
+
+    env = os.environ
+    try:
+        if "WORLD_SIZE" in env and "RANK" in env:
+            return int(env["WORLD_SIZE"])
+        if env.get("TF_CONFIG"):
+            return len(json.loads(env["TF_CONFIG"]).get("cluster", {}).get("worker", ()))
+        if env.get("KERAS_DISTRIBUTION_NUM_PROCESSES"):
+            return int(env["KERAS_DISTRIBUTION_NUM_PROCESSES"])
+        if env.get("KERAS_DISTRIBUTION_JOB_ADDRESSES"):
+            return len(env["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(","))
+    except (ValueError, AttributeError, TypeError) as error:
+        fail(f"the launcher's environment cannot be read ({error}).")
+    return 1
+
+
+def start_processes():
+    """Joins the other processes when a launcher started several (torchrun, TF_CONFIG, Keras'
+    KERAS_DISTRIBUTION_* variables); returns `(process_count, process_index)`, `(1, 0)` alone.
+
+    Call it before the backend first computes (JAX and TensorFlow's multi-worker strategy
+    must start first). Processes other than 0 then print nothing on stdout (progress bars
+    included): process 0 reports for the run; errors still reach stderr.
+    """
+    if launched_processes() < 2:
+        return 1, 0
+    import kbert.distribution
+
+    try:
+        group = kbert.distribution.initialize()
+    except (ValueError, TimeoutError, RuntimeError) as error:
+        fail(f"cannot join the other processes: {error}")
+    if group.process_id != 0:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process.
+    return group.num_processes, group.process_id
+
+
+def training_scope():
+    """`kbert.distribution.data_parallel().scope()` over the processes started by
+    `start_processes`, or a scope that changes nothing in a one-process run."""
+    import contextlib
+
+    from kbert import processes
+
+    if processes.process_count() < 2:
+        return contextlib.nullcontext()
+    import kbert.distribution
+
+    return kbert.distribution.data_parallel().scope()
+
+
+def is_writer():
+    """True in the process that writes the run's files (process 0; the only one alone)."""
+    from kbert import processes
+
+    return processes.is_writer()

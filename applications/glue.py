@@ -121,6 +121,7 @@ def main(argv=None):
     folder = GLUE_FOLDERS[args.task]
     common.check_data_dir(args, required=[(f"glue/{folder}/dev.tsv", f"{folder}/dev.tsv")])
     args.preset = common.check_preset(args.preset)
+    common.start_processes()  # Several processes when a launcher started them (README).
     common.quiet_startup()
     common.seed_everything(args.seed)
     from kbert import tracking
@@ -135,24 +136,29 @@ def main(argv=None):
     if note:
         print(note)
     print(f"GLUE {args.task}: {len(train_y)} training examples, {len(dev_y)} dev examples")
-    model = BertClassifier.from_preset(
-        args.preset,
-        num_classes=dev.num_classes,
-        sequence_length=args.max_length,
-        fresh_heads=True,
-    )
-    if model.preprocessor is None:
-        common.fail(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
-    model.compile(learning_rate=args.learning_rate)
     history = tracking.StepLossHistory()
     batch = max(args.batch_size, 64)
+    # Every process scores the whole dev set itself (predict is not split over processes).
     evaluation = tracking.EpochEvaluation(
         lambda m: score(dev, dev_y, m.predict(dev_x, batch_size=batch, verbose=0))
     )
-    start = time.time()
-    model.fit(
-        train_x, train_y, batch_size=args.batch_size, epochs=args.epochs, callbacks=[history, evaluation]
-    )
+    with common.training_scope():  # Over every process a launcher started, else as is.
+        model = BertClassifier.from_preset(
+            args.preset,
+            num_classes=dev.num_classes,
+            sequence_length=args.max_length,
+            fresh_heads=True,
+        )
+        if model.preprocessor is None:
+            common.fail(
+                f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text."
+            )
+        model.compile(learning_rate=args.learning_rate)
+        start = time.time()
+        model.fit(
+            train_x, train_y, batch_size=args.batch_size, epochs=args.epochs,
+            callbacks=[history, evaluation],
+        )
     train_seconds = time.time() - start
     metrics = {k: v for k, v in evaluation.evaluations[-1].items() if k != "step"}
     application = f"glue/{args.task}"
@@ -172,7 +178,8 @@ def main(argv=None):
         evaluations=evaluation.evaluations,
         baseline=reference,
     )
-    print("Wrote", *(path for path in paths if path))
+    if common.is_writer():
+        print("Wrote", *(path for path in paths if path))
     return metrics
 
 

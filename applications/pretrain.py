@@ -386,8 +386,9 @@ def choose_tokenizer(args, kind, backup_dir, files):
     print(f"Training a WordPiece vocabulary (up to {target:,} tokens) on the input text:")
     tokens = train_wordpiece_vocabulary(files, vocabulary_size=target, **lowercase)
     tokenizer = BertTokenizer(tokens, **lowercase)
-    tokenizer.save_to_preset(backup_dir)  # Kept with the backup, so a resumed run reuses it.
-    record.write_text(json.dumps(request))
+    if common.is_writer():  # Several processes: each trains the same vocabulary; one keeps it.
+        tokenizer.save_to_preset(backup_dir)  # Kept with the backup: a resumed run reuses it.
+        record.write_text(json.dumps(request))
     return tokenizer, f"trained on the input text ({len(tokens):,} of at most {target:,} tokens)", True
 
 
@@ -445,6 +446,32 @@ def main(argv=None, callbacks=()):
     parser = build_parser()
     args = common.parse_args(parser, argv)
     check_arguments(parser, args)
+    # Several processes when a launcher started them (README, "Several hosts"): each reads its
+    # share of the text and trains on its slice of every global batch of --batch-size.
+    num_processes, process_index = common.start_processes()
+    if args.batch_size % num_processes:
+        parser.error(
+            f"--batch-size {args.batch_size} (the global batch) must be divisible by the "
+            f"{num_processes} processes."
+        )
+    with common.training_scope():
+        return run(args, callbacks, num_processes, process_index)
+
+
+def _fewest(count):
+    """The smallest of every process' `count` (each process reads its own share of the text)."""
+    import numpy as np
+
+    from kbert import processes
+
+    counts = np.zeros(processes.process_count(), "int64")
+    counts[processes.process_index()] = count
+    return int(processes.all_sum([counts])[0].min())
+
+
+def run(args, callbacks, num_processes, process_index):
+    """The run of `main`, inside the scope the model trains in."""
+    writer = process_index == 0
     common.seed_everything(args.seed)
     from kbert import tracking
     from kbert.callbacks import BatchStream, TrainingBackup, resumable_fit
@@ -460,11 +487,14 @@ def main(argv=None, callbacks=()):
             f"{preset_path} already exists (a finished run?). Pass --overwrite to replace it, "
             "or choose another --output-dir."
         )
-    for stale in directory.glob(_STAGING_PREFIX + "*"):  # Left by a kill while saving.
+    for stale in directory.glob(_STAGING_PREFIX + "*") if writer else ():  # Left by a kill.
         shutil.rmtree(stale, ignore_errors=True)
     if args.restart and backup_dir.exists():
         print(f"--restart: discarding the backup in {backup_dir}")
-        shutil.rmtree(backup_dir)
+        if writer:
+            shutil.rmtree(backup_dir)
+    if args.restart and num_processes > 1:
+        _fewest(0)  # Every process waits until process 0 has discarded the backup.
 
     # === Inputs: text, preset, vocabulary ===
     files = text_files(args)
@@ -519,17 +549,21 @@ def main(argv=None, callbacks=()):
     print(f"Vocabulary: {len(vocabulary):,} tokens, {vocabulary_source}")
 
     # === Data ===
+    batch_size = args.batch_size // num_processes  # This process' slice of each global batch.
+
     def dataset(length, max_predictions, **kwargs):
         if args.pack:
             return packed_pretraining_dataset(
                 names, tokenizer, sequence_length=length, max_predictions=max_predictions,
-                whole_word_masking=args.whole_word_masking, batch_size=args.batch_size,
-                seed=args.seed, drop_remainder=True,
+                whole_word_masking=args.whole_word_masking, batch_size=batch_size,
+                seed=args.seed, drop_remainder=True, num_processes=num_processes,
+                process_index=process_index,
             )
         return pretraining_dataset(
             names, tokenizer, sequence_length=length, max_predictions=max_predictions,
-            whole_word_masking=args.whole_word_masking, batch_size=args.batch_size,
-            seed=args.seed, drop_remainder=True, **kwargs,
+            whole_word_masking=args.whole_word_masking, batch_size=batch_size,
+            seed=args.seed, drop_remainder=True, num_processes=num_processes,
+            process_index=process_index, **kwargs,
         )
 
     try:
@@ -539,6 +573,8 @@ def main(argv=None, callbacks=()):
         if steps_per_epoch is None:
             print("Counting the batches of one pass over the text (the epoch length) ...")
             steps_per_epoch = stream.count_pass()
+            if num_processes > 1:  # Every process runs as many steps as the shortest share.
+                steps_per_epoch = _fewest(steps_per_epoch)
     except ValueError as error:
         hint = _NO_BATCH if "gives no batch" in str(error) else ""
         raise SystemExit(f"Cannot build pretraining data from {names}: {error} {hint}") from None
@@ -663,7 +699,8 @@ def main(argv=None, callbacks=()):
     model.compile()
     if args.pack:  # An ordinary preset: the packing input is an option of the run, not of the model.
         model = repack(model, packed=False)
-    write_preset(model, tokenizer, preset_path, args.overwrite)
+    if writer:
+        write_preset(model, tokenizer, preset_path, args.overwrite)
     print(f"Wrote the preset {preset_path} (BertBackbone/BertClassifier/BertPretrainer.from_preset)")
     paths = tracking.write_run_report(
         directory,
@@ -690,7 +727,8 @@ def main(argv=None, callbacks=()):
         },
     )
     print("Wrote", *(path for path in paths if path))
-    shutil.rmtree(backup_dir, ignore_errors=True)  # Only now: the preset is safely written.
+    if writer:
+        shutil.rmtree(backup_dir, ignore_errors=True)  # Only now: the preset is safely written.
     return metrics
 
 

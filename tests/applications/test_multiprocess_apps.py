@@ -1,0 +1,205 @@
+"""applications/glue.py and pretrain.py, unchanged, over two local processes (README, "Several
+hosts"): torch under `python -m torch.distributed.run` (torchrun), JAX with Keras'
+`KERAS_DISTRIBUTION_*` variables, TensorFlow with `TF_CONFIG`, on the test session's backend.
+
+Both processes exit 0; a `sitecustomize` audit hook (test-only, on `PYTHONPATH`) records every
+file or folder each process creates, writes, renames or removes under the output folder: process
+1 touched none, process 0 wrote the run's files. The records show one run over the global
+batch (as many steps as one process takes with the same `--batch-size`). Every wait is bounded;
+the processes are killed on failure; ports are free ports of 127.0.0.1.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import keras
+import pytest
+
+from tests.applications.test_finetuning_apps import VOCABULARY, _write_glue
+from tests.applications.test_pretrain import WORDS as PRETRAIN_WORDS
+from tests.applications.test_pretrain import write_text
+from tests.test_case import REPO_ROOT, tiny_backbone_kwargs
+
+BACKEND = keras.backend.backend()
+# Seconds one two-process launch may take before the test kills it (a hang).
+LAUNCH_LIMIT = 300
+
+AUDIT = textwrap.dedent(
+    '''
+    """Test-only: records the files this process writes under $KBERT_AUDIT_ROOT."""
+    import atexit, json, os, sys
+
+    _root = os.path.realpath(os.environ["KBERT_AUDIT_ROOT"])
+    _written = set()
+
+    def _hook(event, arguments):
+        if event == "open" and arguments[0] is not None and not isinstance(arguments[0], int):
+            mode, flags = arguments[1], arguments[2]
+            writing = (mode and any(c in mode for c in "wax+")) or flags & (os.O_WRONLY | os.O_RDWR)
+            paths = [arguments[0]] if writing else []
+        elif event in ("os.mkdir", "os.rename", "os.replace", "os.remove", "os.rmdir"):
+            paths = [a for a in arguments[:2] if isinstance(a, (str, bytes, os.PathLike))]
+        else:
+            return
+        for path in paths:
+            path = os.path.realpath(os.fsdecode(path))
+            if path == _root or path.startswith(_root + os.sep):
+                _written.add(path)
+
+    def _rank():
+        env = os.environ
+        if "RANK" in env:
+            return env["RANK"]
+        if env.get("TF_CONFIG"):
+            return str(json.loads(env["TF_CONFIG"])["task"]["index"])
+        return env.get("KERAS_DISTRIBUTION_PROCESS_ID")  # None: torchrun's agent
+
+    def _report():
+        if _rank() is None:
+            return
+        name = os.path.join(os.environ["KBERT_AUDIT_RECORDS"], "writes_" + _rank() + ".json")
+        with open(name, "w") as f:
+            json.dump(sorted(_written), f)
+
+    sys.addaudithook(_hook)
+    atexit.register(_report)
+    '''
+)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch_commands(script_args):
+    """The README's launch lines for two processes on one machine: [(argv, extra env)]."""
+    script = [sys.executable, *script_args]
+    if BACKEND == "torch":
+        port = _free_port()
+        return [([
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_addr", "127.0.0.1", "--master_port", str(port), *script_args,
+        ], {})]  # fmt: skip
+    if BACKEND == "jax":
+        address = f"127.0.0.1:{_free_port()}"
+        return [
+            (script, {
+                "KERAS_DISTRIBUTION_JOB_ADDRESSES": address,
+                "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+                "KERAS_DISTRIBUTION_PROCESS_ID": str(index),
+            })
+            for index in range(2)
+        ]  # fmt: skip
+    workers = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
+    return [
+        (script, {"TF_CONFIG": json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        )})
+        for index in range(2)
+    ]  # fmt: skip
+
+
+def _run_two_processes(tmp_path, script_args, output):
+    """Runs the application in two processes; returns the paths each one wrote under `output`."""
+    hooks, records = tmp_path / "audit", tmp_path / "records"
+    hooks.mkdir()
+    records.mkdir()
+    (hooks / "sitecustomize.py").write_text(AUDIT)
+    base = dict(os.environ, KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="3")
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG",
+                 "KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
+                 "KERAS_DISTRIBUTION_PROCESS_ID"):
+        base.pop(name, None)
+    base["PYTHONPATH"] = os.pathsep.join(
+        [str(hooks), str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    base.update(KBERT_AUDIT_ROOT=str(output), KBERT_AUDIT_RECORDS=str(records))
+    running = [
+        subprocess.Popen(
+            argv, env=dict(base, **env), cwd=tmp_path, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )
+        for argv, env in _launch_commands(script_args)
+    ]  # fmt: skip
+    deadline = time.monotonic() + LAUNCH_LIMIT
+    outputs = []
+    try:
+        for process in running:
+            out, _ = process.communicate(timeout=max(deadline - time.monotonic(), 1))
+            outputs.append(out)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"The processes ran past {LAUNCH_LIMIT} s (a hang); killed them.")
+    finally:
+        for process in running:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    text = "\n".join(out[-4000:] for out in outputs)
+    assert [p.returncode for p in running] == [0] * len(running), text
+    return [json.loads((records / f"writes_{i}.json").read_text()) for i in range(2)], text
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory):
+    """A tiny kbert preset directory: weights and a vocabulary of both applications' words."""
+    from kbert.models import BertBackbone
+    from kbert.text import BertTokenizer
+
+    folder = tmp_path_factory.mktemp("preset")
+    vocabulary = VOCABULARY + sorted(set(PRETRAIN_WORDS) - set(VOCABULARY))
+    backbone = BertBackbone(**tiny_backbone_kwargs(
+        vocabulary_size=len(vocabulary), num_layers=1, max_sequence_length=64
+    ))  # fmt: skip
+    backbone.save_to_preset(folder)
+    BertTokenizer(vocabulary).save_to_preset(folder)
+    return folder
+
+
+def test_glue_over_two_processes(preset, tmp_path):
+    _write_glue(tmp_path / "data")
+    output = tmp_path / "out"
+    writes, log = _run_two_processes(tmp_path, [
+        str(REPO_ROOT / "applications" / "glue.py"), "--task", "sst2", "--preset", str(preset),
+        "--data-dir", str(tmp_path / "data"), "--epochs", "2", "--batch-size", "8",
+        "--max-length", "16", "--output-dir", str(output),
+    ], output)  # fmt: skip
+    assert writes[1] == [], writes[1]
+    assert str(output / "metrics.json") in writes[0]
+    record = json.loads((output / "metrics.json").read_text())
+    # 24 rows in global batches of 8: 3 steps per epoch, as in one process.
+    assert record["train_steps"] == len(record["step_loss"]) == 6
+    assert len(record["evaluations"]) == 2
+    assert 0.0 <= record["metrics"]["accuracy"] <= 1.0
+    assert (output / "training_curve.png").read_bytes().startswith(b"\x89PNG")
+    assert log.count("GLUE sst2: 24 training examples") == 1  # process 1 prints nothing
+
+
+def test_pretrain_over_two_processes(preset, tmp_path):
+    text = write_text(tmp_path / "corpus.txt")
+    output = tmp_path / "out"
+    writes, log = _run_two_processes(tmp_path, [
+        str(REPO_ROOT / "applications" / "pretrain.py"), "--preset", str(preset),
+        "--train-files", str(text), "--sequence-length", "32", "--max-predictions", "5",
+        "--batch-size", "4", "--epochs", "2", "--steps-per-epoch", "3", "--warmup-steps", "1",
+        "--backup-every", "2", "--output-dir", str(output),
+    ], output)  # fmt: skip
+    assert writes[1] == [], writes[1]
+    assert str(output / "metrics.json") in writes[0]
+    assert any(path.endswith("training_state.npz") for path in writes[0])  # backups
+    assert (output / "preset" / "config.json").is_file()
+    assert not (output / "backup").exists()
+    record = json.loads((output / "metrics.json").read_text())
+    assert record["total_steps"] == len(record["step_loss"]) == 6
+    assert all(value == value for value in record["step_loss"])  # finite, not NaN
+    from kbert.models import BertPretrainer
+    from kbert.text import BertTokenizer
+
+    model = BertPretrainer.from_preset(output / "preset")
+    assert model.backbone.vocabulary_size == len(BertTokenizer.from_preset(preset).vocabulary)
