@@ -1,16 +1,57 @@
-"""Length-aware batching of a tokenized `tf.data.Dataset` (needs TensorFlow).
+"""Length-aware batching of a tokenized `tf.data.Dataset` (`batch_by_length` needs TensorFlow).
 
 `batch_by_length` is the tf.data counterpart of the length batching that the task models'
 `fit`, `evaluate` and `predict` apply to NumPy and raw-text inputs
 (`kbert.models.batching`): rows of similar length share a batch, and each batch is cropped
 to the smallest bucket length that holds its longest row, so a compiling backend sees at most
 `len(bucket_lengths(sequence_length))` sequence lengths (plus one batch size per bucket for
-each bucket's last, shorter batch unless `drop_remainder`).
+each bucket's last, shorter batch unless `drop_remainder`). `bucket_lengths`, the set of
+bucket lengths both use, is NumPy only.
 """
 
-import tensorflow as tf
+import numpy as np
+
+from kbert import _tensorflow
 
 _FEATURES = ("token_ids", "segment_ids", "padding_mask")
+
+
+# Granularity of the buckets when none is given: 16 up to length 128, 32 beyond.
+_SHORT_GRANULARITY = 16
+_LONG_GRANULARITY = 32
+
+
+def _positive_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    return int(value)
+
+
+def bucket_lengths(sequence_length, granularity=None):
+    """The padded lengths batches are cropped to: multiples of `granularity`, then the length.
+
+    Args:
+        sequence_length: int. The packed (longest) length.
+        granularity: int or `None`. Step between buckets. `None` takes 16 for
+            `sequence_length <= 128` and 32 beyond.
+
+    Returns:
+        Sorted tuple of ints ending with `sequence_length`; it has
+        `ceil(sequence_length / granularity)` entries, the bound on the number of sequence
+        lengths a model sees.
+
+    Example:
+    >>> bucket_lengths(128)
+    (16, 32, 48, 64, 80, 96, 112, 128)
+    >>> bucket_lengths(40, granularity=16)
+    (16, 32, 40)
+    """
+    sequence_length = _positive_int(sequence_length, "sequence_length")
+    if granularity is None:
+        granularity = _SHORT_GRANULARITY if sequence_length <= 128 else _LONG_GRANULARITY
+    granularity = _positive_int(granularity, "granularity")
+    steps = range(granularity, sequence_length, granularity)
+    return tuple(steps) + (sequence_length,)
 
 
 def _features_of(element):
@@ -63,8 +104,7 @@ def batch_by_length(
     >>> batches = batch_by_length(dataset.shuffle(10_000), batch_size=32)
     >>> model.fit(batches, epochs=3)
     """
-    from kbert.models.batching import bucket_lengths
-
+    tf = _tensorflow.tensorflow("kbert.data.batch_by_length")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size!r}")
     spec = _features_of(dataset.element_spec)

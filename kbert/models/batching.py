@@ -37,11 +37,9 @@ import math
 import keras
 import numpy as np
 
-from kbert import processes
+from kbert import _tensorflow, processes
+from kbert.data.batching import bucket_lengths
 
-# Granularity of the buckets when none is given: 16 up to length 128, 32 beyond.
-_SHORT_GRANULARITY = 16
-_LONG_GRANULARITY = 32
 # Batches per group in which `plan_batches(shuffle=True)` sorts rows by length (Hugging
 # Face's `LengthGroupedSampler` uses megabatches of 50 batches).
 DEFAULT_GROUP_SIZE = 50
@@ -51,33 +49,6 @@ def _positive_int(value, name):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
     return int(value)
-
-
-def bucket_lengths(sequence_length, granularity=None):
-    """The padded lengths batches are cropped to: multiples of `granularity`, then the length.
-
-    Args:
-        sequence_length: int. The packed (longest) length.
-        granularity: int or `None`. Step between buckets. `None` takes 16 for
-            `sequence_length <= 128` and 32 beyond.
-
-    Returns:
-        Sorted tuple of ints ending with `sequence_length`; it has
-        `ceil(sequence_length / granularity)` entries, the bound on the number of sequence
-        lengths a model sees.
-
-    Example:
-    >>> bucket_lengths(128)
-    (16, 32, 48, 64, 80, 96, 112, 128)
-    >>> bucket_lengths(40, granularity=16)
-    (16, 32, 40)
-    """
-    sequence_length = _positive_int(sequence_length, "sequence_length")
-    if granularity is None:
-        granularity = _SHORT_GRANULARITY if sequence_length <= 128 else _LONG_GRANULARITY
-    granularity = _positive_int(granularity, "granularity")
-    steps = range(granularity, sequence_length, granularity)
-    return tuple(steps) + (sequence_length,)
 
 
 def row_lengths(padding_mask):
@@ -336,7 +307,7 @@ class LengthBatches(keras.utils.PyDataset):
         Each iteration over the dataset after the first starts with a new plan (when
         shuffling), as `on_epoch_end` does for Keras' own `PyDataset` loop.
         """
-        import tensorflow as tf
+        tf = _tensorflow.tensorflow("Length batches as a tf.data.Dataset")
 
         first = self[0]
 

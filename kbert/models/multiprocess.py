@@ -35,7 +35,7 @@ import warnings
 import keras
 import numpy as np
 
-from kbert import processes
+from kbert import _tensorflow, processes
 from kbert._tensorflow import is_dataset
 
 
@@ -146,7 +146,7 @@ class ProcessBatches(keras.utils.PyDataset):
 
 def _tf_distributed(group, data):
     """A TensorFlow strategy's dataset that hands each worker `data` (its own batches) as is."""
-    import tensorflow as tf
+    tf = _tensorflow.tensorflow("Multi-process training on TensorFlow")
 
     if isinstance(data, ProcessBatches):
         batches = data

@@ -18,9 +18,10 @@ known exactly, whatever the normalisation did to the lengths.
 
 import collections
 
-import tensorflow as tf
-
+from kbert import _tensorflow
 from kbert.text import _unicode
+
+tf = _tensorflow.tensorflow("The tokenizer inside a tf.data graph")
 
 PreTokenized = collections.namedtuple(
     "PreTokenized",
