@@ -140,7 +140,7 @@ def main(argv=None):
     batch = max(args.batch_size, 64)
     # Every process scores the whole dev set itself (predict is not split over processes).
     evaluation = tracking.EpochEvaluation(
-        lambda m: score(dev, dev_y, m.predict(dev_x, batch_size=batch, verbose=0))
+        lambda m: score(dev, dev_y, common.predict(m, dev_x, batch_size=batch))
     )
     with common.training_scope():  # Over every process a launcher started, else as is.
         model = BertClassifier.from_preset(
