@@ -24,6 +24,10 @@ run here.
 
 Writes `metrics.json` and `training_curve.png` (training loss, dev metric per epoch against
 the majority-class baseline) to `--output-dir`.
+
+Several processes: the same command under torchrun, `TF_CONFIG` or Keras'
+`KERAS_DISTRIBUTION_*` variables (README, "Several hosts") trains one model over them on the
+global `--batch-size`; every process scores the dev set, process 0 alone prints and writes.
 """
 
 import time

@@ -68,6 +68,11 @@ even when the run was resumed inside it; `train_steps`,
 `train_seconds`, the per-step loss and per-epoch logs of the whole run, resumed parts included)
 and `training_curve.png`. The backup folder is removed once the preset is written.
 
+Several processes: the same command under torchrun, `TF_CONFIG` or Keras'
+`KERAS_DISTRIBUTION_*` variables (README, "Several hosts") trains one model over them; each
+process reads its share of the text and takes its slice of every global `--batch-size`, and
+process 0 alone prints and writes the outputs and backups.
+
 What a run should reach: with no arguments (bert_tiny_en_uncased: 2 layers, hidden 128, 535k
 parameters with the 438-token vocabulary it trains on the demo corpus; 8 epochs of one pass =
 23 steps, so 184 steps of 32 sequences of 128 tokens) the JAX backend measured here a masked-LM
