@@ -173,13 +173,16 @@ def _tf_distributed(group, data):
 class MultiProcessTraining:
     """Mixin of `keras.Model` subclasses: `fit` over the processes of `kbert.distribution`.
 
-    Does nothing in a single process. See the module docstring for what it does in several.
+    The model's own `fit` (the one override, `kbert.models.BertTask.fit`) hands its prepared
+    inputs to `fit_over_processes` instead of `keras.Model.fit`. In a single process that is
+    `keras.Model.fit` itself. See the module docstring for what it does in several.
     """
 
-    def fit(self, x=None, y=None, batch_size=None, **kwargs):
+    def fit_over_processes(self, x=None, y=None, batch_size=None, **kwargs):
+        """`keras.Model.fit` with this process' share of `x` (see the module docstring)."""
         group = processes.process_group()
         if group is None or group.num_processes == 1:
-            return super().fit(x=x, y=y, batch_size=batch_size, **kwargs)
+            return keras.Model.fit(self, x=x, y=y, batch_size=batch_size, **kwargs)
         self._check_multi_process_setup(group)
         if kwargs.get("validation_split"):
             raise ValueError(
@@ -209,8 +212,8 @@ class MultiProcessTraining:
         self._broadcast_weights(group)
         hooks = self._average_gradients(group)
         try:
-            return super().fit(
-                x=x, y=y, sample_weight=sample_weight, shuffle=False, **kwargs
+            return keras.Model.fit(
+                self, x=x, y=y, sample_weight=sample_weight, shuffle=False, **kwargs
             )
         finally:
             for hook in hooks:

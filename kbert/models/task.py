@@ -675,7 +675,7 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
         x, steps_per_epoch = self._plan_schedule(
             x, batch_size, epochs, steps_per_epoch, initial_epoch, validation_split
         )
-        return super().fit(
+        return self.fit_over_processes(
             x=x,
             y=y,
             batch_size=batch_size,
