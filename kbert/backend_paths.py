@@ -68,8 +68,8 @@ def attention_path(compute_dtype, flash_attention, implementation="auto"):
     if flash_attention and implementation in ("plain", "torch_sdpa"):
         raise ValueError(
             f"`flash_attention=True` needs the fused Keras op, but attention_implementation="
-            f"{implementation!r} does not use it. Use attention_implementation=\"auto\" or "
-            "\"fused\" with flash attention."
+            f'{implementation!r} does not use it. Use attention_implementation="auto" or '
+            '"fused" with flash attention.'
         )
     if implementation == "plain":
         return "explicit"
@@ -77,7 +77,7 @@ def attention_path(compute_dtype, flash_attention, implementation="auto"):
         if backend != "torch":
             raise ValueError(
                 'attention_implementation="torch_sdpa" needs the torch backend. Received '
-                f"backend: {backend}. Use \"auto\", \"plain\" or \"fused\"."
+                f'backend: {backend}. Use "auto", "plain" or "fused".'
             )
         return "torch"
     if implementation == "fused":
@@ -132,7 +132,7 @@ def adamw_update(optimizer, grads, variables, learning_rate):
     _eager_torch_adamw_update()(optimizer, grads, variables, learning_rate)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _eager_torch_adamw_update():
     """`_torch_adamw_update` kept out of `torch.compile` (`jit_compile=True`).
 
@@ -147,7 +147,7 @@ def _eager_torch_adamw_update():
     return torch.compiler.disable(_torch_adamw_update)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fused_attention_unsupported(compute_dtype):
     """XLA on CPU has no float16 x float16 -> float32 dot, which the fused JAX path asks for."""
     if compute_dtype != "float16" or keras.backend.backend() != "jax":
@@ -155,7 +155,7 @@ def fused_attention_unsupported(compute_dtype):
     return keras.distribution.list_devices()[0].lower().startswith("cpu")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def flash_unavailable_reason():
     """Why `flash_attention=True` cannot be honoured on this backend and device, or `None`."""
     backend = keras.backend.backend()
@@ -279,7 +279,9 @@ def _build_torch_adamw(optimizer, variables, params):
     """`(torch.optim.AdamW, steps)`: the torch optimizer and the tensor its step counts view."""
     import torch
 
-    fused = TORCH_FUSED_ADAMW and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    fused = TORCH_FUSED_ADAMW and all(
+        p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params
+    )
     fused = fused and len({p.device for p in params}) == 1
     torch_optimizer = torch.optim.AdamW(
         params,
@@ -291,8 +293,14 @@ def _build_torch_adamw(optimizer, variables, params):
         foreach=None if fused else True,
     )
     # The fused kernel reads its step counts on the parameters' device, the foreach form on CPU.
-    steps = torch.zeros(len(params), dtype=torch.float32, device=params[0].device if fused else "cpu")
+    steps = torch.zeros(
+        len(params), dtype=torch.float32, device=params[0].device if fused else "cpu"
+    )
     for position, (variable, param) in enumerate(zip(variables, params)):
         m, v = optimizer.moments(variable)
-        torch_optimizer.state[param] = {"step": steps[position], "exp_avg": m.value, "exp_avg_sq": v.value}
+        torch_optimizer.state[param] = {
+            "step": steps[position],
+            "exp_avg": m.value,
+            "exp_avg_sq": v.value,
+        }
     return torch_optimizer, steps

@@ -124,9 +124,7 @@ class BatchStream:
         tf = _tensorflow.tensorflow("Resumable batches as a tf.data.Dataset")
 
         first = self.get(start)
-        spec = tf.nest.map_structure(
-            lambda a: tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)), first
-        )
+        spec = tf.nest.map_structure(lambda a: tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)), first)
 
         def batches():
             index = start
@@ -229,7 +227,8 @@ class TrainingBackup(keras.callbacks.Callback):
     def __init__(self, backup_dir, save_every=None, settings=None):
         super().__init__()
         if save_every is not None and (
-            not isinstance(save_every, (int, np.integer)) or isinstance(save_every, bool)
+            not isinstance(save_every, (int, np.integer))
+            or isinstance(save_every, bool)
             or save_every < 1
         ):
             raise ValueError(

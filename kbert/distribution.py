@@ -336,8 +336,8 @@ def _environment_settings():
             task = config["task"]
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(
-                "TF_CONFIG must be JSON like {\"cluster\": {\"worker\": [\"host:port\", ...]}, "
-                f"\"task\": {{\"type\": \"worker\", \"index\": i}}}}. "
+                'TF_CONFIG must be JSON like {"cluster": {"worker": ["host:port", ...]}, '
+                f'"task": {{"type": "worker", "index": i}}}}. '
                 f"Received: {env['TF_CONFIG']!r} ({error})"
             ) from None
         if task.get("type", "worker") != "worker" or set(config["cluster"]) != {"worker"}:
@@ -490,8 +490,8 @@ def _start_tensorflow(address, host, port, num_processes, process_id, timeout):
     if not os.environ.get("TF_CONFIG"):
         raise ValueError(
             "On TensorFlow, kbert.distribution.initialize needs TF_CONFIG, which lists every "
-            "worker's address: TF_CONFIG='{\"cluster\": {\"worker\": [\"host0:port\", "
-            "\"host1:port\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}'."
+            'worker\'s address: TF_CONFIG=\'{"cluster": {"worker": ["host0:port", '
+            '"host1:port"]}, "task": {"type": "worker", "index": 0}}\'.'
         )
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,

@@ -75,7 +75,9 @@ def export_saved_model(model, path, preprocessor=None):
     >>> kbert.export.export_saved_model(classifier, "exported")
     """
     _check_exportable(model, "export_saved_model")
-    preprocessor = preprocessor if preprocessor is not None else getattr(model, "preprocessor", None)
+    preprocessor = (
+        preprocessor if preprocessor is not None else getattr(model, "preprocessor", None)
+    )
     if preprocessor is None:
         raise ValueError(
             "export_saved_model needs a preprocessor to put the tokenizer into the SavedModel: "
@@ -109,7 +111,9 @@ def _move_into_place(source, path):
 
 def _export_in_tensorflow_process(model, preprocessor, target, staging):
     """Saves config + weights (LoRA merged by Keras) and rebuilds them on TensorFlow to export."""
-    _export_in_backend_process("tensorflow", model, preprocessor, staging, ["saved_model", str(target)])
+    _export_in_backend_process(
+        "tensorflow", model, preprocessor, staging, ["saved_model", str(target)]
+    )
 
 
 def _export_in_backend_process(backend, model, preprocessor, staging, arguments):
@@ -118,7 +122,9 @@ def _export_in_backend_process(backend, model, preprocessor, staging, arguments)
     if "preprocessor" in config:  # Handed over separately; the rebuilt model needs none.
         config = dict(config, preprocessor=None)
     (staging / "model.json").write_text(
-        json.dumps({"module": type(model).__module__, "class_name": type(model).__name__, "config": config})
+        json.dumps(
+            {"module": type(model).__module__, "class_name": type(model).__name__, "config": config}
+        )
     )
     model.save_weights(staging / "model.weights.h5")
     if preprocessor is not None:
@@ -129,7 +135,12 @@ def _export_in_backend_process(backend, model, preprocessor, staging, arguments)
     environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     result = subprocess.run(
         # Not `-m kbert.export`: `import kbert` imports kbert.export before runpy would run it.
-        [sys.executable, "-c", "import sys; from kbert.export import _main; _main(*sys.argv[1:])", str(staging)]
+        [
+            sys.executable,
+            "-c",
+            "import sys; from kbert.export import _main; _main(*sys.argv[1:])",
+            str(staging),
+        ]
         + arguments,
         env=environment,
         capture_output=True,
@@ -149,7 +160,9 @@ def _rebuild(staging):
     staging = Path(staging)
     spec = json.loads((staging / "model.json").read_text())
     if not spec["module"].startswith("kbert."):  # Only kbert's own model classes are rebuilt.
-        raise ValueError(f"Cannot export a {spec['module']}.{spec['class_name']} through a subprocess")
+        raise ValueError(
+            f"Cannot export a {spec['module']}.{spec['class_name']} through a subprocess"
+        )
     cls = getattr(importlib.import_module(spec["module"]), spec["class_name"])
     model = cls.from_config(spec["config"])
     model.load_weights(staging / "model.weights.h5")
@@ -190,7 +203,9 @@ def _write_saved_model(model, preprocessor, target):
 
     def serve_pairs(text, text_pair):
         tf.debugging.assert_equal(
-            tf.shape(text), tf.shape(text_pair), message="`text` and `text_pair` must have the same size"
+            tf.shape(text),
+            tf.shape(text_pair),
+            message="`text` and `text_pair` must have the same size",
         )
         return outputs_of(packed_of((text, text_pair)))
 
@@ -213,7 +228,9 @@ def _write_saved_model(model, preprocessor, target):
     archive.add_endpoint(
         "serve_ids",
         serve_ids,
-        input_signature=[tf.TensorSpec([None, None], tf.int32, name=name) for name in _PACKED_INPUTS],
+        input_signature=[
+            tf.TensorSpec([None, None], tf.int32, name=name) for name in _PACKED_INPUTS
+        ],
     )
     archive.write_out(str(target), verbose=False)
 

@@ -183,9 +183,7 @@ class MatryoshkaLoss(keras.losses.Loss):
         size = y_pred.shape[-1]
         too_large = [d for d in self.dimensions if size is not None and d > size]
         if too_large:
-            raise ValueError(
-                f"Matryoshka dimensions {too_large} exceed the embedding size {size}."
-            )
+            raise ValueError(f"Matryoshka dimensions {too_large} exceed the embedding size {size}.")
         y_pred = ops.cast(y_pred, "float32")
         total = 0.0
         for dimension, weight in zip(self.dimensions, self.weights):

@@ -89,13 +89,17 @@ def tune_allocator():
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     chosen = [tunable for _, _, tunable in _SETTINGS.values() if tunable in tunables]
     if chosen:
-        _state.update(applied=False, reason=f"GLIBC_TUNABLES sets {', '.join(chosen)}: left as it is")
+        _state.update(
+            applied=False, reason=f"GLIBC_TUNABLES sets {', '.join(chosen)}: left as it is"
+        )
         return dict(_state)
     libc = _glibc()
     if libc is None:
         _state.update(applied=False, reason="not Linux with glibc: nothing to do")
         return dict(_state)
-    failed = [name for name, (param, value, _) in _SETTINGS.items() if libc.mallopt(param, value) != 1]
+    failed = [
+        name for name, (param, value, _) in _SETTINGS.items() if libc.mallopt(param, value) != 1
+    ]
     if failed:
         _state.update(applied=False, reason=f"mallopt refused {', '.join(failed)}")
     else:

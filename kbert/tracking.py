@@ -164,8 +164,7 @@ def write_run_report(
         isinstance(baseline, (tuple, list)) and len(baseline) == 2 and isinstance(baseline[1], dict)
     ):
         raise ValueError(
-            "`baseline` must be a pair (label, {metric: value}). "
-            f"Received: baseline={baseline!r}"
+            f"`baseline` must be a pair (label, {{metric: value}}). Received: baseline={baseline!r}"
         )
     step_loss = [float(v) for v in step_loss]
     evaluations = [dict(e) for e in (evaluations or [])]
@@ -179,7 +178,9 @@ def write_run_report(
         "application": name,
         "backend": keras.backend.backend(),
         "metrics": metrics,
-        "arguments": {k: (list(v) if isinstance(v, tuple) else v) for k, v in (arguments or {}).items()},
+        "arguments": {
+            k: (list(v) if isinstance(v, tuple) else v) for k, v in (arguments or {}).items()
+        },
         "train_steps": len(step_loss),
         "epochs": [dict(e) for e in epoch_logs],
         "step_loss": step_loss,
@@ -198,8 +199,13 @@ def write_run_report(
     curve_path = None
     if plot:
         curve_path = plot_training_curve(
-            directory / "training_curve.png", name, step_loss, evaluations, baseline=baseline,
-            metric_names=list(plot_metrics or scores), evaluation_label=evaluation_label,
+            directory / "training_curve.png",
+            name,
+            step_loss,
+            evaluations,
+            baseline=baseline,
+            metric_names=list(plot_metrics or scores),
+            evaluation_label=evaluation_label,
         )
     return metrics_path, curve_path
 

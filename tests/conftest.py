@@ -57,7 +57,11 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_ignore_collect(collection_path, config):
     """Without TensorFlow, test files that import it are not collected (listed at the end)."""
-    if HAS_TENSORFLOW or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+    if (
+        HAS_TENSORFLOW
+        or collection_path.suffix != ".py"
+        or not collection_path.name.startswith("test_")
+    ):
         return None
     if _TENSORFLOW_IMPORT.search(collection_path.read_text(encoding="utf-8")):
         asked = [os.path.abspath(arg.split("::")[0]) for arg in config.args]

@@ -186,7 +186,6 @@ def test_model_classes_have_no_checkpoint_hooks():
     assert not hooks, f"Model classes with checkpoint-format hooks: {hooks}"
 
 
-
 # ------------------------------------------------------------------------------ module level
 def _resolve(name, modules):
     """The kbert module `name` refers to: itself, or the module that holds the name."""
@@ -264,8 +263,10 @@ def test_module_graph_sees_a_two_module_cycle(tmp_path):
         cycle = find_cycle(module_graph())
     finally:
         PACKAGE_DIR = saved
-    assert cycle in (["kbert.data.a", "kbert.data.b", "kbert.data.a"],
-                     ["kbert.data.b", "kbert.data.a", "kbert.data.b"])
+    assert cycle in (
+        ["kbert.data.a", "kbert.data.b", "kbert.data.a"],
+        ["kbert.data.b", "kbert.data.a", "kbert.data.b"],
+    )
 
 
 def private_name_imports():
@@ -326,5 +327,7 @@ def test_private_name_check_sees_both_spellings(tmp_path):
         found = private_name_imports()
     finally:
         PACKAGE_DIR = saved
-    assert found == [("kbert.data.b", "kbert.data.a", "_secret"),
-                     ("kbert.data.c", "kbert.data.a", "_secret")]
+    assert found == [
+        ("kbert.data.b", "kbert.data.a", "_secret"),
+        ("kbert.data.c", "kbert.data.a", "_secret"),
+    ]

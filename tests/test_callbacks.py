@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import keras
 import numpy as np
@@ -19,8 +18,9 @@ EPOCHS, STEPS_PER_EPOCH = 3, 7
 
 # A tiny model with dropout trained on a stream whose passes (5 batches each) depend only on
 # their index; epochs (7 steps) cross pass boundaries. One thread everywhere.
-TRAINING = textwrap.dedent(
-    """
+TRAINING = (
+    textwrap.dedent(
+        """
     import json, os, sys, time
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
@@ -74,15 +74,26 @@ TRAINING = textwrap.dedent(
     with open(out + ".json", "w") as f:
         json.dump({"epochs": backup.epochs, "step_loss": backup.step_loss}, f)
     """
-).replace("EPOCHS", str(EPOCHS)).replace("STEPS_PER_EPOCH", str(STEPS_PER_EPOCH))
+    )
+    .replace("EPOCHS", str(EPOCHS))
+    .replace("STEPS_PER_EPOCH", str(STEPS_PER_EPOCH))
+)
 
 
 def _run(script, *args, kill_after_steps=None):
-    env = dict(os.environ, OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
-               TF_NUM_INTEROP_THREADS="1", XLA_FLAGS="--xla_cpu_multi_thread_eigen=false")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        TF_NUM_INTRAOP_THREADS="1",
+        TF_NUM_INTEROP_THREADS="1",
+        XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",
+    )
     process = subprocess.Popen(
-        [sys.executable, str(script), *map(str, args)], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=env,
+        [sys.executable, str(script), *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     if kill_after_steps is None:
         out, err = process.communicate(timeout=600)

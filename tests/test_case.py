@@ -79,9 +79,9 @@ def random_backbone_inputs(batch_size=3, sequence_length=12, vocabulary_size=97,
     if pad:
         lengths = np.maximum(2, sequence_length - 3 * np.arange(batch_size))
     padding_mask = (np.arange(sequence_length)[None, :] < lengths[:, None]).astype("int32")
-    segment_ids = ((np.arange(sequence_length)[None, :] >= lengths[:, None] // 2) * padding_mask).astype(
-        "int32"
-    )
+    segment_ids = (
+        (np.arange(sequence_length)[None, :] >= lengths[:, None] // 2) * padding_mask
+    ).astype("int32")
     token_ids = token_ids * padding_mask
     return {"token_ids": token_ids, "segment_ids": segment_ids, "padding_mask": padding_mask}
 
@@ -240,7 +240,10 @@ class TestCase:
         assert dtype_name(result) == expected_output_dtype
         outputs = to_numpy(result)
         if expected_output_shape is not None:
-            assert tuple(outputs.shape) == tuple(expected_output_shape), (outputs.shape, expected_output_shape)
+            assert tuple(outputs.shape) == tuple(expected_output_shape), (
+                outputs.shape,
+                expected_output_shape,
+            )
         assert np.isfinite(outputs).all()
         if expected_num_trainable_weights is not None:
             assert len(layer.trainable_weights) == expected_num_trainable_weights, [
@@ -248,7 +251,9 @@ class TestCase:
             ]
         assert len(layer.non_trainable_weights) == expected_num_non_trainable_weights
         if reference_fn is not None:
-            assert_all_close(outputs, reference_fn(layer, input_data, call_kwargs), atol=atol, rtol=atol)
+            assert_all_close(
+                outputs, reference_fn(layer, input_data, call_kwargs), atol=atol, rtol=atol
+            )
 
         # Config round-trip, directly and through Keras serialization; equal outputs with the weights.
         config = layer.get_config()
@@ -304,7 +309,9 @@ class TestCase:
         # One fit step through the pooled output changes the weights and gives a finite loss.
         model = keras.Model(backbone.input, backbone.output["pooled_output"])
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-        target = np.random.default_rng(0).normal(size=reference["pooled_output"].shape).astype("float32")
+        target = (
+            np.random.default_rng(0).normal(size=reference["pooled_output"].shape).astype("float32")
+        )
         before = values_by_path(backbone)
         loss = model.train_on_batch(input_data, target)
         assert np.isfinite(float(np.asarray(loss).reshape(-1)[0]))
@@ -357,14 +364,27 @@ class TestCase:
         expected = to_numpy(task(input_data))
         if raw_x is not None:
             # `predict` on raw input is the model on the preprocessed input.
-            assert_all_close(task.predict(raw_x, verbose=0), to_numpy(task(preprocess(raw_x))), atol=atol, rtol=atol)
+            assert_all_close(
+                task.predict(raw_x, verbose=0),
+                to_numpy(task(preprocess(raw_x))),
+                atol=atol,
+                rtol=atol,
+            )
         restored = self._check_config_and_keras_file(task, input_data, expected, tmp_path)
         check_variable_lengths(task, input_data, expected, sequence_lengths)
         if restored is not None and getattr(task, "preprocessor", None) is not None:
             # The same tokenizer (a question answerer sets its preprocessor's length itself).
-            assert restored.preprocessor.tokenizer.get_config() == task.preprocessor.tokenizer.get_config()
+            assert (
+                restored.preprocessor.tokenizer.get_config()
+                == task.preprocessor.tokenizer.get_config()
+            )
             if raw_x is not None:
-                assert_all_close(restored.predict(raw_x, verbose=0), task.predict(raw_x, verbose=0), atol=1e-6, rtol=1e-6)
+                assert_all_close(
+                    restored.predict(raw_x, verbose=0),
+                    task.predict(raw_x, verbose=0),
+                    atol=1e-6,
+                    rtol=1e-6,
+                )
 
         if preprocessed_data is not None:
             before = values_by_path(task)
@@ -382,7 +402,16 @@ class TestCase:
         return history
 
     # ----------------------------------------------------------------- presets
-    def run_preset_test(self, model, input_data, tmp_path, cls=None, same_weights=True, atol=0.0, **from_preset_kwargs):
+    def run_preset_test(
+        self,
+        model,
+        input_data,
+        tmp_path,
+        cls=None,
+        same_weights=True,
+        atol=0.0,
+        **from_preset_kwargs,
+    ):
         """`save_to_preset` then `from_preset` gives the same config, weights and outputs.
 
         Args:
@@ -414,8 +443,16 @@ class TestCase:
         return restored
 
     # --------------------------------------------------------------- precision
-    def run_precision_test(self, model_fn, input_data, policies=tuple(LOW_PRECISION), output_dtypes=None,
-                           min_kernel_layers=1, tmp_path=None, fit_data=None):
+    def run_precision_test(
+        self,
+        model_fn,
+        input_data,
+        policies=tuple(LOW_PRECISION),
+        output_dtypes=None,
+        min_kernel_layers=1,
+        tmp_path=None,
+        fit_data=None,
+    ):
         """Mixed-precision checks of the model that `model_fn(policy)` builds.
 
         Every layer that runs in a forward pass and owns a `kernel` or `embeddings` variable
@@ -451,7 +488,9 @@ class TestCase:
                     norms.append((layer, dtypes))
                 elif any(v.name in ("kernel", "embeddings") for v in own):
                     kernel_layers.append((layer, dtypes))
-            assert len(kernel_layers) >= min_kernel_layers, [layer.path for layer, _ in kernel_layers]
+            assert len(kernel_layers) >= min_kernel_layers, [
+                layer.path for layer, _ in kernel_layers
+            ]
             for layer, dtypes in kernel_layers:
                 where = f"{policy}: {layer.path}"
                 assert layer.compute_dtype == low, where
@@ -470,7 +509,11 @@ class TestCase:
                 assert np.isfinite(np.asarray(to_numpy(value), "float32")).all(), (policy, key)
                 if output_dtypes is not None:
                     wanted = output_dtypes if isinstance(output_dtypes, str) else output_dtypes[key]
-                    assert dtype_name(value) == wanted.replace("low", low), (policy, key, dtype_name(value))
+                    assert dtype_name(value) == wanted.replace("low", low), (
+                        policy,
+                        key,
+                        dtype_name(value),
+                    )
 
             config = model.get_config()
             assert type(model).from_config(config).get_config() == config

@@ -34,12 +34,16 @@ def no_transfer_in_steps(monkeypatch):
 
         return guarded
 
-    monkeypatch.setattr(keras.ops, "convert_to_numpy", guard("convert_to_numpy", keras.ops.convert_to_numpy))
+    monkeypatch.setattr(
+        keras.ops, "convert_to_numpy", guard("convert_to_numpy", keras.ops.convert_to_numpy)
+    )
     if keras.config.backend() == "torch":
         import torch
 
         for method in ("item", "numpy", "tolist", "cpu", "__bool__"):
-            monkeypatch.setattr(torch.Tensor, method, guard(f"Tensor.{method}", getattr(torch.Tensor, method)))
+            monkeypatch.setattr(
+                torch.Tensor, method, guard(f"Tensor.{method}", getattr(torch.Tensor, method))
+            )
 
     def watch(model):
         for name in ("train_step", "test_step", "predict_step"):
@@ -91,7 +95,10 @@ def test_pretrainer_steps_do_not_read_back(no_transfer_in_steps):
     inputs = random_backbone_inputs(4, 8)
     positions = np.array([[1, 2], [1, 3], [2, 4], [1, 5]], "int32")
     x = dict(inputs, mask_positions=positions)
-    y = {"mlm": np.take_along_axis(inputs["token_ids"], positions, 1), "nsp": np.array([0, 1, 0, 1])}
+    y = {
+        "mlm": np.take_along_axis(inputs["token_ids"], positions, 1),
+        "nsp": np.array([0, 1, 0, 1]),
+    }
     weights = {"mlm": np.ones((4, 2), "float32"), "nsp": np.ones(4, "float32")}
     _run_all(model, x, y, weights)
     assert no_transfer_in_steps.state["steps"] > 0

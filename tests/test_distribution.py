@@ -153,7 +153,12 @@ def test_layout_map_is_megatron_style():
         "position_embedding/embeddings": (None, "model"),
         "pooler_dense/kernel": ("batch", "model"),
     }
-    replicated = ("layer_norm/gamma", "layer_norm/beta", "attention_output/bias", "output_dense/bias")
+    replicated = (
+        "layer_norm/gamma",
+        "layer_norm/beta",
+        "attention_output/bias",
+        "output_dense/bias",
+    )
     seen = set()
     for variable in backbone.weights:
         layout = layout_map[variable.path]
@@ -179,9 +184,7 @@ def test_layout_map_rejects_meshes_without_the_axes():
         BertBackbone.get_layout_map(_mesh(), "model", "model")
     with pytest.raises(ValueError, match="DeviceMesh"):
         BertBackbone.get_layout_map(("batch", "model"))
-    layout_map = BertBackbone.get_layout_map(
-        _mesh(axis_names=("data", "tensor")), "tensor", "data"
-    )
+    layout_map = BertBackbone.get_layout_map(_mesh(axis_names=("data", "tensor")), "tensor", "data")
     assert tuple(layout_map["transformer_layer_0/output_dense/kernel"].axes) == ("tensor", "data")
 
 
@@ -266,8 +269,7 @@ def test_jax_weights_are_sharded(jax_distributed):
     replicated = jax_distributed["data_parallel_shards"]
     query = "transformer_layer_1/self_attention/query/kernel"
     assert replicated[query] == {"spec": [], "shard_shapes": [[16, 16]], "devices": 8} or (
-        set(replicated[query]["spec"]) <= {None}
-        and replicated[query]["shard_shapes"] == [[16, 16]]
+        set(replicated[query]["spec"]) <= {None} and replicated[query]["shard_shapes"] == [[16, 16]]
     )
     sharded = jax_distributed["model_parallel_shards"]
     expected = {  # mesh (batch=2, model=4): hidden 16, intermediate 32
@@ -318,9 +320,13 @@ print(t.RESULT_PREFIX + json.dumps(result))
 def test_tf_mirrored_strategy_equals_single_device(tmp_path):
     path = str(tmp_path / "reference.npz")
     _save_reference(path)
-    result = _run_python(_TF_WORKER.replace("sys.argv[1]", repr(path)), {"KERAS_BACKEND": "tensorflow"})
+    result = _run_python(
+        _TF_WORKER.replace("sys.argv[1]", repr(path)), {"KERAS_BACKEND": "tensorflow"}
+    )
     assert result["replicas"] == 2
-    assert result["loss"] < 1e-5 and result["weights"] < 1e-5 and result["predictions"] < 1e-5, result
+    assert result["loss"] < 1e-5 and result["weights"] < 1e-5 and result["predictions"] < 1e-5, (
+        result
+    )
 
 
 # === Memory options ===
@@ -401,9 +407,7 @@ def test_gradient_accumulation_equals_a_larger_batch():
     assert difference < 2e-5
     moved = max(np.abs(a - b).max() for a, b in zip(reference["weights"], initial))
     assert moved > 1e-3  # The updates did something.
-    np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(accumulated.optimizer.iterations), 2
-    )
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(accumulated.optimizer.iterations), 2)
 
 
 def test_adam_moves_embedding_rows_by_at_most_the_learning_rate():

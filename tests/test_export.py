@@ -43,7 +43,9 @@ def toy_classifier():
 @pytest.mark.large
 def test_saved_model_answers_raw_strings_without_kbert(tmp_path):
     """Trained (here: LoRA-adapted, adapter randomized) on the current backend, served by plain TF."""
-    pytest.importorskip("tensorflow_text", reason="the SavedModel export and its loader need TensorFlow")
+    pytest.importorskip(
+        "tensorflow_text", reason="the SavedModel export and its loader need TensorFlow"
+    )
     model = toy_classifier()
     model.enable_lora(2)
     rng = np.random.default_rng(0)
@@ -104,7 +106,9 @@ def test_onnx_matches_predict(tmp_path):
     inputs = random_backbone_inputs(batch_size=3, sequence_length=10)
     expected = model.predict(inputs, verbose=0)
     export.export_onnx(model, tmp_path / "model.onnx", batch_size=3, sequence_length=10)
-    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(
+        str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
     names = [i.name for i in session.get_inputs()]
     feed = {}
     for name in names:
@@ -128,7 +132,9 @@ def test_onnx_dynamic_axes_serve_every_batch_size_and_length(tmp_path):
     model = BertTagger(backbone, num_classes=5, dropout=0.0)
     model(random_backbone_inputs(batch_size=2, sequence_length=8))
     export.export_onnx(model, tmp_path / "model.onnx")
-    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(
+        str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
     assert [o.name for o in session.get_outputs()] == ["logits"]
     assert [i.name for i in session.get_inputs()] == ["token_ids", "segment_ids", "padding_mask"]
     outputs = []
@@ -142,4 +148,3 @@ def test_onnx_dynamic_axes_serve_every_batch_size_and_length(tmp_path):
         outputs.append(actual)
     # The rows really differ by length and content (not a constant the export baked in).
     assert not np.allclose(outputs[0][0, :11], outputs[1][0, :11], atol=1e-3)
-

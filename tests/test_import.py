@@ -133,7 +133,7 @@ def _run(script, code):
     return result.stdout.strip().splitlines()[-1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe():
     """One fresh process's report (shared by the tests: each process costs seconds)."""
     return json.loads(_run(PROBE, TOUCH_KBERT))

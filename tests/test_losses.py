@@ -85,8 +85,14 @@ def test_losses_equal_sentence_transformers():
         cls = st_losses.MultipleNegativesRankingLoss
         loss = cls.__new__(cls)
         torch.nn.Module.__init__(loss)
-        defaults = dict(scale=20.0, gather_across_devices=False, directions=("query_to_doc",),
-                        partition_mode="joint", hardness_mode=None, hardness_strength=0.0)
+        defaults = dict(
+            scale=20.0,
+            gather_across_devices=False,
+            directions=("query_to_doc",),
+            partition_mode="joint",
+            hardness_mode=None,
+            hardness_strength=0.0,
+        )
         defaults.update(settings)
         for key, value in defaults.items():
             setattr(loss, key, value)

@@ -13,7 +13,13 @@ from kbert.models import (
     BertQuestionAnswerer,
     BertTagger,
 )
-from tests.test_case import LayerCallRecorder, TestCase, dtype_name, random_backbone_inputs, tiny_backbone_kwargs
+from tests.test_case import (
+    LayerCallRecorder,
+    TestCase,
+    dtype_name,
+    random_backbone_inputs,
+    tiny_backbone_kwargs,
+)
 
 POLICIES = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
 
@@ -32,7 +38,11 @@ PRETRAINER_FIT_DATA = (
 MODELS = {
     # name: (model for a policy, inputs, output dtypes: "low" is the policy's compute dtype)
     "backbone": (_backbone, INPUTS, "low"),
-    "pretrainer": (lambda p: BertPretrainer(_backbone(p)), PRETRAINER_INPUTS, {"mlm": "low", "nsp": "low"}),
+    "pretrainer": (
+        lambda p: BertPretrainer(_backbone(p)),
+        PRETRAINER_INPUTS,
+        {"mlm": "low", "nsp": "low"},
+    ),
     "classifier": (lambda p: BertClassifier(_backbone(p), num_classes=3), INPUTS, "low"),
     "tagger": (lambda p: BertTagger(_backbone(p), num_classes=5), INPUTS, "low"),
     # Span logits are float32 (the -1e9 mask value does not fit float16).
@@ -54,7 +64,9 @@ class TestPrecision(TestCase):
             output_dtypes=output_dtypes,
             min_kernel_layers=12,
             tmp_path=tmp_path if name == "backbone" else None,  # `.keras` once: the rest is config
-            fit_data=PRETRAINER_FIT_DATA if name == "pretrainer" else None,  # loss scaling under float16
+            fit_data=PRETRAINER_FIT_DATA
+            if name == "pretrainer"
+            else None,  # loss scaling under float16
         )
 
     def test_pretrainer_tied_decoder_and_heads_follow_the_backbone_policy(self):

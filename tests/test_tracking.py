@@ -59,7 +59,9 @@ def test_epoch_evaluation_records_the_scores_and_the_step_of_every_epoch():
 def test_epoch_evaluation_rejects_what_is_not_a_function_or_not_scores():
     with pytest.raises(ValueError, match="Received: evaluate=0.5"):
         EpochEvaluation(0.5)
-    with pytest.raises(ValueError, match="must map metric names to numbers. Received: {'f1': 'high'}"):
+    with pytest.raises(
+        ValueError, match="must map metric names to numbers. Received: {'f1': 'high'}"
+    ):
         _frozen_linear_fit([EpochEvaluation(lambda model: {"f1": "high"}, verbose=False)], epochs=1)
 
 
@@ -90,7 +92,10 @@ def test_report_records_the_run_and_adds_the_final_metrics_once(tmp_path):
 
     # Already the last evaluation: not added twice.
     metrics_path, _ = write_run_report(
-        tmp_path / "run", "x", {"accuracy": 0.6}, step_loss=[1.0, 0.9],
+        tmp_path / "run",
+        "x",
+        {"accuracy": 0.6},
+        step_loss=[1.0, 0.9],
         evaluations=[{"step": 2, "accuracy": 0.6}],
     )
     assert json.loads(metrics_path.read_text())["evaluations"] == [{"step": 2, "accuracy": 0.6}]
@@ -102,7 +107,10 @@ def test_curve_is_a_png_of_the_stated_size_drawn_without_changing_matplotlib(tmp
 
     backend = matplotlib.get_backend()
     _, curve_path = write_run_report(
-        tmp_path, "pretrain", {"loss": 3.5}, step_loss=list(np.linspace(7, 3.5, 60)),
+        tmp_path,
+        "pretrain",
+        {"loss": 3.5},
+        step_loss=list(np.linspace(7, 3.5, 60)),
     )
     assert curve_path == tmp_path / "training_curve.png"
     image = matplotlib.image.imread(curve_path)
@@ -111,7 +119,9 @@ def test_curve_is_a_png_of_the_stated_size_drawn_without_changing_matplotlib(tmp
     assert matplotlib.get_backend() == backend  # No pyplot: the user's backend is left alone.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "training_curve.png"]
 
-    path = plot_training_curve(tmp_path / "alone.png", "t", [], evaluations=[{"step": 0, "f1": 0.0}])
+    path = plot_training_curve(
+        tmp_path / "alone.png", "t", [], evaluations=[{"step": 0, "f1": 0.0}]
+    )
     assert path.read_bytes().startswith(b"\x89PNG")
 
 
@@ -127,8 +137,14 @@ def test_a_failed_report_leaves_the_previous_one_whole(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"metrics": [0.5]}, "`metrics` must be a dict of metric name to value. Received: \\[0.5\\]"),
-        ({"baseline": ("chance", 0.0)}, "`baseline` must be a pair .* Received: baseline=\\('chance', 0.0\\)"),
+        (
+            {"metrics": [0.5]},
+            "`metrics` must be a dict of metric name to value. Received: \\[0.5\\]",
+        ),
+        (
+            {"baseline": ("chance", 0.0)},
+            "`baseline` must be a pair .* Received: baseline=\\('chance', 0.0\\)",
+        ),
         ({"evaluations": [{"f1": 0.3}]}, "Every evaluation needs a 'step'. Received: {'f1': 0.3}"),
     ],
 )

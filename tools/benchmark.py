@@ -108,7 +108,10 @@ def _processes(args, cells):
     if keras_frameworks:
         for backend in backends:
             specs.append(
-                (backend, dict(common, family="keras", backend=backend, frameworks=keras_frameworks))
+                (
+                    backend,
+                    dict(common, family="keras", backend=backend, frameworks=keras_frameworks),
+                )
             )
     if "hf" in frameworks:
         specs.append(("torch", dict(common, family="hf", backend="torch", frameworks=["hf"])))
@@ -140,7 +143,9 @@ def run_benchmark(args):
     for round_index in range(args.rounds):
         for backend, spec in specs:
             done += 1
-            name = spec["family"] + ("-compile" if spec["family"] == "hf" and spec["torch_compile"] else "")
+            name = spec["family"] + (
+                "-compile" if spec["family"] == "hf" and spec["torch_compile"] else ""
+            )
             log(f"[{done}/{total}] round {round_index + 1}: {name} on {backend}")
             output = spawn(spec, backend, args.nice, hugepages, args.allocator_tuning == "on")
             records.extend(output["results"])
@@ -321,7 +326,9 @@ def main(argv=None):
             print(f"measured matmul peak {name}: {peak / 1e9:.1f} GFLOP/s")
         if len(peaks) > 1:
             for precision, peak in sorted(common_peaks(peaks).items()):
-                print(f"common matmul peak {precision} (MFU of every row): {peak / 1e9:.1f} GFLOP/s")
+                print(
+                    f"common matmul peak {precision} (MFU of every row): {peak / 1e9:.1f} GFLOP/s"
+                )
         print(format_table(records))
         tiny = args.config == "tiny"
         cells = {

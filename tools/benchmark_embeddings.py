@@ -49,8 +49,10 @@ def main(argv=None):
     questions = questions[: args.questions]
     embedder = BertTextEmbedder.from_preset(preset)
     reference = SentenceTransformer(preset, device="cpu")
-    print(f"backend {keras.backend.backend()}, batch {args.batch_size}, "
-          f"{len(questions)} questions, {len(paragraphs)} paragraphs")
+    print(
+        f"backend {keras.backend.backend()}, batch {args.batch_size}, "
+        f"{len(questions)} questions, {len(paragraphs)} paragraphs"
+    )
     for name, texts in (("questions", questions), ("paragraphs", paragraphs)):
         ours = embedder.encode(texts[: args.batch_size * 2], batch_size=args.batch_size)
         theirs = reference.encode(texts[: args.batch_size * 2], batch_size=args.batch_size)
@@ -63,10 +65,12 @@ def main(argv=None):
             theirs = reference.encode(texts, batch_size=args.batch_size)
             times["sentence-transformers"].append(time.perf_counter() - start)
         rates = {k: len(texts) / min(v) for k, v in times.items()}
-        print(f"{name:>10s}: kbert {rates['kbert']:8.1f}/s, sentence-transformers "
-              f"{rates['sentence-transformers']:8.1f}/s, ratio "
-              f"{rates['kbert'] / rates['sentence-transformers']:.2f}x, "
-              f"max |diff| {float(np.abs(ours - theirs).max()):.1e}")
+        print(
+            f"{name:>10s}: kbert {rates['kbert']:8.1f}/s, sentence-transformers "
+            f"{rates['sentence-transformers']:8.1f}/s, ratio "
+            f"{rates['kbert'] / rates['sentence-transformers']:.2f}x, "
+            f"max |diff| {float(np.abs(ours - theirs).max()):.1e}"
+        )
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ def run_one(mode, args):
     # tools/ is first on sys.path when this file runs as a script (as tools/benchmark.py
     # imports tools/bench/); kbert is the installed package.
     from benchmark_quality import RECIPES, sst2_data
+
     from kbert.models import BertClassifier
 
     recipe = dict(RECIPES["sst2"])
@@ -106,8 +107,12 @@ def plot(rows, path):
         bars = axis.bar(modes, values, color=["tab:gray", "tab:blue"][: len(rows)])
         axis.set_title(title, fontsize=10)
         for bar, value in zip(bars, values):
-            axis.annotate(f"{value:.3g}", (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom")
-    figure.suptitle(f"LoRA vs full fine-tuning, all-MiniLM-L6-v2, SST-2 recipe ({rows[0]['backend']})")
+            axis.annotate(
+                f"{value:.3g}", (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom"
+            )
+    figure.suptitle(
+        f"LoRA vs full fine-tuning, all-MiniLM-L6-v2, SST-2 recipe ({rows[0]['backend']})"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
@@ -118,7 +123,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--lora-learning-rate", type=float, default=1e-3)
-    parser.add_argument("--preset", default=None, help="Hugging Face BERT directory (default: all-MiniLM-L6-v2).")
+    parser.add_argument(
+        "--preset", default=None, help="Hugging Face BERT directory (default: all-MiniLM-L6-v2)."
+    )
     parser.add_argument(
         "--data-dir",
         default=os.environ.get("KBERT_DATA_DIR", str(REPO_ROOT.parent / "shared" / "data")),
@@ -126,7 +133,9 @@ def main(argv=None):
         "else ../shared/data next to the repository.",
     )
     parser.add_argument("--modes", default="full,lora")
-    parser.add_argument("--train-examples", type=int, default=None, help="Smoke runs only (the recipe: 8,000).")
+    parser.add_argument(
+        "--train-examples", type=int, default=None, help="Smoke runs only (the recipe: 8,000)."
+    )
     parser.add_argument("--output", default=str(REPO_ROOT / "benchmarks" / "lora.json"))
     parser.add_argument("--one", choices=("full", "lora"), help=argparse.SUPPRESS)
     parser.add_argument("--plot-only", action="store_true")
@@ -159,7 +168,9 @@ def main(argv=None):
         staging.write_text(json.dumps(rows, indent=2) + "\n")
         os.replace(staging, output)
     rows = json.loads(output.read_text())
-    print("| mode | backend | learning rate | trainable parameters | peak RSS (MiB) | RSS growth in fit (MiB) | SST-2 dev accuracy |")
+    print(
+        "| mode | backend | learning rate | trainable parameters | peak RSS (MiB) | RSS growth in fit (MiB) | SST-2 dev accuracy |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(

@@ -77,8 +77,12 @@ def main(argv=None):
 
     files = args.files or default_files()
     tokenizer = BertTokenizer.from_preset(args.vocab or default_vocab())
-    common = dict(sequence_length=args.sequence_length, max_predictions=args.max_predictions,
-                  batch_size=args.batch_size, seed=args.seed)
+    common = dict(
+        sequence_length=args.sequence_length,
+        max_predictions=args.max_predictions,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
     datasets = {
         "packed": packed_pretraining_dataset(files, tokenizer, **common),
         "pieces": packed_pretraining_dataset(files, tokenizer, pack=False, **common),
@@ -94,19 +98,25 @@ def main(argv=None):
                 continue
             if name != "packed":  # One document per row: the unpacked model, no document ids.
                 x = {k: v for k, v in x.items() if k != "document_ids"}
-            taken.append((
-                {k: v.numpy() for k, v in x.items()},
-                {k: v.numpy() for k, v in y.items()},
-                {k: v.numpy() for k, v in sample_weight.items()},
-            ))
+            taken.append(
+                (
+                    {k: v.numpy() for k, v in x.items()},
+                    {k: v.numpy() for k, v in y.items()},
+                    {k: v.numpy() for k, v in sample_weight.items()},
+                )
+            )
         batches[name] = taken
         padding[name] = 1.0 - real_tokens / slots
-        print(f"{name:>8}: {slots // args.sequence_length} rows of {args.sequence_length} in a "
-              f"pass, {real_tokens:,} real tokens, padding {padding[name]:.2%}")
+        print(
+            f"{name:>8}: {slots // args.sequence_length} rows of {args.sequence_length} in a "
+            f"pass, {real_tokens:,} real tokens, padding {padding[name]:.2%}"
+        )
 
     config = dict(BACKBONE_PRESETS[args.preset]["config"])
-    config.update(vocabulary_size=len(tokenizer.vocabulary), max_sequence_length=max(
-        config["max_sequence_length"], args.sequence_length))
+    config.update(
+        vocabulary_size=len(tokenizer.vocabulary),
+        max_sequence_length=max(config["max_sequence_length"], args.sequence_length),
+    )
     models = {}
     for name in batches:
         keras.utils.set_random_seed(args.seed)
@@ -133,26 +143,33 @@ def main(argv=None):
             totals[name][0] += tokens
             totals[name][1] += seconds
     rates = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
-    step_seconds = {name: seconds / (args.steps * args.rounds)
-                    for name, (_, seconds) in totals.items()}
+    step_seconds = {
+        name: seconds / (args.steps * args.rounds) for name, (_, seconds) in totals.items()
+    }
     for name in batches:
-        print(f"{name:>8}: {rates[name]:,.0f} real tokens/s ({step_seconds[name] * 1000:.0f} ms "
-              f"per step of {args.batch_size} rows)")
+        print(
+            f"{name:>8}: {rates[name]:,.0f} real tokens/s ({step_seconds[name] * 1000:.0f} ms "
+            f"per step of {args.batch_size} rows)"
+        )
     ratio_pieces = rates["packed"] / rates["pieces"]
     ratio_standard = rates["packed"] / rates["standard"]
     print(f"packed / pieces: {ratio_pieces:.2f}x; packed / standard: {ratio_standard:.2f}x")
-    print(json.dumps({
-        "backend": keras.backend.backend(),
-        "preset": args.preset,
-        "sequence_length": args.sequence_length,
-        "batch_size": args.batch_size,
-        "files": files,
-        "padding_fraction": {k: round(v, 4) for k, v in padding.items()},
-        "real_tokens_per_s": {k: round(v) for k, v in rates.items()},
-        "ms_per_step": {k: round(v * 1000, 1) for k, v in step_seconds.items()},
-        "ratio_packed_to_pieces": round(ratio_pieces, 3),
-        "ratio_packed_to_standard": round(ratio_standard, 3),
-    }))
+    print(
+        json.dumps(
+            {
+                "backend": keras.backend.backend(),
+                "preset": args.preset,
+                "sequence_length": args.sequence_length,
+                "batch_size": args.batch_size,
+                "files": files,
+                "padding_fraction": {k: round(v, 4) for k, v in padding.items()},
+                "real_tokens_per_s": {k: round(v) for k, v in rates.items()},
+                "ms_per_step": {k: round(v * 1000, 1) for k, v in step_seconds.items()},
+                "ratio_packed_to_pieces": round(ratio_pieces, 3),
+                "ratio_packed_to_standard": round(ratio_standard, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

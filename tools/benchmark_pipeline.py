@@ -33,7 +33,6 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np
 import tensorflow as tf
 
 DEFAULT_DATA_DIR = Path(
@@ -239,7 +238,9 @@ def bench_tokenizers(args, files, vocabulary):
     import kbert
 
     lines = _corpus_lines(files)
-    batches = [lines[i : i + args.tokenizer_batch] for i in range(0, len(lines), args.tokenizer_batch)]
+    batches = [
+        lines[i : i + args.tokenizer_batch] for i in range(0, len(lines), args.tokenizer_batch)
+    ]
     num_batches = len(batches)
     results, counts = [], {}
 
@@ -281,7 +282,9 @@ def bench_tokenizers(args, files, vocabulary):
     )
     counts["HF BertTokenizerFast"] = items
     results.append(
-        _result("HF BertTokenizerFast", "tokenizer", "tokens", items, wall, cpu, note="Rust, batch call")
+        _result(
+            "HF BertTokenizerFast", "tokenizer", "tokens", items, wall, cpu, note="Rust, batch call"
+        )
     )
     return results, counts
 
@@ -333,23 +336,42 @@ def _chart(results, path):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
-                        help="folder holding wikitext-2-raw/ (default: ../shared/data)")
-    parser.add_argument("--files", nargs="+", default=None,
-                        help="text files to use instead of WikiText-2 valid + test")
-    parser.add_argument("--vocabulary", default=_default_vocabulary(),
-                        help="vocab.txt (default: the all-MiniLM-L6-v2 test package's vocabulary)")
-    parser.add_argument("--out-dir", type=Path, default=Path("runs/benchmark_pipeline"),
-                        help="where the PNG chart, JSON and markdown table go")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help="folder holding wikitext-2-raw/ (default: ../shared/data)",
+    )
+    parser.add_argument(
+        "--files",
+        nargs="+",
+        default=None,
+        help="text files to use instead of WikiText-2 valid + test",
+    )
+    parser.add_argument(
+        "--vocabulary",
+        default=_default_vocabulary(),
+        help="vocab.txt (default: the all-MiniLM-L6-v2 test package's vocabulary)",
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=Path("runs/benchmark_pipeline"),
+        help="where the PNG chart, JSON and markdown table go",
+    )
     parser.add_argument("--sequence-length", type=int, default=128)
     parser.add_argument("--max-predictions", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--tokenizer-batch", type=int, default=256,
-                        help="lines per tokenizer call")
-    parser.add_argument("--seconds", type=float, default=8.0,
-                        help="timed seconds per pipeline measurement")
-    parser.add_argument("--target", type=float, default=5000.0,
-                        help="sequences/s a host must feed (for the many-core estimate)")
+    parser.add_argument("--tokenizer-batch", type=int, default=256, help="lines per tokenizer call")
+    parser.add_argument(
+        "--seconds", type=float, default=8.0, help="timed seconds per pipeline measurement"
+    )
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=5000.0,
+        help="sequences/s a host must feed (for the many-core estimate)",
+    )
     parser.add_argument("--cores", type=int, default=16, help="cores of the host to estimate")
     parser.add_argument("--skip-tokenizers", action="store_true")
     return parser.parse_args(argv)
@@ -372,7 +394,10 @@ def main(argv=None):
         tokenizer_results, counts = bench_tokenizers(args, files, args.vocabulary)
         results += tokenizer_results
 
-    reference = {"pipeline": "keras-hub BertMaskedLMPreprocessor", "tokenizer": "keras-hub BertTokenizer"}
+    reference = {
+        "pipeline": "keras-hub BertMaskedLMPreprocessor",
+        "tokenizer": "keras-hub BertTokenizer",
+    }
     table = _table(results, reference)
     by_name = {r["name"]: r for r in results}
     kbert_rate = by_name["kbert pretraining_dataset"]["per_cpu_s"]

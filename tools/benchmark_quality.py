@@ -58,9 +58,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = Path(os.environ.get("KBERT_DATA_DIR", REPO_ROOT.parent / "shared" / "data"))
 
 RECIPES = {
-    "sst2": dict(train_examples=8000, eval_examples=None, max_length=64, batch_size=32, learning_rate=5e-5),
-    "conll": dict(train_examples=2000, eval_examples=1000, max_length=128, batch_size=16, learning_rate=1e-4),
-    "squad": dict(train_examples=1500, eval_examples=500, max_length=256, batch_size=16, learning_rate=1e-4),
+    "sst2": dict(
+        train_examples=8000, eval_examples=None, max_length=64, batch_size=32, learning_rate=5e-5
+    ),
+    "conll": dict(
+        train_examples=2000, eval_examples=1000, max_length=128, batch_size=16, learning_rate=1e-4
+    ),
+    "squad": dict(
+        train_examples=1500, eval_examples=500, max_length=256, batch_size=16, learning_rate=1e-4
+    ),
 }
 WEIGHT_DECAY = 0.01
 WARMUP_RATIO = 0.1
@@ -112,7 +118,12 @@ def squad_data(data_dir, seed, limit, eval_limit):
     eval_examples = list(evaluation)[:eval_limit]
     keep = {e["id"] for e in eval_examples}
     data = [
-        {**a, "paragraphs": [{**p, "qas": [q for q in p["qas"] if q["id"] in keep]} for p in a["paragraphs"]]}
+        {
+            **a,
+            "paragraphs": [
+                {**p, "qas": [q for q in p["qas"] if q["id"] in keep]} for p in a["paragraphs"]
+            ],
+        }
         for a in evaluation.data
     ]
     return [train[i] for i in order], eval_examples, data
@@ -191,7 +202,9 @@ def run_kbert(task, args, recipe):
 
     from kbert.models import BertClassifier, BertQuestionAnswerer, BertTagger
 
-    training = dict(learning_rate=recipe["learning_rate"], weight_decay=WEIGHT_DECAY, warmup_ratio=WARMUP_RATIO)
+    training = dict(
+        learning_rate=recipe["learning_rate"], weight_decay=WEIGHT_DECAY, warmup_ratio=WARMUP_RATIO
+    )
     common = {}
     if task == "sst2":
         x, y, dev_x, dev_y = sst2_data(args.data_dir, args.seed, recipe["train_examples"])
@@ -209,22 +222,38 @@ def run_kbert(task, args, recipe):
     if task == "conll":
         from kbert.metrics import entity_f1
 
-        train, dev, labels = conll_data(args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"])
+        train, dev, labels = conll_data(
+            args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"]
+        )
         source = _source(task, args, common, num_labels=len(labels))
-        model = BertTagger.from_preset(source, labels=labels, sequence_length=recipe["max_length"], **common)
+        model = BertTagger.from_preset(
+            source, labels=labels, sequence_length=recipe["max_length"], **common
+        )
         model.compile(**training)
         if args.torch_epsilon:
             num_rows = len(model.encode([w for w, _ in train]).sentence_ids)
             _maybe_torch_epsilon(model, args, num_rows, recipe)
         start = time.time()
-        model.fit([w for w, _ in train], [t for _, t in train], batch_size=recipe["batch_size"], epochs=1, shuffle=False)
+        model.fit(
+            [w for w, _ in train],
+            [t for _, t in train],
+            batch_size=recipe["batch_size"],
+            epochs=1,
+            shuffle=False,
+        )
         seconds = time.time() - start
         predicted = model.predict_words([w for w, _ in dev], batch_size=128)
         scores = entity_f1([t for _, t in dev], predicted, scheme="IOB2")
-        return {"entity_f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"]}, seconds
+        return {
+            "entity_f1": scores["f1"],
+            "precision": scores["precision"],
+            "recall": scores["recall"],
+        }, seconds
     from kbert.metrics import squad_scores
 
-    train, eval_examples, data = squad_data(args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"])
+    train, eval_examples, data = squad_data(
+        args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"]
+    )
     source = _source(task, args, common, head_dropout=False)
     model = BertQuestionAnswerer.from_preset(
         source,
@@ -238,7 +267,9 @@ def run_kbert(task, args, recipe):
     features = model.encode(train, labels=True)
     _maybe_torch_epsilon(model, args, len(features), recipe)
     start = time.time()
-    model.fit(features.inputs, features.labels, batch_size=recipe["batch_size"], epochs=1, shuffle=False)
+    model.fit(
+        features.inputs, features.labels, batch_size=recipe["batch_size"], epochs=1, shuffle=False
+    )
     seconds = time.time() - start
     answers = model.predict_answers(eval_examples, batch_size=64)  # context spans, either head
     scores = squad_scores(answers, data)
@@ -254,7 +285,10 @@ def _hf_optimizer(model, num_steps, learning_rate):
     for name, parameter in model.named_parameters():
         (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(parameter)
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}],
+        [
+            {"params": decay, "weight_decay": WEIGHT_DECAY},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
         lr=learning_rate,
         betas=(0.9, 0.999),
         eps=EPSILON,
@@ -282,7 +316,11 @@ def _hf_train(model, batches, learning_rate):
         optimizer.zero_grad()
         running += float(loss)
         if step % 10 == 0 or step == len(batches):
-            print(f"\rstep {step}/{len(batches)} - loss {running / step:.4f} - {time.time() - start:.0f}s", end="", flush=True)
+            print(
+                f"\rstep {step}/{len(batches)} - loss {running / step:.4f} - {time.time() - start:.0f}s",
+                end="",
+                flush=True,
+            )
     print()
     model.eval()
     return time.time() - start
@@ -295,8 +333,12 @@ def _hf_model(task, args, num_labels=None):
 
     model_class = getattr(transformers, HF_TASK_CLASSES[task])
     if args.no_dropout:
-        return model_class.from_pretrained(no_dropout_checkpoint(args.preset, args.seed, task, num_labels))
-    return model_class.from_pretrained(args.preset, **({} if num_labels is None else {"num_labels": num_labels}))
+        return model_class.from_pretrained(
+            no_dropout_checkpoint(args.preset, args.seed, task, num_labels)
+        )
+    return model_class.from_pretrained(
+        args.preset, **({} if num_labels is None else {"num_labels": num_labels})
+    )
 
 
 def _chunks(n, size):
@@ -317,7 +359,13 @@ def run_hf(task, args, recipe):
         model = _hf_model(task, args, num_labels=2)
 
         def encode(texts):
-            return tokenizer(texts, truncation=True, max_length=recipe["max_length"], padding=True, return_tensors="pt")
+            return tokenizer(
+                texts,
+                truncation=True,
+                max_length=recipe["max_length"],
+                padding=True,
+                return_tensors="pt",
+            )
 
         batches = []
         for part in _chunks(len(x), bs):
@@ -335,19 +383,29 @@ def run_hf(task, args, recipe):
         from kbert.data.tagging import encode_tagging, words_from_token_predictions
         from kbert.metrics import entity_f1
 
-        train, dev, labels = conll_data(args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"])
+        train, dev, labels = conll_data(
+            args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"]
+        )
         tokenizer = kbert_tokenizer(args.preset)
         label_to_id = {label: i for i, label in enumerate(labels)}
         features = encode_tagging(
-            [w for w, _ in train], tokenizer, recipe["max_length"], [t for _, t in train], label_to_id
+            [w for w, _ in train],
+            tokenizer,
+            recipe["max_length"],
+            [t for _, t in train],
+            label_to_id,
         )
         model = _hf_model(task, args, num_labels=len(labels))
         hf_labels = np.where(features.sample_weight > 0, features.labels, -100)
         batches = [
             {
                 "input_ids": torch.tensor(features.inputs["token_ids"][part], dtype=torch.long),
-                "token_type_ids": torch.tensor(features.inputs["segment_ids"][part], dtype=torch.long),
-                "attention_mask": torch.tensor(features.inputs["padding_mask"][part], dtype=torch.long),
+                "token_type_ids": torch.tensor(
+                    features.inputs["segment_ids"][part], dtype=torch.long
+                ),
+                "attention_mask": torch.tensor(
+                    features.inputs["padding_mask"][part], dtype=torch.long
+                ),
                 "labels": torch.tensor(hf_labels[part], dtype=torch.long),
             }
             for part in _chunks(len(hf_labels), bs)
@@ -355,18 +413,28 @@ def run_hf(task, args, recipe):
         seconds = _hf_train(model, batches, recipe["learning_rate"])
         dev_features = encode_tagging([w for w, _ in dev], tokenizer, recipe["max_length"])
         logits = _hf_logits(model, dev_features.inputs)["logits"]
-        ids = words_from_token_predictions(logits.argmax(-1), dev_features, fill_value=label_to_id["O"])
+        ids = words_from_token_predictions(
+            logits.argmax(-1), dev_features, fill_value=label_to_id["O"]
+        )
         predicted = [[labels[i] for i in sentence] for sentence in ids]
         scores = entity_f1([t for _, t in dev], predicted, scheme="IOB2")
-        return {"entity_f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"]}, seconds
+        return {
+            "entity_f1": scores["f1"],
+            "precision": scores["precision"],
+            "recall": scores["recall"],
+        }, seconds
 
     from kbert.data.squad import prepare_squad_features
     from kbert.metrics import squad_scores
 
-    train, eval_examples, data = squad_data(args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"])
+    train, eval_examples, data = squad_data(
+        args.data_dir, args.seed, recipe["train_examples"], recipe["eval_examples"]
+    )
     tokenizer = kbert_tokenizer(args.preset)
     window = dict(
-        max_sequence_length=recipe["max_length"], doc_stride=DOC_STRIDE, max_query_length=MAX_QUERY_LENGTH
+        max_sequence_length=recipe["max_length"],
+        doc_stride=DOC_STRIDE,
+        max_query_length=MAX_QUERY_LENGTH,
     )
     features = prepare_squad_features(train, tokenizer, labels=True, **window)
     model = _hf_model(task, args)
@@ -382,7 +450,9 @@ def run_hf(task, args, recipe):
     ]
     seconds = _hf_train(model, batches, recipe["learning_rate"])
     eval_features = prepare_squad_features(eval_examples, tokenizer, **window)
-    answers = _decode_in_context(eval_examples, eval_features, _hf_logits(model, eval_features.inputs))
+    answers = _decode_in_context(
+        eval_examples, eval_features, _hf_logits(model, eval_features.inputs)
+    )
     scores = squad_scores(answers, data)
     return {"exact_match": scores["exact_match"], "f1": scores["f1"]}, seconds
 
@@ -398,8 +468,12 @@ def _decode_in_context(examples, features, logits):
     from kbert.models.question_answerer import ContextSpanLogits
 
     stacked = np.stack([logits["start_logits"], logits["end_logits"]], axis=-1)
-    start, end = ContextSpanLogits()(stacked, features.inputs["segment_ids"], features.inputs["padding_mask"])
-    return decode_squad_predictions(examples, features, keras.ops.convert_to_numpy(start), keras.ops.convert_to_numpy(end))
+    start, end = ContextSpanLogits()(
+        stacked, features.inputs["segment_ids"], features.inputs["padding_mask"]
+    )
+    return decode_squad_predictions(
+        examples, features, keras.ops.convert_to_numpy(start), keras.ops.convert_to_numpy(end)
+    )
 
 
 def _hf_logits(model, inputs, batch_size=64):
@@ -426,7 +500,9 @@ def summary(results_path):
     """Prints every recorded run, then per task x framework x backend the mean over seeds next to HF's."""
     import numpy as np
 
-    rows = [json.loads(line) for line in Path(results_path).read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line) for line in Path(results_path).read_text().splitlines() if line.strip()
+    ]
     print("| task | framework | backend | seed | metric | value | train s |")
     print("| --- | --- | --- | ---: | --- | ---: | ---: |")
     for row in rows:
@@ -441,7 +517,9 @@ def summary(results_path):
         for name, value in row["metrics"].items():
             groups.setdefault(key + (name,), {})[row["seed"]] = value
     print()
-    print("| task | framework | backend | metric | seeds | mean | std | HF mean (same seeds) | difference |")
+    print(
+        "| task | framework | backend | metric | seeds | mean | std | HF mean (same seeds) | difference |"
+    )
     print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |")
     for (task, framework, backend, name), by_seed in groups.items():
         seeds = sorted(by_seed)
@@ -467,13 +545,19 @@ def main(argv=None):
     parser.add_argument("--framework", choices=("kbert", "hf"), default="kbert")
     parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"), default="jax")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--preset", default=None, help="Hugging Face BERT directory (default: all-MiniLM-L6-v2 if installed).")
+    parser.add_argument(
+        "--preset",
+        default=None,
+        help="Hugging Face BERT directory (default: all-MiniLM-L6-v2 if installed).",
+    )
     parser.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
     parser.add_argument("--train-examples", type=int, default=None)
     parser.add_argument("--eval-examples", type=int, default=None)
     parser.add_argument("--results", default=str(REPO_ROOT / "runs" / "quality.jsonl"))
     parser.add_argument(
-        "--torch-epsilon", action="store_true", help="kbert ablation: epsilon added as torch's AdamW adds it."
+        "--torch-epsilon",
+        action="store_true",
+        help="kbert ablation: epsilon added as torch's AdamW adds it.",
     )
     parser.add_argument(
         "--no-dropout",
@@ -485,7 +569,9 @@ def main(argv=None):
         action="store_true",
         help="squad, kbert: context_only=False, HF's unmasked head (loss over every position)",
     )
-    parser.add_argument("--summary", action="store_true", help="Print the recorded results and exit.")
+    parser.add_argument(
+        "--summary", action="store_true", help="Print the recorded results and exit."
+    )
     args = parser.parse_args(argv)
     if args.summary:
         summary(args.results)

@@ -57,10 +57,12 @@ def _load_average():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("files", nargs="+", help="Text files, shards or glob patterns.")
-    parser.add_argument("--vocab", required=True,
-                        help="vocab.txt, or a preset directory/name with a vocabulary.")
-    parser.add_argument("--seconds", type=float, default=60.0,
-                        help="Length of the steady measurement (default 60).")
+    parser.add_argument(
+        "--vocab", required=True, help="vocab.txt, or a preset directory/name with a vocabulary."
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=60.0, help="Length of the steady measurement (default 60)."
+    )
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--sequence-length", type=int, default=128)
     parser.add_argument("--max-predictions", type=int, default=20)
@@ -87,9 +89,14 @@ def main(argv=None):
     load_before = _load_average()
     start, start_cpu = time.perf_counter(), time.process_time()
     dataset = pretraining_dataset(
-        paths, tokenizer, sequence_length=args.sequence_length,
-        max_predictions=args.max_predictions, batch_size=args.batch_size, seed=args.seed,
-        whole_word_masking=args.whole_word_masking, repeat=True,
+        paths,
+        tokenizer,
+        sequence_length=args.sequence_length,
+        max_predictions=args.max_predictions,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        whole_word_masking=args.whole_word_masking,
+        repeat=True,
     )
     iterator = iter(dataset)
     next(iterator)
@@ -117,14 +124,19 @@ def main(argv=None):
     }
     if not args.json:
         print(f"corpus: {result['corpus_mb']} MB in {len(paths)} {result['kind']} file(s)")
-        print(f"first batch:   {result['first_batch_s']} s "
-              f"({result['first_batch_cpu_s']} CPU-seconds)")
-        print(f"steady rate:   {result['steady_sequences_per_s']:,} sequences/s "
-              f"(over {wall:.1f} s)")
+        print(
+            f"first batch:   {result['first_batch_s']} s "
+            f"({result['first_batch_cpu_s']} CPU-seconds)"
+        )
+        print(
+            f"steady rate:   {result['steady_sequences_per_s']:,} sequences/s (over {wall:.1f} s)"
+        )
         print(f"CPU:           {result['sequences_per_cpu_s']:,} sequences per CPU-second")
         print(f"peak RSS:      {result['peak_rss_gb']} GB")
-        print(f"load average:  {load_before} before, {result['load_average_after']} after, "
-              f"{result['cpu_count']} CPUs")
+        print(
+            f"load average:  {load_before} before, {result['load_average_after']} after, "
+            f"{result['cpu_count']} CPUs"
+        )
         for line in goal_lines(result):
             print(line)
     print(json.dumps(result))

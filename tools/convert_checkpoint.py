@@ -132,7 +132,10 @@ def _print_report(report):
     print("  mlm logits relative to max(1, max |reference logit|))")
     if report["reference_note"]:
         print(f"  against source: not computed ({report['reference_note']})")
-    for title, values in (("against source", report["against_source"]), ("round trip", report["round_trip"])):
+    for title, values in (
+        ("against source", report["against_source"]),
+        ("round trip", report["round_trip"]),
+    ):
         for name, value in values.items():
             flag = "ok" if value <= report["tolerance"] else "FAIL"
             print(f"  {title:15s} {name:16s} {value:.3e}  {flag}")

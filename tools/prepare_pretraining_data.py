@@ -16,8 +16,9 @@ import sys
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("files", nargs="+", help="Text files or glob patterns.")
-    parser.add_argument("--vocab", required=True,
-                        help="vocab.txt, or a preset directory/name with a vocabulary.")
+    parser.add_argument(
+        "--vocab", required=True, help="vocab.txt, or a preset directory/name with a vocabulary."
+    )
     parser.add_argument("--output-dir", required=True, help="Folder of the shards.")
     parser.add_argument("--num-shards", type=int, default=8, help="Number of shards (default 8).")
     parser.add_argument("--text-format", default="auto", choices=("auto", "lines", "wikitext"))
@@ -33,7 +34,10 @@ def main(argv=None):
     try:
         tokenizer = BertTokenizer.from_preset(args.vocab, **kwargs)
         return write_pretraining_shards(
-            args.files, tokenizer, args.output_dir, num_shards=args.num_shards,
+            args.files,
+            tokenizer,
+            args.output_dir,
+            num_shards=args.num_shards,
             text_format=args.text_format,
         )
     except (ValueError, FileNotFoundError) as error:

@@ -28,20 +28,25 @@ def parse_args(argv=None):
     parser.add_argument("--vocab-size", type=int, default=30522, help="Target size.")
     casing = parser.add_mutually_exclusive_group()
     casing.add_argument(
-        "--lowercase", dest="lowercase", action="store_true", default=True,
+        "--lowercase",
+        dest="lowercase",
+        action="store_true",
+        default=True,
         help="Uncased vocabulary (default): lower-case and strip accents.",
     )
-    casing.add_argument(
-        "--cased", dest="lowercase", action="store_false", help="Cased vocabulary."
-    )
+    casing.add_argument("--cased", dest="lowercase", action="store_false", help="Cased vocabulary.")
     parser.add_argument(
-        "--strip-accents", choices=["auto", "yes", "no"], default="auto",
+        "--strip-accents",
+        choices=["auto", "yes", "no"],
+        default="auto",
         help="Strip accents; 'auto' strips them iff lower-casing (as the original).",
     )
     parser.add_argument("--min-frequency", type=int, default=2)
     parser.add_argument("--limit-alphabet", type=int, default=1000)
     parser.add_argument(
-        "--reserved", type=int, default=0,
+        "--reserved",
+        type=int,
+        default=0,
         help="Number of [unusedN] tokens reserved after the special tokens.",
     )
     parser.add_argument("--quiet", action="store_true", help="No progress display.")

@@ -123,7 +123,9 @@ def find_variable(variables, path):
 
 def _as_float(array, name, source):
     if array.dtype.kind not in "fiub":
-        raise ValueError(f"{source}: tensor {name!r} has dtype {array.dtype}, expected a number type")
+        raise ValueError(
+            f"{source}: tensor {name!r} has dtype {array.dtype}, expected a number type"
+        )
     return array
 
 
@@ -204,7 +206,10 @@ def assign_checked(
 
     problems = []
     if missing[BACKBONE] or partial_pooler:
-        names = [source.display(e.name) for e in missing[BACKBONE] + (missing[POOLER] if partial_pooler else [])]
+        names = [
+            source.display(e.name)
+            for e in missing[BACKBONE] + (missing[POOLER] if partial_pooler else [])
+        ]
         problems.append(f"missing weights ({len(names)}): {_short_list(names)}")
     if missing[HEAD] and fresh_heads is False:
         names = [source.display(e.name) for e in missing[HEAD]]
@@ -218,7 +223,9 @@ def assign_checked(
             f"for: {_short_list(source.display(n) for n in unexpected)}"
         )
     if mismatched:
-        problems.append(f"weights with the wrong shape ({len(mismatched)}):\n  " + "\n  ".join(mismatched))
+        problems.append(
+            f"weights with the wrong shape ({len(mismatched)}):\n  " + "\n  ".join(mismatched)
+        )
     if problems:
         raise ValueError(
             f"Cannot load {source.description} into {model_name}; nothing was loaded:\n- "
@@ -304,7 +311,9 @@ def head_entries(model, table):
     covered = {id(e.variable) for e in entries}
     for variable in model.weights:
         if id(variable) not in backbone_ids and id(variable) not in covered:
-            entries.append(WeightEntry(f"<no checkpoint name: {variable.path}>", variable, IDENTITY, HEAD))
+            entries.append(
+                WeightEntry(f"<no checkpoint name: {variable.path}>", variable, IDENTITY, HEAD)
+            )
             covered.add(id(variable))
     return entries
 

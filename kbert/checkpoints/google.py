@@ -150,7 +150,9 @@ def open_weights(path):
         try:
             return reader.get_tensor(name)
         except tf.errors.OpError as error:  # A cut .data file fails here.
-            raise ValueError(f"Cannot read {name!r} from {prefix} (damaged file?): {error}") from None
+            raise ValueError(
+                f"Cannot read {name!r} from {prefix} (damaged file?): {error}"
+            ) from None
 
     source = _weights.TensorSource(f"the Google checkpoint {prefix}", shapes, read)
     source.shapes = dict(shapes)

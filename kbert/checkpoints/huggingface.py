@@ -66,7 +66,12 @@ _ACTIVATIONS = {
     "relu": "relu",
     "tanh": "tanh",
 }
-_EXPORT_ACTIVATIONS = {"gelu": "gelu", "gelu_approximate": "gelu_new", "relu": "relu", "tanh": "tanh"}
+_EXPORT_ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_approximate": "gelu_new",
+    "relu": "relu",
+    "tanh": "tanh",
+}
 # Buffers some transformers versions save; they carry no weights.
 _BUFFERS = {"bert.embeddings.position_ids", "bert.embeddings.token_type_ids"}
 _TIED_DECODER = "cls.predictions.decoder.weight"
@@ -198,7 +203,9 @@ def backbone_config_from_huggingface(config, source="config.json"):
     model_type = config.get("model_type")
     architectures = config.get("architectures") or []
     if model_type != "bert" and not (
-        model_type is None and architectures and all(str(a).startswith("Bert") for a in architectures)
+        model_type is None
+        and architectures
+        and all(str(a).startswith("Bert") for a in architectures)
     ):
         raise ValueError(
             f"{source} is not a BERT checkpoint: model_type={model_type!r}, "
@@ -246,7 +253,9 @@ def read_config(path, require_weights=True):
     path = Path(path)
     raw = read_json(path / CONFIG_FILE)
     if not isinstance(raw, dict):
-        raise ValueError(f"{path / CONFIG_FILE} must hold a JSON object. Received: {type(raw).__name__}")
+        raise ValueError(
+            f"{path / CONFIG_FILE} must hold a JSON object. Received: {type(raw).__name__}"
+        )
     backbone_config = backbone_config_from_huggingface(raw, source=str(path / CONFIG_FILE))
     if require_weights:
         _weight_files(path)
@@ -375,7 +384,9 @@ def open_weights(path):
     def display(canonical):
         if canonical in originals:
             return originals[canonical]
-        return canonical if prefixed or not canonical.startswith(PREFIX) else canonical[len(PREFIX) :]
+        return (
+            canonical if prefixed or not canonical.startswith(PREFIX) else canonical[len(PREFIX) :]
+        )
 
     description = f"the Hugging Face checkpoint {path}"
     return _weights.TensorSource(description, arrays, arrays.__getitem__, display)
@@ -453,7 +464,9 @@ def load_weights(model, path, fresh_heads=None):
     consumed = []
     if _MLM_BIAS in names and _MLM_BIAS not in source.names and _MLM_BIAS_ALIAS in source.names:
         entries = [
-            _weights.WeightEntry(_MLM_BIAS_ALIAS, e.variable, e.layout, e.part) if e.name == _MLM_BIAS else e
+            _weights.WeightEntry(_MLM_BIAS_ALIAS, e.variable, e.layout, e.part)
+            if e.name == _MLM_BIAS
+            else e
             for e in entries
         ]
     elif _MLM_BIAS_ALIAS in source.names:

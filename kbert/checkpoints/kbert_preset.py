@@ -133,7 +133,9 @@ def save_preset(model, path, tokenizer=None, include_optimizer=False):
         "class_name": type(model).__name__,
         "backbone": backbone.get_config(),
         "task": None if backbone is model else model.get_config(),
-        "optimizer_state": bool(include_optimizer and getattr(model, "optimizer", None) is not None),
+        "optimizer_state": bool(
+            include_optimizer and getattr(model, "optimizer", None) is not None
+        ),
     }
     if config["task"] is not None:
         config["task"] = dict(config["task"])
@@ -158,7 +160,9 @@ def save_preset(model, path, tokenizer=None, include_optimizer=False):
         settings["tokenizer"] = dict(file_settings)
     with atomic_directory(path, owned_files=OWNED_FILES) as staging:
         (staging / CONFIG_FILE).write_text(config_text)
-        _save_weights(backbone, staging / BACKBONE_WEIGHTS_FILE, include_optimizer and backbone is model)
+        _save_weights(
+            backbone, staging / BACKBONE_WEIGHTS_FILE, include_optimizer and backbone is model
+        )
         if backbone is not model:
             _save_weights(model, staging / TASK_WEIGHTS_FILE, include_optimizer)
         if vocabulary is not None:
@@ -181,11 +185,11 @@ def read_config(path):
         raise ValueError(f"{file} must hold a JSON object. Received: {type(config).__name__}")
     if not isinstance(config.get("backbone"), dict):
         raise ValueError(
-            f"{file} has no \"backbone\" object (the BertBackbone arguments). "
+            f'{file} has no "backbone" object (the BertBackbone arguments). '
             f"Received: backbone={config.get('backbone')!r}"
         )
     if config.get("task") is not None and not isinstance(config["task"], dict):
-        raise ValueError(f"{file}: \"task\" must be an object or null. Received: {config['task']!r}")
+        raise ValueError(f'{file}: "task" must be an object or null. Received: {config["task"]!r}')
     return config
 
 
@@ -236,9 +240,11 @@ def h5_shapes(weights_path, group=""):
         with h5py.File(weights_path, "r") as file:
             root = file[group] if group else file
             root.visititems(
-                lambda name, item: shapes.__setitem__(name, tuple(int(d) for d in item.shape))
-                if isinstance(item, h5py.Dataset)
-                else None
+                lambda name, item: (
+                    shapes.__setitem__(name, tuple(int(d) for d in item.shape))
+                    if isinstance(item, h5py.Dataset)
+                    else None
+                )
             )
     except KeyError:
         return {}
@@ -267,7 +273,9 @@ def check_weights_header(weights_path, backbone_config, group=""):
     for name, shape in _H5_SHAPES.items():
         expected[prefix + name] = shape
     num_layers = backbone_config.get("num_layers")
-    layer_names = {name.split("/")[1] for name in shapes if name.startswith(prefix + "transformer_encoder")}
+    layer_names = {
+        name.split("/")[1] for name in shapes if name.startswith(prefix + "transformer_encoder")
+    }
     problems = []
     if len(layer_names) != num_layers:
         problems.append(
@@ -283,7 +291,9 @@ def check_weights_header(weights_path, backbone_config, group=""):
         if have is None:
             problems.append(f"{name}: missing from the file, expected shape {list(want)}")
         elif have != want:
-            meaning = ", ".join(f"{_SIZE_KEYS[letter]}={sizes[letter]}" for letter in dict.fromkeys(letters))
+            meaning = ", ".join(
+                f"{_SIZE_KEYS[letter]}={sizes[letter]}" for letter in dict.fromkeys(letters)
+            )
             problems.append(
                 f"{name}: shape {list(have)} in the file, expected {list(want)} from the config ({meaning})"
             )
@@ -291,7 +301,8 @@ def check_weights_header(weights_path, backbone_config, group=""):
         shown = problems[:20] + ([f"... ({len(problems) - 20} more)"] if len(problems) > 20 else [])
         raise ValueError(
             f"The weights in {weights_path} do not match the backbone config in "
-            f"{Path(weights_path).parent / CONFIG_FILE}; nothing was loaded:\n  " + "\n  ".join(shown)
+            f"{Path(weights_path).parent / CONFIG_FILE}; nothing was loaded:\n  "
+            + "\n  ".join(shown)
         )
 
 
@@ -328,13 +339,15 @@ def load_kbert_preset(
     path = recover(path)
     config = read_config(path)
     backbone_config = {**config["backbone"], **(backbone_arguments or {})}
-    backbone_class.validate_config(backbone_config, source=f"{path / CONFIG_FILE} \"backbone\"")
+    backbone_class.validate_config(backbone_config, source=f'{path / CONFIG_FILE} "backbone"')
     saved_class = config.get("class_name")
     same_task = saved_class == cls.__name__ and config.get("task") is not None and not fresh_heads
     if load_weights:
         if same_task:
             _require_file(path / TASK_WEIGHTS_FILE)
-            check_weights_header(path / TASK_WEIGHTS_FILE, backbone_config, group="layers/bert_backbone")
+            check_weights_header(
+                path / TASK_WEIGHTS_FILE, backbone_config, group="layers/bert_backbone"
+            )
         else:
             _require_file(path / BACKBONE_WEIGHTS_FILE)
             check_weights_header(path / BACKBONE_WEIGHTS_FILE, backbone_config)
@@ -342,7 +355,9 @@ def load_kbert_preset(
     arguments = dict(model_arguments or {})
     recipe = None
     if same_task:
-        task_config = {k: v for k, v in config["task"].items() if k not in ("name", "trainable", "dtype")}
+        task_config = {
+            k: v for k, v in config["task"].items() if k not in ("name", "trainable", "dtype")
+        }
         if hasattr(cls, "split_training_config"):
             # Presets of earlier releases carry training settings: they become the compile's.
             task_config, recipe = cls.split_training_config(task_config)

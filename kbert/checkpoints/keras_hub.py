@@ -52,7 +52,8 @@ def is_keras_hub_config(config):
 def backbone_fields(raw, source):
     registered = raw.get("registered_name") or f"{raw.get('module')}.{raw.get('class_name')}"
     if registered not in _BERT_NAMES and not (
-        raw.get("class_name") == "BertBackbone" and str(raw.get("module", "")).endswith(".bert.bert_backbone")
+        raw.get("class_name") == "BertBackbone"
+        and str(raw.get("module", "")).endswith(".bert.bert_backbone")
     ):
         raise ValueError(
             f"{source} is not a BERT checkpoint: it holds the keras-hub model {registered!r}. "
@@ -149,9 +150,11 @@ def read_weights_h5(weights_path):
             datasets = sorted(variables.keys(), key=lambda k: int(k) if k.isdigit() else -1)
             if datasets:
                 names = _LAYER_VARIABLES.get(name)
-                if names is None or len(datasets) != len(names) or datasets != [
-                    str(i) for i in range(len(names))
-                ]:
+                if (
+                    names is None
+                    or len(datasets) != len(names)
+                    or datasets != [str(i) for i in range(len(names))]
+                ):
                     raise ValueError(
                         f"{weights_path}: unexpected variables {datasets} in {variables.name} "
                         f"(layer {path!r}). Expected a keras-hub BertBackbone, whose layers "
@@ -197,7 +200,9 @@ def backbone_entries(backbone):
     R = _weights.RESHAPE
 
     def entry(name, kbert_path, layout=_weights.IDENTITY, part=_weights.BACKBONE):
-        return _weights.WeightEntry(name, _weights.find_variable(variables, kbert_path), layout, part)
+        return _weights.WeightEntry(
+            name, _weights.find_variable(variables, kbert_path), layout, part
+        )
 
     entries = [
         entry("token_embedding/embeddings", "embeddings/token_embedding/embeddings"),

@@ -18,7 +18,9 @@ def detect_format(path):
     if not path.exists():
         raise FileNotFoundError(f"No checkpoint directory at {path}")
     if not path.is_dir():
-        raise ValueError(f"A checkpoint source must be a directory or a preset name. Received file: {path}")
+        raise ValueError(
+            f"A checkpoint source must be a directory or a preset name. Received file: {path}"
+        )
     if is_kbert_preset(path):
         return "kbert"
     detected = formats.detect(path)

@@ -41,7 +41,9 @@ def _layer_norm(x, gamma, beta, epsilon=1e-12):
     return (x - mean) / np.sqrt(variance + epsilon) * gamma + beta
 
 
-def google_bert_forward(variables, config, token_ids, segment_ids, padding_mask, mask_positions=None):
+def google_bert_forward(
+    variables, config, token_ids, segment_ids, padding_mask, mask_positions=None
+):
     """Runs Google's BERT on NumPy arrays.
 
     Args:
@@ -78,7 +80,9 @@ def google_bert_forward(variables, config, token_ids, segment_ids, padding_mask,
 
     hidden = x.shape[-1]
     head_dim = hidden // num_heads
-    adder = (1.0 - np.asarray(padding_mask, np.float64))[:, None, None, :] * -10000.0  # (b, 1, 1, k)
+    adder = (1.0 - np.asarray(padding_mask, np.float64))[
+        :, None, None, :
+    ] * -10000.0  # (b, 1, 1, k)
 
     def dense(inputs, scope):
         return inputs @ w(f"{scope}/kernel") + w(f"{scope}/bias")
@@ -116,9 +120,13 @@ def google_bert_forward(variables, config, token_ids, segment_ids, padding_mask,
         gathered = np.take_along_axis(x, positions[:, :, None], axis=1)  # (b, p, hidden)
         t = activation(dense(gathered, "cls/predictions/transform/dense"))
         t = _layer_norm(
-            t, w("cls/predictions/transform/LayerNorm/gamma"), w("cls/predictions/transform/LayerNorm/beta")
+            t,
+            w("cls/predictions/transform/LayerNorm/gamma"),
+            w("cls/predictions/transform/LayerNorm/beta"),
         )
-        outputs["mlm"] = t @ w("bert/embeddings/word_embeddings").T + w("cls/predictions/output_bias")
+        outputs["mlm"] = t @ w("bert/embeddings/word_embeddings").T + w(
+            "cls/predictions/output_bias"
+        )
         outputs["nsp"] = pooled @ w("cls/seq_relationship/output_weights").T + w(
             "cls/seq_relationship/output_bias"
         )

@@ -36,7 +36,10 @@ def sample_inputs(backbone, batch_size=2, sequence_length=16, num_predictions=3,
         token_ids[row, length:] = 0
         segment_ids[row, length:] = 0
     positions = np.stack(
-        [np.sort(rng.choice(n, min(num_predictions, n), replace=False))[:num_predictions] for n in lengths]
+        [
+            np.sort(rng.choice(n, min(num_predictions, n), replace=False))[:num_predictions]
+            for n in lengths
+        ]
     )
     return {
         "token_ids": token_ids.astype("int32"),
@@ -99,7 +102,9 @@ def reference_outputs(source, fmt, inputs, heads=False):
             raise ReferenceUnavailable("keras-hub presets carry no pretraining heads")
         model = _keras_hub_backbone(source)
         outputs = model({k: inputs[k] for k in ("token_ids", "segment_ids", "padding_mask")})
-        return {k: np.asarray(keras.ops.convert_to_numpy(v), np.float64) for k, v in outputs.items()}
+        return {
+            k: np.asarray(keras.ops.convert_to_numpy(v), np.float64) for k, v in outputs.items()
+        }
     raise ReferenceUnavailable(f"no reference implementation for {fmt!r} sources")
 
 
@@ -166,7 +171,9 @@ def max_differences(outputs, reference, padding_mask, relative=RELATIVE_OUTPUTS)
     for name in sorted(set(outputs) & set(reference)):
         actual, expected = np.asarray(outputs[name]), np.asarray(reference[name])
         if actual.shape != expected.shape:
-            raise ValueError(f"{name}: kbert shape {actual.shape} != reference shape {expected.shape}")
+            raise ValueError(
+                f"{name}: kbert shape {actual.shape} != reference shape {expected.shape}"
+            )
         if actual.ndim == 3 and actual.shape[:2] == keep.shape:
             actual, expected = actual[keep], expected[keep]
         difference = float(np.max(np.abs(actual - expected)))

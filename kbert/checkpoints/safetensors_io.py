@@ -62,7 +62,9 @@ def read_safetensors_header(path):
     try:
         header = json.loads(raw_header.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not a valid safetensors file: bad JSON header ({error})") from None
+        raise ValueError(
+            f"{path} is not a valid safetensors file: bad JSON header ({error})"
+        ) from None
     if not isinstance(header, dict):
         raise ValueError(f"{path} is not a valid safetensors file: the header is not a JSON object")
     data_start = 8 + header_size
@@ -134,7 +136,11 @@ def read_safetensors(path, names=None):
         dtype = _DTYPES[info["dtype"]]
         shape = tuple(info["shape"])
         raw = buffer[data_start + begin : data_start + end]
-        array = np.frombuffer(raw, dtype=dtype).reshape(shape) if end > begin else np.zeros(shape, dtype)
+        array = (
+            np.frombuffer(raw, dtype=dtype).reshape(shape)
+            if end > begin
+            else np.zeros(shape, dtype)
+        )
         if info["dtype"] == "BF16":
             array = bfloat16_to_float32(array)
         tensors[name] = array

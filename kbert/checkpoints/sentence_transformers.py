@@ -55,9 +55,7 @@ def is_sentence_transformers_dir(path):
 
 def _module_kind(entry, file):
     if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
-        raise ValueError(
-            f"{file} must list modules as objects with a \"type\". Received: {entry!r}"
-        )
+        raise ValueError(f'{file} must list modules as objects with a "type". Received: {entry!r}')
     kind = entry["type"].rsplit(".", 1)[-1]
     if kind not in _SUPPORTED_MODULES:
         raise ValueError(

@@ -123,9 +123,7 @@ def batch_by_length(
     if sequence_length is None:
         sequence_length = mask_shape[0]
         if sequence_length is None:
-            raise ValueError(
-                "The dataset's sequence length is not static: pass `sequence_length`."
-            )
+            raise ValueError("The dataset's sequence length is not static: pass `sequence_length`.")
     buckets = tf.constant(bucket_lengths(sequence_length, granularity), tf.int64)
 
     def row_length(*element):

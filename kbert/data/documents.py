@@ -70,8 +70,7 @@ def expand_files(files):
         files = list(files)
     except TypeError:
         raise ValueError(
-            "`files` must be a path, a glob pattern or a list of them. "
-            f"Received: files={files!r}"
+            f"`files` must be a path, a glob pattern or a list of them. Received: files={files!r}"
         ) from None
     if not files:
         raise ValueError("`files` must name at least one file. Received: files=[]")
@@ -276,8 +275,19 @@ class DocumentSource:
     one per CPU core (at least 2).
     """
 
-    def __init__(self, paths, kind, tokenizer, text_format, num_processes, process_index,
-                 shuffle, cycle_length=4, chunk_size=2048, num_threads=None):
+    def __init__(
+        self,
+        paths,
+        kind,
+        tokenizer,
+        text_format,
+        num_processes,
+        process_index,
+        shuffle,
+        cycle_length=4,
+        chunk_size=2048,
+        num_threads=None,
+    ):
         self.kind = kind
         self.tokenizer = tokenizer
         self.text_format = text_format
@@ -360,11 +370,13 @@ class DocumentSource:
             offsets = np.r_[0, np.cumsum(lengths)]
             parts = []
             for first, stop in zip(starts, np.r_[starts[1:], len(document_ids)]):
-                parts.append((
-                    int(document_ids[first]),
-                    flat[offsets[first] : offsets[stop]],
-                    lengths[first:stop],
-                ))
+                parts.append(
+                    (
+                        int(document_ids[first]),
+                        flat[offsets[first] : offsets[stop]],
+                        lengths[first:stop],
+                    )
+                )
             return parts
 
         # Eager tokenization in worker threads (TensorFlow ops run outside the GIL), a few

@@ -189,4 +189,3 @@ class DynamicMasker:
             y["nsp"] = nsp_labels
             sample_weight["nsp"] = tf.ones_like(nsp_labels, tf.float32)
         return x, y, sample_weight
-

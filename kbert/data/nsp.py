@@ -109,8 +109,9 @@ class PairGenerator:
         while i < num_sentences:
             # The chunk is sentences i..last: the first ones reaching `target_length` tokens,
             # or the rest of the document.
-            last = min(bisect.bisect_left(bounds, bounds[i] + target_length, i + 1),
-                       num_sentences) - 1
+            last = (
+                min(bisect.bisect_left(bounds, bounds[i] + target_length, i + 1), num_sentences) - 1
+            )
             if not self.nsp:
                 begin, end = bounds[i], bounds[last + 1]
                 removed = end - begin - max_num_tokens
@@ -147,11 +148,13 @@ class PairGenerator:
                 a_begin += front_cut(length_a - kept_a, rng)
             if kept_b < length_b:
                 b_begin += front_cut(length_b - kept_b, rng)
-            out.append((
-                ids[a_begin : a_begin + kept_a],
-                b_ids[b_begin : b_begin + kept_b],
-                is_random_next,
-            ))
+            out.append(
+                (
+                    ids[a_begin : a_begin + kept_a],
+                    b_ids[b_begin : b_begin + kept_b],
+                    is_random_next,
+                )
+            )
 
     def pass_instances(self, pass_index):
         """Yields the instances of one pass in output order (a pure function of seed and pass)."""
@@ -292,4 +295,3 @@ class PairGenerator:
                 )
             if not self.repeat:
                 return
-

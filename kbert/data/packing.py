@@ -63,8 +63,20 @@ def pack_pieces(pieces, sequence_length, packing_buffer):
 class _PackedRowGenerator:
     """Builds the rows of one pass; one call = one pass (a pure function of seed and pass)."""
 
-    def __init__(self, source, sequence_length, pack, packing_buffer, batch_size,
-                 drop_remainder, repeat, seed, cls_id, sep_id, pad_id):
+    def __init__(
+        self,
+        source,
+        sequence_length,
+        pack,
+        packing_buffer,
+        batch_size,
+        drop_remainder,
+        repeat,
+        seed,
+        cls_id,
+        sep_id,
+        pad_id,
+    ):
         self.source = source
         self.sequence_length = sequence_length
         self.pack = pack
@@ -226,9 +238,13 @@ def packed_pretraining_dataset(
         seed=seed,
     )
     check_positive_int("packing_buffer", packing_buffer)
-    for name, value in (("pack", pack), ("shuffle", shuffle), ("repeat", repeat),
-                        ("whole_word_masking", whole_word_masking),
-                        ("drop_remainder", drop_remainder)):
+    for name, value in (
+        ("pack", pack),
+        ("shuffle", shuffle),
+        ("repeat", repeat),
+        ("whole_word_masking", whole_word_masking),
+        ("drop_remainder", drop_remainder),
+    ):
         if not isinstance(value, bool):
             raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
     source, *_ = open_documents(

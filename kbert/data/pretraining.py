@@ -28,7 +28,6 @@ assembles them, and `masked_lm_dataset` is the tail every builder shares (`packi
 rows of several documents instead of pairs and ends with the same tail).
 """
 
-
 from kbert import _tensorflow
 from kbert.data.checks import check_positive_int, check_rate, checked_seed
 from kbert.data.documents import check_tokenizer, open_documents
@@ -208,12 +207,19 @@ def pretraining_dataset(
     check_positive_int("document_buffer", document_buffer)
     check_positive_int("example_buffer", example_buffer)
     source, paths, kind, num_processes, process_index = open_documents(
-        files, tokenizer, text_format, num_processes, process_index, shuffle,
+        files,
+        tokenizer,
+        text_format,
+        num_processes,
+        process_index,
+        shuffle,
         min_documents=2 if nsp else 1,
     )
     if verbose:
-        print(f"Pretraining data: {len(paths)} {kind} file(s), streamed; process "
-              f"{process_index} of {num_processes}.")
+        print(
+            f"Pretraining data: {len(paths)} {kind} file(s), streamed; process "
+            f"{process_index} of {num_processes}."
+        )
 
     generator = PairGenerator(
         source,

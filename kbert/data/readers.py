@@ -35,9 +35,7 @@ class _GlueSpec:
 # Face GLUE processors (note: the `datasets` hub copy orders MNLI differently).
 _GLUE_SPECS = types.MappingProxyType(
     {
-        "cola": _GlueSpec(
-            "CoLA", 3, None, 1, ("0", "1"), ("matthews_corrcoef",), num_columns=4
-        ),
+        "cola": _GlueSpec("CoLA", 3, None, 1, ("0", "1"), ("matthews_corrcoef",), num_columns=4),
         "sst2": _GlueSpec("SST-2", "sentence", None, "label", ("0", "1"), ("accuracy",)),
         "mrpc": _GlueSpec(
             "MRPC", "#1 String", "#2 String", "Quality", ("0", "1"), ("accuracy", "f1")
@@ -46,21 +44,37 @@ _GLUE_SPECS = types.MappingProxyType(
             "QQP", "question1", "question2", "is_duplicate", ("0", "1"), ("accuracy", "f1")
         ),
         "stsb": _GlueSpec(
-            "STS-B", "sentence1", "sentence2", "score", None,
+            "STS-B",
+            "sentence1",
+            "sentence2",
+            "score",
+            None,
             ("pearson_corr", "spearman_corr"),
         ),
         "mnli": _GlueSpec(
-            "MNLI", "sentence1", "sentence2", "gold_label",
-            ("contradiction", "entailment", "neutral"), ("accuracy",),
+            "MNLI",
+            "sentence1",
+            "sentence2",
+            "gold_label",
+            ("contradiction", "entailment", "neutral"),
+            ("accuracy",),
             splits=("train", "dev_matched", "dev_mismatched"),
         ),
         "qnli": _GlueSpec(
-            "QNLI", "question", "sentence", "label",
-            ("entailment", "not_entailment"), ("accuracy",),
+            "QNLI",
+            "question",
+            "sentence",
+            "label",
+            ("entailment", "not_entailment"),
+            ("accuracy",),
         ),
         "rte": _GlueSpec(
-            "RTE", "sentence1", "sentence2", "label",
-            ("entailment", "not_entailment"), ("accuracy",),
+            "RTE",
+            "sentence1",
+            "sentence2",
+            "label",
+            ("entailment", "not_entailment"),
+            ("accuracy",),
         ),
         "wnli": _GlueSpec("WNLI", "sentence1", "sentence2", "label", ("0", "1"), ("accuracy",)),
     }
@@ -107,9 +121,7 @@ class GlueData:
 
     def __getitem__(self, key):
         if key not in ("sentence1", "sentence2", "label"):
-            raise KeyError(
-                f"{key!r}: GlueData keys are 'sentence1', 'sentence2' and 'label'."
-            )
+            raise KeyError(f"{key!r}: GlueData keys are 'sentence1', 'sentence2' and 'label'.")
         return getattr(self, key)
 
     def keys(self):
@@ -135,7 +147,7 @@ def _decode_file(path, encoding):
         line = data.count(b"\n", 0, error.start) + 1
         column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
         raise ValueError(
-            f"{path}:{line}: byte {data[error.start:error.start + 1]!r} at column {column} is not "
+            f"{path}:{line}: byte {data[error.start : error.start + 1]!r} at column {column} is not "
             f"valid {encoding} ({error.reason}). Expected a {encoding} text file; re-encode it, "
             "e.g. with `iconv -f latin1 -t utf-8`."
         ) from None
@@ -151,8 +163,7 @@ def _glue_path(task_spec, split, data_dir):
         if os.path.isfile(path):
             return path
     raise FileNotFoundError(
-        f"No {task_spec.folder} {split} file: looked for {candidates[0]} and "
-        f"{candidates[1]}."
+        f"No {task_spec.folder} {split} file: looked for {candidates[0]} and {candidates[1]}."
     )
 
 
@@ -202,8 +213,7 @@ def read_glue(task, split, data_dir):
     spec = _GLUE_SPECS[name]
     if split not in spec.splits:
         raise ValueError(
-            f"Unknown split {split!r} for GLUE task {name!r}. Expected one of "
-            f"{spec.splits}."
+            f"Unknown split {split!r} for GLUE task {name!r}. Expected one of {spec.splits}."
         )
     path = _glue_path(spec, split, data_dir)
     lines = _read_lines(path, "utf-8-sig")
@@ -215,9 +225,7 @@ def read_glue(task, split, data_dir):
         wanted = [spec.sentence1, spec.sentence2, spec.label]
         missing = [c for c in wanted if c is not None and c not in header]
         if missing:
-            raise ValueError(
-                f"{path}:1: the header lacks the column(s) {missing}. Found: {header}"
-            )
+            raise ValueError(f"{path}:1: the header lacks the column(s) {missing}. Found: {header}")
         index = {c: header.index(c) for c in wanted if c is not None}
         s1_col, s2_col, label_col = (index.get(c) for c in wanted)
         num_columns, first_line, rows = len(header), 2, lines[1:]
@@ -284,9 +292,7 @@ def _split_tag(tag, where):
         return "O", ""
     prefix, hyphen, entity_type = tag.partition("-")
     if not hyphen or prefix not in ("B", "I") or not entity_type:
-        raise ValueError(
-            f"Invalid IOB tag {tag!r}{where}: expected 'O', 'B-TYPE' or 'I-TYPE'."
-        )
+        raise ValueError(f"Invalid IOB tag {tag!r}{where}: expected 'O', 'B-TYPE' or 'I-TYPE'.")
     return prefix, entity_type
 
 
@@ -539,16 +545,13 @@ def read_squad(path_or_dict, version="1.1"):
             )
         data = data["data"]
     if not isinstance(data, list):
-        raise ValueError(
-            f"{source}: expected a list of articles. Received: {type(data).__name__}"
-        )
+        raise ValueError(f"{source}: expected a list of articles. Received: {type(data).__name__}")
 
     examples, misaligned, dropped = [], [], []
     for article_index, article in enumerate(data):
         if not isinstance(article, dict) or "paragraphs" not in article:
             raise ValueError(
-                f"{source}: article {article_index} has no 'paragraphs'; expected "
-                "SQuAD's layout."
+                f"{source}: article {article_index} has no 'paragraphs'; expected SQuAD's layout."
             )
         title = article.get("title", "")
         paragraphs = article["paragraphs"]
@@ -560,7 +563,9 @@ def read_squad(path_or_dict, version="1.1"):
         for paragraph_index, paragraph in enumerate(paragraphs):
             where = f"{source}: article {article_index} ({title!r}), paragraph {paragraph_index}"
             if not isinstance(paragraph, dict):
-                raise ValueError(f"{where}: expected an object with 'context' and 'qas'. Received: {paragraph!r:.80}")
+                raise ValueError(
+                    f"{where}: expected an object with 'context' and 'qas'. Received: {paragraph!r:.80}"
+                )
             missing = [key for key in ("context", "qas") if key not in paragraph]
             if missing:
                 raise ValueError(
@@ -582,17 +587,22 @@ def read_squad(path_or_dict, version="1.1"):
                 impossible = bool(qa.get("is_impossible", False))
                 if impossible and version == "1.1":
                     raise ValueError(
-                        f"{source}: question {qid!r} is marked is_impossible; "
-                        "use version='2.0'."
+                        f"{source}: question {qid!r} is marked is_impossible; use version='2.0'."
                     )
                 answers = []
                 raw_answers = [] if impossible else qa.get("answers", [])
                 if not isinstance(raw_answers, list):
-                    raise ValueError(f"{where}, question {qid!r}: 'answers' must be a list. Received: {raw_answers!r:.80}")
+                    raise ValueError(
+                        f"{where}, question {qid!r}: 'answers' must be a list. Received: {raw_answers!r:.80}"
+                    )
                 for answer in raw_answers:
                     text = answer.get("text") if isinstance(answer, dict) else None
                     start = answer.get("answer_start") if isinstance(answer, dict) else None
-                    if not isinstance(text, str) or isinstance(start, bool) or not isinstance(start, int):
+                    if (
+                        not isinstance(text, str)
+                        or isinstance(start, bool)
+                        or not isinstance(start, int)
+                    ):
                         raise ValueError(
                             f"{where}, question {qid!r}: an answer must be {{'text': str, "
                             f"'answer_start': int}}. Received: {answer!r:.120}"

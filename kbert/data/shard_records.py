@@ -153,8 +153,10 @@ def read_shard_metadata(path):
             "Expected a shard written by tools/prepare_pretraining_data.py."
         ) from None
     if first is None:
-        raise ValueError(f"The shard {path!r} is empty. Expected a shard written by "
-                         "tools/prepare_pretraining_data.py.")
+        raise ValueError(
+            f"The shard {path!r} is empty. Expected a shard written by "
+            "tools/prepare_pretraining_data.py."
+        )
     try:
         example = tf.train.Example.FromString(first)
         value = example.features.feature["kbert_shard"].bytes_list.value[0]

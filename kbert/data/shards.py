@@ -95,6 +95,7 @@ def write_pretraining_shards(
         writer.close()
     if progbar is not None:
         progbar.update(count, finalize=True)
-        print(f"Wrote {count:,} documents, {tokens:,} tokens into {num_shards} shards in "
-              f"{output_dir}")
+        print(
+            f"Wrote {count:,} documents, {tokens:,} tokens into {num_shards} shards in {output_dir}"
+        )
     return targets

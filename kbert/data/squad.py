@@ -112,9 +112,12 @@ def as_squad_examples(examples):
                 "Expected a non-empty question string."
             )
         answers = _field(example, "answers") or []
-        if isinstance(answers, dict):  # {"text": [...], "answer_start": [...]} (HF datasets layout).
+        if isinstance(
+            answers, dict
+        ):  # {"text": [...], "answer_start": [...]} (HF datasets layout).
             answers = [
-                {"text": t, "answer_start": s} for t, s in zip(answers["text"], answers["answer_start"])
+                {"text": t, "answer_start": s}
+                for t, s in zip(answers["text"], answers["answer_start"])
             ]
         answers = [{"text": a["text"], "answer_start": int(a["answer_start"])} for a in answers]
         impossible = bool(_field(example, "is_impossible", False))
@@ -207,7 +210,9 @@ def prepare_squad_features(
         ("max_query_length", max_query_length, 1),
     ):
         if not isinstance(value, (int, np.integer)) or value < minimum:
-            raise ValueError(f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
+            raise ValueError(
+                f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}"
+            )
     examples = as_squad_examples(examples)
     questions = _as_lists(tokenizer.tokenize([e.question for e in examples])) if examples else []
     for example, question_ids in zip(examples, questions):
@@ -399,7 +404,9 @@ def decode_squad_predictions(
             if text in seen:
                 continue
             seen.add(text)
-            nbest.append({"text": text, "score": float(score), "start": char_start, "end": char_end})
+            nbest.append(
+                {"text": text, "score": float(score), "start": char_start, "end": char_end}
+            )
             if len(nbest) >= n_best_size:
                 break
         best = nbest[0] if nbest else None

@@ -61,7 +61,9 @@ def _as_sentences(sentences):
         if isinstance(sentence, str):
             words = sentence.split()
         elif isinstance(sentence, (list, tuple, np.ndarray)):
-            words = [w.decode("utf-8", errors="replace") if isinstance(w, bytes) else w for w in sentence]
+            words = [
+                w.decode("utf-8", errors="replace") if isinstance(w, bytes) else w for w in sentence
+            ]
             bad = [w for w in words if not isinstance(w, str)]
             if bad:
                 raise ValueError(

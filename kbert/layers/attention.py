@@ -10,6 +10,7 @@ from kbert import backend_paths
 from kbert.layers.dropout import HashDropout
 from kbert.layers.utils import clone_initializer
 
+
 @keras.saving.register_keras_serializable(package="kbert")
 class BertSelfAttention(keras.layers.Layer):
     """Multi-head self-attention with query/key/value/output projections, as in BERT.
@@ -182,9 +183,7 @@ class BertSelfAttention(keras.layers.Layer):
                         f"attention dropout {self.dropout} uses the explicit softmax path"
                     )
             if context is None and (dropout_active or self._attention_path == "explicit"):
-                context = self._explicit_attention(
-                    query, key, value, mask, training, dropout_seed
-                )
+                context = self._explicit_attention(query, key, value, mask, training, dropout_seed)
             elif context is None:
                 context = self._fused_attention(query, key, value, mask)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
@@ -201,9 +200,7 @@ class BertSelfAttention(keras.layers.Layer):
                 self._warn_flash_fallback(reason)
         if self.flash_attention and not self._flash_unavailable:
             try:
-                return ops.dot_product_attention(
-                    query, key, value, mask=mask, flash_attention=True
-                )
+                return ops.dot_product_attention(query, key, value, mask=mask, flash_attention=True)
             except (RuntimeError, ValueError, ImportError, NotImplementedError) as error:
                 # The backend refused before computing anything; the same attention
                 # without the flash kernel gives the same numbers.

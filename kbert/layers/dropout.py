@@ -119,5 +119,3 @@ class HashDropout(keras.layers.Dropout):
         config = super().get_config()
         config.pop("noise_shape", None)
         return config
-
-

@@ -73,8 +73,7 @@ def check_integer_dtype(ids, ids_name):
     name = keras.backend.standardize_dtype(dtype)
     if not (name.startswith("int") or name.startswith("uint")):
         raise ValueError(
-            f"`{ids_name}` must be integer ids. Received an array of dtype {name}"
-            + _example(ids)
+            f"`{ids_name}` must be integer ids. Received an array of dtype {name}" + _example(ids)
         )
 
 

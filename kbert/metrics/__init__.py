@@ -14,21 +14,23 @@ on the TensorFlow, JAX and PyTorch backends.
 | SQuAD v1.1 / v2.0   | `squad_scores`                         | -                       |
 """
 
-from kbert.metrics.classification import Accuracy
-from kbert.metrics.classification import F1Score
-from kbert.metrics.classification import MatthewsCorrelation
-from kbert.metrics.classification import accuracy
-from kbert.metrics.classification import f1_score
-from kbert.metrics.classification import matthews_corrcoef
-from kbert.metrics.correlation import PearsonCorrelation
-from kbert.metrics.correlation import SpearmanCorrelation
-from kbert.metrics.correlation import average_ranks
-from kbert.metrics.correlation import pearson_corr
-from kbert.metrics.correlation import spearman_corr
-from kbert.metrics.squad import normalize_answer
-from kbert.metrics.squad import squad_scores
-from kbert.metrics.tagging import entity_f1
-from kbert.metrics.tagging import extract_entities
+from kbert.metrics.classification import (
+    Accuracy,
+    F1Score,
+    MatthewsCorrelation,
+    accuracy,
+    f1_score,
+    matthews_corrcoef,
+)
+from kbert.metrics.correlation import (
+    PearsonCorrelation,
+    SpearmanCorrelation,
+    average_ranks,
+    pearson_corr,
+    spearman_corr,
+)
+from kbert.metrics.squad import normalize_answer, squad_scores
+from kbert.metrics.tagging import entity_f1, extract_entities
 
 __all__ = [
     "Accuracy",

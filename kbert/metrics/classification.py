@@ -106,9 +106,7 @@ def f1_score(y_true, y_pred, average="binary", pos_label=1, labels=None):
     0.5
     """
     if average not in _F1_AVERAGES:
-        raise ValueError(
-            f"`average` must be one of {_F1_AVERAGES}. Received: average={average!r}"
-        )
+        raise ValueError(f"`average` must be one of {_F1_AVERAGES}. Received: average={average!r}")
     y_true, y_pred = _as_label_arrays(y_true, y_pred, "f1_score")
     if average == "binary":
         present = np.unique(np.concatenate([y_true, y_pred]))
@@ -196,8 +194,7 @@ class _ConfusionMatrixMetric(keras.metrics.Metric):
         super().__init__(name=name, dtype=dtype)
         if not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(
-                "`num_classes` must be an integer >= 2. Received: "
-                f"num_classes={num_classes!r}"
+                f"`num_classes` must be an integer >= 2. Received: num_classes={num_classes!r}"
             )
         self.num_classes = num_classes
         self.threshold = threshold
@@ -244,9 +241,7 @@ class _ConfusionMatrixMetric(keras.metrics.Metric):
         y_true = ops.convert_to_tensor(y_true)
         predicted = ops.reshape(self._predicted_labels(y_pred), (-1,))
         true = ops.reshape(ops.cast(y_true, "int32"), (-1,))
-        valid = ops.cast(
-            ops.logical_and(true >= 0, true < self.num_classes), self.dtype
-        )
+        valid = ops.cast(ops.logical_and(true >= 0, true < self.num_classes), self.dtype)
         if sample_weight is not None:
             weight = ops.cast(ops.convert_to_tensor(sample_weight), self.dtype)
             true_shape = ops.shape(y_true)
@@ -302,9 +297,7 @@ class Accuracy(_ConfusionMatrixMetric):
     """
 
     def __init__(self, num_classes=2, threshold=0.5, name="accuracy", dtype=None):
-        super().__init__(
-            num_classes=num_classes, threshold=threshold, name=name, dtype=dtype
-        )
+        super().__init__(num_classes=num_classes, threshold=threshold, name=name, dtype=dtype)
 
     def result(self):
         matrix = ops.convert_to_tensor(self.confusion_matrix)
@@ -358,9 +351,7 @@ class F1Score(_ConfusionMatrixMetric):
                 f"`pos_label` must be a class id in [0, {num_classes}). "
                 f"Received: pos_label={pos_label!r}"
             )
-        super().__init__(
-            num_classes=num_classes, threshold=threshold, name=name, dtype=dtype
-        )
+        super().__init__(num_classes=num_classes, threshold=threshold, name=name, dtype=dtype)
         self.average = average
         self.pos_label = pos_label
 
@@ -401,12 +392,8 @@ class MatthewsCorrelation(_ConfusionMatrixMetric):
     0.6667
     """
 
-    def __init__(
-        self, num_classes=2, threshold=0.5, name="matthews_correlation", dtype=None
-    ):
-        super().__init__(
-            num_classes=num_classes, threshold=threshold, name=name, dtype=dtype
-        )
+    def __init__(self, num_classes=2, threshold=0.5, name="matthews_correlation", dtype=None):
+        super().__init__(num_classes=num_classes, threshold=threshold, name=name, dtype=dtype)
 
     def result(self):
         matrix = ops.convert_to_tensor(self.confusion_matrix)

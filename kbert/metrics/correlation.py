@@ -28,9 +28,7 @@ def _as_pair(x, y, name):
             f"Received: {x.size} and {y.size} values"
         )
     if x.size < 2:
-        raise ValueError(
-            f"`{name}` needs at least 2 values per input. Received: {x.size}"
-        )
+        raise ValueError(f"`{name}` needs at least 2 values per input. Received: {x.size}")
     if np.isnan(x).any() or np.isnan(y).any():
         raise ValueError(f"`{name}` received NaN values; expected finite numbers.")
     return x, y
@@ -178,9 +176,7 @@ class PearsonCorrelation(keras.metrics.Metric):
         if sample_weight is None:
             weight = ops.ones_like(y_true)
         else:
-            weight = ops.reshape(
-                ops.cast(ops.convert_to_tensor(sample_weight), self.dtype), (-1,)
-            )
+            weight = ops.reshape(ops.cast(ops.convert_to_tensor(sample_weight), self.dtype), (-1,))
             weight = ops.broadcast_to(weight, ops.shape(y_true))
         batch_weight = ops.sum(weight)
         batch_mean_true = ops.divide_no_nan(ops.sum(weight * y_true), batch_weight)
@@ -199,9 +195,7 @@ class PearsonCorrelation(keras.metrics.Metric):
         cross = old_weight * batch_fraction  # = old * batch / new
         self.m2_true.assign(self.m2_true + batch_m2_true + delta_true**2 * cross)
         self.m2_pred.assign(self.m2_pred + batch_m2_pred + delta_pred**2 * cross)
-        self.comoment.assign(
-            self.comoment + batch_comoment + delta_true * delta_pred * cross
-        )
+        self.comoment.assign(self.comoment + batch_comoment + delta_true * delta_pred * cross)
         self.mean_true.assign(self.mean_true + delta_true * batch_fraction)
         self.mean_pred.assign(self.mean_pred + delta_pred * batch_fraction)
         self.total_weight.assign(new_weight)
@@ -243,8 +237,7 @@ class SpearmanCorrelation(keras.metrics.Metric):
         super().__init__(name=name, dtype=dtype)
         if not isinstance(capacity, int) or not 2 <= capacity <= 2**24:
             raise ValueError(
-                "`capacity` must be an integer in [2, 2**24]. Received: "
-                f"capacity={capacity!r}"
+                f"`capacity` must be an integer in [2, 2**24]. Received: capacity={capacity!r}"
             )
         self.capacity = capacity
         self.count = self.add_variable(
@@ -275,9 +268,7 @@ class SpearmanCorrelation(keras.metrics.Metric):
         start = ops.cast(self.count, "int32")
         # Past `capacity` the positions are clipped (overwriting the last slot);
         # `count` still grows, and `result()` then reports nan.
-        positions = ops.minimum(
-            start + ops.arange(batch_size, dtype="int32"), self.capacity - 1
-        )
+        positions = ops.minimum(start + ops.arange(batch_size, dtype="int32"), self.capacity - 1)
         positions = ops.expand_dims(positions, axis=-1)  # (batch, 1)
         true_values = ops.convert_to_tensor(self.true_values)
         pred_values = ops.convert_to_tensor(self.pred_values)

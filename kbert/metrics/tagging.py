@@ -33,8 +33,7 @@ def _parse_tag(tag, scheme, position):
     """Splits `tag` into (prefix, type); `O` is ("O", "")."""
     if not isinstance(tag, str):
         raise ValueError(
-            f"Tags must be strings. Received {tag!r} ({type(tag).__name__}) "
-            f"at {position}."
+            f"Tags must be strings. Received {tag!r} ({type(tag).__name__}) at {position}."
         )
     if tag == "O":
         return "O", ""
@@ -79,9 +78,7 @@ def _lenient_chunks(parsed):
     start = None
     prev_prefix, prev_type = "O", ""
     for i, (prefix, entity_type) in enumerate(parsed + [("O", "")]):
-        if start is not None and _chunk_ends(
-            prev_prefix, prefix, prev_type, entity_type
-        ):
+        if start is not None and _chunk_ends(prev_prefix, prefix, prev_type, entity_type):
             chunks.append((start, i, prev_type))
             start = None
         if prefix != "O" and _chunk_starts(prev_prefix, prefix, prev_type, entity_type):
@@ -145,9 +142,7 @@ def extract_entities(tags, scheme="IOB1", mode="conlleval"):
 
 def _check_scheme_and_mode(scheme, mode):
     if scheme not in _SCHEMES:
-        raise ValueError(
-            f"`scheme` must be one of {tuple(_SCHEMES)}. Received: scheme={scheme!r}"
-        )
+        raise ValueError(f"`scheme` must be one of {tuple(_SCHEMES)}. Received: scheme={scheme!r}")
     if mode not in _MODES:
         raise ValueError(f"`mode` must be one of {_MODES}. Received: mode={mode!r}")
     if mode == "strict" and scheme == "IOB1":
@@ -252,9 +247,7 @@ def entity_f1(true_tags, pred_tags, scheme="IOB1", mode="conlleval"):
     correct_count = collections.Counter()
     equal_tokens = 0
     total_tokens = 0
-    for index, (true_sentence, pred_sentence) in enumerate(
-        zip(true_sentences, pred_sentences)
-    ):
+    for index, (true_sentence, pred_sentence) in enumerate(zip(true_sentences, pred_sentences)):
         if len(true_sentence) != len(pred_sentence):
             raise ValueError(
                 f"Sentence {index} has {len(true_sentence)} gold tags but "
@@ -276,9 +269,7 @@ def entity_f1(true_tags, pred_tags, scheme="IOB1", mode="conlleval"):
             pred_chunks = _lenient_chunks(parsed[1])
         true_count.update(chunk[2] for chunk in true_chunks)
         pred_count.update(chunk[2] for chunk in pred_chunks)
-        correct_count.update(
-            chunk[2] for chunk in set(true_chunks).intersection(pred_chunks)
-        )
+        correct_count.update(chunk[2] for chunk in set(true_chunks).intersection(pred_chunks))
         equal_tokens += sum(t == p for t, p in zip(true_sentence, pred_sentence))
         total_tokens += len(true_sentence)
 

@@ -77,9 +77,14 @@ _BACKBONE_ARGUMENTS = _SIZE_ARGUMENTS + (
 
 
 def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool) or (
-        type(value).__module__ == "numpy" and getattr(value, "dtype", None) is not None
-        and value.dtype.kind in "iu"
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        or (
+            type(value).__module__ == "numpy"
+            and getattr(value, "dtype", None) is not None
+            and value.dtype.kind in "iu"
+        )
     )
 
 
@@ -92,8 +97,15 @@ def _host_memory_bytes():
         return None
 
 
-def backbone_parameter_count(vocabulary_size, num_layers, hidden_dim, intermediate_dim,
-                             max_sequence_length=512, num_segments=2, **unused):
+def backbone_parameter_count(
+    vocabulary_size,
+    num_layers,
+    hidden_dim,
+    intermediate_dim,
+    max_sequence_length=512,
+    num_segments=2,
+    **unused,
+):
     """The number of weights of a `BertBackbone` configuration, computed without building it."""
     h, i = hidden_dim, intermediate_dim
     embeddings = (vocabulary_size + max_sequence_length + num_segments) * h + 2 * h
@@ -116,7 +128,9 @@ def validate_backbone_config(config, source=None):
     """
     where = f" (in {source})" if source else ""
     if not isinstance(config, dict):
-        raise ValueError(f"A backbone config must be a dict{where}. Received: {type(config).__name__}")
+        raise ValueError(
+            f"A backbone config must be a dict{where}. Received: {type(config).__name__}"
+        )
     missing = [k for k in _REQUIRED_ARGUMENTS if k not in config]
     if missing:
         raise ValueError(f"The backbone config lacks required arguments {missing}{where}.")
@@ -145,7 +159,9 @@ def validate_backbone_config(config, source=None):
     for name in ("dropout", "attention_dropout"):
         value = config.get(name, 0.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={value!r}{where}")
+            raise ValueError(
+                f"`{name}` must be a number in [0, 1). Received: {name}={value!r}{where}"
+            )
     epsilon = config.get("layer_norm_epsilon", 1e-12)
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
         raise ValueError(
@@ -165,7 +181,9 @@ def validate_backbone_config(config, source=None):
         )
     for name in ("flash_attention",):
         if config.get(name) not in (None, True, False):
-            raise ValueError(f"`{name}` must be None, True or False. Received: {name}={config[name]!r}{where}")
+            raise ValueError(
+                f"`{name}` must be None, True or False. Received: {name}={config[name]!r}{where}"
+            )
     implementation = config.get("attention_implementation", "auto")
     if implementation not in backend_paths.ATTENTION_IMPLEMENTATIONS:
         raise ValueError(
@@ -174,9 +192,13 @@ def validate_backbone_config(config, source=None):
             f"Received: attention_implementation={implementation!r}{where}"
         )
     if not isinstance(config.get("remat", False), bool):
-        raise ValueError(f"`remat` must be True or False. Received: remat={config['remat']!r}{where}")
+        raise ValueError(
+            f"`remat` must be True or False. Received: remat={config['remat']!r}{where}"
+        )
     if not isinstance(config.get("packed", False), bool):
-        raise ValueError(f"`packed` must be True or False. Received: packed={config['packed']!r}{where}")
+        raise ValueError(
+            f"`packed` must be True or False. Received: packed={config['packed']!r}{where}"
+        )
     count = backbone_parameter_count(**{k: config[k] for k in config if k in _SIZE_ARGUMENTS})
     memory = _host_memory_bytes()
     if memory and count * 4 > memory:

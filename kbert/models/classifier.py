@@ -74,14 +74,24 @@ class BertClassifier(BertTask):
         **kwargs,
     ):
         self._check_backbone(backbone, "BertClassifier")
-        if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 1:
+        if (
+            not isinstance(num_classes, (int, np.integer))
+            or isinstance(num_classes, bool)
+            or num_classes < 1
+        ):
             raise ValueError(
                 f"`num_classes` must be a positive integer. Received: num_classes={num_classes!r}"
             )
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, (int, float))
+            or not 0 <= dropout < 1
+        ):
             raise ValueError(f"`dropout` must be a number in [0, 1). Received: dropout={dropout!r}")
         if not isinstance(multi_label, bool):
-            raise ValueError(f"`multi_label` must be True or False. Received: multi_label={multi_label!r}")
+            raise ValueError(
+                f"`multi_label` must be True or False. Received: multi_label={multi_label!r}"
+            )
         num_classes = int(num_classes)
 
         # === Layers ===
@@ -183,7 +193,10 @@ class BertClassifier(BertTask):
     def get_config(self):
         config = super().get_config()
         config.update(
-            {"num_classes": self.num_classes, "dropout": self.dropout, "multi_label": self.multi_label}
+            {
+                "num_classes": self.num_classes,
+                "dropout": self.dropout,
+                "multi_label": self.multi_label,
+            }
         )
         return config
-

@@ -18,8 +18,6 @@ Python generators and `keras.utils.PyDataset` inputs are not checked (their batc
 seen inside Keras' epoch loop); neither are backend tensors that already live on a device.
 """
 
-import keras
-import numpy as np
 
 from kbert import _tensorflow
 from kbert._tensorflow import is_dataset

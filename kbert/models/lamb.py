@@ -97,10 +97,14 @@ class Lamb(keras.optimizers.Optimizer):
         step = ops.cast(self.iterations + 1, dtype)
         position = self._slot_index(variable)
         m, v = self.momentums[position], self.velocities[position]
-        self.assign(m, ops.add(ops.multiply(m, self.beta_1), ops.multiply(gradient, 1 - self.beta_1)))
+        self.assign(
+            m, ops.add(ops.multiply(m, self.beta_1), ops.multiply(gradient, 1 - self.beta_1))
+        )
         self.assign(
             v,
-            ops.add(ops.multiply(v, self.beta_2), ops.multiply(ops.square(gradient), 1 - self.beta_2)),
+            ops.add(
+                ops.multiply(v, self.beta_2), ops.multiply(ops.square(gradient), 1 - self.beta_2)
+            ),
         )
         m_hat = ops.divide(m, 1.0 - ops.power(ops.cast(self.beta_1, dtype), step))
         v_hat = ops.divide(v, 1.0 - ops.power(ops.cast(self.beta_2, dtype), step))
@@ -133,8 +137,9 @@ class Lamb(keras.optimizers.Optimizer):
         return config
 
 
-def lamb_large_batch_settings(batch_size, total_steps=None, base_learning_rate=1e-4,
-                              base_batch_size=256):
+def lamb_large_batch_settings(
+    batch_size, total_steps=None, base_learning_rate=1e-4, base_batch_size=256
+):
     """LAMB settings for large-batch BERT pretraining, after You et al. (2019).
 
     The learning rate follows the paper's untuned square-root scaling rule from BERT's

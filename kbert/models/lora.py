@@ -40,7 +40,12 @@ def _target_layers(backbone, feedforward):
         attention = block.self_attention
         for name, dense in zip(
             ATTENTION_TARGETS,
-            (attention.query_dense, attention.key_dense, attention.value_dense, attention.output_dense),
+            (
+                attention.query_dense,
+                attention.key_dense,
+                attention.value_dense,
+                attention.output_dense,
+            ),
         ):
             layers[f"transformer_layer_{index}/self_attention/{name}"] = dense
         if feedforward:
@@ -65,8 +70,12 @@ def enable_lora(backbone, rank, alpha=None, feedforward=False):
     """
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
         raise ValueError(f"LoRA `rank` must be a positive integer. Received: rank={rank!r}")
-    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0):
-        raise ValueError(f"LoRA `alpha` must be a positive number or None. Received: alpha={alpha!r}")
+    if alpha is not None and (
+        isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0
+    ):
+        raise ValueError(
+            f"LoRA `alpha` must be a positive number or None. Received: alpha={alpha!r}"
+        )
     if lora_layers(backbone):
         raise ValueError(
             "LoRA is already enabled on this model (layers "
@@ -85,7 +94,9 @@ def enable_lora(backbone, rank, alpha=None, feedforward=False):
     rank = int(rank)
     for dense in targets.values():
         dense.enable_lora(rank, lora_alpha=alpha)
-    lora_variables = {id(v) for dense in targets.values() for v in (dense.lora_kernel_a, dense.lora_kernel_b)}
+    lora_variables = {
+        id(v) for dense in targets.values() for v in (dense.lora_kernel_a, dense.lora_kernel_b)
+    }
     for variable in backbone.weights:
         if id(variable) not in lora_variables:
             variable.trainable = False
@@ -117,7 +128,9 @@ def save_lora_weights(backbone, path):
 
     path = Path(path)
     if path.suffix != ".safetensors":
-        raise ValueError(f"LoRA weights are written as a `.safetensors` file. Received: path={str(path)!r}")
+        raise ValueError(
+            f"LoRA weights are written as a `.safetensors` file. Received: path={str(path)!r}"
+        )
     tensors = {
         name: np.ascontiguousarray(keras.ops.convert_to_numpy(variable))
         for name, variable in lora_weights(backbone).items()

@@ -66,7 +66,9 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
                 f"`warmup_steps` must be an integer >= 0 or None. Received: warmup_steps={warmup_steps!r}"
             )
         if not 0 <= warmup_ratio <= 1:
-            raise ValueError(f"`warmup_ratio` must lie in [0, 1]. Received: warmup_ratio={warmup_ratio}")
+            raise ValueError(
+                f"`warmup_ratio` must lie in [0, 1]. Received: warmup_ratio={warmup_ratio}"
+            )
         if total_steps is not None and warmup_steps is None:
             warmup_steps = int(round(total_steps * warmup_ratio))
         if total_steps is not None and warmup_steps > total_steps:
@@ -126,7 +128,9 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
                 "Call `schedule.track(optimizer)` (done by `bert_optimizer`) before `plan`."
             )
         if not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
-            raise ValueError(f"`num_steps` must be a positive integer. Received: num_steps={num_steps!r}")
+            raise ValueError(
+                f"`num_steps` must be a positive integer. Received: num_steps={num_steps!r}"
+            )
         updates = -(-int(num_steps) // self.accumulation_steps)
         self._planned_start.assign(float(start_step))
         self._planned_steps.assign(float(updates))
@@ -150,7 +154,9 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
         if not self.planned:
             if self.accumulation_steps > 1:
                 step = ops.floor_divide(step, self.accumulation_steps)
-            return self._rate(ops.cast(step, "float32"), float(self.total_steps), float(self.warmup_steps))
+            return self._rate(
+                ops.cast(step, "float32"), float(self.total_steps), float(self.warmup_steps)
+            )
         if self._planned_steps is None:
             return peak
         step = ops.cast(step, "float32") - self._planned_start
@@ -255,7 +261,9 @@ class BertAdamW(keras.optimizers.AdamW):
         if var_names:
             if isinstance(var_names, str):
                 var_names = [var_names]
-            self.no_decay_names = self.no_decay_names + [n for n in var_names if n not in self.no_decay_names]
+            self.no_decay_names = self.no_decay_names + [
+                n for n in var_names if n not in self.no_decay_names
+            ]
 
     def get_config(self):
         config = super().get_config()
@@ -268,13 +276,17 @@ class BertAdamW(keras.optimizers.AdamW):
         # Keras' `Optimizer.build` (accumulators, EMA averages, iteration bookkeeping), then this
         # class' own moments. Not `Adam.build`: the moments it makes are private to Keras' Adam.
         keras.optimizers.Optimizer.build(self, var_list)
-        self.momentums, self.velocities = self.add_optimizer_variables(var_list, ["momentum", "velocity"])
+        self.momentums, self.velocities = self.add_optimizer_variables(
+            var_list, ["momentum", "velocity"]
+        )
         self._slot_index = SlotIndex(var_list)
 
     def moments(self, variable):
         """`(m, v)`: the first- and second-moment variables of the trainable `variable`."""
         if self._slot_index is None:
-            raise ValueError("The optimizer has no moments before it is built (by `build` or `apply`).")
+            raise ValueError(
+                "The optimizer has no moments before it is built (by `build` or `apply`)."
+            )
         position = self._slot_index(variable)
         return self.momentums[position], self.velocities[position]
 
@@ -413,7 +425,9 @@ def bert_optimizer(
 
         result = Lamb(**common, exclude_from_weight_decay=NO_DECAY_VARIABLE_NAMES)
     else:
-        raise ValueError(f'`optimizer` must be "adamw" or "lamb". Received: optimizer={optimizer!r}')
+        raise ValueError(
+            f'`optimizer` must be "adamw" or "lamb". Received: optimizer={optimizer!r}'
+        )
     schedule.track(result)
     return result
 

@@ -204,7 +204,9 @@ class PresetMixin:
         >>> pretrainer.save_to_preset("my_bert", tokenizer=tokenizer)
         >>> classifier = BertClassifier.from_preset("my_bert", num_classes=2)
         """
-        checkpoints.save_preset(self, path, tokenizer=tokenizer, include_optimizer=include_optimizer)
+        checkpoints.save_preset(
+            self, path, tokenizer=tokenizer, include_optimizer=include_optimizer
+        )
 
     @classmethod
     def from_backbone(cls, backbone, **kwargs):

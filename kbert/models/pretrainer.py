@@ -87,7 +87,9 @@ class BertPretrainer(BertTask):
                 f"`next_sentence` must be True or False. Received: next_sentence={next_sentence!r}"
             )
         next_sentence_head = (
-            NextSentenceHead(dtype=backbone.dtype_policy, name="nsp_head") if next_sentence else None
+            NextSentenceHead(dtype=backbone.dtype_policy, name="nsp_head")
+            if next_sentence
+            else None
         )
 
         # === Functional model ===
@@ -133,7 +135,9 @@ class BertPretrainer(BertTask):
     def _default_loss(self):
         loss = {"mlm": masked_lm_loss()}
         if self.next_sentence:
-            loss["nsp"] = keras.losses.SparseCategoricalCrossentropy(from_logits=True, name="nsp_loss")
+            loss["nsp"] = keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, name="nsp_loss"
+            )
         return loss
 
     def _default_weighted_metrics(self):

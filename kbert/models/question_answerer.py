@@ -57,7 +57,10 @@ class ContextSpanLogits(keras.layers.Layer):
 
     def compute_output_spec(self, logits, segment_ids, padding_mask):
         shape = tuple(logits.shape[:-1])
-        return (keras.KerasTensor(shape, dtype="float32"), keras.KerasTensor(shape, dtype="float32"))
+        return (
+            keras.KerasTensor(shape, dtype="float32"),
+            keras.KerasTensor(shape, dtype="float32"),
+        )
 
     def get_config(self):
         config = super().get_config()
@@ -227,7 +230,9 @@ class BertQuestionAnswerer(BertTask):
         # === Functional model ===
         inputs = dict(backbone.input)
         sequence = backbone(inputs)["sequence_output"]  # (batch, seq, hidden)
-        start, end = span_logits(span_dense(sequence), inputs["segment_ids"], inputs["padding_mask"])
+        start, end = span_logits(
+            span_dense(sequence), inputs["segment_ids"], inputs["padding_mask"]
+        )
         super().__init__(
             inputs=inputs,
             outputs={"start_logits": start, "end_logits": end},
@@ -266,8 +271,12 @@ class BertQuestionAnswerer(BertTask):
 
     def _default_loss(self):
         return {
-            "start_logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True, name="start_loss"),
-            "end_logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True, name="end_loss"),
+            "start_logits": keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, name="start_loss"
+            ),
+            "end_logits": keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, name="end_loss"
+            ),
         }
 
     def _default_loss_weights(self):
@@ -299,7 +308,9 @@ class BertQuestionAnswerer(BertTask):
     def _examples_from(x, y=None):
         if _is_example_list(x):
             if y is not None:
-                raise ValueError("Give either SQuAD examples (with their answers) or (questions, contexts) and `y`, not both.")
+                raise ValueError(
+                    "Give either SQuAD examples (with their answers) or (questions, contexts) and `y`, not both."
+                )
             return list(x)
         questions, contexts = x
         if isinstance(questions, str):
@@ -332,7 +343,9 @@ class BertQuestionAnswerer(BertTask):
                     f"indices}}. Received: {type(y).__name__}"
                     + (f" with keys {sorted(y)}" if isinstance(y, dict) else "")
                 )
-            length = next(iter(x.values())).shape[1] if isinstance(x, dict) else self.sequence_length
+            length = (
+                next(iter(x.values())).shape[1] if isinstance(x, dict) else self.sequence_length
+            )
             y = {k: np.asarray(v).astype("int32") for k, v in y.items()}
             for key, value in y.items():
                 check_class_ids(value, length, key)
@@ -360,7 +373,9 @@ class BertQuestionAnswerer(BertTask):
         start, end = np.asarray(logits["start_logits"]), np.asarray(logits["end_logits"])
         if not self.context_only:  # n-best candidates from the context only, as with the mask.
             start, end = ContextSpanLogits()(
-                np.stack([start, end], axis=-1), features.inputs["segment_ids"], features.inputs["padding_mask"]
+                np.stack([start, end], axis=-1),
+                features.inputs["segment_ids"],
+                features.inputs["padding_mask"],
             )
             start, end = keras.ops.convert_to_numpy(start), keras.ops.convert_to_numpy(end)
         return decode_squad_predictions(

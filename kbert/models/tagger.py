@@ -93,17 +93,27 @@ class BertTagger(BertTask):
                     "`num_classes` must equal the number of `labels`. "
                     f"Received: num_classes={num_classes}, {len(labels)} labels"
                 )
-        if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 1:
+        if (
+            not isinstance(num_classes, (int, np.integer))
+            or isinstance(num_classes, bool)
+            or num_classes < 1
+        ):
             raise ValueError(
                 "`num_classes` must be a positive integer (or give `labels`). "
                 f"Received: num_classes={num_classes!r}"
             )
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, (int, float))
+            or not 0 <= dropout < 1
+        ):
             raise ValueError(f"`dropout` must be a number in [0, 1). Received: dropout={dropout!r}")
         num_classes = int(num_classes)
 
         # === Layers ===
-        output_dropout = keras.layers.Dropout(dropout, dtype=backbone.dtype_policy, name="classifier_dropout")
+        output_dropout = keras.layers.Dropout(
+            dropout, dtype=backbone.dtype_policy, name="classifier_dropout"
+        )
         output_dense = keras.layers.Dense(
             num_classes,
             kernel_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
@@ -157,7 +167,9 @@ class BertTagger(BertTask):
     @property
     def sequence_length(self):
         """Packed length used for raw word input: the preprocessor's, else 128."""
-        return int(getattr(self.preprocessor, "sequence_length", None) or self.default_sequence_length)
+        return int(
+            getattr(self.preprocessor, "sequence_length", None) or self.default_sequence_length
+        )
 
     def encode(self, sentences, word_labels=None):
         """Word-split sentences (and word labels) -> `kbert.data.tagging.TaggingFeatures`."""
@@ -194,7 +206,11 @@ class BertTagger(BertTask):
             if mode != "predict" and y is None:
                 raise ValueError(f"BertTagger.{mode} on raw sentences needs word labels `y`.")
             features = self.encode(x, y if mode != "predict" else None)
-            return features.inputs, features.labels, (features.sample_weight if mode != "predict" else None)
+            return (
+                features.inputs,
+                features.labels,
+                (features.sample_weight if mode != "predict" else None),
+            )
         if y is not None:
             y = np.asarray(y)
             weights = None if sample_weight is None else np.asarray(sample_weight)
@@ -235,5 +251,11 @@ class BertTagger(BertTask):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"num_classes": self.num_classes, "labels": None if self.labels is None else list(self.labels), "dropout": self.dropout})
+        config.update(
+            {
+                "num_classes": self.num_classes,
+                "labels": None if self.labels is None else list(self.labels),
+                "dropout": self.dropout,
+            }
+        )
         return config

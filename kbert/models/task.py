@@ -285,9 +285,7 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
     def __init__(self, *, inputs, outputs, backbone, preprocessor=None, **kwargs):
         kwargs.pop("dtype", None)  # The task follows its backbone's dtype policy.
         given = {
-            name: kwargs.pop(name)
-            for name in self.deprecated_training_arguments
-            if name in kwargs
+            name: kwargs.pop(name) for name in self.deprecated_training_arguments if name in kwargs
         }
         recipe = self._recipe_from_arguments(given)
         self._check_unknown_arguments(kwargs)
@@ -451,9 +449,9 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
         auto_optimizer = isinstance(optimizer, str) and optimizer == "auto"
         if given and not auto_optimizer:
             raise ValueError(
-                f"The recipe settings {sorted(given)} apply to `optimizer=\"auto\"` only. "
+                f'The recipe settings {sorted(given)} apply to `optimizer="auto"` only. '
                 f"Received: optimizer={optimizer!r}. Configure that optimizer itself, or leave "
-                "`optimizer=\"auto\"`."
+                '`optimizer="auto"`.'
             )
         _check_recipe(given)
         recipe = None
@@ -730,7 +728,9 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
         if batching.can_batch_by_length(self, x, y, sample_weight):
             x = batching.length_batched(self, x, y, sample_weight, batch_size)
             y = sample_weight = batch_size = None
-        return super().evaluate(x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, **kwargs)
+        return super().evaluate(
+            x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, **kwargs
+        )
 
     def predict(self, x, batch_size=None, **kwargs):
         """`keras.Model.predict` that also takes raw text when a preprocessor is attached.

@@ -97,7 +97,8 @@ class EmbeddingPooling(keras.layers.Layer):
 
     def compute_output_spec(self, sequence_output, padding_mask):
         shape = tuple(sequence_output.shape[:-1][:1]) + (
-            None if sequence_output.shape[-1] is None
+            None
+            if sequence_output.shape[-1] is None
             else sequence_output.shape[-1] * len(self.pooling),
         )
         return keras.KerasTensor(shape, dtype="float32")
@@ -258,7 +259,10 @@ class BertTextEmbedder(BertTask):
         sequence = backbone(inputs)["sequence_output"]  # (batch, seq, hidden)
         embeddings = pooler(sequence, inputs["padding_mask"])  # (batch, dim)
         super().__init__(
-            inputs=inputs, outputs=embeddings, backbone=backbone, preprocessor=preprocessor,
+            inputs=inputs,
+            outputs=embeddings,
+            backbone=backbone,
+            preprocessor=preprocessor,
             **kwargs,
         )
         self.pooler = pooler
@@ -652,9 +656,7 @@ class _TextColumnBatches(keras.utils.PyDataset):
         indices = self.order[index * self.batch_size : (index + 1) * self.batch_size]
         rows = [column[i] for i in indices for column in self.rows]  # row-major (batch, columns)
         packed = self.embedder.pack_token_ids(rows)
-        x = {
-            k: v.reshape(len(indices), len(self.rows), -1) for k, v in packed.items()
-        }
+        x = {k: v.reshape(len(indices), len(self.rows), -1) for k, v in packed.items()}
         y = np.zeros(len(indices), "float32") if self.y is None else self.y[indices]
         if self.sample_weight is not None:
             return x, y, self.sample_weight[indices]

@@ -157,14 +157,10 @@ class PreTokenizer:
         if self._mapped is not None:
             expansion = tf.maximum(self._mapped.lookup(chars), 0)
             expansion_start = tf.gather(self._expansion_splits, expansion)
-            expansion_length = (
-                tf.gather(self._expansion_splits, expansion + 1) - expansion_start
-            )
+            expansion_length = tf.gather(self._expansion_splits, expansion + 1) - expansion_start
         else:  # Nothing is mapped (cased, no accent stripping).
             expansion_start = expansion_length = tf.zeros([n], tf.int32)
-        out_length = tf.where(
-            kind == _unicode.DELETE, 0, tf.where(is_mapped, expansion_length, 1)
-        )
+        out_length = tf.where(kind == _unicode.DELETE, 0, tf.where(is_mapped, expansion_length, 1))
         base_type = tf.where(
             kind == _unicode.SPACE,
             _unicode.TYPE_SPACE,
@@ -193,10 +189,7 @@ class PreTokenizer:
         starts_word = (
             (norm_types == _unicode.TYPE_SINGLE)
             | (norm_types == _unicode.TYPE_SPECIAL)
-            | (
-                is_word
-                & ((previous_type != _unicode.TYPE_WORD) | (previous_row != norm_row))
-            )
+            | (is_word & ((previous_type != _unicode.TYPE_WORD) | (previous_row != norm_row)))
         )
         kept = tf.where(norm_types != _unicode.TYPE_SPACE)[:, 0]
         kept_values = tf.gather(norm_values, kept)
@@ -208,9 +201,7 @@ class PreTokenizer:
         first = tf.cast(tf.where(kept_starts)[:, 0], tf.int32)  # [W]
         word_splits = tf.concat([first, tf.reshape(num_kept, [1])], axis=0)
         last = word_splits[1:] - 1
-        word_code_points = tf.RaggedTensor.from_row_splits(
-            kept_values, word_splits, validate=False
-        )
+        word_code_points = tf.RaggedTensor.from_row_splits(kept_values, word_splits, validate=False)
         word_special = tf.where(
             tf.gather(kept_types, first) == _unicode.TYPE_SPECIAL,
             tf.gather(kept_values, first),

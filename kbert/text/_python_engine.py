@@ -114,9 +114,7 @@ class PythonEngine:
                 specials[match.start()] = self._special_index[match.group()]
                 covered.update(range(match.start(), match.end()))
         finals = (
-            self._final_sigmas(text, infos, covered)
-            if self.lowercase and _SIGMA in text
-            else ()
+            self._final_sigmas(text, infos, covered) if self.lowercase and _SIGMA in text else ()
         )
         words = []
         in_word = False  # The previous normalised code point is a word character.

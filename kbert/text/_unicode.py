@@ -144,9 +144,7 @@ def classify(code_point, lowercase, strip_accents, category=None):
             return SINGLE | flags, None
         return base | flags, None
     if is_cjk(code_point) and len(normalized) != 1:
-        raise RuntimeError(
-            f"Unexpected multi-character normalisation of CJK U+{code_point:04X}."
-        )
+        raise RuntimeError(f"Unexpected multi-character normalisation of CJK U+{code_point:04X}.")
     expansion = tuple(
         (ord(out), TYPE_SINGLE if is_cjk(code_point) or is_punctuation(out) else TYPE_WORD)
         for out in normalized
@@ -179,9 +177,7 @@ class CharTables:
             if category not in ("Cn", "Co", "Cs")
         ]
         for code_point in assigned:
-            info, expansion = classify(
-                code_point, lowercase, strip_accents, categories[code_point]
-            )
+            info, expansion = classify(code_point, lowercase, strip_accents, categories[code_point])
             kind[code_point] = info
             if expansion is not None:
                 keys.append(code_point)
@@ -214,13 +210,13 @@ class CharClassifier(dict):
         return value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def char_classifier(lowercase, strip_accents):
     """The shared (per process and setting) `CharClassifier`."""
     return CharClassifier(bool(lowercase), bool(strip_accents))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def char_tables(lowercase, strip_accents):
     """Builds (once per process and setting) the tables; about a second."""
     return CharTables(bool(lowercase), bool(strip_accents))

@@ -124,9 +124,7 @@ class BertPreprocessor:
             )
         converted = [_convert_segment(s, i) for i, s in enumerate(segments)]
         if len({_is_batch(kind, value) for kind, value in converted}) != 1:
-            raise ValueError(
-                "Both segments of a pair must be single strings, or both batches."
-            )
+            raise ValueError("Both segments of a pair must be single strings, or both batches.")
         if any(kind == "tensor" for kind, _ in converted):
             tf = _tensorflow.tensorflow()
             tensors = [

@@ -99,8 +99,7 @@ def _classify_text_input(inputs, name="inputs"):
     if isinstance(inputs, np.ndarray):
         if inputs.dtype.kind not in "USO":
             raise ValueError(
-                f"`{name}` must hold strings. Received a numpy array of dtype "
-                f"{inputs.dtype}."
+                f"`{name}` must hold strings. Received a numpy array of dtype {inputs.dtype}."
             )
         inputs = np.vectorize(lambda x: _as_python_text(x, name), otypes=[object])(inputs)
         if not _tensorflow.available():
@@ -110,8 +109,7 @@ def _classify_text_input(inputs, name="inputs"):
         tf = _tensorflow.tensorflow()
         if inputs.dtype != tf.string:
             raise ValueError(
-                f"`{name}` must be a string tensor. Received a tensor of dtype "
-                f"{inputs.dtype.name}."
+                f"`{name}` must be a string tensor. Received a tensor of dtype {inputs.dtype.name}."
             )
         return "tensor", inputs
     raise ValueError(
@@ -414,17 +412,14 @@ class BertTokenizer:
         if not isinstance(id, int) or isinstance(id, bool):
             raise ValueError(f"`id` must be an integer. Received: id={id!r}")
         if not 0 <= id < len(self._vocabulary):
-            raise ValueError(
-                f"`id` must be in [0, {len(self._vocabulary)}). Received: id={id}"
-            )
+            raise ValueError(f"`id` must be in [0, {len(self._vocabulary)}). Received: id={id}")
         return self._vocabulary[id]
 
     def token_to_id(self, token):
         """The integer id of a token string."""
         if token not in self._token_to_id:
             raise ValueError(
-                f"Token {token!r} is not in the vocabulary of "
-                f"{len(self._vocabulary)} tokens."
+                f"Token {token!r} is not in the vocabulary of {len(self._vocabulary)} tokens."
             )
         return self._token_to_id[token]
 

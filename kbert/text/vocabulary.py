@@ -114,8 +114,9 @@ def _learn_wordpiece(word_counts, vocabulary_size, min_frequency, limit_alphabet
         if symbols:
             words.append(symbols)
             counts.append(count)
-    for token in sorted({s for symbols in words for s in symbols},
-                        key=lambda t: (t.startswith("##"), t)):
+    for token in sorted(
+        {s for symbols in words for s in symbols}, key=lambda t: (t.startswith("##"), t)
+    ):
         add(token)
     pair_counts = collections.defaultdict(int)
     where = collections.defaultdict(set)
@@ -260,7 +261,11 @@ def train_wordpiece_vocabulary(
         total = sum(os.path.getsize(path) for _, path in sources)
     elif all(kind == "texts" for kind, _ in sources):
         total = sum(len(texts) for _, texts in sources)
-    bar = keras.utils.Progbar(total, unit_name="B" if total and sources[0][0] == "file" else "line", verbose=1 if verbose else 0)
+    bar = keras.utils.Progbar(
+        total,
+        unit_name="B" if total and sources[0][0] == "file" else "line",
+        verbose=1 if verbose else 0,
+    )
     if verbose:
         print("Normalising and splitting the text into words:")
 

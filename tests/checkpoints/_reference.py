@@ -61,7 +61,9 @@ def random_inputs(config, batch_size=3, sequence_length=11, num_predictions=4, s
     """Inputs with trailing padding of different lengths, and masked-LM positions on real tokens."""
     rng = np.random.default_rng(seed)
     token_ids = rng.integers(1, config.vocab_size, (batch_size, sequence_length)).astype("int32")
-    segment_ids = rng.integers(0, config.type_vocab_size, (batch_size, sequence_length)).astype("int32")
+    segment_ids = rng.integers(0, config.type_vocab_size, (batch_size, sequence_length)).astype(
+        "int32"
+    )
     lengths = [sequence_length - 3 * i for i in range(batch_size)]
     padding_mask = np.zeros((batch_size, sequence_length), "int32")
     for row, length in enumerate(lengths):
@@ -153,8 +155,14 @@ def google_name_map(config, heads=True):
     }
     for i in range(config.num_hidden_layers):
         hf, g = f"encoder.layer.{i}.", f"bert/encoder/layer_{i}/"
-        for part in ("attention.self.query", "attention.self.key", "attention.self.value",
-                     "attention.output.dense", "intermediate.dense", "output.dense"):
+        for part in (
+            "attention.self.query",
+            "attention.self.key",
+            "attention.self.value",
+            "attention.output.dense",
+            "intermediate.dense",
+            "output.dense",
+        ):
             names[f"{hf}{part}.weight"] = (g + part.replace(".", "/") + "/kernel", True)
             names[f"{hf}{part}.bias"] = (g + part.replace(".", "/") + "/bias", False)
         for part in ("attention.output.LayerNorm", "output.LayerNorm"):
@@ -163,10 +171,22 @@ def google_name_map(config, heads=True):
     if heads:
         names.update(
             {
-                "cls.predictions.transform.dense.weight": ("cls/predictions/transform/dense/kernel", True),
-                "cls.predictions.transform.dense.bias": ("cls/predictions/transform/dense/bias", False),
-                "cls.predictions.transform.LayerNorm.weight": ("cls/predictions/transform/LayerNorm/gamma", False),
-                "cls.predictions.transform.LayerNorm.bias": ("cls/predictions/transform/LayerNorm/beta", False),
+                "cls.predictions.transform.dense.weight": (
+                    "cls/predictions/transform/dense/kernel",
+                    True,
+                ),
+                "cls.predictions.transform.dense.bias": (
+                    "cls/predictions/transform/dense/bias",
+                    False,
+                ),
+                "cls.predictions.transform.LayerNorm.weight": (
+                    "cls/predictions/transform/LayerNorm/gamma",
+                    False,
+                ),
+                "cls.predictions.transform.LayerNorm.bias": (
+                    "cls/predictions/transform/LayerNorm/beta",
+                    False,
+                ),
                 "cls.predictions.bias": ("cls/predictions/output_bias", False),
                 # Google stores the NSP matrix [2, hidden], like torch: no transpose.
                 "cls.seq_relationship.weight": ("cls/seq_relationship/output_weights", False),
@@ -178,8 +198,10 @@ def google_name_map(config, heads=True):
 
 def google_variables_from_hf(model, heads=True):
     """`{google_name: array}` holding a transformers model's weights, laid out as Google's code does."""
-    state = {k[len("bert."):] if k.startswith("bert.") else k: v.detach().numpy()
-             for k, v in model.state_dict().items()}
+    state = {
+        k[len("bert.") :] if k.startswith("bert.") else k: v.detach().numpy()
+        for k, v in model.state_dict().items()
+    }
     variables = {}
     for hf_name, (google_name, transpose) in google_name_map(model.config, heads).items():
         value = state[hf_name]
@@ -197,7 +219,8 @@ def write_google_checkpoint(directory, variables, bert_config, vocabulary_size=N
     graph = tf.Graph()
     with graph.as_default():
         tf_variables = [
-            tf.compat.v1.Variable(value, name=name, dtype=value.dtype) for name, value in variables.items()
+            tf.compat.v1.Variable(value, name=name, dtype=value.dtype)
+            for name, value in variables.items()
         ]
         saver = tf.compat.v1.train.Saver(var_list=tf_variables)
         with tf.compat.v1.Session(graph=graph) as session:

@@ -28,7 +28,12 @@ class _Killed(BaseException):
 @contextlib.contextmanager
 def _kill_at(step):
     """Makes the `step`-th file-system change raise `_Killed`, and the later ones no-ops."""
-    real = {"replace": os.replace, "rename": os.rename, "unlink": os.unlink, "rmtree": shutil.rmtree}
+    real = {
+        "replace": os.replace,
+        "rename": os.rename,
+        "unlink": os.unlink,
+        "rmtree": shutil.rmtree,
+    }
     state = {"count": 0, "dead": False}
 
     def wrap(name):

@@ -30,7 +30,11 @@ def _sources(tmp_path):
         tmp_path / "google", R.google_variables_from_hf(hf_model), R.google_bert_config(config)
     )
     backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=97, num_layers=2, num_heads=4, hidden_dim=32, intermediate_dim=50,
+        vocabulary_size=97,
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=32,
+        intermediate_dim=50,
         max_sequence_length=24,
     )
     rng = np.random.default_rng(0)
@@ -52,21 +56,37 @@ def test_convert_checkpoint_reports_parity(tmp_path, capsys):
     for source, model, out_format, compared in runs:
         output = tmp_path / f"out_{source}"
         report = tool.main(
-            ["--source", str(sources[source]), "--output", str(output), "--format", out_format,
-             "--model", model]
+            [
+                "--source",
+                str(sources[source]),
+                "--output",
+                str(output),
+                "--format",
+                out_format,
+                "--model",
+                model,
+            ]
         )
         assert report["source_format"] == source
         assert set(report["against_source"]) == compared, source
         assert report["ok"], report
         assert all(value == 0.0 for value in report["round_trip"].values()), report
-        assert (output / ("model.safetensors" if out_format == "huggingface" else "model.weights.h5")).is_file()
+        assert (
+            output / ("model.safetensors" if out_format == "huggingface" else "model.weights.h5")
+        ).is_file()
     printed = capsys.readouterr().out
     assert "Parity report" in printed and "FAIL" not in printed
 
     # Differences above the tolerance fail the report (float32 round-off is far above 1e-12).
     report = tool.main(
-        ["--source", str(sources["huggingface"]), "--output", str(tmp_path / "strict"),
-         "--tolerance", "1e-12"]
+        [
+            "--source",
+            str(sources["huggingface"]),
+            "--output",
+            str(tmp_path / "strict"),
+            "--tolerance",
+            "1e-12",
+        ]
     )
     assert not report["ok"] and report["against_source"]["sequence_output"] > 1e-12
     assert "FAIL" in capsys.readouterr().out

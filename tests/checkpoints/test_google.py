@@ -32,7 +32,10 @@ def google_checkpoint(tmp_path_factory):
     hf_model = R.make_hf_model(config, "pretraining", seed=3)
     variables = R.google_variables_from_hf(hf_model)
     path = R.write_google_checkpoint(
-        tmp_path_factory.mktemp("google"), variables, R.google_bert_config(config), config.vocab_size
+        tmp_path_factory.mktemp("google"),
+        variables,
+        R.google_bert_config(config),
+        config.vocab_size,
     )
     return path, hf_model, variables
 
@@ -121,7 +124,8 @@ def test_optimizer_state_is_skipped_and_bad_checkpoints_are_refused(google_check
     report = load_google_weights(pretrainer, slots_dir, fresh_heads=False)
     assert report.unused == [] and len(report.loaded) == len(variables)
     np.testing.assert_array_equal(
-        R.to_numpy(pretrainer.next_sentence_head.kernel), variables["cls/seq_relationship/output_weights"].T
+        R.to_numpy(pretrainer.next_sentence_head.kernel),
+        variables["cls/seq_relationship/output_weights"].T,
     )
     for variable, value in zip(pretrainer.weights, before):  # Back to the fresh state.
         variable.assign(value)
@@ -135,8 +139,13 @@ def test_optimizer_state_is_skipped_and_bad_checkpoints_are_refused(google_check
         load_google_weights(pretrainer, bad_dir)
     message = str(error.value)
     assert "missing weights (1): bert/embeddings/LayerNorm/beta" in message
-    assert "unexpected weights (1)" in message and "bert/encoder/layer_7/output/dense/bias" in message
-    assert "bert/encoder/layer_1/output/dense/kernel: shape [99, 48] in the checkpoint, expected [100, 48]" in message
+    assert (
+        "unexpected weights (1)" in message and "bert/encoder/layer_7/output/dense/bias" in message
+    )
+    assert (
+        "bert/encoder/layer_1/output/dense/kernel: shape [99, 48] in the checkpoint, expected [100, 48]"
+        in message
+    )
     for variable, value in zip(pretrainer.weights, before):
         np.testing.assert_array_equal(R.to_numpy(variable), value)
 
@@ -159,6 +168,8 @@ def test_optimizer_state_is_skipped_and_bad_checkpoints_are_refused(google_check
     with pytest.raises(FileNotFoundError, match="no .data"):
         kbert.models.BertBackbone.from_preset(no_data)
 
-    small_vocabulary = R.write_google_checkpoint(tmp_path / "vocabulary", variables, bert_config, 50)
+    small_vocabulary = R.write_google_checkpoint(
+        tmp_path / "vocabulary", variables, bert_config, 50
+    )
     with pytest.raises(ValueError, match="has 50 tokens but .* vocabulary_size=97"):
         kbert.models.BertBackbone.from_preset(small_vocabulary)

@@ -118,9 +118,14 @@ def test_wrong_activation_is_detected(checkpoints, tmp_path):
     inputs = R.random_inputs(hf_model.config)
     expected = R.hf_outputs(hf_model, inputs)
     outputs = _backbone_outputs(backbone, inputs)
-    assert R.max_diff(outputs["sequence_output"], expected["sequence_output"], inputs["padding_mask"]) > 10 * R.TOLERANCE
+    assert (
+        R.max_diff(outputs["sequence_output"], expected["sequence_output"], inputs["padding_mask"])
+        > 10 * R.TOLERANCE
+    )
     with pytest.raises(AssertionError, match="max \\|diff\\|"):
-        R.assert_close(outputs["sequence_output"], expected["sequence_output"], inputs["padding_mask"])
+        R.assert_close(
+            outputs["sequence_output"], expected["sequence_output"], inputs["padding_mask"]
+        )
 
     # The scale-relative check of the masked-LM logits fails as well.
     path, hf_model = checkpoints("exact_gelu", "pretraining")
@@ -167,7 +172,9 @@ def test_variants_load_the_same_weights(checkpoints, tmp_path):
 def test_missing_pooler_keeps_a_fresh_pooler_with_a_warning(checkpoints, tmp_path):
     path, hf_model = checkpoints("exact_gelu", "model")
     no_pooler = _copy(path, tmp_path / "no_pooler")
-    _edit_safetensors(no_pooler, lambda t: [t.pop("pooler.dense.weight"), t.pop("pooler.dense.bias")])
+    _edit_safetensors(
+        no_pooler, lambda t: [t.pop("pooler.dense.weight"), t.pop("pooler.dense.bias")]
+    )
     with pytest.warns(UserWarning, match="no pooler weights"):
         backbone = kbert.models.BertBackbone.from_preset(no_pooler)
     inputs = R.random_inputs(hf_model.config)
@@ -193,9 +200,13 @@ def test_head_policy(checkpoints, recwarn):
     recwarn.clear()
     report = load_huggingface_weights(pretrainer, bert_model_dir)
     messages = [str(w.message) for w in recwarn.list if issubclass(w.category, UserWarning)]
-    assert any("mlm_head/mlm_transform_dense/kernel" in m and "nsp_head/kernel" in m for m in messages)
+    assert any(
+        "mlm_head/mlm_transform_dense/kernel" in m and "nsp_head/kernel" in m for m in messages
+    )
     assert "nsp_head/bias" in report.fresh
-    np.testing.assert_array_equal(R.to_numpy(pretrainer.masked_lm_head.transform_dense.kernel), head_before)
+    np.testing.assert_array_equal(
+        R.to_numpy(pretrainer.masked_lm_head.transform_dense.kernel), head_before
+    )
 
     recwarn.clear()
     load_huggingface_weights(pretrainer, bert_model_dir, fresh_heads=True)
@@ -215,20 +226,36 @@ def test_loading_is_all_or_nothing_and_names_the_problem(checkpoints, tmp_path):
     bad = _copy(path, tmp_path / "bad_shape")
     name = "encoder.layer.1.intermediate.dense.weight"  # Read after the embeddings.
     _edit_safetensors(bad, lambda t: t.__setitem__(name, np.zeros((51, 32), np.float32)))
-    with pytest.raises(ValueError, match=rf"{name}: shape \[51, 32\].*expected \[50, 32\]") as error:
+    with pytest.raises(
+        ValueError, match=rf"{name}: shape \[51, 32\].*expected \[50, 32\]"
+    ) as error:
         load_huggingface_weights(backbone, bad)
     assert "nothing was loaded" in str(error.value)
     for actual, wanted in zip(_weights(backbone), before):
         np.testing.assert_array_equal(actual, wanted)
 
     missing = _copy(path, tmp_path / "missing")
-    _edit_safetensors(missing, lambda t: [t.pop("encoder.layer.1.output.dense.bias"), t.pop("embeddings.LayerNorm.weight")])
-    with pytest.raises(ValueError, match=r"missing weights \(2\): embeddings.LayerNorm.weight, encoder.layer.1.output.dense.bias"):
+    _edit_safetensors(
+        missing,
+        lambda t: [
+            t.pop("encoder.layer.1.output.dense.bias"),
+            t.pop("embeddings.LayerNorm.weight"),
+        ],
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"missing weights \(2\): embeddings.LayerNorm.weight, encoder.layer.1.output.dense.bias",
+    ):
         load_huggingface_weights(backbone, missing)
 
     extra = _copy(path, tmp_path / "extra")
-    _edit_safetensors(extra, lambda t: t.__setitem__("encoder.layer.2.output.dense.bias", np.zeros(32, np.float32)))
-    with pytest.raises(ValueError, match=r"unexpected weights \(1\).*encoder.layer.2.output.dense.bias"):
+    _edit_safetensors(
+        extra,
+        lambda t: t.__setitem__("encoder.layer.2.output.dense.bias", np.zeros(32, np.float32)),
+    )
+    with pytest.raises(
+        ValueError, match=r"unexpected weights \(1\).*encoder.layer.2.output.dense.bias"
+    ):
         load_huggingface_weights(backbone, extra)
     for actual, wanted in zip(_weights(backbone), before):
         np.testing.assert_array_equal(actual, wanted)
@@ -333,7 +360,9 @@ def _randomize(model, seed=0, scale=0.3):
     rng = np.random.default_rng(seed)
     for variable in model.weights:
         offset = 1.0 if variable.path.endswith("gamma") else 0.0
-        variable.assign(offset + scale * rng.standard_normal(tuple(variable.shape)).astype("float32"))
+        variable.assign(
+            offset + scale * rng.standard_normal(tuple(variable.shape)).astype("float32")
+        )
 
 
 def test_export_loads_in_transformers_with_equal_outputs(tmp_path):
@@ -352,7 +381,9 @@ def test_export_loads_in_transformers_with_equal_outputs(tmp_path):
     tokens = R.write_vocabulary(tmp_path / "vocab.txt", 97)
     inputs = R.random_inputs(R.hf_config())
 
-    out = export_to_huggingface(pretrainer, tmp_path / "hf_pretrainer", vocabulary=tokens, lowercase=True)
+    out = export_to_huggingface(
+        pretrainer, tmp_path / "hf_pretrainer", vocabulary=tokens, lowercase=True
+    )
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["BertForPreTraining"] and config["hidden_act"] == "gelu_new"
     assert (out / "vocab.txt").read_text().split("\n")[:-1] == tokens
@@ -373,7 +404,9 @@ def test_export_loads_in_transformers_with_equal_outputs(tmp_path):
     R.assert_close(outputs["pooled_output"], expected["pooled_output"])
 
     # And back into kbert: bit-identical.
-    reloaded = kbert.models.BertPretrainer.from_preset(tmp_path / "hf_pretrainer", fresh_heads=False)
+    reloaded = kbert.models.BertPretrainer.from_preset(
+        tmp_path / "hf_pretrainer", fresh_heads=False
+    )
     for actual, wanted in zip(_weights(reloaded), _weights(pretrainer)):
         np.testing.assert_array_equal(actual, wanted)
     assert reloaded.preset_vocabulary_path == str(tmp_path / "hf_pretrainer" / "vocab.txt")
@@ -401,5 +434,6 @@ def test_pretrainer_save_to_preset_round_trip(checkpoints, tmp_path):
         R.to_numpy(pretrainer.backbone.token_embedding.embeddings),
     )
     assert not np.array_equal(
-        R.to_numpy(fresh.next_sentence_head.kernel), R.to_numpy(pretrainer.next_sentence_head.kernel)
+        R.to_numpy(fresh.next_sentence_head.kernel),
+        R.to_numpy(pretrainer.next_sentence_head.kernel),
     )

@@ -60,7 +60,9 @@ def test_backbone_matches_keras_hub(preset):
 
     # The check can fail: the same weights with exact GELU are far off.
     exact = kbert.models.BertBackbone.from_preset(path, activation="gelu")
-    difference = R.max_diff(exact(inputs)["sequence_output"], expected["sequence_output"], inputs["padding_mask"])
+    difference = R.max_diff(
+        exact(inputs)["sequence_output"], expected["sequence_output"], inputs["padding_mask"]
+    )
     assert difference > 10 * R.TOLERANCE
 
 
@@ -89,7 +91,9 @@ def test_refusals(preset, tmp_path):
         kbert.models.BertBackbone.from_preset(no_weights)
 
     vocabulary = _copy(path, tmp_path / "vocabulary")
-    (vocabulary / "assets" / "tokenizer" / "vocabulary.txt").write_text("\n".join(VOCABULARY[:40]) + "\n")
+    (vocabulary / "assets" / "tokenizer" / "vocabulary.txt").write_text(
+        "\n".join(VOCABULARY[:40]) + "\n"
+    )
     with pytest.raises(ValueError, match="has 40 tokens but .* vocabulary_size=97"):
         kbert.models.BertBackbone.from_preset(vocabulary)
 
@@ -112,7 +116,9 @@ def test_h5py_reader_equals_keras_hub_weights(preset):
     # And a model keras-hub itself loads from the file has the same values.
     loaded = keras_hub.models.BertBackbone.from_preset(str(path))
     for variable in loaded.weights:
-        np.testing.assert_array_equal(arrays[variable.path], R.to_numpy(variable), err_msg=variable.path)
+        np.testing.assert_array_equal(
+            arrays[variable.path], R.to_numpy(variable), err_msg=variable.path
+        )
 
 
 def test_damaged_weights_file_is_named(preset, tmp_path):
@@ -120,7 +126,9 @@ def test_damaged_weights_file_is_named(preset, tmp_path):
     damaged = _copy(path, tmp_path / "damaged")
     data = (damaged / "model.weights.h5").read_bytes()
     (damaged / "model.weights.h5").write_bytes(data[: len(data) // 3])
-    with pytest.raises(ValueError, match=r"damaged.*model\.weights\.h5|model\.weights\.h5.*damaged"):
+    with pytest.raises(
+        ValueError, match=r"damaged.*model\.weights\.h5|model\.weights\.h5.*damaged"
+    ):
         kbert.models.BertBackbone.from_preset(damaged)
 
 

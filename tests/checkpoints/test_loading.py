@@ -8,15 +8,27 @@ import pytest
 
 from kbert import checkpoints
 from kbert.checkpoints import google, huggingface
-from kbert.models import BertBackbone, BertClassifier, BertPretrainer, BertQuestionAnswerer, BertTagger
+from kbert.models import (
+    BertBackbone,
+    BertClassifier,
+    BertPretrainer,
+    BertQuestionAnswerer,
+    BertTagger,
+)
 from tests.checkpoints._reference import hf_config, to_numpy
 from tests.test_case import tiny_backbone_kwargs
 
 
 def _tiny_backbone():
-    return BertBackbone(**tiny_backbone_kwargs(
-        vocabulary_size=20, num_layers=1, hidden_dim=8, intermediate_dim=16, max_sequence_length=8
-    ))
+    return BertBackbone(
+        **tiny_backbone_kwargs(
+            vocabulary_size=20,
+            num_layers=1,
+            hidden_dim=8,
+            intermediate_dim=16,
+            max_sequence_length=8,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +47,9 @@ def hf_classifier_dir(tmp_path_factory):
 
 def test_task_and_backbone_arguments_are_split_by_signature(hf_classifier_dir):
     path, _ = hf_classifier_dir
-    classifier = BertClassifier.from_preset(path, dropout=0.3, flash_attention=False, preprocessor=None)
+    classifier = BertClassifier.from_preset(
+        path, dropout=0.3, flash_attention=False, preprocessor=None
+    )
     # `dropout` is the classifier's own argument: its head's, the backbone keeps the checkpoint's.
     assert classifier.dropout == 0.3
     assert classifier.backbone.dropout == pytest.approx(0.2)
@@ -56,10 +70,20 @@ def test_unknown_arguments_are_refused_naming_both_signatures(hf_classifier_dir)
 
 def test_named_preset_without_weights_takes_any_backbone_argument():
     backbone = BertBackbone.from_preset(
-        "bert_tiny_en_uncased", load_weights=False, vocabulary_size=50, max_sequence_length=16, remat=True
+        "bert_tiny_en_uncased",
+        load_weights=False,
+        vocabulary_size=50,
+        max_sequence_length=16,
+        remat=True,
     )
-    assert (backbone.vocabulary_size, backbone.max_sequence_length, backbone.remat) == (50, 16, True)
-    pretrainer = BertPretrainer.from_preset("bert_tiny_en_uncased", load_weights=False, vocabulary_size=50)
+    assert (backbone.vocabulary_size, backbone.max_sequence_length, backbone.remat) == (
+        50,
+        16,
+        True,
+    )
+    pretrainer = BertPretrainer.from_preset(
+        "bert_tiny_en_uncased", load_weights=False, vocabulary_size=50
+    )
     assert pretrainer.backbone.vocabulary_size == 50
 
 

@@ -15,7 +15,19 @@ from kbert.text import BertPreprocessor, BertTokenizer
 from tests.test_case import tiny_backbone_kwargs
 
 VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [
-    "the", "a", "film", "good", "bad", "is", "was", "it", "and", "##s", "hello", "world", "Hello",
+    "the",
+    "a",
+    "film",
+    "good",
+    "bad",
+    "is",
+    "was",
+    "it",
+    "and",
+    "##s",
+    "hello",
+    "world",
+    "Hello",
 ]
 
 

@@ -60,7 +60,9 @@ def test_truncated_file_is_reported(tmp_path):
 
 def test_corrupt_header_and_absent_names(tmp_path):
     header = b'{"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}}'
-    (tmp_path / "bad.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 16)
+    (tmp_path / "bad.safetensors").write_bytes(
+        len(header).to_bytes(8, "little") + header + b"\0" * 16
+    )
     with pytest.raises(ValueError, match="need 16 bytes"):
         read_safetensors(tmp_path / "bad.safetensors")
     (tmp_path / "json.safetensors").write_bytes((5).to_bytes(8, "little") + b"{nope" + b"\0" * 4)

@@ -14,7 +14,15 @@ from kbert.data import packed_pretraining_dataset
 from kbert.data.packing import pack_pieces
 from kbert.text import BertTokenizer
 from tests.data.test_pretraining import (
-    CLS, MASK, PAD, SEP, UNK, VOCAB, _collect, _make_corpus, _rebuild,
+    CLS,
+    MASK,
+    PAD,
+    SEP,
+    UNK,
+    VOCAB,
+    _collect,
+    _make_corpus,
+    _rebuild,
 )
 
 SEQ_LEN = 64
@@ -66,8 +74,14 @@ def _row_pieces(batch):
 @pytest.fixture(scope="module")
 def packed(corpus, tokenizer):
     dataset = packed_pretraining_dataset(
-        corpus["path"], tokenizer, sequence_length=SEQ_LEN, max_predictions=MAX_PRED,
-        batch_size=8, seed=3, shuffle=False, packing_buffer=8,
+        corpus["path"],
+        tokenizer,
+        sequence_length=SEQ_LEN,
+        max_predictions=MAX_PRED,
+        batch_size=8,
+        seed=3,
+        shuffle=False,
+        packing_buffer=8,
     )
     return _collect(dataset)
 
@@ -96,10 +110,18 @@ def test_every_token_of_every_document_appears_once_in_order(packed, corpus):
 
 
 def test_unpacked_rows_hold_the_same_pieces_one_per_row(packed, corpus, tokenizer):
-    unpacked = _collect(packed_pretraining_dataset(
-        corpus["path"], tokenizer, sequence_length=SEQ_LEN, max_predictions=MAX_PRED,
-        batch_size=8, seed=3, shuffle=False, pack=False,
-    ))
+    unpacked = _collect(
+        packed_pretraining_dataset(
+            corpus["path"],
+            tokenizer,
+            sequence_length=SEQ_LEN,
+            max_predictions=MAX_PRED,
+            batch_size=8,
+            seed=3,
+            shuffle=False,
+            pack=False,
+        )
+    )
     pieces, runs = _row_pieces(unpacked)
     assert pieces == _expected_pieces(corpus["tokens"])
     assert all(len(r) == 1 for r in runs)
@@ -146,10 +168,17 @@ def test_prediction_counts_positions_and_untouched_tokens(packed):
 def test_whole_word_masking_never_crosses_a_document(corpus, tokenizer):
     from tests.data.test_pretraining import IS_CONTINUATION
 
-    batch = _collect(packed_pretraining_dataset(
-        corpus["path"], tokenizer, sequence_length=SEQ_LEN, max_predictions=MAX_PRED,
-        batch_size=8, seed=6, whole_word_masking=True,
-    ))
+    batch = _collect(
+        packed_pretraining_dataset(
+            corpus["path"],
+            tokenizer,
+            sequence_length=SEQ_LEN,
+            max_predictions=MAX_PRED,
+            batch_size=8,
+            seed=6,
+            whole_word_masking=True,
+        )
+    )
     original = _rebuild(batch)
     real = batch["x/padding_mask"].astype(bool)
     candidates = real & ~np.isin(original, [CLS, SEP, PAD])
@@ -177,8 +206,13 @@ def test_whole_word_masking_never_crosses_a_document(corpus, tokenizer):
 
 def test_replacement_rates_80_10_10(corpus, tokenizer):
     dataset = packed_pretraining_dataset(
-        corpus["path"], tokenizer, sequence_length=SEQ_LEN, max_predictions=MAX_PRED,
-        batch_size=8, seed=4, repeat=True,
+        corpus["path"],
+        tokenizer,
+        sequence_length=SEQ_LEN,
+        max_predictions=MAX_PRED,
+        batch_size=8,
+        seed=4,
+        repeat=True,
     )
     batch = _collect(dataset.take(40))  # about six passes
     rows, slots = np.nonzero(batch["sw/mlm"])
@@ -197,8 +231,13 @@ def test_replacement_rates_80_10_10(corpus, tokenizer):
 def test_reproducible_given_the_seed_and_new_masks_each_pass(corpus, tokenizer):
     def build(seed):
         return packed_pretraining_dataset(
-            corpus["path"], tokenizer, sequence_length=SEQ_LEN, max_predictions=MAX_PRED,
-            batch_size=8, seed=seed, repeat=True,
+            corpus["path"],
+            tokenizer,
+            sequence_length=SEQ_LEN,
+            max_predictions=MAX_PRED,
+            batch_size=8,
+            seed=seed,
+            repeat=True,
         )
 
     def take(dataset, n):
@@ -216,10 +255,18 @@ def test_reproducible_given_the_seed_and_new_masks_each_pass(corpus, tokenizer):
     assert any(not np.array_equal(a["token_ids"], b["token_ids"]) for a, b in zip(first, other))
     # Two passes of one dataset: the same pieces (shuffle of files only; one file here),
     # different masks.
-    rows_per_pass = len(_collect(packed_pretraining_dataset(
-        corpus["path"], tokenizer, sequence_length=SEQ_LEN, max_predictions=MAX_PRED,
-        batch_size=8, seed=1,
-    ))["x/token_ids"])
+    rows_per_pass = len(
+        _collect(
+            packed_pretraining_dataset(
+                corpus["path"],
+                tokenizer,
+                sequence_length=SEQ_LEN,
+                max_predictions=MAX_PRED,
+                batch_size=8,
+                seed=1,
+            )
+        )["x/token_ids"]
+    )
     stream = np.concatenate([b["token_ids"] for b in first])
     assert len(stream) >= 2 * rows_per_pass
     pass0, pass1 = stream[:rows_per_pass], stream[rows_per_pass : 2 * rows_per_pass]
@@ -232,10 +279,16 @@ def test_shards_give_the_same_pieces(corpus, tokenizer, tmp_path):
     shards = write_pretraining_shards(
         corpus["path"], tokenizer, str(tmp_path), num_shards=3, verbose=False
     )
-    batch = _collect(packed_pretraining_dataset(
-        shards, tokenizer, sequence_length=SEQ_LEN, max_predictions=MAX_PRED, batch_size=8,
-        seed=0,
-    ))
+    batch = _collect(
+        packed_pretraining_dataset(
+            shards,
+            tokenizer,
+            sequence_length=SEQ_LEN,
+            max_predictions=MAX_PRED,
+            batch_size=8,
+            seed=0,
+        )
+    )
     pieces, _ = _row_pieces(batch)
     assert sorted(pieces) == sorted(_expected_pieces(corpus["tokens"]))
 

@@ -146,7 +146,13 @@ def test_read_documents_wikitext_titles_split_articles(tmp_path):
     path = tmp_path / "wiki.raw"
     path.write_text(WIKITEXT, encoding="utf-8")
     assert read_documents(str(path)) == [
-        ["Alpha is first .", "It has two sentences !", "Then a question ?", "Yes .", "A 1 @.@ 5 m wall ."],
+        [
+            "Alpha is first .",
+            "It has two sentences !",
+            "Then a question ?",
+            "Yes .",
+            "A 1 @.@ 5 m wall .",
+        ],
         ["Beta text here ."],
     ]
 
@@ -253,7 +259,9 @@ def _check_pairs(nsp_batches, corpus):
 def test_not_next_rate(corpus, tokenizer, nsp_batches):
     # Full-length targets: 50 % NotNext, plus the few chunks of a single sentence (at document
     # ends), which always take a random next sentence.
-    full_length = _collect(_build(corpus, tokenizer, short_seq_prob=0.0, batch_size=128, dupe_factor=10))
+    full_length = _collect(
+        _build(corpus, tokenizer, short_seq_prob=0.0, batch_size=128, dupe_factor=10)
+    )
     assert len(full_length["y/nsp"]) > 2500
     assert abs(full_length["y/nsp"].mean() - 0.5) <= 0.06
     # The reference draws a short target once per document; in a short-target document most
@@ -265,8 +273,13 @@ def test_short_sequences(corpus, tokenizer):
     def mean_length(short_seq_prob):
         batches = _collect(
             pretraining_dataset(
-                corpus["path"], tokenizer, sequence_length=SEQ_LEN, max_predictions=MAX_PRED,
-                short_seq_prob=short_seq_prob, batch_size=128, seed=0,
+                corpus["path"],
+                tokenizer,
+                sequence_length=SEQ_LEN,
+                max_predictions=MAX_PRED,
+                short_seq_prob=short_seq_prob,
+                batch_size=128,
+                seed=0,
             )
         )
         return batches["x/padding_mask"].sum(axis=1).mean()
@@ -336,8 +349,16 @@ def test_masked_positions_are_spread_uniformly(nsp_batches):
 def test_custom_rates_and_no_nsp(corpus, tokenizer):
     batches = _collect(
         pretraining_dataset(
-            corpus["path"], tokenizer, sequence_length=32, max_predictions=29, mask_rate=0.5,
-            nsp=False, random_token_rate=0.0, unchanged_rate=0.3, batch_size=128, seed=5,
+            corpus["path"],
+            tokenizer,
+            sequence_length=32,
+            max_predictions=29,
+            mask_rate=0.5,
+            nsp=False,
+            random_token_rate=0.0,
+            unchanged_rate=0.3,
+            batch_size=128,
+            seed=5,
         )
     )
     assert "y/nsp" not in batches and "sw/nsp" not in batches
@@ -377,8 +398,14 @@ def _words(tokens, length):
 def test_whole_word_masking(corpus, tokenizer):
     batches = _collect(
         pretraining_dataset(
-            corpus["path"], tokenizer, sequence_length=SEQ_LEN, max_predictions=MAX_PRED,
-            whole_word_masking=True, batch_size=128, seed=9, dupe_factor=3,
+            corpus["path"],
+            tokenizer,
+            sequence_length=SEQ_LEN,
+            max_predictions=MAX_PRED,
+            whole_word_masking=True,
+            batch_size=128,
+            seed=9,
+            dupe_factor=3,
         )
     )
     original = _rebuild(batches)
@@ -436,10 +463,20 @@ def test_each_pass_draws_new_masks_on_the_same_text(tmp_path, tokenizer):
 
     def passes(dataset, count):
         batches = _collect(dataset, max_batches=count * per_pass // 8)
-        return [{k: v[i * per_pass : (i + 1) * per_pass] for k, v in batches.items()} for i in range(count)]
+        return [
+            {k: v[i * per_pass : (i + 1) * per_pass] for k, v in batches.items()}
+            for i in range(count)
+        ]
 
-    kwargs = dict(sequence_length=SEQ_LEN, max_predictions=MAX_PRED, nsp=False,
-                  short_seq_prob=0.0, shuffle=False, batch_size=8, seed=0)
+    kwargs = dict(
+        sequence_length=SEQ_LEN,
+        max_predictions=MAX_PRED,
+        nsp=False,
+        short_seq_prob=0.0,
+        shuffle=False,
+        batch_size=8,
+        seed=0,
+    )
     repeated = pretraining_dataset(str(path), tokenizer, repeat=True, **kwargs)
     first, second = passes(repeated, 2)
     rebuilt = _rebuild(first)
@@ -487,7 +524,9 @@ def test_bad_arguments(corpus, tokenizer, kwargs, message):
 
 def test_max_predictions_limit_depends_on_nsp(corpus, tokenizer):
     # Without NSP a sequence has one [SEP] less, so one more maskable position.
-    pretraining_dataset(corpus["path"], tokenizer, sequence_length=32, max_predictions=30, nsp=False)
+    pretraining_dataset(
+        corpus["path"], tokenizer, sequence_length=32, max_predictions=30, nsp=False
+    )
     with pytest.raises(ValueError, match="sequence_length - 3 = 29"):
         pretraining_dataset(corpus["path"], tokenizer, sequence_length=32, max_predictions=30)
 
@@ -518,7 +557,9 @@ def test_text_in_another_encoding_warns_and_utf8_does_not(tmp_path, tokenizer):
     stem = VOCAB[10]
     latin = tmp_path / "latin.txt"
     latin.write_bytes(f"{stem} caf\xe9 .\n\n{stem} na\xefve .\n".encode("latin-1"))
-    with pytest.warns(UserWarning, match=r"latin.txt' is not valid UTF-8: byte 0xe9 at offset \d+.*iconv"):
+    with pytest.warns(
+        UserWarning, match=r"latin.txt' is not valid UTF-8: byte 0xe9 at offset \d+.*iconv"
+    ):
         pretraining_dataset(str(latin), tokenizer, sequence_length=16, max_predictions=3)
     # UTF-8 whose two-byte character straddles the end of the 64 KiB probe: no warning.
     line = (stem + " ") * 20 + ".\n\n"
@@ -557,8 +598,17 @@ def test_single_document(tmp_path, tokenizer):
     path.write_text(text.strip() + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match="at least two documents"):
         pretraining_dataset(str(path), tokenizer)
-    batches = _collect(pretraining_dataset(str(path), tokenizer, sequence_length=32,
-                                           max_predictions=5, nsp=False, seed=0, dupe_factor=3))
+    batches = _collect(
+        pretraining_dataset(
+            str(path),
+            tokenizer,
+            sequence_length=32,
+            max_predictions=5,
+            nsp=False,
+            seed=0,
+            dupe_factor=3,
+        )
+    )
     assert len(batches["y/mlm"]) >= 10
     stream = _encode(np.concatenate(documents[0]))
     for row, tokens in enumerate(_rebuild(batches)):
@@ -574,11 +624,18 @@ def test_invalid_utf8_short_and_empty_documents(tmp_path, tokenizer):
     path.write_bytes(
         f"{stem}\n\n{stem} \xff\xfe {stem} .\n\n".encode("latin-1")
         + ((stem + " ") * 200 + ".\n").encode("utf-8")
-        + f"\n{stem} {stem} .\n".encode("utf-8")
+        + f"\n{stem} {stem} .\n".encode()
     )
     with pytest.warns(UserWarning, match=r"odd.txt' is not valid UTF-8: byte 0xff at offset"):
-        dataset = pretraining_dataset([str(path)], tokenizer, sequence_length=16,
-                                      max_predictions=3, batch_size=4, seed=0, dupe_factor=5)
+        dataset = pretraining_dataset(
+            [str(path)],
+            tokenizer,
+            sequence_length=16,
+            max_predictions=3,
+            batch_size=4,
+            seed=0,
+            dupe_factor=5,
+        )
     batches = _collect(dataset)
     original = _rebuild(batches)
     lengths = batches["x/padding_mask"].sum(axis=1)
@@ -594,8 +651,12 @@ def test_feeds_bert_pretrainer_fit(corpus, tokenizer):
     from kbert.models import BertBackbone, BertPretrainer
 
     backbone = BertBackbone(
-        vocabulary_size=len(VOCAB), num_layers=1, num_heads=2, hidden_dim=16,
-        intermediate_dim=32, max_sequence_length=SEQ_LEN,
+        vocabulary_size=len(VOCAB),
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=SEQ_LEN,
     )
     pretrainer = BertPretrainer(backbone)
     pretrainer.compile(learning_rate=1e-3, total_steps=10, warmup_steps=1)
@@ -637,8 +698,17 @@ def test_feeds_bert_pretrainer_fit(corpus, tokenizer):
 def test_nsp_statistics_hold_with_a_small_document_buffer(corpus, tokenizer):
     # The random next sentence comes from a buffer of 4 documents (plus the 4 used last) instead
     # of the whole corpus: still half IsNext, and NotNext segments come from another document.
-    batches = _collect(_build(corpus, tokenizer, short_seq_prob=0.0, batch_size=128,
-                              dupe_factor=6, document_buffer=4, example_buffer=64))
+    batches = _collect(
+        _build(
+            corpus,
+            tokenizer,
+            short_seq_prob=0.0,
+            batch_size=128,
+            dupe_factor=6,
+            document_buffer=4,
+            example_buffer=64,
+        )
+    )
     assert len(batches["y/nsp"]) > 1500
     assert abs(batches["y/nsp"].mean() - 0.5) <= 0.06
     _check_pairs(batches, corpus)
@@ -655,9 +725,19 @@ def test_nsp_statistics_hold_with_a_small_document_buffer(corpus, tokenizer):
 
 def _whole_documents(dataset_kwargs, files, tokenizer):
     """Each document of the files as one row (nsp=False, long rows): the rows' token strings."""
-    batches = _collect(pretraining_dataset(
-        files, tokenizer, sequence_length=512, max_predictions=4, nsp=False, short_seq_prob=0.0,
-        batch_size=16, seed=0, **dataset_kwargs))
+    batches = _collect(
+        pretraining_dataset(
+            files,
+            tokenizer,
+            sequence_length=512,
+            max_predictions=4,
+            nsp=False,
+            short_seq_prob=0.0,
+            batch_size=16,
+            seed=0,
+            **dataset_kwargs,
+        )
+    )
     original = _rebuild(batches)
     lengths = batches["x/padding_mask"].sum(axis=1)
     return [_encode(row[1 : n - 1]) for row, n in zip(original, lengths)]
@@ -668,8 +748,9 @@ def shards(corpus, tokenizer, tmp_path_factory):
     from kbert.data.shards import write_pretraining_shards
 
     folder = tmp_path_factory.mktemp("shards")
-    return write_pretraining_shards(corpus["path"], tokenizer, str(folder), num_shards=5,
-                                    verbose=False)
+    return write_pretraining_shards(
+        corpus["path"], tokenizer, str(folder), num_shards=5, verbose=False
+    )
 
 
 def test_shards_hold_the_tokenized_documents(corpus, tokenizer, shards, tmp_path):
@@ -678,19 +759,29 @@ def test_shards_hold_the_tokenized_documents(corpus, tokenizer, shards, tmp_path
     # One shard gives the very batches of the text it was made from (same seed).
     from kbert.data.shards import write_pretraining_shards
 
-    (single,) = write_pretraining_shards(corpus["path"], tokenizer, str(tmp_path), num_shards=1,
-                                         verbose=False)
-    _assert_same(_collect(_build(corpus, tokenizer)),
-                 _collect(pretraining_dataset(single, tokenizer, sequence_length=SEQ_LEN,
-                                              max_predictions=MAX_PRED, batch_size=32, seed=1)))
+    (single,) = write_pretraining_shards(
+        corpus["path"], tokenizer, str(tmp_path), num_shards=1, verbose=False
+    )
+    _assert_same(
+        _collect(_build(corpus, tokenizer)),
+        _collect(
+            pretraining_dataset(
+                single,
+                tokenizer,
+                sequence_length=SEQ_LEN,
+                max_predictions=MAX_PRED,
+                batch_size=32,
+                seed=1,
+            )
+        ),
+    )
 
 
 @pytest.mark.parametrize("kind", ["shards", "text"])
 def test_two_processes_read_disjoint_parts_that_cover_the_corpus(corpus, tokenizer, shards, kind):
     files = shards if kind == "shards" else corpus["path"]  # One text file: split by documents.
     parts = [
-        _whole_documents(dict(num_processes=2, process_index=i), files, tokenizer)
-        for i in range(2)
+        _whole_documents(dict(num_processes=2, process_index=i), files, tokenizer) for i in range(2)
     ]
     assert parts[0] and parts[1]
     assert not set(parts[0]) & set(parts[1])
@@ -701,9 +792,10 @@ def test_shards_of_another_vocabulary_are_refused(shards, tmp_path):
     from kbert.data.shards import vocabulary_digest
 
     other = BertTokenizer(VOCAB[:-1] + ["##est"])
-    with pytest.raises(ValueError, match=(
-        f"digest {vocabulary_digest(VOCAB)}.*digest {vocabulary_digest(other.vocabulary)}"
-    )):
+    with pytest.raises(
+        ValueError,
+        match=(f"digest {vocabulary_digest(VOCAB)}.*digest {vocabulary_digest(other.vocabulary)}"),
+    ):
         pretraining_dataset(shards, other)
     text = tmp_path / "text.txt"
     text.write_text("a b .\n", encoding="utf-8")
@@ -724,14 +816,30 @@ def test_prepare_pretraining_data_tool(corpus, tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("prepare_pretraining_data", path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    written = tool.main(["--vocab", str(vocab), "--output-dir", str(tmp_path / "out"),
-                         "--num-shards", "3", corpus["path"]])
+    written = tool.main(
+        [
+            "--vocab",
+            str(vocab),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--num-shards",
+            "3",
+            corpus["path"],
+        ]
+    )
     assert len(written) == 3 and "Wrote 50 documents" in capsys.readouterr().out
     rows = _whole_documents({}, written, BertTokenizer(VOCAB))
     assert sorted(rows) == sorted(corpus["streams"])
     with pytest.raises(SystemExit, match="No file matches"):
-        tool.main(["--vocab", str(vocab), "--output-dir", str(tmp_path / "x"),
-                   str(tmp_path / "*.nothing")])
+        tool.main(
+            [
+                "--vocab",
+                str(vocab),
+                "--output-dir",
+                str(tmp_path / "x"),
+                str(tmp_path / "*.nothing"),
+            ]
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -791,9 +899,21 @@ def test_pack_equals_row_by_row_packing(nsp):
 
     length = 24
     generator = PairGenerator(
-        source=None, sequence_length=length, nsp=nsp, short_seq_prob=0.1, dupe_factor=1,
-        shuffle=True, repeat=False, batch_size=8, drop_remainder=False, seed=0, cls_id=CLS,
-        sep_id=SEP, pad_id=PAD, document_buffer=4, example_buffer=4,
+        source=None,
+        sequence_length=length,
+        nsp=nsp,
+        short_seq_prob=0.1,
+        dupe_factor=1,
+        shuffle=True,
+        repeat=False,
+        batch_size=8,
+        drop_remainder=False,
+        seed=0,
+        cls_id=CLS,
+        sep_id=SEP,
+        pad_id=PAD,
+        document_buffer=4,
+        example_buffer=4,
     )
     rng = np.random.default_rng(0)
     budget = length - (3 if nsp else 2)
@@ -819,9 +939,18 @@ def test_truncation_cuts_both_ends_of_long_segments(tmp_path, tokenizer):
         "\n\n".join("\n".join(" ".join(VOCAB[t] for t in s) for s in d) for d in documents),
         encoding="utf-8",
     )
-    batches = _collect(pretraining_dataset(
-        str(path), tokenizer, sequence_length=32, max_predictions=4, batch_size=64, seed=2,
-        dupe_factor=20, short_seq_prob=0.0))
+    batches = _collect(
+        pretraining_dataset(
+            str(path),
+            tokenizer,
+            sequence_length=32,
+            max_predictions=4,
+            batch_size=64,
+            seed=2,
+            dupe_factor=20,
+            short_seq_prob=0.0,
+        )
+    )
     original = _rebuild(batches)
     sentences = [_encode(s) for d in documents for s in d]
     starts, ends = [], []
@@ -847,15 +976,19 @@ def test_corrupt_shard_record_is_refused(tmp_path, tokenizer):
     with pytest.raises(ValueError, match="add up to the number of ids"):
         writer.write_flat(np.array([7, 8, 9], np.int32), [2, 2])
     writer.close()
-    assert [(list(i), list(n)) for i, n in read_shard_flat_documents(path)] == [
-        ([7, 8, 9], [2, 1])
-    ]
-    bad = tf.train.Example(features=tf.train.Features(feature={
-        "token_ids": tf.train.Feature(bytes_list=tf.train.BytesList(
-            value=[np.array([7, 8, 9], "<i4").tobytes()])),
-        "sentence_lengths": tf.train.Feature(bytes_list=tf.train.BytesList(
-            value=[np.array([5], "<i4").tobytes()])),
-    }))
+    assert [(list(i), list(n)) for i, n in read_shard_flat_documents(path)] == [([7, 8, 9], [2, 1])]
+    bad = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "token_ids": tf.train.Feature(
+                    bytes_list=tf.train.BytesList(value=[np.array([7, 8, 9], "<i4").tobytes()])
+                ),
+                "sentence_lengths": tf.train.Feature(
+                    bytes_list=tf.train.BytesList(value=[np.array([5], "<i4").tobytes()])
+                ),
+            }
+        )
+    )
     metadata = next(iter(tf.data.TFRecordDataset(path))).numpy()
     corrupt = str(tmp_path / "corrupt.tfrecord")
     with tf.io.TFRecordWriter(corrupt) as raw:

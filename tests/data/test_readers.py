@@ -10,14 +10,15 @@ import keras
 import numpy as np
 import pytest
 
-from kbert.data.readers import GLUE_TASKS
-from kbert.data.readers import iob1_to_iob2
-from kbert.data.readers import label_list
-from kbert.data.readers import read_conll
-from kbert.data.readers import read_glue
-from kbert.data.readers import read_squad
-from kbert.metrics import entity_f1
-from kbert.metrics import squad_scores
+from kbert.data.readers import (
+    GLUE_TASKS,
+    iob1_to_iob2,
+    label_list,
+    read_conll,
+    read_glue,
+    read_squad,
+)
+from kbert.metrics import entity_f1, squad_scores
 
 _DATA_DIR = Path(
     os.environ.get(
@@ -88,7 +89,9 @@ def test_glue_pair_tasks_labels_and_bom(tmp_path):
     np.testing.assert_array_equal(data.label, [0, 1])
     assert data.label_names == ("entailment", "not_entailment")
 
-    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+    header = (
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+    )
     _write(
         tmp_path / "STS-B" / "dev.tsv",
         header + "\n0\tmain\tf\t2012\t1\ts\ts\tA man.\tA person.\t4.750\n"
@@ -116,7 +119,9 @@ def test_glue_pair_tasks_labels_and_bom(tmp_path):
 
 def test_glue_errors_name_file_and_line(tmp_path):
     _write(tmp_path / "SST-2" / "train.tsv", "sentence\tlabel\ngood\t1\nmissing label\n")
-    with pytest.raises(ValueError, match=r"SST-2.train\.tsv:3: expected 2 tab-separated columns, found 1"):
+    with pytest.raises(
+        ValueError, match=r"SST-2.train\.tsv:3: expected 2 tab-separated columns, found 1"
+    ):
         read_glue("sst2", "train", tmp_path)
     _write(tmp_path / "SST-2" / "dev.tsv", "sentence\tlabel\ngood\t2\n")
     with pytest.raises(ValueError, match=r"dev\.tsv:2: unknown label '2'"):
@@ -215,16 +220,22 @@ def test_read_conll_sentences_tags_and_iob2(tmp_path):
     # The conversion keeps the entities: IOB1 read by conlleval = IOB2 strict.
     iob1_tags = [tags for _, tags in sentences]
     iob2_tags = [tags for _, tags in iob2]
-    assert entity_f1(iob1_tags, iob1_tags)["per_type"] == entity_f1(
-        iob2_tags, iob2_tags, scheme="IOB2", mode="strict"
-    )["per_type"]
+    assert (
+        entity_f1(iob1_tags, iob1_tags)["per_type"]
+        == entity_f1(iob2_tags, iob2_tags, scheme="IOB2", mode="strict")["per_type"]
+    )
     assert label_list(sentences) == ["O", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER"]
     assert label_list(iob2_tags) == ["O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-PER"]
 
 
 def test_iob1_to_iob2_by_hand():
     assert iob1_to_iob2(["I-PER", "I-PER", "B-PER", "O", "I-LOC", "I-ORG"]) == [
-        "B-PER", "I-PER", "B-PER", "O", "B-LOC", "B-ORG"
+        "B-PER",
+        "I-PER",
+        "B-PER",
+        "O",
+        "B-LOC",
+        "B-ORG",
     ]
     assert iob1_to_iob2(["B-PER", "I-PER", "O", "O"]) == ["B-PER", "I-PER", "O", "O"]
     assert iob1_to_iob2([]) == []
@@ -262,7 +273,15 @@ def test_real_conll_official_counts():
         counts = entity_f1(tags, tags, scheme="IOB2", mode="strict")["per_type"]
         assert {k: v["num_true"] for k, v in counts.items()} == entities
         assert label_list(sentences) == [
-            "O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER"
+            "O",
+            "B-LOC",
+            "B-MISC",
+            "B-ORG",
+            "B-PER",
+            "I-LOC",
+            "I-MISC",
+            "I-ORG",
+            "I-PER",
         ]
 
 
@@ -272,16 +291,37 @@ def test_real_conll_official_counts():
 def _squad(version="1.1"):
     context = "Paris is the capital of France."
     qas = [
-        {"id": "a", "question": "Capital?", "answers": [{"text": "Paris", "answer_start": 0},
-                                                      {"text": "France", "answer_start": 24}]},
-        {"id": "b", "question": "Off?", "answers": [{"text": "capital", "answer_start": 3},
-                                                  {"text": "capital", "answer_start": 13}]},
+        {
+            "id": "a",
+            "question": "Capital?",
+            "answers": [
+                {"text": "Paris", "answer_start": 0},
+                {"text": "France", "answer_start": 24},
+            ],
+        },
+        {
+            "id": "b",
+            "question": "Off?",
+            "answers": [
+                {"text": "capital", "answer_start": 3},
+                {"text": "capital", "answer_start": 13},
+            ],
+        },
         {"id": "c", "question": "Lost?", "answers": [{"text": "Lyon", "answer_start": 0}]},
     ]
     articles = [
         {"title": "Paris", "paragraphs": [{"context": context, "qas": qas}]},
-        {"title": "Other", "paragraphs": [{"context": "x y", "qas": [
-            {"id": "d", "question": "?", "answers": [{"text": "y", "answer_start": 2}]}]}]},
+        {
+            "title": "Other",
+            "paragraphs": [
+                {
+                    "context": "x y",
+                    "qas": [
+                        {"id": "d", "question": "?", "answers": [{"text": "y", "answer_start": 2}]}
+                    ],
+                }
+            ],
+        },
     ]
     return {"version": version, "data": articles}
 
@@ -292,7 +332,8 @@ def test_read_squad_checks_answer_offsets(tmp_path):
     assert [e["id"] for e in examples] == ["a", "b", "d"]
     first = examples[0]
     assert first["answers"] == [
-        {"text": "Paris", "answer_start": 0}, {"text": "France", "answer_start": 24}
+        {"text": "Paris", "answer_start": 0},
+        {"text": "France", "answer_start": 24},
     ]
     assert (first["title"], first["article_index"], first["paragraph_index"]) == ("Paris", 0, 0)
     assert first["is_impossible"] is False
@@ -315,8 +356,13 @@ def test_read_squad_checks_answer_offsets(tmp_path):
 def test_read_squad_v2_and_errors():
     data = _squad("2.0")
     data["data"][1]["paragraphs"][0]["qas"].append(
-        {"id": "e", "question": "?", "answers": [], "is_impossible": True,
-         "plausible_answers": [{"text": "x", "answer_start": 0}]}
+        {
+            "id": "e",
+            "question": "?",
+            "answers": [],
+            "is_impossible": True,
+            "plausible_answers": [{"text": "x", "answer_start": 0}],
+        }
     )
     with pytest.warns(UserWarning):
         examples = read_squad(data, version="2.0")

@@ -40,16 +40,25 @@ def minilm_dir():
 
 
 def _example(question, context, answer=None, start=None, qid="q"):
-    answers = [] if answer is None else [{"text": answer, "answer_start": context.index(answer) if start is None else start}]
+    answers = (
+        []
+        if answer is None
+        else [{"text": answer, "answer_start": context.index(answer) if start is None else start}]
+    )
     return {"id": qid, "question": question, "context": context, "answers": answers}
 
 
-LONG_CONTEXT = " ".join(["the cat sat on the mat and the dog ran far away ."] * 6) + " it was written by Ann in 1990 ."
+LONG_CONTEXT = (
+    " ".join(["the cat sat on the mat and the dog ran far away ."] * 6)
+    + " it was written by Ann in 1990 ."
+)
 
 
 def test_windows_cover_a_long_context(tokenizer):
     example = _example("Who wrote it?", LONG_CONTEXT, "Ann")
-    features = prepare_squad_features([example], tokenizer, max_sequence_length=24, doc_stride=7, labels=True)
+    features = prepare_squad_features(
+        [example], tokenizer, max_sequence_length=24, doc_stride=7, labels=True
+    )
     num_context_tokens = len(tokenizer.tokenize(LONG_CONTEXT))
     query = len(tokenizer.tokenize("Who wrote it?"))
     window = 24 - query - 3
@@ -63,7 +72,9 @@ def test_windows_cover_a_long_context(tokenizer):
         for position in context_positions:
             key = int(features.offsets[row, position, 0])
             seen[key] = seen.get(key, 0) + 1
-            max_context[key] = max_context.get(key, 0) + int(features.token_is_max_context[row, position])
+            max_context[key] = max_context.get(key, 0) + int(
+                features.token_is_max_context[row, position]
+            )
         # Packed as [CLS] question [SEP] context [SEP]: segment 1 from the context on.
         n = features.inputs["padding_mask"][row].sum()
         assert features.inputs["token_ids"][row, 0] == tokenizer.cls_token_id
@@ -86,7 +97,9 @@ def test_windows_cover_a_long_context(tokenizer):
 
 def test_answer_outside_every_window_position_is_cls(tokenizer):
     example = _example("Who wrote it?", "Ann wrote it . " + "the cat sat . " * 8, "Ann")
-    features = prepare_squad_features([example], tokenizer, max_sequence_length=16, doc_stride=4, labels=True)
+    features = prepare_squad_features(
+        [example], tokenizer, max_sequence_length=16, doc_stride=4, labels=True
+    )
     assert features.start_positions[0] > 0
     assert (features.start_positions[1:] == 0).all() and (features.end_positions[1:] == 0).all()
 
@@ -95,7 +108,9 @@ def test_misaligned_answers_are_counted_and_left_out(tokenizer):
     good = _example("Who wrote it?", "It was written by Ann.", "Ann", qid="good")
     bad = _example("Who wrote it?", "It was written by Ann.", "Ann", start=3, qid="bad")
     with pytest.warns(UserWarning, match=r"1 of 2 examples were left out.*'bad'"):
-        features = prepare_squad_features([good, bad], tokenizer, max_sequence_length=32, labels=True)
+        features = prepare_squad_features(
+            [good, bad], tokenizer, max_sequence_length=32, labels=True
+        )
     assert features.skipped == ["bad"]
     assert set(features.example_index.tolist()) == {0}
     # Without labels (evaluation) nothing is left out.
@@ -119,14 +134,23 @@ def test_bad_input(tokenizer):
     with pytest.raises(ValueError, match="question"):
         prepare_squad_features([{"id": "x", "context": "The cat sat."}], tokenizer)
     with pytest.raises(ValueError, match="leaves no room for the context"):
-        prepare_squad_features([_example("Who wrote it ? " * 3, "The cat.")], tokenizer, max_sequence_length=12)
+        prepare_squad_features(
+            [_example("Who wrote it ? " * 3, "The cat.")], tokenizer, max_sequence_length=12
+        )
     with pytest.raises(ValueError, match="doc_stride"):
         prepare_squad_features([_example("Who?", "The cat.")], tokenizer, doc_stride=0)
 
 
 def test_examples_accept_the_hugging_face_answer_layout():
     (example,) = as_squad_examples(
-        [{"id": 7, "question": "Who?", "context": "Ann did.", "answers": {"text": ["Ann"], "answer_start": [0]}}]
+        [
+            {
+                "id": 7,
+                "question": "Who?",
+                "context": "Ann did.",
+                "answers": {"text": ["Ann"], "answer_start": [0]},
+            }
+        ]
     )
     assert example.id == "7" and example.answers == [{"text": "Ann", "answer_start": 0}]
 
@@ -143,7 +167,9 @@ def _position_of(features, row, context, char_start):
 
 def test_decoding_picks_the_best_valid_span(tokenizer):
     context = "It was written by Ann in 1990 ."
-    features = _features_for(tokenizer, [_example("Who wrote it?", context)], max_sequence_length=32)
+    features = _features_for(
+        tokenizer, [_example("Who wrote it?", context)], max_sequence_length=32
+    )
     start = np.full((1, 32), -10.0)
     end = np.full((1, 32), -10.0)
     ann = _position_of(features, 0, context, context.index("Ann"))
@@ -156,7 +182,9 @@ def test_decoding_picks_the_best_valid_span(tokenizer):
     )
     assert answers == {"q": "Ann in 1990"}
     assert nbest["q"][0]["text"] == "Ann in 1990" and nbest["q"][0]["score"] == 10.0
-    assert [c["score"] for c in nbest["q"]] == sorted((c["score"] for c in nbest["q"]), reverse=True)
+    assert [c["score"] for c in nbest["q"]] == sorted(
+        (c["score"] for c in nbest["q"]), reverse=True
+    )
     assert len({c["text"] for c in nbest["q"]}) == len(nbest["q"])
 
 
@@ -173,7 +201,9 @@ def _best_span_by_search(features, examples, start, end, max_answer_length):
                 if s <= e < s + max_answer_length:
                     score = start[row, s] + end[row, e]
                     if score > best.get(example["id"], (-np.inf, ""))[0]:
-                        text = example["context"][features.offsets[row, s, 0] : features.offsets[row, e, 1]]
+                        text = example["context"][
+                            features.offsets[row, s, 0] : features.offsets[row, e, 1]
+                        ]
                         best[example["id"]] = (score, text)
     return {k: v[1] for k, v in best.items()}
 
@@ -234,9 +264,13 @@ def test_null_answer_threshold(tokenizer):
     ann = _position_of(features, 0, context, context.index("Ann"))
     start[0, ann], end[0, ann] = 2.0, 2.0  # span score 4
     start[0, 0], end[0, 0] = 3.0, 2.5  # null score 5.5
-    answers, diffs, _ = decode_squad_predictions([example], features, start, end, allow_no_answer=True, return_details=True)
+    answers, diffs, _ = decode_squad_predictions(
+        [example], features, start, end, allow_no_answer=True, return_details=True
+    )
     assert answers == {"q": ""} and diffs["q"] == pytest.approx(1.5)
-    kept = decode_squad_predictions([example], features, start, end, allow_no_answer=True, null_score_diff_threshold=2.0)
+    kept = decode_squad_predictions(
+        [example], features, start, end, allow_no_answer=True, null_score_diff_threshold=2.0
+    )
     assert kept == {"q": "Ann"}
     # SQuAD 1.1 decoding never answers "".
     assert decode_squad_predictions([example], features, start, end) == {"q": "Ann"}
@@ -276,7 +310,9 @@ def test_windows_equal_huggingface_overflow_windows(minilm_dir, real_examples):
     hf = transformers.BertTokenizerFast.from_pretrained(minilm_dir)
     length, stride = 96, 32
     examples = [e for e in real_examples if len(hf(e["question"])["input_ids"]) - 2 <= 64][:150]
-    features = prepare_squad_features(examples, tokenizer, max_sequence_length=length, doc_stride=stride)
+    features = prepare_squad_features(
+        examples, tokenizer, max_sequence_length=length, doc_stride=stride
+    )
     compared_windows = 0
     for index, example in enumerate(examples):
         question_length = len(hf(example["question"], add_special_tokens=False)["input_ids"])
@@ -297,7 +333,9 @@ def test_windows_equal_huggingface_overflow_windows(minilm_dir, real_examples):
             assert features.inputs["token_ids"][row, :n].tolist() == encoded["input_ids"][w]
             assert features.inputs["segment_ids"][row, :n].tolist() == encoded["token_type_ids"][w]
             sequence_ids = encoded.sequence_ids(w)
-            for position, (which, (a, b)) in enumerate(zip(sequence_ids, encoded["offset_mapping"][w])):
+            for position, (which, (a, b)) in enumerate(
+                zip(sequence_ids, encoded["offset_mapping"][w])
+            ):
                 if which == 1:
                     assert features.offsets[row, position].tolist() == [a, b]
                 else:
@@ -309,9 +347,13 @@ def test_windows_equal_huggingface_overflow_windows(minilm_dir, real_examples):
 @only_tensorflow
 def test_labels_point_at_the_answers_of_real_questions(minilm_dir, real_examples):
     if not SQUAD_FILE.is_file():
-        pytest.skip("needs SQuAD dev-v1.1 from shared/data (the fallback contexts repeat their answers)")
+        pytest.skip(
+            "needs SQuAD dev-v1.1 from shared/data (the fallback contexts repeat their answers)"
+        )
     tokenizer = BertTokenizer.from_preset(minilm_dir)
-    features = prepare_squad_features(real_examples, tokenizer, max_sequence_length=128, doc_stride=64, labels=True)
+    features = prepare_squad_features(
+        real_examples, tokenizer, max_sequence_length=128, doc_stride=64, labels=True
+    )
     matched = total = 0
     for row in range(len(features)):
         s, e = features.start_positions[row], features.end_positions[row]
@@ -327,7 +369,9 @@ def test_labels_point_at_the_answers_of_real_questions(minilm_dir, real_examples
     assert total >= len(set(features.example_index.tolist())) * 0.8
     assert matched / total > 0.97
     # Perfect logits on the labels decode back to the answers (EM ~ 1 up to piece boundaries).
-    eval_features = prepare_squad_features(real_examples, tokenizer, max_sequence_length=128, doc_stride=64)
+    eval_features = prepare_squad_features(
+        real_examples, tokenizer, max_sequence_length=128, doc_stride=64
+    )
     start = np.full(eval_features.inputs["token_ids"].shape, -10.0)
     end = np.full(eval_features.inputs["token_ids"].shape, -10.0)
     for row in range(len(features)):
@@ -335,7 +379,9 @@ def test_labels_point_at_the_answers_of_real_questions(minilm_dir, real_examples
         start[row, s] += 20.0
         end[row, e] += 20.0
     answers = decode_squad_predictions(real_examples, eval_features, start, end)
-    exact = np.mean([_normalize(answers[e["id"]]) == _normalize(e["answers"][0]["text"]) for e in real_examples])
+    exact = np.mean(
+        [_normalize(answers[e["id"]]) == _normalize(e["answers"][0]["text"]) for e in real_examples]
+    )
     assert exact > 0.95
     for example in real_examples:
         assert answers[example["id"]] in example["context"]

@@ -34,7 +34,9 @@ def test_first_piece_carries_the_label(tokenizer):
     tags = ["B-ORG", "O", "B-MISC", "O", "B-PER"]
     features = encode_tagging([words], tokenizer, 16, [tags], LABEL_TO_ID)
     ids = features.inputs["token_ids"][0]
-    pieces = [tokenizer.id_to_token(int(i)) for i in ids[: features.inputs["padding_mask"][0].sum()]]
+    pieces = [
+        tokenizer.id_to_token(int(i)) for i in ids[: features.inputs["padding_mask"][0].sum()]
+    ]
     assert pieces == ["[CLS]", "eu", "rejects", "german", "boy", "##cott", "peter", "[SEP]"]
     # "boycott" is two pieces: only "boy" is labelled; specials and padding have weight 0.
     np.testing.assert_array_equal(features.sample_weight[0, :9], [0, 1, 1, 1, 1, 0, 1, 0, 0])
@@ -77,14 +79,22 @@ def test_long_sentences_are_split_at_word_boundaries(tokenizer):
 
 
 def test_word_longer_than_a_window_keeps_its_first_pieces(tokenizer):
-    features = encode_tagging([["eu", "rejectsrejectsrejects", "eu"]], tokenizer, 5, [["B-ORG", "O", "B-ORG"]], LABEL_TO_ID)
+    features = encode_tagging(
+        [["eu", "rejectsrejectsrejects", "eu"]],
+        tokenizer,
+        5,
+        [["B-ORG", "O", "B-ORG"]],
+        LABEL_TO_ID,
+    )
     assert words_from_token_predictions(features.labels, features) == [[1, 0, 1]]
     assert features.inputs["padding_mask"].sum(axis=1).max() <= 5
 
 
 def test_word_without_pieces_gets_the_fill_value(tokenizer):
     # A zero-width space is deleted by the tokenizer: the word has no piece to carry a label.
-    features = encode_tagging([["eu", "\u200b", "lamb"]], tokenizer, 10, [["B-ORG", "O", "O"]], LABEL_TO_ID)
+    features = encode_tagging(
+        [["eu", "\u200b", "lamb"]], tokenizer, 10, [["B-ORG", "O", "O"]], LABEL_TO_ID
+    )
     assert features.num_unplaced_words == 1
     assert words_from_token_predictions(features.labels, features, fill_value=-7) == [[1, -7, 0]]
 
@@ -127,13 +137,20 @@ def _hf_alignment(hf_tokenizer, sentences, tags, length):
     for index in range(len(sentences)):
         previous, labels = None, []
         for word in encoded.word_ids(index):
-            labels.append(-100 if word is None or word == previous else LABEL_IDS_CONLL[tags[index][word]])
+            labels.append(
+                -100 if word is None or word == previous else LABEL_IDS_CONLL[tags[index][word]]
+            )
             previous = word
         rows.append((encoded["input_ids"][index], labels))
     return rows
 
 
-LABEL_IDS_CONLL = {t: i for i, t in enumerate(["O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER"])}
+LABEL_IDS_CONLL = {
+    t: i
+    for i, t in enumerate(
+        ["O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-LOC", "I-MISC", "I-ORG", "I-PER"]
+    )
+}
 
 
 @only_tensorflow
@@ -146,7 +163,10 @@ def test_alignment_equals_huggingface_on_conll(minilm_dir):
         sentences = read_conll(path, to_iob2=True)[:400]
     else:  # Hand-made sentences with multi-piece words, accents and punctuation.
         sentences = [
-            (["Müller", "signed", "for", "Borussia", "Mönchengladbach", "."], ["B-PER", "O", "O", "B-ORG", "I-ORG", "O"]),
+            (
+                ["Müller", "signed", "for", "Borussia", "Mönchengladbach", "."],
+                ["B-PER", "O", "O", "B-ORG", "I-ORG", "O"],
+            ),
             (["U.S.", "envoy", "to", "Zaire"], ["B-LOC", "O", "O", "B-LOC"]),
         ]
     words = [w for w, _ in sentences]

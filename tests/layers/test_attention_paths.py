@@ -7,12 +7,10 @@ back with one warning and identical outputs. `HashDropout` must behave as Bernou
 """
 
 import math
-import warnings
 
 import keras
 import numpy as np
 import pytest
-from keras import ops
 
 from kbert.layers import BertSelfAttention, TransformerEncoder
 from kbert.layers.attention import HashDropout
@@ -32,8 +30,10 @@ def _on_cpu():
 
 def _reference_attention(layer, x, padding_mask):
     """NumPy multi-head attention with the layer's weights (keys masked, as BERT does)."""
-    w = {d.name: [np.asarray(to_numpy(v)) for v in d.weights] for d in (
-        layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense)}
+    w = {
+        d.name: [np.asarray(to_numpy(v)) for v in d.weights]
+        for d in (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense)
+    }
     batch, length, hidden = x.shape
     heads, head_dim = layer.num_heads, layer.head_dim
 
@@ -163,15 +163,21 @@ class TestAttentionPaths(TestCase):
         layer.build(x.shape)
         counter = _CallCounter(monkeypatch)
         seed = np.array([3, 1000], "int32")
-        dropout_path = to_numpy(layer(x, padding_mask=padding_mask, training=True, dropout_seed=seed))
+        dropout_path = to_numpy(
+            layer(x, padding_mask=padding_mask, training=True, dropout_seed=seed)
+        )
         assert counter.calls == 0  # not the fused inference op
         fused = to_numpy(layer(x, padding_mask=padding_mask, training=False))
         assert counter.calls == 1
         np.testing.assert_allclose(dropout_path, fused, atol=1e-6, rtol=1e-6)
         real = padding_mask.astype(bool)
-        np.testing.assert_allclose(fused[real], _reference_attention(layer, x, padding_mask)[real], atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(
+            fused[real], _reference_attention(layer, x, padding_mask)[real], atol=2e-5, rtol=1e-5
+        )
 
-    @pytest.mark.skipif(not _on_cpu(), reason="the fallback is exercised where flash is unavailable")
+    @pytest.mark.skipif(
+        not _on_cpu(), reason="the fallback is exercised where flash is unavailable"
+    )
     def test_flash_attention_falls_back_with_one_warning_per_process(self):
         """`flash_attention=True` where the backend cannot do it: identical outputs, one warning
         per process however many layers and calls, nothing logged; with training attention dropout
@@ -179,7 +185,9 @@ class TestAttentionPaths(TestCase):
         process, since the warnings are once per process."""
         import json
 
-        result = json.loads(run_in_backend(BACKEND, _FLASH_WARNINGS_PROGRAM).strip().splitlines()[-1])
+        result = json.loads(
+            run_in_backend(BACKEND, _FLASH_WARNINGS_PROGRAM).strip().splitlines()[-1]
+        )
         assert result["equal"] and result["finite"], result
         assert len(result["fallback"]) == 1, result["fallback"]
         assert "Falling back" in result["fallback"][0] and BACKEND in result["fallback"][0]
@@ -197,7 +205,9 @@ class TestAttentionPaths(TestCase):
         # Weights well above the init scale, so that attention is far from uniform.
         layer.set_weights([np.asarray(w) * 15 for w in layer.get_weights()])
         expected = _reference_attention(layer, x, padding_mask)
-        draws = np.stack([to_numpy(layer(x, padding_mask=padding_mask, training=True)) for _ in range(400)])
+        draws = np.stack(
+            [to_numpy(layer(x, padding_mask=padding_mask, training=True)) for _ in range(400)]
+        )
         real = padding_mask.astype(bool)
         single = np.abs(draws[:, real] - expected[real]).mean()
         averaged = np.abs(draws.mean(0)[real] - expected[real]).mean()
@@ -244,7 +254,8 @@ class TestAttentionPaths(TestCase):
         if layer.uses_hash:  # An explicit key gives the same mask every time.
             seed = np.array([5, 9], "int32")
             np.testing.assert_array_equal(
-                to_numpy(layer(x, training=True, seed=seed)), to_numpy(layer(x, training=True, seed=seed))
+                to_numpy(layer(x, training=True, seed=seed)),
+                to_numpy(layer(x, training=True, seed=seed)),
             )
         with pytest.raises(ValueError, match="rate"):
             HashDropout(1.5)
@@ -298,6 +309,8 @@ class TestAttentionPaths(TestCase):
         expected_keys[0, :] = True
         expected_shape = (2, 1, 1, 6) if BACKEND == "torch" else (2, 1, 6, 6)
         assert mask.dtype == bool and mask.shape == expected_shape
-        np.testing.assert_array_equal(mask, np.broadcast_to(expected_keys[:, None, None, :], expected_shape))
+        np.testing.assert_array_equal(
+            mask, np.broadcast_to(expected_keys[:, None, None, :], expected_shape)
+        )
         expected = _reference_attention(layer, x, np.where(expected_keys, 1, 0))
         np.testing.assert_allclose(output, expected, atol=2e-5, rtol=1e-5)

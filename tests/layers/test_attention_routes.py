@@ -24,7 +24,7 @@ X = RNG.normal(size=(3, 7, HIDDEN)).astype("float32")
 KEY_MASK = np.array([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5], "int32")
 # Pairwise masks of packed rows: two documents per row (block diagonal), then padding.
 _DOCUMENTS = np.array([[1, 1, 1, 2, 2, 2, 2], [1, 1, 2, 2, 2, 0, 0], [1, 2, 2, 2, 0, 0, 0]])
-PAIR_MASK = ((_DOCUMENTS[:, :, None] == _DOCUMENTS[:, None, :]) & (_DOCUMENTS[:, :, None] > 0))
+PAIR_MASK = (_DOCUMENTS[:, :, None] == _DOCUMENTS[:, None, :]) & (_DOCUMENTS[:, :, None] > 0)
 PAIR_MASK = PAIR_MASK.astype("int32")
 TOLERANCE = dict(atol=2e-5, rtol=1e-5)
 
@@ -139,7 +139,8 @@ class TestAttentionRoutes(TestCase):
         mask = inputs["padding_mask"]
         expected = to_numpy(plain(inputs)["sequence_output"])
         np.testing.assert_allclose(
-            _real(to_numpy(auto(inputs)["sequence_output"]), mask), _real(expected, mask),
+            _real(to_numpy(auto(inputs)["sequence_output"]), mask),
+            _real(expected, mask),
             **TOLERANCE,
         )
         config = plain.get_config()

@@ -65,10 +65,15 @@ def _attention_layer_reference(layer, x, call_kwargs):
 def _encoder_reference(block, x, call_kwargs):
     """Post-LayerNorm block: LN(h + FFN(h)) with h = LN(x + attention(x))."""
     mask = call_kwargs["padding_mask"]
-    h = _layer_norm(x + _attention_of(block.self_attention, x, mask), *_dense_weights(block.attention_layer_norm))
+    h = _layer_norm(
+        x + _attention_of(block.self_attention, x, mask),
+        *_dense_weights(block.attention_layer_norm),
+    )
     w1, b1 = _dense_weights(block.intermediate_dense)
     w2, b2 = _dense_weights(block.output_dense)
-    return _layer_norm(h + _gelu_exact(h @ w1 + b1) @ w2 + b2, *_dense_weights(block.output_layer_norm))
+    return _layer_norm(
+        h + _gelu_exact(h @ w1 + b1) @ w2 + b2, *_dense_weights(block.output_layer_norm)
+    )
 
 
 X = np.random.default_rng(0).normal(size=(2, 6, 16)).astype("float32")
@@ -79,7 +84,13 @@ SEGMENT_IDS = np.array([[0, 0, 1, 1], [0, 1, 1, 1]], "int32")
 
 class TestLayers(TestCase):
     def test_embeddings(self):
-        kwargs = dict(vocabulary_size=50, hidden_dim=16, max_sequence_length=10, dropout=0.0, layer_norm_epsilon=1e-6)
+        kwargs = dict(
+            vocabulary_size=50,
+            hidden_dim=16,
+            max_sequence_length=10,
+            dropout=0.0,
+            layer_norm_epsilon=1e-6,
+        )
         self.run_layer_test(
             BertEmbeddings,
             kwargs,
@@ -170,7 +181,9 @@ class TestLayers(TestCase):
         token_ids = np.array([[5, 6, 7, 0, 0], [8, 9, 0, 0, 0]], "int32")
         tokens = keras.Input((None,), dtype="int32")
         segments = keras.Input((None,), dtype="int32")
-        layer = BertEmbeddings(vocabulary_size=12, hidden_dim=8, dropout=0.0, pad_token_id=pad_token_id)
+        layer = BertEmbeddings(
+            vocabulary_size=12, hidden_dim=8, dropout=0.0, pad_token_id=pad_token_id
+        )
         model = keras.Model([tokens, segments], layer(tokens, segments))
         model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")
         before = to_numpy(layer.token_embedding.embeddings).copy()

@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from kbert.metrics import Accuracy
-from kbert.metrics import F1Score
-from kbert.metrics import MatthewsCorrelation
-from kbert.metrics import accuracy
-from kbert.metrics import f1_score
-from kbert.metrics import matthews_corrcoef
+from kbert.metrics import (
+    Accuracy,
+    F1Score,
+    MatthewsCorrelation,
+    accuracy,
+    f1_score,
+    matthews_corrcoef,
+)
 
 
 def _reference_f1_per_class(y_true, y_pred, label):
@@ -78,13 +80,9 @@ def test_f1_macro_matches_per_class_mean():
     assert f1_score(y_true, y_pred, average="macro") == pytest.approx(expected)
     # String labels work too; an explicit label list restricts the mean.
     names = np.array(["neg", "neu", "pos", "x", "y"])
-    assert f1_score(
-        names[y_true], names[y_pred], average="macro"
-    ) == pytest.approx(expected)
+    assert f1_score(names[y_true], names[y_pred], average="macro") == pytest.approx(expected)
     expected_01 = np.mean([_reference_f1_per_class(y_true, y_pred, c) for c in (0, 1)])
-    assert f1_score(y_true, y_pred, average="macro", labels=[0, 1]) == pytest.approx(
-        expected_01
-    )
+    assert f1_score(y_true, y_pred, average="macro", labels=[0, 1]) == pytest.approx(expected_01)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -135,8 +133,10 @@ def _batches(rng, sizes, num_classes):
     "metric_fn, function",
     [
         (lambda: Accuracy(num_classes=3), accuracy),
-        (lambda: F1Score(num_classes=3, average="macro"),
-         lambda t, p: f1_score(t, p, average="macro")),
+        (
+            lambda: F1Score(num_classes=3, average="macro"),
+            lambda t, p: f1_score(t, p, average="macro"),
+        ),
         (lambda: MatthewsCorrelation(num_classes=3), matthews_corrcoef),
     ],
     ids=["accuracy", "macro_f1", "mcc"],
@@ -162,9 +162,7 @@ def test_binary_single_score_threshold_and_label_shapes():
     metric = F1Score(threshold=0.0)
     metric.update_state(y_true[:7], logit[:7])
     metric.update_state(y_true[7:], logit[7:])
-    np.testing.assert_allclose(
-        float(metric.result()), f1_score(y_true[:, 0], predicted), atol=1e-6
-    )
+    np.testing.assert_allclose(float(metric.result()), f1_score(y_true[:, 0], predicted), atol=1e-6)
     mcc = MatthewsCorrelation()
     probabilities = 1 / (1 + np.exp(-logit[:, 0]))
     mcc.update_state(y_true[:7, 0], probabilities[:7])
@@ -213,9 +211,7 @@ def test_keras_metric_errors_and_config():
     metric = F1Score(num_classes=4, average="macro", name="f1_macro")
     clone = F1Score.from_config(metric.get_config())
     assert clone.get_config() == metric.get_config()
-    restored = keras.saving.deserialize_keras_object(
-        keras.saving.serialize_keras_object(metric)
-    )
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(metric))
     assert isinstance(restored, F1Score) and restored.average == "macro"
 
 

@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from kbert.metrics import PearsonCorrelation
-from kbert.metrics import SpearmanCorrelation
-from kbert.metrics import average_ranks
-from kbert.metrics import pearson_corr
-from kbert.metrics import spearman_corr
+from kbert.metrics import (
+    PearsonCorrelation,
+    SpearmanCorrelation,
+    average_ranks,
+    pearson_corr,
+    spearman_corr,
+)
 
 
 def _sts_like(seed, n=60):
@@ -30,9 +32,7 @@ def test_functions_match_scipy(seed):
     assert spearman_corr(gold, pred) == pytest.approx(
         scipy.stats.spearmanr(gold, pred).statistic, abs=1e-12
     )
-    np.testing.assert_array_equal(
-        average_ranks(gold), scipy.stats.rankdata(gold, method="average")
-    )
+    np.testing.assert_array_equal(average_ranks(gold), scipy.stats.rankdata(gold, method="average"))
 
 
 def test_function_edge_cases():
@@ -54,9 +54,7 @@ def test_pearson_metric_accumulates_resets_and_weights():
         gold, pred = _sts_like(seed, n=39)
         for start, stop in ((0, 7), (7, 23), (23, 24), (24, 39)):
             metric.update_state(gold[start:stop, None], pred[start:stop, None])
-        np.testing.assert_allclose(
-            float(metric.result()), pearson_corr(gold, pred), atol=2e-6
-        )
+        np.testing.assert_allclose(float(metric.result()), pearson_corr(gold, pred), atol=2e-6)
         metric.reset_state()
     assert float(metric.result()) == 0.0
     # Integer weights equal repeating the examples.
@@ -77,9 +75,7 @@ def test_pearson_metric_is_stable_with_large_offset():
     metric = PearsonCorrelation()
     for start in range(0, 64, 16):
         metric.update_state(gold[start : start + 16], pred[start : start + 16])
-    np.testing.assert_allclose(
-        float(metric.result()), pearson_corr(gold, pred), atol=1e-4
-    )
+    np.testing.assert_allclose(float(metric.result()), pearson_corr(gold, pred), atol=1e-4)
 
 
 def test_spearman_metric_accumulates_resets_and_overflows():
@@ -114,9 +110,7 @@ def test_spearman_metric_accumulates_resets_and_overflows():
 def test_correlation_metrics_in_compile_and_evaluate():
     rng = np.random.default_rng(10)
     features = rng.normal(size=(40, 4)).astype("float32")
-    target = (features @ np.array([1.0, -0.5, 0.2, 0.0]) + rng.normal(size=40)).astype(
-        "float32"
-    )
+    target = (features @ np.array([1.0, -0.5, 0.2, 0.0]) + rng.normal(size=40)).astype("float32")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(
         optimizer="sgd",

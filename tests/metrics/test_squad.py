@@ -13,8 +13,7 @@ from pathlib import Path
 import keras
 import pytest
 
-from kbert.metrics import normalize_answer
-from kbert.metrics import squad_scores
+from kbert.metrics import normalize_answer, squad_scores
 
 _DATA_DIR = Path(
     os.environ.get(
@@ -62,8 +61,7 @@ def _reference_scores(predictions, articles, v2=False):
                     golds = [g for g in golds if _reference_normalize(g)] or [""]
                 pred = predictions[qa["id"]]
                 em += max(
-                    float(_reference_normalize(pred) == _reference_normalize(g))
-                    for g in golds
+                    float(_reference_normalize(pred) == _reference_normalize(g)) for g in golds
                 )
                 f1 += max(_reference_f1(pred, g, v2) for g in golds)
     return 100 * em / total, 100 * f1 / total
@@ -161,7 +159,9 @@ def test_v20_unanswerable_breakdown_and_thresholds():
 
     na_probs = {"h1": 0.1, "h2": 0.7, "n1": 0.4, "n2": 0.9}
     # Threshold 0.8: n2 (0.9) is read as "no answer" -> correct.
-    thresholded = squad_scores(predictions, data, version="2.0", na_probs=na_probs, na_prob_thresh=0.8)
+    thresholded = squad_scores(
+        predictions, data, version="2.0", na_probs=na_probs, na_prob_thresh=0.8
+    )
     assert thresholded["NoAns_exact_match"] == pytest.approx(100.0)
     assert thresholded["exact_match"] == pytest.approx(75.0)
 
@@ -183,7 +183,9 @@ def test_v20_unanswerable_breakdown_and_thresholds():
     exact_of = {"h1": 1.0, "h2": 0.0, "n1": 1.0, "n2": 0.0}.__getitem__
     f1_of = {"h1": 1.0, "h2": 2 / 3, "n1": 1.0, "n2": 0.0}.__getitem__
     scores = squad_scores(predictions, data, version="2.0", na_probs=na_probs)
-    assert (scores["best_exact_match"], scores["best_exact_match_thresh"]) == pytest.approx(brute(exact_of))
+    assert (scores["best_exact_match"], scores["best_exact_match_thresh"]) == pytest.approx(
+        brute(exact_of)
+    )
     assert (scores["best_f1"], scores["best_f1_thresh"]) == pytest.approx(brute(f1_of))
 
 
@@ -226,10 +228,7 @@ def test_real_dev_v11():
     # Perturbed predictions on the first 12 articles (keeps the test fast).
     subset = articles[:12]
     subset_first = {
-        qa["id"]: first[qa["id"]]
-        for a in subset
-        for p in a["paragraphs"]
-        for qa in p["qas"]
+        qa["id"]: first[qa["id"]] for a in subset for p in a["paragraphs"] for qa in p["qas"]
     }
     answers = list(subset_first.values())
     rng = random.Random(0)

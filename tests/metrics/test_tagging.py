@@ -6,8 +6,7 @@ import random
 
 import pytest
 
-from kbert.metrics import entity_f1
-from kbert.metrics import extract_entities
+from kbert.metrics import entity_f1, extract_entities
 
 
 def _split(tag):
@@ -19,8 +18,7 @@ def _split(tag):
 
 
 def _oracle_end(prev, cur, prev_type, cur_type, iobes):
-    pairs_end = {("B", "B"), ("B", "O"), ("I", "B"), ("I", "O"),
-                 ("E", "E"), ("E", "I"), ("E", "O")}
+    pairs_end = {("B", "B"), ("B", "O"), ("I", "B"), ("I", "O"), ("E", "E"), ("E", "I"), ("E", "O")}
     end = (prev, cur) in pairs_end or (prev != "O" and prev_type != cur_type)
     if iobes:  # seqeval-default completion for S-
         end = end or prev in ("E", "S") or (prev in ("B", "I") and cur == "S")
@@ -28,8 +26,15 @@ def _oracle_end(prev, cur, prev_type, cur_type, iobes):
 
 
 def _oracle_start(prev, cur, prev_type, cur_type, iobes):
-    pairs_start = {("B", "B"), ("I", "B"), ("O", "B"), ("O", "I"),
-                   ("E", "E"), ("E", "I"), ("O", "E")}
+    pairs_start = {
+        ("B", "B"),
+        ("I", "B"),
+        ("O", "B"),
+        ("O", "I"),
+        ("E", "E"),
+        ("E", "I"),
+        ("O", "E"),
+    }
     start = (prev, cur) in pairs_start or (cur != "O" and prev_type != cur_type)
     if iobes:
         start = start or cur in ("B", "S") or (prev == "S" and cur in ("I", "E"))
@@ -72,7 +77,9 @@ def conlleval_oracle(true_sentences, pred_sentences, iobes=False):
 
 def _random_tags(rng, prefixes, length):
     return [
-        "O" if rng.random() < 0.3 else f"{rng.choice(prefixes)}-{rng.choice(['PER', 'LOC', 'ORG-X'])}"
+        "O"
+        if rng.random() < 0.3
+        else f"{rng.choice(prefixes)}-{rng.choice(['PER', 'LOC', 'ORG-X'])}"
         for _ in range(length)
     ]
 
@@ -94,11 +101,15 @@ def test_counts_equal_conlleval_oracle_on_random_sequences(scheme, prefixes):
 def test_conlleval_rules_by_hand():
     # I-X after O starts a chunk; I-Y after I-X starts a new chunk; B-X splits.
     assert extract_entities(["O", "I-PER", "I-PER", "I-LOC", "B-LOC", "O"]) == [
-        (1, 3, "PER"), (3, 4, "LOC"), (4, 5, "LOC")
+        (1, 3, "PER"),
+        (3, 4, "LOC"),
+        (4, 5, "LOC"),
     ]
     # B-X after O (ill-formed in IOB1) still starts a chunk, I-Y after B-X too.
     assert extract_entities(["B-PER", "I-LOC", "O", "B-ORG"]) == [
-        (0, 1, "PER"), (1, 2, "LOC"), (3, 4, "ORG")
+        (0, 1, "PER"),
+        (1, 2, "LOC"),
+        (3, 4, "ORG"),
     ]
     # IOBES: E- closes, S- is one token, E-X after O starts a chunk.
     assert extract_entities(
@@ -119,8 +130,12 @@ def test_scores_by_hand_with_per_type_and_accuracy():
     assert sorted(scores["per_type"]) == ["LOC", "MISC", "ORG", "PER"]
     assert scores["per_type"]["LOC"]["f1"] == 0.0
     assert scores["per_type"]["MISC"] == {
-        "precision": 0.0, "recall": 0.0, "f1": 0.0,
-        "num_true": 0, "num_pred": 1, "num_correct": 0,
+        "precision": 0.0,
+        "recall": 0.0,
+        "f1": 0.0,
+        "num_true": 0,
+        "num_pred": 1,
+        "num_correct": 0,
     }
     assert scores["per_type"]["PER"]["f1"] == 1.0
 

@@ -5,10 +5,10 @@ import pytest
 from kbert.models import BACKBONE_PRESETS, BertBackbone
 from tests.test_case import (
     BACKENDS,
+    TestCase,
     assert_all_close,
     random_backbone_inputs,
     run_in_backend,
-    TestCase,
     tiny_backbone_kwargs,
     to_numpy,
 )
@@ -34,7 +34,9 @@ def _hf_parameter_count(config):
 class TestBertBackbone(TestCase):
     def test_backbone_checks(self, tmp_path):
         """Config and `.keras` round-trips, variable lengths, a fit step (mixed precision: test_precision.py)."""
-        self.run_backbone_test(BertBackbone, tiny_backbone_kwargs(), random_backbone_inputs(), tmp_path)
+        self.run_backbone_test(
+            BertBackbone, tiny_backbone_kwargs(), random_backbone_inputs(), tmp_path
+        )
 
     @pytest.mark.parametrize("name", sorted(BACKBONE_PRESETS))
     def test_preset_parameter_counts_equal_hf(self, name, tmp_path, monkeypatch):
@@ -72,13 +74,17 @@ class TestBertBackbone(TestCase):
         noisy["token_ids"][~mask] = rng.integers(1, 97, size=(~mask).sum())
         noisy["segment_ids"][~mask] = 1
         outputs = to_numpy(backbone(noisy))
-        assert_all_close(outputs["sequence_output"], reference["sequence_output"], atol=1e-5, mask=mask)
+        assert_all_close(
+            outputs["sequence_output"], reference["sequence_output"], atol=1e-5, mask=mask
+        )
         assert_all_close(outputs["pooled_output"], reference["pooled_output"], atol=1e-5)
 
         # Appending more padding changes nothing either.
         longer = {k: np.pad(v, ((0, 0), (0, 6))) for k, v in inputs.items()}
         outputs = to_numpy(backbone(longer))
-        assert_all_close(outputs["sequence_output"][:, :12], reference["sequence_output"], atol=1e-5, mask=mask)
+        assert_all_close(
+            outputs["sequence_output"][:, :12], reference["sequence_output"], atol=1e-5, mask=mask
+        )
 
         # And the padding does matter when it is not masked (the test can fail).
         unmasked = dict(noisy, padding_mask=np.ones_like(inputs["padding_mask"]))
@@ -117,7 +123,9 @@ class TestBertBackbone(TestCase):
         assert np.abs(outputs["gelu"] - outputs["relu"]).max() > 1e-3
 
     def test_hidden_dim_not_divisible_by_heads(self):
-        with pytest.raises(ValueError, match=r"divisible by `num_heads`.*hidden_dim=100, num_heads=12"):
+        with pytest.raises(
+            ValueError, match=r"divisible by `num_heads`.*hidden_dim=100, num_heads=12"
+        ):
             BertBackbone(**tiny_backbone_kwargs(hidden_dim=100, num_heads=12))
 
     def test_unknown_activation(self):
@@ -133,11 +141,15 @@ class TestBertBackbone(TestCase):
     def test_ids_out_of_range(self):
         backbone = BertBackbone(**tiny_backbone_kwargs())
         inputs = random_backbone_inputs()
-        with pytest.raises(ValueError, match=r"`token_ids` must lie in \[0, vocabulary_size\) = \[0, 97\)"):
+        with pytest.raises(
+            ValueError, match=r"`token_ids` must lie in \[0, vocabulary_size\) = \[0, 97\)"
+        ):
             backbone(dict(inputs, token_ids=inputs["token_ids"] + 97))
         with pytest.raises(ValueError, match=r"`token_ids`.*Received values in \[-1,"):
             backbone(dict(inputs, token_ids=inputs["token_ids"] - 1))
-        with pytest.raises(ValueError, match=r"`segment_ids` must lie in \[0, num_segments\) = \[0, 2\)"):
+        with pytest.raises(
+            ValueError, match=r"`segment_ids` must lie in \[0, num_segments\) = \[0, 2\)"
+        ):
             backbone(dict(inputs, segment_ids=inputs["segment_ids"] + 2))
 
     def test_missing_and_extra_input_keys(self):
@@ -157,14 +169,18 @@ class TestBertBackbone(TestCase):
             BertBackbone.from_preset(str(tmp_path / "nowhere"))
 
     def test_save_to_preset_round_trip_is_exact(self, tmp_path):
-        self.run_preset_test(BertBackbone(**tiny_backbone_kwargs()), random_backbone_inputs(), tmp_path)
+        self.run_preset_test(
+            BertBackbone(**tiny_backbone_kwargs()), random_backbone_inputs(), tmp_path
+        )
 
     def test_installed_named_preset_is_found(self, tmp_path, monkeypatch):
         backbone = BertBackbone(**tiny_backbone_kwargs())
         backbone.save_to_preset(tmp_path / "bert_tiny_en_uncased")
         monkeypatch.setenv("KBERT_PRESETS_DIR", str(tmp_path))
         restored = BertBackbone.from_preset("bert_tiny_en_uncased")
-        assert restored.vocabulary_size == 97  # The installed preset, not the built-in architecture.
+        assert (
+            restored.vocabulary_size == 97
+        )  # The installed preset, not the built-in architecture.
         inputs = random_backbone_inputs()
         assert_all_close(restored(inputs), backbone(inputs), atol=0, rtol=0)
 
@@ -175,13 +191,17 @@ class TestBertBackbone(TestCase):
         backbone = BertBackbone(**tiny_backbone_kwargs())
         inputs = random_backbone_inputs()
         backbone.save_to_preset(tmp_path / "preset")
-        np.savez(tmp_path / "io.npz", **inputs, **{"out_" + k: v for k, v in to_numpy(backbone(inputs)).items()})
+        np.savez(
+            tmp_path / "io.npz",
+            **inputs,
+            **{"out_" + k: v for k, v in to_numpy(backbone(inputs)).items()},
+        )
         code = f"""
     import keras
     import numpy as np
     from kbert.models import BertBackbone
-    data = np.load({str(tmp_path / 'io.npz')!r})
-    model = BertBackbone.from_preset({str(tmp_path / 'preset')!r})
+    data = np.load({str(tmp_path / "io.npz")!r})
+    model = BertBackbone.from_preset({str(tmp_path / "preset")!r})
     inputs = {{k: data[k] for k in ("token_ids", "segment_ids", "padding_mask")}}
     outputs = model(inputs)
     for key in ("sequence_output", "pooled_output"):
@@ -192,4 +212,7 @@ class TestBertBackbone(TestCase):
     """
         stdout = run_in_backend(other, code)
         diffs = dict(line.split() for line in stdout.strip().splitlines()[-2:])
-        assert float(diffs["sequence_output"]) < 1e-5 and float(diffs["pooled_output"]) < 1e-5, (other, diffs)
+        assert float(diffs["sequence_output"]) < 1e-5 and float(diffs["pooled_output"]) < 1e-5, (
+            other,
+            diffs,
+        )

@@ -13,7 +13,13 @@ import pytest
 from kbert.models import BertBackbone, BertClassifier, BertTagger
 from kbert.models.optimization import planned_schedule
 from kbert.text import BertPreprocessor, BertTokenizer
-from tests.test_case import TestCase, assert_all_close, random_backbone_inputs, tiny_backbone_kwargs, to_numpy
+from tests.test_case import (
+    TestCase,
+    assert_all_close,
+    random_backbone_inputs,
+    tiny_backbone_kwargs,
+    to_numpy,
+)
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TOY_WORDS = (
@@ -41,7 +47,11 @@ def toy_preprocessor(sequence_length=16):
 
 def toy_backbone(**overrides):
     kwargs = tiny_backbone_kwargs(
-        vocabulary_size=len(TOY_VOCABULARY), max_sequence_length=64, num_layers=1, hidden_dim=16, intermediate_dim=24
+        vocabulary_size=len(TOY_VOCABULARY),
+        max_sequence_length=64,
+        num_layers=1,
+        hidden_dim=16,
+        intermediate_dim=24,
     )
     kwargs.update(overrides)
     return BertBackbone(**kwargs)
@@ -75,10 +85,16 @@ def train_huggingface(reference, inputs, steps, epsilon=1e-6, **labels):
     import torch
     import transformers
 
-    decay = [p for n, p in reference.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
-    no_decay = [p for n, p in reference.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    decay = [
+        p for n, p in reference.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)
+    ]
+    no_decay = [
+        p for n, p in reference.named_parameters() if n.endswith("bias") or "LayerNorm" in n
+    ]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, eps=epsilon
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=1e-3,
+        eps=epsilon,
     )
     schedule = transformers.get_linear_schedule_with_warmup(optimizer, 0, 10)
     reference.train()
@@ -125,10 +141,15 @@ class TestBertClassifier(TestCase):
         "num_labels, problem_type, multi_label",
         [(3, None, False), (1, "regression", False), (4, "multi_label_classification", True)],
     )
-    def test_huggingface_sequence_classification_loads_with_equal_logits(self, tmp_path, num_labels, problem_type, multi_label):
+    def test_huggingface_sequence_classification_loads_with_equal_logits(
+        self, tmp_path, num_labels, problem_type, multi_label
+    ):
         transformers = pytest.importorskip("transformers")
         reference = save_hf_model(
-            transformers.BertForSequenceClassification, tmp_path, num_labels=num_labels, problem_type=problem_type
+            transformers.BertForSequenceClassification,
+            tmp_path,
+            num_labels=num_labels,
+            problem_type=problem_type,
         )
         model = load_quietly(BertClassifier, tmp_path)
         assert model.num_classes == num_labels and model.multi_label == multi_label
@@ -149,7 +170,12 @@ class TestBertClassifier(TestCase):
         reference = transformers.BertForSequenceClassification.from_pretrained(tmp_path).eval()
         assert reference.config.num_labels == 3
         inputs = random_backbone_inputs(2, 10, vocabulary_size=len(TOY_VOCABULARY))
-        assert_all_close(hf_outputs(reference, inputs).logits.numpy(), to_numpy(model(inputs)), atol=1e-4, rtol=1e-4)
+        assert_all_close(
+            hf_outputs(reference, inputs).logits.numpy(),
+            to_numpy(model(inputs)),
+            atol=1e-4,
+            rtol=1e-4,
+        )
 
     @pytest.mark.large
     @pytest.mark.skipif(
@@ -163,7 +189,9 @@ class TestBertClassifier(TestCase):
         torch = pytest.importorskip("torch")
         source = minilm_dir()
         torch.manual_seed(0)
-        reference = transformers.BertForSequenceClassification.from_pretrained(source, num_labels=2).eval()
+        reference = transformers.BertForSequenceClassification.from_pretrained(
+            source, num_labels=2
+        ).eval()
         reference.save_pretrained(tmp_path)
         hf_tokenizer = transformers.BertTokenizerFast.from_pretrained(source)
         hf_tokenizer.save_pretrained(tmp_path)
@@ -171,12 +199,18 @@ class TestBertClassifier(TestCase):
         for name in ("vocab.txt", "tokenizer_config.json"):
             (tmp_path / name).write_bytes((source / name).read_bytes())
         pairs = (
-            ["A man is playing a guitar.", "Café crème in Zürich, naïvely priced!", "Who wrote Hamlet?"],
+            [
+                "A man is playing a guitar.",
+                "Café crème in Zürich, naïvely priced!",
+                "Who wrote Hamlet?",
+            ],
             ["Someone plays music.", "It was expensive.", "Shakespeare wrote it in 1600."],
         )
         model = load_quietly(BertClassifier, tmp_path, sequence_length=32)
         with torch.no_grad():
-            encoded = hf_tokenizer(*pairs, padding="max_length", max_length=32, truncation=True, return_tensors="pt")
+            encoded = hf_tokenizer(
+                *pairs, padding="max_length", max_length=32, truncation=True, return_tensors="pt"
+            )
             expected = reference(**encoded).logits.numpy()
         assert_all_close(model(model.preprocessor(pairs)), expected, atol=1e-4, rtol=1e-4)
 
@@ -193,13 +227,20 @@ class TestBertClassifier(TestCase):
         from kbert.models import BertAdamW, bert_optimizer
 
         epsilon = 1e-6
-        reference = save_hf_model(transformers.BertForSequenceClassification, tmp_path, num_labels=2, initializer_range=0.02)
+        reference = save_hf_model(
+            transformers.BertForSequenceClassification,
+            tmp_path,
+            num_labels=2,
+            initializer_range=0.02,
+        )
         inputs = random_backbone_inputs(8, 12)
         labels = np.random.default_rng(0).integers(0, 2, 8)
 
         def kbert_logits(torch_epsilon):
             model = load_quietly(BertClassifier, tmp_path, dropout=0.0)
-            optimizer = bert_optimizer(1e-3, total_steps=10, warmup_steps=0, epsilon=epsilon, torch_epsilon=torch_epsilon)
+            optimizer = bert_optimizer(
+                1e-3, total_steps=10, warmup_steps=0, epsilon=epsilon, torch_epsilon=torch_epsilon
+            )
             assert isinstance(optimizer, BertAdamW) == torch_epsilon
             model.compile(optimizer=optimizer)
             for _ in range(5):
@@ -213,7 +254,9 @@ class TestBertClassifier(TestCase):
         expected = hf_outputs(reference, inputs).logits.numpy()
         assert np.abs(expected).max() > 0.03 and float(loss) > 0  # the weights did move
         assert_all_close(trained, expected, atol=2e-5, rtol=1e-4)
-        assert np.abs(keras_placement - expected).max() > 20 * 2e-5, np.abs(keras_placement - expected).max()
+        assert np.abs(keras_placement - expected).max() > 20 * 2e-5, np.abs(
+            keras_placement - expected
+        ).max()
 
     def test_raw_strings_and_pairs_equal_packed_inputs(self):
         preprocessor = toy_preprocessor()
@@ -223,15 +266,30 @@ class TestBertClassifier(TestCase):
         packed = preprocessor((sentences, second))
         assert packed["segment_ids"].max() == 1
         expected = to_numpy(model(packed))
-        assert_all_close(model.predict((sentences, second), verbose=0), expected, atol=1e-6, rtol=1e-6)
-        assert_all_close(model.predict(list(zip(sentences, second)), verbose=0), expected, atol=1e-6, rtol=1e-6)
+        assert_all_close(
+            model.predict((sentences, second), verbose=0), expected, atol=1e-6, rtol=1e-6
+        )
+        assert_all_close(
+            model.predict(list(zip(sentences, second)), verbose=0), expected, atol=1e-6, rtol=1e-6
+        )
         single = to_numpy(model(preprocessor(sentences)))
-        assert_all_close(model.predict(np.array(sentences), verbose=0), single, atol=1e-6, rtol=1e-6)
+        assert_all_close(
+            model.predict(np.array(sentences), verbose=0), single, atol=1e-6, rtol=1e-6
+        )
 
     def test_fit_on_raw_strings_learns_a_toy_task_with_the_default_schedule(self):
-        sentences = ["a good film", "a great movie", "a fine plot", "a bad film", "an awful movie", "a dull plot"]
+        sentences = [
+            "a good film",
+            "a great movie",
+            "a fine plot",
+            "a bad film",
+            "an awful movie",
+            "a dull plot",
+        ]
         labels = [1, 1, 1, 0, 0, 0]
-        model = BertClassifier(toy_backbone(), num_classes=2, dropout=0.0, preprocessor=toy_preprocessor())
+        model = BertClassifier(
+            toy_backbone(), num_classes=2, dropout=0.0, preprocessor=toy_preprocessor()
+        )
         model.compile(learning_rate=2e-2)
         self.run_task_test(
             model,
@@ -254,13 +312,17 @@ class TestBertClassifier(TestCase):
         tf = pytest.importorskip("tensorflow")
         sentences = ["a good film", "a bad film", "a dull plot", "a great movie"]
         labels = np.array([1, 0, 0, 1])
-        model = BertClassifier(toy_backbone(), num_classes=2, dropout=0.0, preprocessor=toy_preprocessor())
+        model = BertClassifier(
+            toy_backbone(), num_classes=2, dropout=0.0, preprocessor=toy_preprocessor()
+        )
         dataset = tf.data.Dataset.from_tensor_slices((sentences, labels)).batch(2)
         from_dataset = model.evaluate(dataset, verbose=0, return_dict=True)
         from_lists = model.evaluate(sentences, labels, batch_size=2, verbose=0, return_dict=True)
         assert from_dataset["loss"] == pytest.approx(from_lists["loss"], rel=1e-5)
         logits = to_numpy(model(model.preprocessor(sentences)))
-        assert from_lists["loss"] == pytest.approx(-_log_softmax(logits)[np.arange(4), labels].mean(), rel=1e-5)
+        assert from_lists["loss"] == pytest.approx(
+            -_log_softmax(logits)[np.arange(4), labels].mean(), rel=1e-5
+        )
         # `fit` on the dataset of strings plans its 2 steps (4 rows in batches of 2).
         model.fit(dataset, epochs=1, verbose=0)
         assert planned_schedule(model.optimizer).planned_length()[0] == 2
@@ -304,7 +366,9 @@ class TestBertClassifier(TestCase):
 
         def loss_of(model, y):
             logits = model(inputs)
-            return float(to_numpy(model.compute_loss(x=inputs, y=y, y_pred=logits))), to_numpy(logits)
+            return float(to_numpy(model.compute_loss(x=inputs, y=y, y_pred=logits))), to_numpy(
+                logits
+            )
 
         # Classification: softmax cross-entropy.
         labels = np.array([0, 2, 1, 2])
@@ -318,7 +382,9 @@ class TestBertClassifier(TestCase):
         # Its default metric is Pearson's r.
         results = model.evaluate(inputs, scores, batch_size=4, verbose=0, return_dict=True)
         assert sorted(results) == ["loss", "pearson"]
-        assert results["pearson"] == pytest.approx(np.corrcoef(outputs[:, 0], scores)[0, 1], rel=1e-4, abs=1e-5)
+        assert results["pearson"] == pytest.approx(
+            np.corrcoef(outputs[:, 0], scores)[0, 1], rel=1e-4, abs=1e-5
+        )
         # Multi-label: sigmoid binary cross-entropy per class.
         targets = np.array([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]], "float32")
         loss, logits = loss_of(BertClassifier(backbone, num_classes=3, multi_label=True), targets)
@@ -349,10 +415,15 @@ class TestBertClassifier(TestCase):
         logits = to_numpy(model(inputs))
         loss = float(to_numpy(model.compute_loss(x=inputs, y=labels, y_pred=logits)))
         assert loss == pytest.approx(-_log_softmax(logits)[np.arange(10), labels].mean(), rel=1e-5)
-        assert isinstance(model.optimizer, keras.optimizers.SGD) and planned_schedule(model.optimizer) is None
+        assert (
+            isinstance(model.optimizer, keras.optimizers.SGD)
+            and planned_schedule(model.optimizer) is None
+        )
 
     def test_config_and_keras_file_round_trip(self, tmp_path):
-        model = BertClassifier(toy_backbone(), num_classes=3, dropout=0.2, preprocessor=toy_preprocessor(12))
+        model = BertClassifier(
+            toy_backbone(), num_classes=3, dropout=0.2, preprocessor=toy_preprocessor(12)
+        )
         sentences = ["a good film", "The plot was dull ."]
         self.run_task_test(model, raw_x=sentences, tmp_path=tmp_path)
         restored = keras.saving.load_model(tmp_path / "model.keras")
@@ -362,12 +433,17 @@ class TestBertClassifier(TestCase):
     def test_preset_round_trip_keeps_config_weights_and_vocabulary(self, tmp_path):
         tokenizer = BertTokenizer(TOY_VOCABULARY, lowercase=False)
         model = BertClassifier(
-            toy_backbone(), num_classes=3, dropout=0.3, preprocessor=BertPreprocessor(tokenizer, sequence_length=20)
+            toy_backbone(),
+            num_classes=3,
+            dropout=0.3,
+            preprocessor=BertPreprocessor(tokenizer, sequence_length=20),
         )
         sentences = ["a good film", "Paris was great"]
         restored = self.run_preset_test(model, model.preprocessor(sentences), tmp_path)
         preset = tmp_path / "preset"
-        assert (preset / "vocab.txt").read_text().split("\n")[: len(TOY_VOCABULARY)] == TOY_VOCABULARY
+        assert (preset / "vocab.txt").read_text().split("\n")[
+            : len(TOY_VOCABULARY)
+        ] == TOY_VOCABULARY
         assert restored.num_classes == 3 and restored.dropout == 0.3
         assert restored.preprocessor.sequence_length == 20
         assert restored.preprocessor.tokenizer.lowercase is False

@@ -41,14 +41,19 @@ def test_lamb_update_equals_the_paper(tmp_path):
     }
     variables = [keras.Variable(value, name=name) for name, value in initial.items()]
     optimizer = Lamb(learning_rate=0.05, weight_decay=DECAY)
-    steps = [{k: rng.normal(size=v.shape).astype("float32") for k, v in initial.items()}
-             for _ in range(4)]
+    steps = [
+        {k: rng.normal(size=v.shape).astype("float32") for k, v in initial.items()}
+        for _ in range(4)
+    ]
     for grads in steps:
         optimizer.apply([grads[v.name] for v in variables], variables)
     expected = _lamb_reference(initial, steps, 0.05, excluded={"bias"})
     for variable in variables:
         np.testing.assert_allclose(
-            keras.ops.convert_to_numpy(variable), expected[variable.name], rtol=2e-5, atol=1e-6,
+            keras.ops.convert_to_numpy(variable),
+            expected[variable.name],
+            rtol=2e-5,
+            atol=1e-6,
             err_msg=variable.name,
         )
     # The check can fail: treating the kernel like a bias (no decay, no trust ratio) is far off.
@@ -68,8 +73,10 @@ def test_gradient_accumulation_in_fit_equals_the_reference():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.layers[0].bias.assign(rng.normal(size=(2,)).astype("float32"))
-    initial = {"kernel": keras.ops.convert_to_numpy(model.layers[0].kernel),
-               "bias": keras.ops.convert_to_numpy(model.layers[0].bias)}
+    initial = {
+        "kernel": keras.ops.convert_to_numpy(model.layers[0].kernel),
+        "bias": keras.ops.convert_to_numpy(model.layers[0].bias),
+    }
     model.compile(optimizer=Lamb(learning_rate=0.1, gradient_accumulation_steps=2), loss="mse")
     model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)  # 4 micro-batches.
 
@@ -78,16 +85,22 @@ def test_gradient_accumulation_in_fit_equals_the_reference():
     for start in range(0, 16, 4):
         xb, yb = x[start : start + 4].astype(np.float64), y[start : start + 4].astype(np.float64)
         residual = xb @ w["kernel"] + w["bias"] - yb
-        accumulated.append({"kernel": 2 * xb.T @ residual / residual.size,
-                            "bias": 2 * residual.sum(axis=0) / residual.size})
+        accumulated.append(
+            {
+                "kernel": 2 * xb.T @ residual / residual.size,
+                "bias": 2 * residual.sum(axis=0) / residual.size,
+            }
+        )
         if len(accumulated) == 2:  # One update with the mean gradient of two micro-batches.
             updates.append({k: (accumulated[0][k] + accumulated[1][k]) / 2 for k in w})
             accumulated = []
             w = _lamb_reference(initial, updates, 0.1, excluded={"bias"})
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(model.layers[0].kernel), w["kernel"],
-                               rtol=2e-5, atol=1e-5)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(model.layers[0].bias), w["bias"],
-                               rtol=2e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(model.layers[0].kernel), w["kernel"], rtol=2e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(model.layers[0].bias), w["bias"], rtol=2e-5, atol=1e-5
+    )
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 2
 
 

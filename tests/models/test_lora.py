@@ -6,7 +6,14 @@ import pytest
 
 from kbert.models import BertBackbone, BertClassifier, BertPretrainer
 from kbert.models.lora import lora_layers
-from tests.test_case import TestCase, assert_all_close, random_backbone_inputs, tiny_backbone_kwargs, to_numpy, values_by_path
+from tests.test_case import (
+    TestCase,
+    assert_all_close,
+    random_backbone_inputs,
+    tiny_backbone_kwargs,
+    to_numpy,
+    values_by_path,
+)
 
 RANK = 4
 
@@ -55,7 +62,10 @@ class TestLora(TestCase):
         backbone = BertBackbone(**tiny_backbone_kwargs())
         backbone.enable_lora(RANK, feedforward=True)
         names = sorted(lora_layers(backbone))
-        assert "transformer_layer_1/intermediate_dense" in names and "transformer_layer_0/output_dense" in names
+        assert (
+            "transformer_layer_1/intermediate_dense" in names
+            and "transformer_layer_0/output_dense" in names
+        )
         assert len(names) == 2 * 6
         trainable = {v.path for v in backbone.trainable_weights}
         assert all("lora_kernel" in p for p in trainable) and len(trainable) == 2 * 6 * 2
@@ -85,7 +95,9 @@ class TestLora(TestCase):
         actual = backbone(inputs)
         # The adapter must matter, or the comparison proves nothing.
         plain = BertBackbone(**tiny_backbone_kwargs())
-        assert not np.allclose(to_numpy(actual["pooled_output"]), to_numpy(plain(inputs)["pooled_output"]), atol=1e-3)
+        assert not np.allclose(
+            to_numpy(actual["pooled_output"]), to_numpy(plain(inputs)["pooled_output"]), atol=1e-3
+        )
         assert_all_close(actual, expected, atol=1e-4, rtol=1e-4, mask=inputs["padding_mask"])
 
     def test_save_and_load_lora_weights_round_trip(self, tmp_path):
@@ -94,7 +106,9 @@ class TestLora(TestCase):
         randomize_lora(model)
         path = tmp_path / "adapter.safetensors"
         model.save_lora_weights(path)
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter.safetensors"]  # No temp left.
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            "adapter.safetensors"
+        ]  # No temp left.
         # A second model with the same base weights (the adapter file alone does not hold them).
         other = tiny_classifier()
         base = {v.path: v for v in model.weights if "lora" not in v.path}
@@ -103,7 +117,9 @@ class TestLora(TestCase):
         other.enable_lora(RANK)
         other.load_lora_weights(path)
         inputs = random_backbone_inputs()
-        assert_all_close(other.predict(inputs, verbose=0), model.predict(inputs, verbose=0), atol=1e-5)
+        assert_all_close(
+            other.predict(inputs, verbose=0), model.predict(inputs, verbose=0), atol=1e-5
+        )
 
     def test_merge_lora_keeps_outputs_and_drops_lora_variables(self):
         model = tiny_classifier()
@@ -115,7 +131,9 @@ class TestLora(TestCase):
         assert not any("lora" in v.path for v in merged.weights)
         assert not lora_layers(merged.backbone)
         assert len(merged.weights) == len(tiny_classifier().weights)
-        assert_all_close(merged.predict(inputs, verbose=0), model.predict(inputs, verbose=0), atol=1e-5)
+        assert_all_close(
+            merged.predict(inputs, verbose=0), model.predict(inputs, verbose=0), atol=1e-5
+        )
 
     def test_full_saves_store_the_merged_model(self, tmp_path):
         """`.keras` and `save_to_preset` of a LoRA model load as a plain model with the same outputs."""
@@ -137,7 +155,10 @@ class TestLora(TestCase):
         pretrainer.enable_lora(RANK)
         assert len(lora_layers(backbone)) == 2 * 4
         trainable = {v.path for v in pretrainer.trainable_weights}
-        assert not any(p.startswith(("embeddings/", "transformer_layer_")) and "lora" not in p for p in trainable)
+        assert not any(
+            p.startswith(("embeddings/", "transformer_layer_")) and "lora" not in p
+            for p in trainable
+        )
         assert {p for p in trainable if "lora" in p}
         assert any(p.startswith("nsp_head") for p in trainable)
 
@@ -150,7 +171,9 @@ class TestLora(TestCase):
 
     def test_rank_larger_than_layer(self):
         backbone = BertBackbone(**tiny_backbone_kwargs())  # hidden 32
-        with pytest.raises(ValueError, match=r"kernel of shape \(32, 32\), so rank <= 32. Received: rank=33"):
+        with pytest.raises(
+            ValueError, match=r"kernel of shape \(32, 32\), so rank <= 32. Received: rank=33"
+        ):
             backbone.enable_lora(33)
         assert not lora_layers(backbone)  # Nothing half-enabled.
 
@@ -173,7 +196,8 @@ class TestLora(TestCase):
         other_rank = tiny_classifier()
         other_rank.enable_lora(2)
         with pytest.raises(
-            ValueError, match=r"'transformer_layer_0/self_attention/query/lora_kernel_a'.* shape \(32, 4\).* shape \(32, 2\)"
+            ValueError,
+            match=r"'transformer_layer_0/self_attention/query/lora_kernel_a'.* shape \(32, 4\).* shape \(32, 2\)",
         ):
             other_rank.load_lora_weights(path)
 
@@ -199,7 +223,9 @@ class TestLora(TestCase):
     def test_enable_lora_after_full_fine_tuning_trains_the_adapter_only(self):
         """The optimizer built by an earlier `fit` tracked other variables: LoRA replaces it."""
         model = tiny_classifier()
-        model.compile(total_steps=4)  # A fixed schedule: `fit` would not re-plan (and so rebuild) it.
+        model.compile(
+            total_steps=4
+        )  # A fixed schedule: `fit` would not re-plan (and so rebuild) it.
         inputs = random_backbone_inputs(batch_size=8)
         labels = np.arange(8) % 3
         model.fit(inputs, labels, batch_size=4, epochs=1, verbose=0)
@@ -208,4 +234,6 @@ class TestLora(TestCase):
         model.fit(inputs, labels, batch_size=4, epochs=1, verbose=0)
         after = values_by_path(model)
         changed = {path for path in before if not np.array_equal(before[path], after[path])}
-        assert changed and all("lora_kernel" in p or p.startswith("classifier/") for p in changed), changed
+        assert changed and all(
+            "lora_kernel" in p or p.startswith("classifier/") for p in changed
+        ), changed

@@ -23,7 +23,10 @@ def _problem(num_steps=6, seed=0):
     initial = [rng.normal(size=shape).astype("float32") for shape in SHAPES]
     # Gradients from 1e-7 to 1e-2: where epsilon (1e-6) is added matters for the small ones.
     grads = [
-        [(rng.normal(size=shape) * 10.0 ** rng.integers(-7, -1, size=shape)).astype("float32") for shape in SHAPES]
+        [
+            (rng.normal(size=shape) * 10.0 ** rng.integers(-7, -1, size=shape)).astype("float32")
+            for shape in SHAPES
+        ]
         for _ in range(num_steps)
     ]
     return initial, grads
@@ -36,7 +39,11 @@ def _reference_adamw(initial, grads, peak, total, warmup, weight_decay, epsilon,
     m = [np.zeros_like(p) for p in params]
     v = [np.zeros_like(p) for p in params]
     for step, step_grads in enumerate(grads):
-        lr = peak * step / warmup if step < warmup else peak * max(0.0, (total - step) / (total - warmup))
+        lr = (
+            peak * step / warmup
+            if step < warmup
+            else peak * max(0.0, (total - step) / (total - warmup))
+        )
         g = [x.astype("float64") for x in step_grads]
         norm = np.sqrt(sum(np.sum(x * x) for x in g))
         g = [x * min(1.0, clipnorm / norm) for x in g]
@@ -139,7 +146,10 @@ def _reference(
     v = [np.zeros_like(p) for p in params]
     averages = None
     updates = [
-        [np.mean([grads[i + k][j] for k in range(accumulation)], axis=0, dtype="float64") for j in range(len(NAMES))]
+        [
+            np.mean([grads[i + k][j] for k in range(accumulation)], axis=0, dtype="float64")
+            for j in range(len(NAMES))
+        ]
         for i in range(0, len(grads), accumulation)
     ]
     for step, g in enumerate(updates):
@@ -155,7 +165,9 @@ def _reference(
                 params[i] *= 1 - lr * weight_decay
             m[i] = 0.9 * m[i] + 0.1 * g[i]
             v[i] = 0.999 * v[i] + 0.001 * g[i] ** 2
-            m_hat, v_hat = (m[i] / (1 - 0.9**t), v[i] / (1 - 0.999**t)) if bias_correction else (m[i], v[i])
+            m_hat, v_hat = (
+                (m[i] / (1 - 0.9**t), v[i] / (1 - 0.999**t)) if bias_correction else (m[i], v[i])
+            )
             params[i] -= lr * m_hat / (np.sqrt(v_hat) + epsilon)
         if ema_momentum is not None:
             momentum = 0.0 if averages is None else ema_momentum
@@ -165,7 +177,11 @@ def _reference(
 
 
 def _bert_schedule(peak=3e-2, total=8, warmup=2):
-    return lambda step: peak * step / warmup if step < warmup else peak * max(0.0, (total - step) / (total - warmup))
+    return lambda step: (
+        peak * step / warmup
+        if step < warmup
+        else peak * max(0.0, (total - step) / (total - warmup))
+    )
 
 
 def _train(optimizer, initial, grads, scale=1.0):
@@ -224,7 +240,8 @@ def test_per_variable_clipnorm_ema_and_loss_scale_factor():
 
 
 @pytest.mark.skipif(
-    keras.config.backend() == "jax", reason="JAX applies a LossScaleOptimizer only statelessly, inside fit"
+    keras.config.backend() == "jax",
+    reason="JAX applies a LossScaleOptimizer only statelessly, inside fit",
 )
 def test_loss_scale_optimizer_skips_non_finite_steps_and_unscales():
     initial, grads = _varying_problem(num_steps=4, seed=5)
@@ -234,13 +251,19 @@ def test_loss_scale_optimizer_skips_non_finite_steps_and_unscales():
     scale = 1024.0
     for step, step_grads in enumerate(grads):
         if step == 2:  # An overflowing step: skipped, the scale halves.
-            optimizer.apply([keras.ops.convert_to_tensor(g * np.inf) for g in step_grads], variables)
+            optimizer.apply(
+                [keras.ops.convert_to_tensor(g * np.inf) for g in step_grads], variables
+            )
             scale /= 2
         optimizer.apply([keras.ops.convert_to_tensor(g * scale) for g in step_grads], variables)
     assert float(keras.ops.convert_to_numpy(optimizer.dynamic_scale)) == scale
     assert int(keras.ops.convert_to_numpy(inner.iterations)) == len(grads)
     expected = _reference(initial, grads, _bert_schedule())
-    _assert_matches_only(variables, expected, {"no clipping": _reference(initial, grads, _bert_schedule(), clip=None)})
+    _assert_matches_only(
+        variables,
+        expected,
+        {"no clipping": _reference(initial, grads, _bert_schedule(), clip=None)},
+    )
 
 
 def test_missing_gradients_leave_their_variable_alone():
@@ -250,7 +273,11 @@ def test_missing_gradients_leave_their_variable_alone():
     variables = [keras.Variable(p, name=name) for p, name in zip(initial, NAMES)]
     for step_grads in grads:
         with pytest.warns(UserWarning, match="Gradients do not exist"):
-            some = [keras.ops.convert_to_tensor(step_grads[0]), None, keras.ops.convert_to_tensor(step_grads[2])]
+            some = [
+                keras.ops.convert_to_tensor(step_grads[0]),
+                None,
+                keras.ops.convert_to_tensor(step_grads[2]),
+            ]
             optimizer.apply(some, variables)
     zero_bias = [[g[0], np.zeros_like(g[1]), g[2]] for g in grads]
     expected = _reference(initial, zero_bias, _bert_schedule())
@@ -296,7 +323,12 @@ def test_keras_save_and_load_restores_the_optimizer_state(tmp_path):
     def build():
         keras.utils.set_random_seed(1)
         model = keras.Sequential(
-            [keras.Input((6,)), keras.layers.Dense(4), keras.layers.LayerNormalization(), keras.layers.Dense(2)]
+            [
+                keras.Input((6,)),
+                keras.layers.Dense(4),
+                keras.layers.LayerNormalization(),
+                keras.layers.Dense(2),
+            ]
         )
         model.compile(optimizer=bert_optimizer(1e-2, total_steps=20, warmup_steps=2), loss="mse")
         return model
@@ -326,12 +358,24 @@ def test_kbert_optimizers_use_no_private_keras_attribute():
     from kbert.models import lamb, optimization
 
     sources = [inspect.getsource(module) for module in (optimization, lamb)]
-    functions = (backend_paths.has_multi_tensor_adamw, backend_paths.adamw_update, backend_paths.torch_adamw,
-                 backend_paths._torch_adamw_update, backend_paths._build_torch_adamw)
+    functions = (
+        backend_paths.has_multi_tensor_adamw,
+        backend_paths.adamw_update,
+        backend_paths.torch_adamw,
+        backend_paths._torch_adamw_update,
+        backend_paths._build_torch_adamw,
+    )
     sources += [inspect.getsource(f) for f in functions]
     trees = [ast.parse(s) for s in sources] + [ast.parse(inspect.getsource(backend_paths))]
-    own = {n.attr for t in trees for n in ast.walk(t) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
-    own |= {n.name for t in trees for n in ast.walk(t) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    own = {
+        n.attr
+        for t in trees
+        for n in ast.walk(t)
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+    }
+    own |= {
+        n.name for t in trees for n in ast.walk(t) if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+    }
     assigned = (n for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assign))
     own |= {t.id for n in assigned for t in n.targets if isinstance(t, ast.Name)}
     used = {n.attr for s in sources for n in ast.walk(ast.parse(s)) if isinstance(n, ast.Attribute)}
@@ -350,7 +394,12 @@ def test_compiled_torch_training_step_updates_as_eager():
     def train(jit_compile):
         keras.utils.set_random_seed(1)
         model = keras.Sequential(
-            [keras.Input((6,)), keras.layers.Dense(4), keras.layers.LayerNormalization(), keras.layers.Dense(2)]
+            [
+                keras.Input((6,)),
+                keras.layers.Dense(4),
+                keras.layers.LayerNormalization(),
+                keras.layers.Dense(2),
+            ]
         )
         optimizer = bert_optimizer(1e-2, total_steps=20, warmup_steps=2)
         model.compile(optimizer=optimizer, loss="mse", jit_compile=jit_compile)

@@ -31,8 +31,14 @@ TOLERANCE = 1e-5
 
 def _config(**kwargs):
     config = dict(
-        vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
-        max_sequence_length=32, dropout=0.0, attention_dropout=0.0,
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=32,
+        dropout=0.0,
+        attention_dropout=0.0,
     )
     config.update(kwargs)
     return config
@@ -76,8 +82,11 @@ def _separate_rows(documents, length=LENGTH):
     for r, document in enumerate(documents):
         token_ids[r, : len(document)] = document
         padding_mask[r, : len(document)] = 1
-    return {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids),
-            "padding_mask": padding_mask}
+    return {
+        "token_ids": token_ids,
+        "segment_ids": np.zeros_like(token_ids),
+        "padding_mask": padding_mask,
+    }
 
 
 def _numpy(x):
@@ -142,7 +151,8 @@ def test_packed_backbone_without_packing_equals_the_plain_backbone():
     got = packed(dict(x, document_ids=x["padding_mask"]))
     real = x["padding_mask"] > 0
     np.testing.assert_allclose(
-        _numpy(got["sequence_output"])[real], _numpy(expected["sequence_output"])[real],
+        _numpy(got["sequence_output"])[real],
+        _numpy(expected["sequence_output"])[real],
         atol=TOLERANCE,
     )
     np.testing.assert_allclose(
@@ -186,8 +196,9 @@ def test_masked_lm_loss_of_a_packed_batch_equals_the_documents_run_separately():
         x, y, sample_weight = _masked_batch(DOCUMENTS, chosen, layout)
         y_pred = model(x)
         assert set(y_pred) == {"mlm"}
-        loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                  training=False)
+        loss = model.compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False
+        )
         losses.append(float(_numpy(loss)))
         weights = sample_weight["mlm"] > 0
         logits.append(_numpy(y_pred["mlm"])[weights])
@@ -196,8 +207,9 @@ def test_masked_lm_loss_of_a_packed_batch_equals_the_documents_run_separately():
     # Packed without the packing inputs: another loss, far beyond float error.
     x, y, sample_weight = _masked_batch(DOCUMENTS, chosen, True)
     x.pop("document_ids")
-    wrong = plain_model.compute_loss(x=x, y=y, y_pred=plain_model(x), sample_weight=sample_weight,
-                                     training=False)
+    wrong = plain_model.compute_loss(
+        x=x, y=y, y_pred=plain_model(x), sample_weight=sample_weight, training=False
+    )
     assert abs(float(_numpy(wrong)) - losses[1]) > 1e-3
 
 
@@ -300,16 +312,24 @@ class TestPackedModels(TestCase):
         shortest = int(x["padding_mask"].sum(axis=1).min())
         assert shortest < x["padding_mask"].shape[1]
         self.run_backbone_test(
-            BertBackbone, _config(packed=True), backbone_inputs, tmp_path / "backbone",
+            BertBackbone,
+            _config(packed=True),
+            backbone_inputs,
+            tmp_path / "backbone",
             sequence_lengths=(shortest,),
         )
 
         def pretrainer(policy=None):
             dtype = {} if policy is None else {"dtype": policy}
-            return BertPretrainer(BertBackbone(**_config(packed=True), **dtype), next_sentence=False)
+            return BertPretrainer(
+                BertBackbone(**_config(packed=True), **dtype), next_sentence=False
+            )
 
         self.run_task_test(
-            pretrainer(), input_data=x, tmp_path=tmp_path / "pretrainer",
-            preprocessed_data=(x, y, sample_weight), sequence_lengths=(shortest,),
+            pretrainer(),
+            input_data=x,
+            tmp_path=tmp_path / "pretrainer",
+            preprocessed_data=(x, y, sample_weight),
+            sequence_lengths=(shortest,),
         )
         self.run_precision_test(pretrainer, x, fit_data=(x, y, sample_weight))

@@ -2,11 +2,11 @@ import keras
 import numpy as np
 import pytest
 
-from kbert.models import BertBackbone, BertPretrainer, Lamb, WarmupLinearDecay, bert_optimizer
+from kbert.models import BertBackbone, BertPretrainer, Lamb, bert_optimizer
 from tests.test_case import (
+    TestCase,
     assert_all_close,
     random_backbone_inputs,
-    TestCase,
     tiny_backbone_kwargs,
     to_numpy,
 )
@@ -17,7 +17,9 @@ NUM_PREDICTIONS = 4
 def pretrainer_data(batch_size=3, sequence_length=12, seed=0):
     inputs = random_backbone_inputs(batch_size, sequence_length, seed=seed)
     rng = np.random.default_rng(seed)
-    positions = np.sort(rng.integers(1, 6, size=(batch_size, NUM_PREDICTIONS)), axis=1).astype("int32")
+    positions = np.sort(rng.integers(1, 6, size=(batch_size, NUM_PREDICTIONS)), axis=1).astype(
+        "int32"
+    )
     x = dict(inputs, mask_positions=positions)
     y = {
         "mlm": np.take_along_axis(inputs["token_ids"], positions, axis=1),
@@ -68,13 +70,27 @@ def _structured_corpus(num_examples, sequence_length=16, vocabulary_size=40, see
         token_ids[i, : len(row)] = row
         segment_ids[i, half + 2 : len(row)] = 1
     padding_mask = (token_ids > 0).astype("int32")
-    positions = np.stack([np.sort(rng.choice(np.arange(2, 2 * half + 2), 3, replace=False)) for _ in range(num_examples)])
+    positions = np.stack(
+        [
+            np.sort(rng.choice(np.arange(2, 2 * half + 2), 3, replace=False))
+            for _ in range(num_examples)
+        ]
+    )
     positions = np.where(positions == half + 1, half + 3, positions).astype("int32")
     labels = np.take_along_axis(token_ids, positions, axis=1)
     masked = token_ids.copy()
     np.put_along_axis(masked, positions, mask_id, axis=1)
-    x = {"token_ids": masked, "segment_ids": segment_ids, "padding_mask": padding_mask, "mask_positions": positions}
-    return x, {"mlm": labels, "nsp": nsp}, {"mlm": np.ones(positions.shape, "float32"), "nsp": np.ones(num_examples, "float32")}
+    x = {
+        "token_ids": masked,
+        "segment_ids": segment_ids,
+        "padding_mask": padding_mask,
+        "mask_positions": positions,
+    }
+    return (
+        x,
+        {"mlm": labels, "nsp": nsp},
+        {"mlm": np.ones(positions.shape, "float32"), "nsp": np.ones(num_examples, "float32")},
+    )
 
 
 class TestBertPretrainer(TestCase):
@@ -82,7 +98,11 @@ class TestBertPretrainer(TestCase):
         """Config and `.keras` round-trips, variable lengths, a fit step (mixed precision: test_precision.py)."""
         x, y, weights = pretrainer_data()
         self.run_task_test(
-            make_pretrainer(), input_data=x, tmp_path=tmp_path, preprocessed_data=(x, y, weights), sequence_lengths=(9,)
+            make_pretrainer(),
+            input_data=x,
+            tmp_path=tmp_path,
+            preprocessed_data=(x, y, weights),
+            sequence_lengths=(9,),
         )
 
     def test_output_shapes(self):
@@ -97,8 +117,12 @@ class TestBertPretrainer(TestCase):
         head = model.masked_lm_head
         head.output_bias.assign(np.random.default_rng(0).normal(size=97).astype("float32"))
         x, _, _ = pretrainer_data()
-        sequence = to_numpy(model.backbone({k: x[k] for k in ("token_ids", "segment_ids", "padding_mask")}))
-        gathered = np.take_along_axis(sequence["sequence_output"], x["mask_positions"][:, :, None], axis=1)
+        sequence = to_numpy(
+            model.backbone({k: x[k] for k in ("token_ids", "segment_ids", "padding_mask")})
+        )
+        gathered = np.take_along_axis(
+            sequence["sequence_output"], x["mask_positions"][:, :, None], axis=1
+        )
         kernel, bias = (to_numpy(w) for w in head.transform_dense.weights)
         hidden = gathered @ kernel + bias
         hidden = to_numpy(keras.activations.gelu(hidden, approximate=False))
@@ -114,15 +138,21 @@ class TestBertPretrainer(TestCase):
         model = make_pretrainer()
         x, y, weights = pretrainer_data()
         outputs = to_numpy(model(x))
-        mlm = (_cross_entropy(outputs["mlm"], y["mlm"]) * weights["mlm"]).sum() / weights["mlm"].sum()
+        mlm = (_cross_entropy(outputs["mlm"], y["mlm"]) * weights["mlm"]).sum() / weights[
+            "mlm"
+        ].sum()
         nsp = _cross_entropy(outputs["nsp"], y["nsp"]).mean()
-        results = model.evaluate(x, y, sample_weight=weights, batch_size=3, verbose=0, return_dict=True)
+        results = model.evaluate(
+            x, y, sample_weight=weights, batch_size=3, verbose=0, return_dict=True
+        )
         np.testing.assert_allclose(results["mlm_loss"], mlm, rtol=1e-4)
         np.testing.assert_allclose(results["nsp_loss"], nsp, rtol=1e-4)
         np.testing.assert_allclose(results["loss"], mlm + nsp, rtol=1e-4)
         # Padded prediction slots do not count: changing their labels changes nothing.
         y_other = dict(y, mlm=np.where(weights["mlm"] > 0, y["mlm"], 5))
-        other = model.evaluate(x, y_other, sample_weight=weights, batch_size=3, verbose=0, return_dict=True)
+        other = model.evaluate(
+            x, y_other, sample_weight=weights, batch_size=3, verbose=0, return_dict=True
+        )
         np.testing.assert_allclose(other["mlm_loss"], results["mlm_loss"], rtol=1e-6)
 
     def test_default_compile_is_the_papers_recipe(self):
@@ -136,18 +166,31 @@ class TestBertPretrainer(TestCase):
         assert optimizer.get_config()["learning_rate"]["class_name"] == "WarmupLinearDecay"
         for step, rate in ((5_000, 0.5e-4), (10_000, 1e-4), (505_000, 0.5e-4)):
             optimizer.iterations.assign(step)
-            assert float(keras.ops.convert_to_numpy(optimizer.learning_rate)) == pytest.approx(rate, rel=1e-3)
+            assert float(keras.ops.convert_to_numpy(optimizer.learning_rate)) == pytest.approx(
+                rate, rel=1e-3
+            )
         # Weight decay, seen in one update with zero gradients (Adam's step is then 0): decayed
         # variables shrink, biases and LayerNorm scales/offsets stay (all set away from 0 first).
         rng = np.random.default_rng(0)
         for variable in model.trainable_variables:
             variable.assign(1.0 + rng.random(variable.shape).astype("float32"))
         before = {v.path: to_numpy(v).copy() for v in model.trainable_variables}
-        optimizer.apply_gradients([(keras.ops.zeros(v.shape), v) for v in model.trainable_variables])
-        decayed = {v.path: not np.array_equal(to_numpy(v), before[v.path]) for v in model.trainable_variables}
-        assert not any(flag for path, flag in decayed.items() if path.endswith(("bias", "gamma", "beta"))), decayed
-        assert all(flag for path, flag in decayed.items() if path.endswith(("kernel", "embeddings"))), decayed
-        assert any(path.endswith("bias") for path in decayed) and any(path.endswith("gamma") for path in decayed)
+        optimizer.apply_gradients(
+            [(keras.ops.zeros(v.shape), v) for v in model.trainable_variables]
+        )
+        decayed = {
+            v.path: not np.array_equal(to_numpy(v), before[v.path])
+            for v in model.trainable_variables
+        }
+        assert not any(
+            flag for path, flag in decayed.items() if path.endswith(("bias", "gamma", "beta"))
+        ), decayed
+        assert all(
+            flag for path, flag in decayed.items() if path.endswith(("kernel", "embeddings"))
+        ), decayed
+        assert any(path.endswith("bias") for path in decayed) and any(
+            path.endswith("gamma") for path in decayed
+        )
         assert isinstance(bert_optimizer(optimizer="lamb"), Lamb)  # decay inside the trust ratio
         with pytest.raises(ValueError, match="adamw.*lamb.*sgd"):
             bert_optimizer(optimizer="sgd")
@@ -163,13 +206,21 @@ class TestBertPretrainer(TestCase):
     def test_training_lowers_mlm_and_nsp_loss(self):
         keras.utils.set_random_seed(0)
         backbone = BertBackbone(
-            vocabulary_size=40, num_layers=2, num_heads=2, hidden_dim=64, intermediate_dim=128,
-            max_sequence_length=16, dropout=0.0, attention_dropout=0.0,
+            vocabulary_size=40,
+            num_layers=2,
+            num_heads=2,
+            hidden_dim=64,
+            intermediate_dim=128,
+            max_sequence_length=16,
+            dropout=0.0,
+            attention_dropout=0.0,
         )
         model = BertPretrainer(backbone)
         model.compile(optimizer=keras.optimizers.Adam(2e-3))
         x, y, weights = _structured_corpus(512)
-        history = model.fit(x, y, sample_weight=weights, batch_size=32, epochs=10, verbose=0).history
+        history = model.fit(
+            x, y, sample_weight=weights, batch_size=32, epochs=10, verbose=0
+        ).history
         assert history["mlm_loss"][-1] < 0.6 * history["mlm_loss"][0], history["mlm_loss"]
         assert history["nsp_loss"][-1] < 0.85 * history["nsp_loss"][0], history["nsp_loss"]
 
@@ -180,7 +231,9 @@ class TestBertPretrainer(TestCase):
 
     def test_mask_positions_out_of_range(self):
         x, _, _ = pretrainer_data(sequence_length=12)
-        with pytest.raises(ValueError, match=r"`mask_positions` must lie in \[0, sequence_length\) = \[0, 12\)"):
+        with pytest.raises(
+            ValueError, match=r"`mask_positions` must lie in \[0, sequence_length\) = \[0, 12\)"
+        ):
             make_pretrainer()(dict(x, mask_positions=x["mask_positions"] + 20))
 
     def test_backbone_must_be_a_kbert_backbone(self):

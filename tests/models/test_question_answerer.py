@@ -29,7 +29,9 @@ def allowed_positions(inputs):
 def toy_answerer(**kwargs):
     kwargs.setdefault("preprocessor", toy_preprocessor())
     backbone = kwargs.pop("backbone", None) or toy_backbone()
-    return BertQuestionAnswerer(backbone, sequence_length=24, doc_stride=8, max_query_length=8, **kwargs)
+    return BertQuestionAnswerer(
+        backbone, sequence_length=24, doc_stride=8, max_query_length=8, **kwargs
+    )
 
 
 class TestBertQuestionAnswerer(TestCase):
@@ -46,10 +48,20 @@ class TestBertQuestionAnswerer(TestCase):
         assert allowed.sum() > 6 and not allowed.all()
         for key in ("start_logits", "end_logits"):
             assert outputs[key].dtype == np.float32
-            assert_all_close(outputs[key][allowed], getattr(expected, key).numpy()[allowed], atol=1e-4, rtol=1e-4)
+            assert_all_close(
+                outputs[key][allowed], getattr(expected, key).numpy()[allowed], atol=1e-4, rtol=1e-4
+            )
             assert (outputs[key][~allowed] == -1e9).all()
-        fresh = load_quietly(BertQuestionAnswerer, tmp_path, sequence_length=40, max_query_length=8, fresh_heads=True)
-        assert np.abs(to_numpy(fresh(inputs))["start_logits"][allowed] - expected.start_logits.numpy()[allowed]).max() > 1e-2
+        fresh = load_quietly(
+            BertQuestionAnswerer, tmp_path, sequence_length=40, max_query_length=8, fresh_heads=True
+        )
+        assert (
+            np.abs(
+                to_numpy(fresh(inputs))["start_logits"][allowed]
+                - expected.start_logits.numpy()[allowed]
+            ).max()
+            > 1e-2
+        )
 
     def test_unmasked_head_trains_exactly_like_huggingface(self, tmp_path):
         """`context_only=False` is HF's `BertForQuestionAnswering`: equal logits at every real
@@ -68,11 +80,19 @@ class TestBertQuestionAnswerer(TestCase):
         ends = np.array([rng.integers(s, n) for s, n in zip(starts, real.sum(1))])
 
         def kbert_logits(context_only):
-            model = load_quietly(BertQuestionAnswerer, tmp_path, sequence_length=40, context_only=context_only)
+            model = load_quietly(
+                BertQuestionAnswerer, tmp_path, sequence_length=40, context_only=context_only
+            )
             if not context_only:
                 before = to_numpy(model(inputs))
                 for key in ("start_logits", "end_logits"):
-                    assert_all_close(before[key], getattr(hf_outputs(reference, inputs), key).numpy(), 1e-4, 1e-4, real)
+                    assert_all_close(
+                        before[key],
+                        getattr(hf_outputs(reference, inputs), key).numpy(),
+                        1e-4,
+                        1e-4,
+                        real,
+                    )
             model.compile(optimizer=bert_optimizer(1e-3, total_steps=10, warmup_steps=0))
             for _ in range(3):
                 model.train_on_batch(inputs, {"start_logits": starts, "end_logits": ends})
@@ -100,7 +120,9 @@ class TestBertQuestionAnswerer(TestCase):
         outputs = to_numpy(model(inputs))
         allowed = allowed_positions(inputs)
         for key in ("start_logits", "end_logits"):
-            assert_all_close(outputs[key][allowed], getattr(expected, key).numpy()[allowed], atol=1e-4, rtol=1e-4)
+            assert_all_close(
+                outputs[key][allowed], getattr(expected, key).numpy()[allowed], atol=1e-4, rtol=1e-4
+            )
 
     def test_answers_are_spans_of_the_contexts(self):
         model = toy_answerer()
@@ -113,7 +135,12 @@ class TestBertQuestionAnswerer(TestCase):
             " ".join(["the dog ran"] * 30) + " and John Smith wrote it.",
         ]
         questions = ["Who wrote it?", "Where did the cat sit?", "Who sat?", "Who wrote it?"]
-        features = model.encode([{"id": str(i), "question": q, "context": c} for i, (q, c) in enumerate(zip(questions, contexts))])
+        features = model.encode(
+            [
+                {"id": str(i), "question": q, "context": c}
+                for i, (q, c) in enumerate(zip(questions, contexts))
+            ]
+        )
         assert (np.bincount(features.example_index) > 1)[2:].all()  # long contexts: several windows
         answers = model.answer(questions, contexts)
         assert len(answers) == 4
@@ -132,26 +159,45 @@ class TestBertQuestionAnswerer(TestCase):
         questions = [q for q, _, _ in examples]
         contexts = [c for _, c, _ in examples]
         answers = [{"text": a, "answer_start": c.index(a)} for _, c, a in examples]
-        model = toy_answerer(backbone=toy_backbone(num_layers=2, hidden_dim=32, intermediate_dim=48))
+        model = toy_answerer(
+            backbone=toy_backbone(num_layers=2, hidden_dim=32, intermediate_dim=48)
+        )
         model.compile(learning_rate=1e-2)
         self.run_task_test(
             model,
             raw_x=(questions[:2], contexts[:2]),
-            preprocess=lambda pair: model.encode(
-                [{"id": str(i), "question": q, "context": c} for i, (q, c) in enumerate(zip(*pair))]
-            ).inputs,
+            preprocess=lambda pair: (
+                model.encode(
+                    [
+                        {"id": str(i), "question": q, "context": c}
+                        for i, (q, c) in enumerate(zip(*pair))
+                    ]
+                ).inputs
+            ),
             raw_fit_data=((questions * 20, contexts * 20), answers * 20),
             fit_kwargs=dict(batch_size=10, epochs=8),
             max_loss_ratio=0.2,
         )
         assert model.answer(questions, contexts) == [a for _, _, a in examples]
-        squad_style = [{"id": f"q{i}", "question": q, "context": c} for i, (q, c) in enumerate(zip(questions, contexts))]
-        assert model.predict_answers(squad_style, verbose=0) == {f"q{i}": a for i, (_, _, a) in enumerate(examples)}
+        squad_style = [
+            {"id": f"q{i}", "question": q, "context": c}
+            for i, (q, c) in enumerate(zip(questions, contexts))
+        ]
+        assert model.predict_answers(squad_style, verbose=0) == {
+            f"q{i}": a for i, (_, _, a) in enumerate(examples)
+        }
 
     def test_loss_is_the_mean_of_start_and_end_cross_entropies(self):
         model = toy_answerer()
         features = model.encode(
-            [{"id": "a", "question": "who wrote it ?", "context": "it was written by ann .", "answers": [{"text": "ann", "answer_start": 18}]}],
+            [
+                {
+                    "id": "a",
+                    "question": "who wrote it ?",
+                    "context": "it was written by ann .",
+                    "answers": [{"text": "ann", "answer_start": 18}],
+                }
+            ],
             labels=True,
         )
         outputs = model(features.inputs)
@@ -162,7 +208,10 @@ class TestBertQuestionAnswerer(TestCase):
             return -(x[index] - np.log(np.exp(x).sum()))
 
         start, end = features.start_positions[0], features.end_positions[0]
-        expected = 0.5 * (cross_entropy(logits["start_logits"][0], start) + cross_entropy(logits["end_logits"][0], end))
+        expected = 0.5 * (
+            cross_entropy(logits["start_logits"][0], start)
+            + cross_entropy(logits["end_logits"][0], end)
+        )
         loss = model.compute_loss(x=features.inputs, y=features.labels, y_pred=outputs)
         assert float(to_numpy(loss)) == pytest.approx(expected, rel=1e-5)
 
@@ -174,7 +223,11 @@ class TestBertQuestionAnswerer(TestCase):
             model.answer(["who ran ?"], ["a", "b"])
         inputs = random_backbone_inputs(2, 10, vocabulary_size=len(TOY_VOCABULARY))
         with pytest.raises(ValueError, match=r"\[0, 10\).*\[12\]"):
-            model.fit(inputs, {"start_logits": np.array([1, 12]), "end_logits": np.array([2, 3])}, verbose=0)
+            model.fit(
+                inputs,
+                {"start_logits": np.array([1, 12]), "end_logits": np.array([2, 3])},
+                verbose=0,
+            )
         with pytest.raises(ValueError, match="start_logits"):
             model.fit(inputs, np.array([1, 2]), verbose=0)
         with pytest.raises(ValueError, match="no preprocessor"):
@@ -190,7 +243,10 @@ class TestBertQuestionAnswerer(TestCase):
         model = toy_answerer(allow_no_answer=True)
         questions, contexts = ["who ran ?", "who sat ?"], ["the dog ran .", "the cat sat ."]
         answer = {"text": "the cat", "answer_start": 0}
-        answered = model.encode([{"id": "1", "question": questions[1], "context": contexts[1], "answers": [answer]}], labels=True)
+        answered = model.encode(
+            [{"id": "1", "question": questions[1], "context": contexts[1], "answers": [answer]}],
+            labels=True,
+        )
         start, end = int(answered.start_positions[0]), int(answered.end_positions[0])
         assert 0 < start <= end
         logits = to_numpy(model.predict((questions, contexts), verbose=0))
@@ -200,23 +256,48 @@ class TestBertQuestionAnswerer(TestCase):
             x = x - x.max()
             return -(x[index] - np.log(np.exp(x).sum()))
 
-        expected = np.mean([
-            0.5 * (cross_entropy(logits["start_logits"][0], 0) + cross_entropy(logits["end_logits"][0], 0)),
-            0.5 * (cross_entropy(logits["start_logits"][1], start) + cross_entropy(logits["end_logits"][1], end)),
-        ])
-        results = model.evaluate((questions, contexts), [None, answer], batch_size=2, verbose=0, return_dict=True)
+        expected = np.mean(
+            [
+                0.5
+                * (
+                    cross_entropy(logits["start_logits"][0], 0)
+                    + cross_entropy(logits["end_logits"][0], 0)
+                ),
+                0.5
+                * (
+                    cross_entropy(logits["start_logits"][1], start)
+                    + cross_entropy(logits["end_logits"][1], end)
+                ),
+            ]
+        )
+        results = model.evaluate(
+            (questions, contexts), [None, answer], batch_size=2, verbose=0, return_dict=True
+        )
         assert results["loss"] == pytest.approx(expected, rel=1e-5)
 
     def test_preset_and_keras_round_trips(self, tmp_path):
         # A preprocessor of the model's own length: a preset stores one length (the model's).
         model = toy_answerer(
-            allow_no_answer=True, null_score_diff_threshold=1.5, n_best_size=5, preprocessor=toy_preprocessor(24)
+            allow_no_answer=True,
+            null_score_diff_threshold=1.5,
+            n_best_size=5,
+            preprocessor=toy_preprocessor(24),
         )
         inputs = random_backbone_inputs(2, 10, vocabulary_size=len(TOY_VOCABULARY))
         restored = self.run_preset_test(model, inputs, tmp_path)
-        assert (restored.sequence_length, restored.doc_stride, restored.max_query_length) == (24, 8, 8)
-        assert restored.allow_no_answer and restored.null_score_diff_threshold == 1.5 and restored.n_best_size == 5
+        assert (restored.sequence_length, restored.doc_stride, restored.max_query_length) == (
+            24,
+            8,
+            8,
+        )
+        assert (
+            restored.allow_no_answer
+            and restored.null_score_diff_threshold == 1.5
+            and restored.n_best_size == 5
+        )
         assert restored.tokenizer is not None
         self.run_task_test(model, input_data=inputs, tmp_path=tmp_path)
         loaded = keras.saving.load_model(tmp_path / "model.keras")
-        assert loaded.answer("who ran ?", "the dog ran .") == model.answer("who ran ?", "the dog ran .")
+        assert loaded.answer("who ran ?", "the dog ran .") == model.answer(
+            "who ran ?", "the dog ran ."
+        )

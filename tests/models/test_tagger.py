@@ -48,7 +48,10 @@ class TestBertTagger(TestCase):
         assert reference.config.id2label == dict(enumerate(TAGS))
         inputs = random_backbone_inputs(2, 10, vocabulary_size=len(TOY_VOCABULARY))
         assert_all_close(
-            hf_outputs(reference, inputs).logits.numpy(), to_numpy(model(inputs)), atol=1e-4, rtol=1e-4,
+            hf_outputs(reference, inputs).logits.numpy(),
+            to_numpy(model(inputs)),
+            atol=1e-4,
+            rtol=1e-4,
             mask=inputs["padding_mask"],
         )
 
@@ -65,7 +68,9 @@ class TestBertTagger(TestCase):
             ["B-PER", "O", "B-LOC"],
             ["B-PER", "O", "O", "B-LOC"],
         ]
-        model = BertTagger(toy_backbone(), labels=TAGS, dropout=0.0, preprocessor=toy_preprocessor(12))
+        model = BertTagger(
+            toy_backbone(), labels=TAGS, dropout=0.0, preprocessor=toy_preprocessor(12)
+        )
         model.compile(learning_rate=2e-2)
         history = self.run_task_test(
             model,
@@ -81,16 +86,28 @@ class TestBertTagger(TestCase):
 
     def test_loss_averages_over_first_pieces_only(self):
         """Cross-entropy averaged over labelled pieces: Hugging Face's ignore_index=-100 convention."""
-        model = BertTagger(toy_backbone(), num_classes=4, dropout=0.0, preprocessor=toy_preprocessor(12))
-        features = model.encode([["John", "filmed", "and", "plots"], ["Paris"]], [[1, 0, 0, 0], [3]])
+        model = BertTagger(
+            toy_backbone(), num_classes=4, dropout=0.0, preprocessor=toy_preprocessor(12)
+        )
+        features = model.encode(
+            [["John", "filmed", "and", "plots"], ["Paris"]], [[1, 0, 0, 0], [3]]
+        )
         # "filmed" and "plots" are two pieces each: their second pieces carry weight 0.
-        assert features.sample_weight.sum() == 5 and (features.inputs["padding_mask"].sum(1) == [8, 3]).all()
+        assert (
+            features.sample_weight.sum() == 5
+            and (features.inputs["padding_mask"].sum(1) == [8, 3]).all()
+        )
         logits = to_numpy(model(features.inputs))
         log_probs = logits - logits.max(-1, keepdims=True)
         log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
         picked = np.take_along_axis(log_probs, features.labels[..., None], -1)[..., 0]
         expected = -(picked * features.sample_weight).sum() / features.sample_weight.sum()
-        loss = model.compute_loss(x=features.inputs, y=features.labels, y_pred=logits, sample_weight=features.sample_weight)
+        loss = model.compute_loss(
+            x=features.inputs,
+            y=features.labels,
+            y_pred=logits,
+            sample_weight=features.sample_weight,
+        )
         assert float(to_numpy(loss)) == pytest.approx(expected, rel=1e-5)
 
     def test_packed_labels_with_ignored_positions(self):
@@ -105,7 +122,9 @@ class TestBertTagger(TestCase):
         log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
         picked = np.take_along_axis(log_probs, np.maximum(labels, 0)[..., None], -1)[..., 0]
         expected = -(picked * weights).sum() / weights.sum()
-        results = model.evaluate(inputs, labels, sample_weight=weights, batch_size=2, verbose=0, return_dict=True)
+        results = model.evaluate(
+            inputs, labels, sample_weight=weights, batch_size=2, verbose=0, return_dict=True
+        )
         assert results["loss"] == pytest.approx(expected, rel=1e-5)
         with pytest.raises(ValueError, match=r"\[-100\]"):
             model.evaluate(inputs, labels, verbose=0)
@@ -135,15 +154,23 @@ class TestBertTagger(TestCase):
             BertTagger(toy_backbone())
 
     def test_preset_and_keras_round_trips(self, tmp_path):
-        model = BertTagger(toy_backbone(), labels=TAGS, dropout=0.2, preprocessor=toy_preprocessor(10))
+        model = BertTagger(
+            toy_backbone(), labels=TAGS, dropout=0.2, preprocessor=toy_preprocessor(10)
+        )
         sentences = [["John", "Smith", "sings"], ["Paris"]]
         features = model.encode(sentences)
         restored = self.run_preset_test(model, features.inputs, tmp_path)
-        assert restored.labels == TAGS and restored.dropout == 0.2 and restored.preprocessor.sequence_length == 10
+        assert (
+            restored.labels == TAGS
+            and restored.dropout == 0.2
+            and restored.preprocessor.sequence_length == 10
+        )
         self.run_task_test(model, input_data=features.inputs, tmp_path=tmp_path)
         loaded = keras.saving.load_model(tmp_path / "model.keras")
         assert loaded.labels == TAGS
-        assert loaded.predict_words(sentences, verbose=0) == model.predict_words(sentences, verbose=0)
+        assert loaded.predict_words(sentences, verbose=0) == model.predict_words(
+            sentences, verbose=0
+        )
 
     def test_from_preset_without_tokenizer_config_tokenizes_as_the_tokenizer_preset(self, tmp_path):
         """An HF directory with weights and vocab.txt only: the attached preprocessor infers the
@@ -153,16 +180,26 @@ class TestBertTagger(TestCase):
         from kbert.text import BertTokenizer
 
         vocabulary = list(TOY_VOCABULARY) + ["ℝ"]  # upper-case, but with no lower-case form
-        save_hf_model(transformers.BertForTokenClassification, tmp_path, num_labels=3, vocab_size=len(vocabulary))
+        save_hf_model(
+            transformers.BertForTokenClassification,
+            tmp_path,
+            num_labels=3,
+            vocab_size=len(vocabulary),
+        )
         (tmp_path / "vocab.txt").write_text("\n".join(vocabulary) + "\n", "utf-8")
         tagger = load_quietly(BertTagger, tmp_path, sequence_length=16)
         assert tagger.tokenizer.lowercase and BertTokenizer.from_preset(tmp_path).lowercase
         words = [[word.capitalize() for word in TOY_VOCABULARY[5:9]]]
         features = tagger.encode(words)
         assert tagger.tokenizer.unk_token_id not in features.inputs["token_ids"][0]
-        np.testing.assert_array_equal(features.inputs["token_ids"], tagger.encode([[w.lower() for w in words[0]]]).inputs["token_ids"])
+        np.testing.assert_array_equal(
+            features.inputs["token_ids"],
+            tagger.encode([[w.lower() for w in words[0]]]).inputs["token_ids"],
+        )
         # Whatever the directory says about the tokenizer, the task reads it as the tokenizer preset does.
-        (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": true, "strip_accents": false}')
+        (tmp_path / "tokenizer_config.json").write_text(
+            '{"do_lower_case": true, "strip_accents": false}'
+        )
         tagger = load_quietly(BertTagger, tmp_path, sequence_length=16)
         assert tagger.tokenizer.strip_accents is False
         assert tagger.tokenizer.get_config() == BertTokenizer.from_preset(tmp_path).get_config()

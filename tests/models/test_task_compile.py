@@ -21,7 +21,10 @@ VOCABULARY_SIZE = 40
 def _backbone():
     return BertBackbone(
         **tiny_backbone_kwargs(
-            vocabulary_size=VOCABULARY_SIZE, num_layers=1, hidden_dim=16, intermediate_dim=24,
+            vocabulary_size=VOCABULARY_SIZE,
+            num_layers=1,
+            hidden_dim=16,
+            intermediate_dim=24,
             max_sequence_length=16,
         )
     )
@@ -131,12 +134,22 @@ class TestTaskCompile(TestCase):
             restored = BertClassifier.from_config(old)
         assert not _kbert_deprecations(caught)
         assert restored.recipe == {
-            "learning_rate": 2e-3, "weight_decay": 0.05, "warmup_ratio": 0.0, "total_steps": 10
+            "learning_rate": 2e-3,
+            "weight_decay": 0.05,
+            "warmup_ratio": 0.0,
+            "total_steps": 10,
         }
         assert restored.optimizer.weight_decay == pytest.approx(0.05)
         pretrainer = BertPretrainer(_backbone(), next_sentence=False)
-        old = dict(pretrainer.get_config(), optimizer="lamb", learning_rate=1e-4, total_steps=None,
-                   warmup_steps=None, warmup_ratio=0.01, weight_decay=0.01)
+        old = dict(
+            pretrainer.get_config(),
+            optimizer="lamb",
+            learning_rate=1e-4,
+            total_steps=None,
+            warmup_steps=None,
+            warmup_ratio=0.01,
+            weight_decay=0.01,
+        )
         assert isinstance(BertPretrainer.from_config(old).optimizer, Lamb)
         # A kbert preset written by an earlier release: its task config has the settings.
         model.save_to_preset(tmp_path / "preset")

@@ -7,7 +7,13 @@ import keras
 import numpy as np
 import pytest
 
-from kbert.models import BertBackbone, BertClassifier, BertPretrainer, WarmupLinearDecay, bert_optimizer
+from kbert.models import (
+    BertBackbone,
+    BertClassifier,
+    BertPretrainer,
+    WarmupLinearDecay,
+    bert_optimizer,
+)
 from kbert.models.optimization import planned_schedule
 from tests.test_case import TestCase, random_backbone_inputs, tiny_backbone_kwargs
 
@@ -17,7 +23,11 @@ VOCABULARY_SIZE = 40
 def _classifier(**recipe):
     backbone = BertBackbone(
         **tiny_backbone_kwargs(
-            vocabulary_size=VOCABULARY_SIZE, num_layers=1, hidden_dim=16, intermediate_dim=24, max_sequence_length=16
+            vocabulary_size=VOCABULARY_SIZE,
+            num_layers=1,
+            hidden_dim=16,
+            intermediate_dim=24,
+            max_sequence_length=16,
         )
     )
     model = BertClassifier(backbone, num_classes=2, dropout=0.0)
@@ -128,12 +138,16 @@ class TestTaskFit(TestCase):
         assert len(history.history["loss"]) == 2
         assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 6
         assert planned_schedule(model.optimizer).planned_length() == (6, 0)
-        assert float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)) == pytest.approx(0.0, abs=1e-12)
+        assert float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)) == pytest.approx(
+            0.0, abs=1e-12
+        )
 
     def test_pretrainer_is_a_task_with_a_planned_schedule(self):
         from kbert.models.task import BertTask
 
-        backbone = BertBackbone(**tiny_backbone_kwargs(vocabulary_size=VOCABULARY_SIZE, num_layers=1))
+        backbone = BertBackbone(
+            **tiny_backbone_kwargs(vocabulary_size=VOCABULARY_SIZE, num_layers=1)
+        )
         pretrainer = BertPretrainer(backbone)
         pretrainer.compile(learning_rate=1e-3, warmup_steps=1)
         assert isinstance(pretrainer, BertTask)

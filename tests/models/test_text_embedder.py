@@ -106,8 +106,12 @@ class TestParity:
         packed = embedder.pack_token_ids(embedder.tokenize_texts(TEXTS))
         sequence = embedder.backbone.predict_on_batch(packed)["sequence_output"]
         default = embedder.encode(TEXTS)
-        variants = [("cls", False), ("max", False), ("mean_sqrt_len_tokens", False),
-                    (["cls", "max"], True)]
+        variants = [
+            ("cls", False),
+            ("max", False),
+            ("mean_sqrt_len_tokens", False),
+            (["cls", "max"], True),
+        ]
         for index, (mode, normalize) in enumerate(variants):
             path = _copy_minilm(tmp_path / str(index), pooling_mode=mode, normalize=normalize)
             settings = read_settings(path)
@@ -247,10 +251,22 @@ class TestFit:
         return BertTextEmbedder(backbone, preprocessor=toy_preprocessor(20))
 
     def test_fit_pairs_lowers_mnrl_and_lora(self):
-        anchors = ["the cat sat", "a dog ran", "john smith sings", "mary jones dances",
-                   "paris is great", "london was dull"] * 2
-        positives = ["cat sat on the mat", "the dog ran", "john sings", "mary dances",
-                     "paris visited", "london is boring"] * 2
+        anchors = [
+            "the cat sat",
+            "a dog ran",
+            "john smith sings",
+            "mary jones dances",
+            "paris is great",
+            "london was dull",
+        ] * 2
+        positives = [
+            "cat sat on the mat",
+            "the dog ran",
+            "john sings",
+            "mary dances",
+            "paris visited",
+            "london is boring",
+        ] * 2
         embedder = self._embedder()
         embedder.compile(optimizer=keras.optimizers.Adam(1e-3))
         history = embedder.fit((anchors, positives), batch_size=6, epochs=6, verbose=0)
@@ -262,8 +278,9 @@ class TestFit:
         lora.compile(optimizer=keras.optimizers.Adam(1e-2))
         frozen = {v.path: keras.ops.convert_to_numpy(v) for v in lora.non_trainable_weights}
         assert frozen and len(lora.trainable_weights) < len(lora.non_trainable_weights)
-        history = lora.fit({"anchor": anchors, "positive": positives}, batch_size=6, epochs=6,
-                           verbose=0)
+        history = lora.fit(
+            {"anchor": anchors, "positive": positives}, batch_size=6, epochs=6, verbose=0
+        )
         assert history.history["loss"][-1] < history.history["loss"][0], history.history
         for v in lora.non_trainable_weights:
             np.testing.assert_array_equal(keras.ops.convert_to_numpy(v), frozen[v.path])

@@ -16,8 +16,18 @@ def test_tensorflow_is_not_installed():
 
 @pytest.mark.parametrize(
     "module",
-    ["kbert", "kbert.layers", "kbert.models", "kbert.text", "kbert.data", "kbert.metrics",
-     "kbert.checkpoints", "kbert.distribution", "kbert.callbacks", "kbert.export"],
+    [
+        "kbert",
+        "kbert.layers",
+        "kbert.models",
+        "kbert.text",
+        "kbert.data",
+        "kbert.metrics",
+        "kbert.checkpoints",
+        "kbert.distribution",
+        "kbert.callbacks",
+        "kbert.export",
+    ],
 )
 def test_every_subpackage_imports(module):
     imported = importlib.import_module(module)
@@ -29,14 +39,23 @@ def test_every_subpackage_imports(module):
 
 @pytest.mark.parametrize(
     "name",
-    ["pretraining_dataset", "packed_pretraining_dataset", "read_documents", "split_sentences",
-     "write_pretraining_shards",
-     "read_shard_metadata", "vocabulary_digest"],
+    [
+        "pretraining_dataset",
+        "packed_pretraining_dataset",
+        "read_documents",
+        "split_sentences",
+        "write_pretraining_shards",
+        "read_shard_metadata",
+        "vocabulary_digest",
+    ],
 )
 def test_tf_data_functions_raise_one_clear_error(name):
     import kbert
 
-    with pytest.raises(ImportError, match=r"needs TensorFlow.*" + TENSORFLOW_EXTRA.replace("[", r"\[").replace("]", r"\]")) as info:
+    with pytest.raises(
+        ImportError,
+        match=r"needs TensorFlow.*" + TENSORFLOW_EXTRA.replace("[", r"\[").replace("]", r"\]"),
+    ) as info:
         getattr(kbert.data, name)
     assert f"kbert.data.{name}" in str(info.value)
     with pytest.raises(ImportError, match="kbert.tensorflow"):
@@ -46,7 +65,9 @@ def test_tf_data_functions_raise_one_clear_error(name):
 def test_vocabulary_training_raises_the_clear_error():
     from kbert.text import train_wordpiece_vocabulary
 
-    with pytest.raises(ImportError, match=r"train_wordpiece_vocabulary needs TensorFlow.*kbert\[tensorflow\]"):
+    with pytest.raises(
+        ImportError, match=r"train_wordpiece_vocabulary needs TensorFlow.*kbert\[tensorflow\]"
+    ):
         train_wordpiece_vocabulary(["some text"], vocabulary_size=50)
 
 
@@ -54,12 +75,19 @@ def test_google_checkpoint_raises_the_clear_error(tmp_path):
     from kbert.models import BertBackbone
 
     config = {
-        "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "intermediate_size": 16, "max_position_embeddings": 16, "type_vocab_size": 2,
+        "vocab_size": 10,
+        "hidden_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 16,
+        "max_position_embeddings": 16,
+        "type_vocab_size": 2,
         "hidden_act": "gelu",
     }
     (tmp_path / "bert_config.json").write_text(json.dumps(config))
     (tmp_path / "bert_model.ckpt.index").write_bytes(b"")
     (tmp_path / "bert_model.ckpt.data-00000-of-00001").write_bytes(b"")
-    with pytest.raises(ImportError, match=r"Google TF checkpoint needs TensorFlow.*kbert\[tensorflow\]"):
+    with pytest.raises(
+        ImportError, match=r"Google TF checkpoint needs TensorFlow.*kbert\[tensorflow\]"
+    ):
         BertBackbone.from_preset(str(tmp_path))

@@ -46,7 +46,11 @@ def _layers(sizes):
             (f"{attention}/output_dense", "attention_output", output),
             (f"{encoder}/_self_attention_layer_norm", "self_attention_layer_norm", norm),
             (f"{encoder}/_feedforward_layer_norm", "feedforward_layer_norm", norm),
-            (f"{encoder}/_feedforward_intermediate_dense", "feedforward_intermediate_dense", dense(H, I)),
+            (
+                f"{encoder}/_feedforward_intermediate_dense",
+                "feedforward_intermediate_dense",
+                dense(H, I),
+            ),
             (f"{encoder}/_feedforward_output_dense", "feedforward_output_dense", dense(I, H)),
         ]
     return layers
@@ -108,7 +112,9 @@ def test_keras_hub_preset_loads_without_keras_hub(tmp_path):
     np.testing.assert_array_equal(
         variables["embeddings/token_embedding/embeddings"], written["token_embedding/embeddings"]
     )
-    np.testing.assert_array_equal(variables["pooler/pooler_dense/bias"], written["pooled_dense/bias"])
+    np.testing.assert_array_equal(
+        variables["pooler/pooler_dense/bias"], written["pooled_dense/bias"]
+    )
     # Every written tensor went somewhere: the loaded weights hold exactly the same multiset.
     loaded = sorted(float(np.sum(np.abs(v))) for v in variables.values())
     assert np.allclose(loaded, sorted(float(np.sum(np.abs(v))) for v in written.values()))

@@ -43,7 +43,9 @@ def test_minilm_hugging_face_checkpoint_equals_transformers_on_raw_strings(minil
 
 
 def test_classifier_fit_predict_raw_strings_and_pairs_and_preset_round_trip(tmp_path):
-    model = BertClassifier(toy_backbone(), num_classes=2, dropout=0.0, preprocessor=toy_preprocessor())
+    model = BertClassifier(
+        toy_backbone(), num_classes=2, dropout=0.0, preprocessor=toy_preprocessor()
+    )
     texts = ["a good film", "a bad film", "great plot", "awful plot"]
     labels = np.array([1, 0, 1, 0])
     history = model.fit(texts, labels, batch_size=4, epochs=1, verbose=0)
@@ -65,12 +67,19 @@ def test_hugging_face_head_checkpoint_loads_with_equal_logits(tmp_path, minilm_d
     """A HF BertForSequenceClassification directory (MiniLM vocabulary) -> the same logits."""
     torch.manual_seed(0)
     config = transformers.BertConfig(
-        vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=24, max_position_embeddings=128, num_labels=3,
+        vocab_size=30522,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=24,
+        max_position_embeddings=128,
+        num_labels=3,
     )
     hf = transformers.BertForSequenceClassification(config).eval()
     hf.save_pretrained(tmp_path)
-    (tmp_path / "vocab.txt").write_text(open(f"{minilm_dir}/vocab.txt", encoding="utf-8").read(), encoding="utf-8")
+    (tmp_path / "vocab.txt").write_text(
+        open(f"{minilm_dir}/vocab.txt", encoding="utf-8").read(), encoding="utf-8"
+    )
     model = load_quietly(BertClassifier, tmp_path)
     texts = ["hello world", "what a film"]
     inputs = model.preprocessor(texts)
@@ -93,7 +102,11 @@ def test_tagger_and_question_answerer_on_raw_text():
     assert [len(p) for p in predicted] == [4, 4] and all(t in tags for p in predicted for t in p)
 
     answerer = BertQuestionAnswerer(
-        toy_backbone(), sequence_length=24, doc_stride=8, max_query_length=8, preprocessor=toy_preprocessor()
+        toy_backbone(),
+        sequence_length=24,
+        doc_stride=8,
+        max_query_length=8,
+        preprocessor=toy_preprocessor(),
     )
     questions, contexts = ["who wrote it ?"], ["it was written by ann in 1990 ."]
     answers = [{"text": "ann", "answer_start": contexts[0].index("ann")}]
@@ -137,7 +150,21 @@ def test_metrics_functions_and_keras_metrics():
     x, y = np.arange(10.0), np.arange(10.0) ** 2
     assert kbert.metrics.pearson_corr(x, y) == pytest.approx(np.corrcoef(x, y)[0, 1])
     assert kbert.metrics.spearman_corr(x, y) == pytest.approx(1.0)
-    dataset = [{"paragraphs": [{"context": "the cat sat", "qas": [
-        {"id": "q", "question": "who sat?", "answers": [{"text": "the cat"}, {"text": "a dog"}]}]}]}]
+    dataset = [
+        {
+            "paragraphs": [
+                {
+                    "context": "the cat sat",
+                    "qas": [
+                        {
+                            "id": "q",
+                            "question": "who sat?",
+                            "answers": [{"text": "the cat"}, {"text": "a dog"}],
+                        }
+                    ],
+                }
+            ]
+        }
+    ]
     scores = kbert.metrics.squad_scores({"q": "The Cat"}, dataset)
     assert scores["exact_match"] == pytest.approx(100.0) and scores["f1"] == pytest.approx(100.0)

@@ -44,18 +44,31 @@ def expected_word_ids(oracle, text):
 @pytest.mark.parametrize(
     "lowercase, strip_accents", [(True, None), (False, None), (True, False), (False, True)]
 )
-def test_hard_strings_match_hugging_face_and_the_original(vocab_path, vocabulary, lowercase, strip_accents):
+def test_hard_strings_match_hugging_face_and_the_original(
+    vocab_path, vocabulary, lowercase, strip_accents
+):
     tokenizer = BertTokenizer(vocab_path, lowercase=lowercase, strip_accents=strip_accents)
-    hf = transformers.BertTokenizer(vocab=vocab_path, do_lower_case=lowercase, strip_accents=strip_accents)
+    hf = transformers.BertTokenizer(
+        vocab=vocab_path, do_lower_case=lowercase, strip_accents=strip_accents
+    )
     oracle = reference.ReferenceTokenizer(vocabulary, lowercase, strip_accents)
     ids, starts, ends, word_ids = tokenizer.tokenize_with_offsets(HARD_STRINGS)
-    encoded = hf(HARD_STRINGS, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True)
+    encoded = hf(
+        HARD_STRINGS,
+        add_special_tokens=False,
+        return_offsets_mapping=True,
+        split_special_tokens=True,
+    )
     for i, text in enumerate(HARD_STRINGS):
         assert ids[i] == encoded["input_ids"][i], text
         assert ids[i] == oracle.tokenize(text), text
-        assert list(zip(starts[i], ends[i])) == [tuple(o) for o in encoded["offset_mapping"][i]], text
+        assert list(zip(starts[i], ends[i])) == [tuple(o) for o in encoded["offset_mapping"][i]], (
+            text
+        )
         assert word_ids[i] == expected_word_ids(oracle, text), text
-        assert tokenizer.split_words(text) == reference.basic_tokenize(text, lowercase, strip_accents)
+        assert tokenizer.split_words(text) == reference.basic_tokenize(
+            text, lowercase, strip_accents
+        )
 
 
 def test_unicode_sweep_matches_the_original(vocab_path, vocabulary):
@@ -74,7 +87,16 @@ def test_special_tokens_and_split_words(vocab_path):
     texts = ["hello [MASK] world", "[CLS]a[SEP]b[SEP]", "[mask] [UNK][PAD]", "[[MASK]]"]
     assert honoured(texts) == hf(texts, add_special_tokens=False)["input_ids"]
     text = "Hi [CLS]a[SEP] [MASK][PAD] [UNK]!"
-    assert honoured.split_words(text) == ["hi", "[CLS]", "a", "[SEP]", "[MASK]", "[PAD]", "[UNK]", "!"]
+    assert honoured.split_words(text) == [
+        "hi",
+        "[CLS]",
+        "a",
+        "[SEP]",
+        "[MASK]",
+        "[PAD]",
+        "[UNK]",
+        "!",
+    ]
     assert honoured.split_words(text) == hf.tokenize(text)
 
 
@@ -82,7 +104,10 @@ def test_numpy_input_and_detokenize(vocab_path):
     tokenizer = BertTokenizer(vocab_path)
     expected = tokenizer(["Hello world", "a"])
     assert tokenizer(np.array(["Hello world", "a"])) == expected
-    assert tokenizer(np.array([["Hello world"], ["a"]], dtype=object)) == [[expected[0]], [expected[1]]]
+    assert tokenizer(np.array([["Hello world"], ["a"]], dtype=object)) == [
+        [expected[0]],
+        [expected[1]],
+    ]
     assert tokenizer.detokenize(tokenizer("unaffable, isn't it")) == "unaffable , isn ' t it"
     with pytest.raises(ValueError, match=r"in \[0, 30522\).*30522"):
         tokenizer.detokenize(np.array([[101, 30522]]))
@@ -110,8 +135,11 @@ def test_preprocessor_matches_hugging_face_and_the_original_truncation(minilm_di
     # Truncated: the original rule.
     short = BertPreprocessor.from_preset(minilm_dir, sequence_length=16)((first, second))
     for row, (a, b) in enumerate(zip(first, second)):
-        a, b = original_truncation(hf(a, add_special_tokens=False)["input_ids"],
-                                   hf(b, add_special_tokens=False)["input_ids"], 16 - 3)
+        a, b = original_truncation(
+            hf(a, add_special_tokens=False)["input_ids"],
+            hf(b, add_special_tokens=False)["input_ids"],
+            16 - 3,
+        )
         expected = [101] + a + [102] + b + [102]
         expected += [0] * (16 - len(expected))
         np.testing.assert_array_equal(short["token_ids"][row], expected)
@@ -132,7 +160,9 @@ def test_held_out_corpus_lines_match_hugging_face(minilm_dir):
     hf = transformers.BertTokenizer.from_pretrained(minilm_dir)
     texts = test_corpora.squad()[::5] + test_corpora.conll()[::10]
     ids, starts, ends, _ = tokenizer.tokenize_with_offsets(texts)
-    encoded = hf(texts, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True)
+    encoded = hf(
+        texts, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True
+    )
     for text, got, s, e, expected, offsets in zip(
         texts, ids, starts, ends, encoded["input_ids"], encoded["offset_mapping"]
     ):

@@ -45,9 +45,7 @@ def make_cased_vocabulary(vocabulary):
 # --------------------------------------------------------------------------- #
 # Parity.
 # --------------------------------------------------------------------------- #
-@pytest.mark.parametrize(
-    "lowercase", [True, pytest.param(False, marks=heavy_backend_only())]
-)
+@pytest.mark.parametrize("lowercase", [True, pytest.param(False, marks=heavy_backend_only())])
 def test_ids_and_offsets_match_hugging_face_on_hard_strings(
     vocab_path, vocabulary, lowercase, tokenizer
 ):
@@ -124,7 +122,9 @@ def test_known_hugging_face_deviations_follow_the_original(tokenizer, vocabulary
     assert ids[2] == [tokenizer.unk_token_id]
 
 
-def test_python_lowercase_context_sensitive_sigma_against_legacy(vocab_path, tokenizer, hf_legacy_tokenizer):
+def test_python_lowercase_context_sensitive_sigma_against_legacy(
+    vocab_path, tokenizer, hf_legacy_tokenizer
+):
     # The Python port in transformers applies `str.lower()` like the original.
     texts = ["ΟΔΟΣ", "ΑΣ ΣΑΣ", "Σ", "ΑΣ\u0301", "ΑΣ\u200bΑ", "ΑΣ\u0301Α"]
     for text in texts:
@@ -139,11 +139,7 @@ def test_unicode_sweep_matches_original_algorithm(vocabulary, vocab_path, lowerc
     tokenizer = BertTokenizer(vocab_path, lowercase=lowercase)
     oracle = reference.ReferenceTokenizer(vocabulary, lowercase=lowercase)
     points = list(range(0x3400)) + list(range(0x3400, 0x110000, 61))
-    texts = [
-        f"xA{chr(p)}b Σ{chr(p)}Σ {chr(p)}ΑΣ"
-        for p in points
-        if not 0xD800 <= p <= 0xDFFF
-    ]
+    texts = [f"xA{chr(p)}b Σ{chr(p)}Σ {chr(p)}ΑΣ" for p in points if not 0xD800 <= p <= 0xDFFF]
     python = tokenizer.tokenize_with_offsets(texts)
     for text, got in zip(texts, python[0]):
         assert got == oracle.tokenize(text), repr(text)
@@ -198,14 +194,23 @@ def test_offsets_point_into_the_original_string(tokenizer):
                 continue
             start, end = spans[members[0]][0], spans[members[-1]][1]
             joined = "".join(pieces[k][2:] if k != members[0] else pieces[k] for k in members)
-            assert _fold_sigma("".join(reference.basic_tokenize(text[start:end]))) == _fold_sigma(joined)
+            assert _fold_sigma("".join(reference.basic_tokenize(text[start:end]))) == _fold_sigma(
+                joined
+            )
 
 
 def test_offsets_example(tokenizer, hf_tokenizer):
     text = "Héllo, NAÏVE\u200b中文 ΟΔΟΣ"
     ids, starts, ends, word_ids = tokenizer.tokenize_with_offsets(text)
     assert [text[s:e] for s, e in zip(starts, ends)] == [
-        "Héllo", ",", "NAÏVE", "中", "文", "Ο", "Δ", "ΟΣ",
+        "Héllo",
+        ",",
+        "NAÏVE",
+        "中",
+        "文",
+        "Ο",
+        "Δ",
+        "ΟΣ",
     ]
     assert word_ids == [0, 1, 2, 3, 4, 5, 5, 5]
     tokens = [tokenizer.id_to_token(i) for i in ids]
@@ -295,7 +300,9 @@ def _adversarial_ascii_strings(vocabulary, count, seed):
 
 @heavy_backend_only()
 @pytest.mark.parametrize("lowercase", [True, False])
-def test_plain_ascii_fast_path_gives_the_reference_ids_in_input_order(tmp_path, vocabulary, lowercase):
+def test_plain_ascii_fast_path_gives_the_reference_ids_in_input_order(
+    tmp_path, vocabulary, lowercase
+):
     # `tokenize` on string tensors sends plain-ASCII rows through tensorflow-text's fused
     # engine and the other rows through the exact graph: the ids must be the original
     # algorithm's, row by row, in a batch where both kinds are interleaved.
@@ -320,7 +327,9 @@ def test_plain_ascii_fast_path_gives_the_reference_ids_in_input_order(tmp_path, 
     assert got == tokenizer.tokenize_with_offsets(tf.constant(mixed))[0].to_list()
     assert got == tokenizer.tokenize(mixed)
     # Batches of one kind only, and an empty batch.
-    assert tokenizer.tokenize(tf.constant(plain[:50])).to_list() == [oracle.tokenize(t) for t in plain[:50]]
+    assert tokenizer.tokenize(tf.constant(plain[:50])).to_list() == [
+        oracle.tokenize(t) for t in plain[:50]
+    ]
     assert tokenizer.tokenize(tf.constant(other)).to_list() == [oracle.tokenize(t) for t in other]
     assert tokenizer.tokenize(tf.constant([], tf.string)).to_list() == []
 
@@ -341,7 +350,7 @@ def test_input_types(tokenizer):
     expected = tokenizer(["Hello world", "a"])
     assert tokenizer("Hello world") == expected[0]
     assert tokenizer(("Hello world", "a")) == expected
-    assert tokenizer(["Hello world".encode("utf-8"), b"a"]) == expected
+    assert tokenizer([b"Hello world", b"a"]) == expected
     assert tokenizer(np.array(["Hello world", "a"])).to_list() == expected
     assert tokenizer(np.array(["Hello world", "a"], dtype=object)).to_list() == expected
     scalar = tokenizer(tf.constant("Hello world"))
@@ -385,9 +394,7 @@ def test_invalid_utf8_in_tf_data_is_replaced_not_fatal(tokenizer, vocabulary):
     decodes bytes with errors="ignore"): same ids, no crash in a worker."""
     raw = [b"ab\xffcd efg", b"caf\xc3", b"\xe2\x82\xac100 \xed\xa0\x80x", b"\xc0\xafslash\x80"]
     oracle = reference.ReferenceTokenizer(vocabulary)
-    ds = tf.data.Dataset.from_tensor_slices(raw).map(
-        tokenizer.tokenize, num_parallel_calls=2
-    )
+    ds = tf.data.Dataset.from_tensor_slices(raw).map(tokenizer.tokenize, num_parallel_calls=2)
     got = [t.numpy().tolist() for t in ds]
     assert got == [oracle.tokenize(r.decode("utf-8", "ignore")) for r in raw]
     assert tokenizer(raw) == got
@@ -449,11 +456,17 @@ def test_detokenize_matches_reference(tokenizer, hf_legacy_tokenizer):
 
 
 def test_config_round_trip(vocab_path):
-    tokenizer = BertTokenizer(vocab_path, lowercase=False, strip_accents=True, max_chars_per_word=20)
+    tokenizer = BertTokenizer(
+        vocab_path, lowercase=False, strip_accents=True, max_chars_per_word=20
+    )
     config = tokenizer.get_config()
     assert set(config) == {
-        "vocabulary", "lowercase", "strip_accents", "special_tokens_in_strings",
-        "max_chars_per_word", "unknown_token",
+        "vocabulary",
+        "lowercase",
+        "strip_accents",
+        "special_tokens_in_strings",
+        "max_chars_per_word",
+        "unknown_token",
     }
     restored = BertTokenizer.from_config(config)
     assert restored.get_config() == config
@@ -504,7 +517,10 @@ def test_casing_comes_from_the_vocabulary_when_the_preset_does_not_say(tmp_path,
     assert "ℝ" in vocabulary and vocabulary_is_uncased(vocabulary)
     cased_vocabulary = make_cased_vocabulary(vocabulary)
     assert not vocabulary_is_uncased(cased_vocabulary)
-    for name, tokens, lowercase in (("uncased", vocabulary, True), ("cased", cased_vocabulary, False)):
+    for name, tokens, lowercase in (
+        ("uncased", vocabulary, True),
+        ("cased", cased_vocabulary, False),
+    ):
         directory = tmp_path / name
         directory.mkdir()
         (directory / "vocab.txt").write_text("\n".join(tokens) + "\n", "utf-8")

@@ -90,14 +90,25 @@ def test_errors(tmp_path):
 
 
 def test_command_line_tool(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("train_vocab", REPO_ROOT / "tools" / "train_vocab.py")
+    spec = importlib.util.spec_from_file_location(
+        "train_vocab", REPO_ROOT / "tools" / "train_vocab.py"
+    )
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     output = tmp_path / "out" / "vocab.txt"
     os.makedirs(output.parent)
     code = tool.main(
-        [str(CORPUS), "--output", str(output), "--vocab-size", "300", "--cased",
-         "--reserved", "2", "--quiet"]
+        [
+            str(CORPUS),
+            "--output",
+            str(output),
+            "--vocab-size",
+            "300",
+            "--cased",
+            "--reserved",
+            "2",
+            "--quiet",
+        ]
     )
     assert code == 0
     vocabulary = output.read_text(encoding="utf-8").split("\n")[:-1]

@@ -30,6 +30,12 @@ def test_two_trainings_give_the_same_vocabulary_in_any_process():
     second = train_wordpiece_vocabulary([CORPUS], vocabulary_size=800, verbose=False)
     assert first == second and len(first) > 300
     env = dict(os.environ, PYTHONHASHSEED="12345", TF_CPP_MIN_LOG_LEVEL="3")
-    other = subprocess.run([sys.executable, "-c", SCRIPT, str(CORPUS)], capture_output=True,
-                           text=True, env=env, check=True, timeout=600).stdout.split("\n")
+    other = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(CORPUS)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=600,
+    ).stdout.split("\n")
     assert other == first

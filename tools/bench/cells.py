@@ -28,7 +28,11 @@ SUITES = {
 # The processes a suite needs; a suite not listed runs every `--backend` and `--framework`.
 # `hf_compile`: the workloads also timed with Hugging Face under `torch.compile`.
 SUITE_PROCESSES = {
-    "gpu-goals": {"backends": ("jax", "torch"), "frameworks": ("kbert", "hf"), "hf_compile": ("pretrain",)},
+    "gpu-goals": {
+        "backends": ("jax", "torch"),
+        "frameworks": ("kbert", "hf"),
+        "hf_compile": ("pretrain",),
+    },
     "host-overhead": {"backends": ("torch",), "frameworks": ("kbert", "hf"), "hf_compile": ()},
 }
 # `--config tiny`: every suite cell on this shape, to exercise a suite's whole code path in
@@ -67,7 +71,9 @@ def parse_cell(text, num_masks, precision="float32"):
     workload, preset, batch, length = parts[:4]
     precision = parts[4] if len(parts) == 5 else precision
     if precision not in PRECISIONS:
-        raise SystemExit(f"Unknown precision {precision!r} in --cell {text!r}; expected one of {PRECISIONS}")
+        raise SystemExit(
+            f"Unknown precision {precision!r} in --cell {text!r}; expected one of {PRECISIONS}"
+        )
     resolve_preset(preset)
     return {
         "preset": preset,
@@ -94,7 +100,11 @@ def build_cells(args):
     tiny = getattr(args, "config", "full") == "tiny"
     explicit = [parse_cell(text, args.num_masks, args.precision[0]) for text in args.cell or []]
     for suite in args.suite or []:
-        explicit += [c for c in suite_cells(suite, args.num_masks, tiny, args.precision[0]) if c not in explicit]
+        explicit += [
+            c
+            for c in suite_cells(suite, args.num_masks, tiny, args.precision[0])
+            if c not in explicit
+        ]
     if explicit:
         return explicit
     cells = []

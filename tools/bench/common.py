@@ -33,7 +33,10 @@ def random_batch(shape, batch_size, sequence_length, num_masks, seed=0):
     segment_ids[:, sequence_length // 2 :] = 1
     num_masks = min(num_masks, sequence_length - 1)
     mask_positions = np.stack(
-        [np.sort(rng.choice(np.arange(1, sequence_length), num_masks, False)) for _ in range(batch_size)]
+        [
+            np.sort(rng.choice(np.arange(1, sequence_length), num_masks, False))
+            for _ in range(batch_size)
+        ]
     )
     return {
         "token_ids": token_ids.astype("int32"),

@@ -4,8 +4,9 @@ import os
 import platform
 import subprocess
 
+
 def device_kind():
-    """"gpu" when the current process' framework sees an accelerator, else "cpu"."""
+    """ "gpu" when the current process' framework sees an accelerator, else "cpu"."""
     backend = os.environ.get("KERAS_BACKEND", "torch")
     try:
         if backend == "jax":

@@ -39,7 +39,9 @@ def run_hf_cell(shape, cell, warmup, steps, torch_compile=False):
     model = classes[workload](config).to(device)
     if model.config._attn_implementation != "sdpa":
         raise RuntimeError(f"expected sdpa attention, got {model.config._attn_implementation}")
-    autocast_dtype = {"mixed_bfloat16": torch.bfloat16, "mixed_float16": torch.float16}.get(precision)
+    autocast_dtype = {"mixed_bfloat16": torch.bfloat16, "mixed_float16": torch.float16}.get(
+        precision
+    )
     batch = random_batch(shape, cell["batch_size"], cell["sequence_length"], cell["num_masks"])
     inputs = {
         "input_ids": torch.from_numpy(batch["token_ids"]).long().to(device),
@@ -76,8 +78,14 @@ def run_hf_cell(shape, cell, warmup, steps, torch_compile=False):
         model.train()
         no_decay = ("bias", "LayerNorm.weight")
         groups = [
-            {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)], "weight_decay": 0.01},
-            {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
+            {
+                "params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
+                "weight_decay": 0.01,
+            },
+            {
+                "params": [p for n, p in model.named_parameters() if n.endswith(no_decay)],
+                "weight_decay": 0.0,
+            },
         ]
         optimizer = torch.optim.AdamW(groups, lr=5e-5, eps=1e-6)
         scaler = torch.amp.GradScaler(device, enabled=precision == "mixed_float16")

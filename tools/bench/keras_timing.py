@@ -120,7 +120,9 @@ def _device_forward(model, x, jit_compile):
     import tensorflow as tf
 
     inputs = {k: tf.convert_to_tensor(v) for k, v in x.items()}
-    forward = tf.function(lambda inputs: model(inputs, training=False), jit_compile=bool(jit_compile))
+    forward = tf.function(
+        lambda inputs: model(inputs, training=False), jit_compile=bool(jit_compile)
+    )
 
     def run():
         outputs = forward(inputs)

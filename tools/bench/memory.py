@@ -8,6 +8,7 @@ from bench.devices import device_kind
 from bench.flops import resolve_preset
 from bench.keras_timing import _compile_keras, _keras_data, _keras_fit_times, _keras_models
 
+
 def _peak_rss_bytes():
     import resource
 
@@ -77,7 +78,9 @@ def memory_worker_main(spec):
     reader = _gpu_peak_reset_and_reader(backend) if on_gpu else None
     rss_before = _peak_rss_bytes()
     steps = accumulation or 1
-    times, _ = _keras_fit_times(backbone_model, x, y, None, batch_size, warmup=steps, steps=2 * steps)
+    times, _ = _keras_fit_times(
+        backbone_model, x, y, None, batch_size, warmup=steps, steps=2 * steps
+    )
     record["rss_peak_growth_bytes"] = _peak_rss_bytes() - rss_before
     record["rss_peak_bytes"] = _peak_rss_bytes()
     if reader is not None:

@@ -143,9 +143,13 @@ def check_goals(records, peaks, suite_records=None):
 
     def find(workload, framework, backend=None):
         return [
-            r for r in records
-            if r["workload"] == workload and r["framework"] == framework and "error" not in r
-            and (backend is None or r["backend"] == backend) and "label" not in r
+            r
+            for r in records
+            if r["workload"] == workload
+            and r["framework"] == framework
+            and "error" not in r
+            and (backend is None or r["backend"] == backend)
+            and "label" not in r
         ]
 
     lines = ["\ngoals (CPU, this run):"]
@@ -159,7 +163,9 @@ def check_goals(records, peaks, suite_records=None):
                 continue
             ratio = ours[0]["sequences_per_second"] / hf[workload]["sequences_per_second"]
             verdict = "met" if ratio >= threshold else "NOT met"
-            lines.append(f"  {workload}: {what} = {ratio:.2f}x (goal >= {threshold:.2f}x): {verdict}")
+            lines.append(
+                f"  {workload}: {what} = {ratio:.2f}x (goal >= {threshold:.2f}x): {verdict}"
+            )
         else:
             ours = find(workload, "kbert")
             cpu_peaks = [v for k, v in peaks.items() if k.endswith("/float32")]
@@ -199,11 +205,15 @@ def check_suite_goals(title, goals, records, full_preset=None):
     throughput and MFU goals hold for `full_preset` only; on another shape (`--config tiny`)
     their line says so rather than judge.
     """
+
     def row(workload, name, backend=None):
         return next(
             (
-                r for r in records
-                if r["workload"] == workload and label(r) == name and "error" not in r
+                r
+                for r in records
+                if r["workload"] == workload
+                and label(r) == name
+                and "error" not in r
                 and (backend is None or r["backend"] == backend)
             ),
             None,
@@ -232,7 +242,9 @@ def check_suite_goals(title, goals, records, full_preset=None):
                 f"{ours['matmul_peak_flops'] / 1e12:.4g} TFLOP/s (goal >= {threshold:.0%})"
             )
             if full_preset and ours["preset"] != full_preset:
-                lines.append(f"  {workload}: {text}: not judged ({ours['preset']} is not {full_preset})")
+                lines.append(
+                    f"  {workload}: {text}: not judged ({ours['preset']} is not {full_preset})"
+                )
                 continue
         else:
             goal = f"{what} >= {threshold:,} seq/s"
@@ -242,7 +254,9 @@ def check_suite_goals(title, goals, records, full_preset=None):
             value = ours["sequences_per_second"]
             text = f"{what} = {value:,.0f} seq/s (goal >= {threshold:,})"
             if full_preset and ours["preset"] != full_preset:
-                lines.append(f"  {workload}: {text}: not judged ({ours['preset']} is not {full_preset})")
+                lines.append(
+                    f"  {workload}: {text}: not judged ({ours['preset']} is not {full_preset})"
+                )
                 continue
         lines.append(f"  {workload}: {text}: {'met' if value >= threshold else 'NOT met'}")
     return "\n".join(lines)
@@ -256,7 +270,9 @@ def goal_report(suite_cells, records, peaks):
         if suite == "cpu-goals":
             parts.append(check_goals(records, peaks, mine))
         elif suite == "gpu-goals":
-            parts.append(check_suite_goals("GPU", GPU_GOALS, mine, full_preset="bert_base_en_uncased"))
+            parts.append(
+                check_suite_goals("GPU", GPU_GOALS, mine, full_preset="bert_base_en_uncased")
+            )
         elif suite == "host-overhead":
             parts.append(check_suite_goals("host overhead, CPU", HOST_OVERHEAD_GOALS, mine))
     return "".join(parts)
@@ -296,7 +312,9 @@ def write_chart(records, path):
                 fontsize=7,
             )
         preset, length, batch, precision, workload = key
-        axis.set_title(f"{workload}: {preset}, batch {batch}, seq {length}, {precision}", fontsize=9)
+        axis.set_title(
+            f"{workload}: {preset}, batch {batch}, seq {length}, {precision}", fontsize=9
+        )
         axis.set_ylabel("sequences / s")
         axis.set_ylim(0, max(values) * 1.35)
         axis.tick_params(axis="x", labelsize=7)

@@ -17,7 +17,9 @@ from bench.hf_timing import run_hf_cell
 from bench.keras_timing import run_keras_cell
 from bench.peak import measure_matmul_peak, measure_matmuls_seconds
 
-BENCHMARK_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark.py")
+BENCHMARK_SCRIPT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark.py"
+)
 
 # glibc >= 2.35: back malloc's large blocks with transparent huge pages (when the kernel's THP
 # mode is `madvise`). XLA's per-step temporary buffer (1.5 GiB for the L6-H384 fine-tuning step)
@@ -110,7 +112,11 @@ def worker_main(spec):
     allocator = (
         _allocator_state(spec.get("allocator_tuning", False)) if spec["family"] != "hf" else None
     )
-    info = {"device": device_name(), "device_kind": device_kind(), "versions": _versions(spec["family"])}
+    info = {
+        "device": device_name(),
+        "device_kind": device_kind(),
+        "versions": _versions(spec["family"]),
+    }
     if allocator is not None:
         info["allocator"] = allocator
     if spec.get("torch_threads") and backend == "torch":
@@ -147,7 +153,9 @@ def worker_main(spec):
                         optimizer=optimizer,
                     )
                 median, all_times = median_and_all(times)
-                flops = step_flops(shape, cell["sequence_length"], cell["workload"], cell["num_masks"])
+                flops = step_flops(
+                    shape, cell["sequence_length"], cell["workload"], cell["num_masks"]
+                )
                 throughput = cell["batch_size"] / median
                 record.update(
                     extra,
@@ -165,7 +173,9 @@ def worker_main(spec):
                 log(f"    failed: {record['error']}")
             results.append(record)
     _add_peaks_and_bounds(backend, info["device_kind"], results, peaks)
-    print(RESULT_MARKER + json.dumps({"info": info, "peaks": peaks, "results": results}), flush=True)
+    print(
+        RESULT_MARKER + json.dumps({"info": info, "peaks": peaks, "results": results}), flush=True
+    )
 
 
 def worker_environment(backend, hugepages=False, allocator_tuning=True):
