@@ -210,30 +210,30 @@ def encode_tagging(
 
     rows_tokens, rows_words, rows_first, rows_labels, rows_sentence = [], [], [], [], []
     unplaced = 0
+
+    def flush(tokens, words, first, labels, index):
+        rows_tokens.append(tokens)
+        rows_words.append(words)
+        rows_first.append(first)
+        rows_labels.append(labels)
+        rows_sentence.append(index)
+
     for index, word_pieces in enumerate(pieces):
         tokens, words, first, labels = [], [], [], []
-
-        def flush():
-            rows_tokens.append(tokens)
-            rows_words.append(words)
-            rows_first.append(first)
-            rows_labels.append(labels)
-            rows_sentence.append(index)
-
         for w, word in enumerate(word_pieces):
             if not word:
                 unplaced += 1
                 continue
             word = word[:capacity]
             if len(tokens) + len(word) > capacity:
-                flush()
+                flush(tokens, words, first, labels, index)
                 tokens, words, first, labels = [], [], [], []
             label = ids[index][w] if ids is not None else 0
             tokens.extend(word)
             words.extend([w] * len(word))
             first.extend([1.0] + [0.0] * (len(word) - 1))
             labels.extend([label] + [0] * (len(word) - 1))
-        flush()
+        flush(tokens, words, first, labels, index)
 
     n = len(rows_tokens)
     token_ids = np.full((n, sequence_length), tokenizer.pad_token_id, dtype="int32")
