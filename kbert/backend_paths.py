@@ -106,7 +106,8 @@ def attention_with_dropout(query, key, value, mask, rate):
 
 
 def needs_dense_embedding_gradient():
-    """True on TensorFlow, whose gather gradient is an `IndexedSlices` (see `DenseGradientEmbedding`)."""
+    """True on TensorFlow, whose gather gradient is an `IndexedSlices` (see
+    `DenseGradientEmbedding`)."""
     return keras.config.backend() == "tensorflow"
 
 
@@ -195,8 +196,9 @@ def torch_attention(query, key, value, mask, rate=0.0):
 
     Without dropout: `torch.nn.functional.scaled_dot_product_attention` with the boolean
     `mask` (true where a key may be attended; it broadcasts to `(batch, heads, seq, seq)`),
-    on every device. With dropout, on GPU: `torch.nn.functional.scaled_dot_product_attention(..., dropout_p=rate)`, whose
-    fused kernels draw the dropout themselves. On CPU that op has no fused dropout and falls
+    on every device. With dropout, on GPU: `torch.nn.functional.scaled_dot_product_attention(...,
+    dropout_p=rate)`, whose fused kernels draw the dropout themselves. On CPU that op
+    has no fused dropout and falls
     back to softmax + `bernoulli_` internally; the same arithmetic written out with
     `_torch_dropout`'s cheaper mask is faster forward + backward. Either way: scale
     1/sqrt(head_dim), boolean key mask, probabilities dropped with `rate` and scaled by

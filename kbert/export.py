@@ -81,7 +81,8 @@ def export_saved_model(model, path, preprocessor=None):
     if preprocessor is None:
         raise ValueError(
             "export_saved_model needs a preprocessor to put the tokenizer into the SavedModel: "
-            f"{type(model).__name__} has none. Pass `preprocessor=kbert.text.BertPreprocessor(...)` "
+            f"{type(model).__name__} has none. Pass "
+            "`preprocessor=kbert.text.BertPreprocessor(...)` "
             "or build the model with `from_preset(<directory with vocab.txt>)`."
         )
     if not all(hasattr(preprocessor, name) for name in ("tokenizer", "packer", "get_config")):

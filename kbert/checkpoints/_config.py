@@ -1,4 +1,5 @@
-"""Reads of checkpoint config files: JSON with the file named in errors, typed values naming the key."""
+"""Reads of checkpoint config files: JSON with the file named in errors, typed values naming the
+key."""
 
 import json
 from pathlib import Path
@@ -33,6 +34,7 @@ def config_float(config, key, source, default=None):
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(
-            f"{source}: {key!r} must be a number. Received: {key}={value!r} ({type(value).__name__})"
+            f"{source}: {key!r} must be a number. Received: {key}={value!r} "
+            f"({type(value).__name__})"
         )
     return float(value)

@@ -1,4 +1,5 @@
-"""Checked, all-or-nothing assignment of checkpoint tensors to Keras variables (shared by the readers).
+"""Checked, all-or-nothing assignment of checkpoint tensors to Keras variables (shared by the
+readers).
 
 Every reader turns its format into the same two things: a `TensorSource` (names and a way to
 read each tensor as NumPy) and a list of `WeightEntry` (checkpoint name -> kbert variable, how
@@ -80,7 +81,8 @@ def expected_source_shape(entry):
 
 
 def to_variable_layout(array, entry):
-    """Lays a checkpoint tensor out as the variable's value (or returns None on a shape mismatch)."""
+    """Lays a checkpoint tensor out as the variable's value (or returns None on a shape
+    mismatch)."""
     target = tuple(int(d) for d in entry.variable.shape)
     if entry.layout == TRANSPOSE:
         if array.ndim != 2 or array.shape[::-1] != target:
@@ -109,7 +111,8 @@ def variables_by_path(model):
 
 
 def find_variable(variables, path):
-    """The variable at `path` (a `/`-joined layer path), also when the model sits in a name scope."""
+    """The variable at `path` (a `/`-joined layer path), also when the model sits in a name
+    scope."""
     if path in variables:
         return variables[path]
     matches = [v for p, v in variables.items() if p.endswith("/" + path)]
@@ -295,8 +298,9 @@ def head_entries(model, table):
 
     `table` maps kbert class names to head rows `(checkpoint_name, attribute path of the
     variable, transposed)` (one table per checkpoint format, in that format's module); rows of
-    an optional head the model lacks are skipped. Head variables no row names (every head variable, when the class has no row) get entries whose
-    name no checkpoint holds, so they are reported as absent heads.
+    an optional head the model lacks are skipped. Head variables no row names (every head variable,
+    when the class has no row) get entries whose name no checkpoint holds, so they are
+    reported as absent heads.
     """
     backbone = getattr(model, "backbone", model)
     if backbone is model:

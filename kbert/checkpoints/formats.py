@@ -53,7 +53,8 @@ def _json_or_none(path):
 
 
 def detect(path):
-    """The format name of a foreign checkpoint directory: "huggingface", "google", "keras_hub" or None."""
+    """The format name of a foreign checkpoint directory: "huggingface", "google", "keras_hub" or
+    None."""
     path = Path(path)
     if (path / "config.json").is_file():
         config = _json_or_none(path / "config.json")

@@ -96,7 +96,8 @@ def backbone_config_from_google(config, source=CONFIG_FILE):
 
 
 def checkpoint_prefix(path):
-    """The TF checkpoint prefix in a Google directory (`bert_model.ckpt`, or the latest/only one)."""
+    """The TF checkpoint prefix in a Google directory (`bert_model.ckpt`, or the latest/only
+    one)."""
     path = Path(path)
     if (path / f"{CHECKPOINT_PREFIX}.index").is_file():
         return path / CHECKPOINT_PREFIX
@@ -112,7 +113,8 @@ def checkpoint_prefix(path):
     if not indexes:
         raise FileNotFoundError(
             f"No TensorFlow checkpoint in {path}: expected {CHECKPOINT_PREFIX}.index and "
-            f"{CHECKPOINT_PREFIX}.data-00000-of-00001. Found: {sorted(p.name for p in path.iterdir())}"
+            f"{CHECKPOINT_PREFIX}.data-00000-of-00001. Found: "
+            f"{sorted(p.name for p in path.iterdir())}"
         )
     raise ValueError(
         f"{path} holds several checkpoints {[p.name for p in indexes]} and no 'checkpoint' "

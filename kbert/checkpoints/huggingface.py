@@ -1,4 +1,5 @@
-"""Hugging Face BERT directories: read (`config.json` + safetensors / `pytorch_model.bin`) and write.
+"""Hugging Face BERT directories: read (`config.json` + safetensors / `pytorch_model.bin`) and
+write.
 
 A Hugging Face BERT directory holds `config.json` (`"model_type": "bert"`), the weights as
 `model.safetensors` (or shards listed in `model.safetensors.index.json`; or, legacy,
@@ -264,7 +265,8 @@ def read_config(path, require_weights=True):
 
 
 def _weight_files(path):
-    """`(kind, [files])` of the weights in a directory; raises FileNotFoundError when there are none."""
+    """`(kind, [files])` of the weights in a directory; raises FileNotFoundError when there are
+    none."""
     path = Path(path)
     if (path / SAFETENSORS_FILE).is_file():
         return "safetensors", [path / SAFETENSORS_FILE]
@@ -393,7 +395,8 @@ def open_weights(path):
 
 
 def backbone_entries(backbone):
-    """`WeightEntry`s of a kbert `BertBackbone`, named as in `transformers`' BertModel (with `bert.`)."""
+    """`WeightEntry`s of a kbert `BertBackbone`, named as in `transformers`' BertModel (with
+    `bert.`)."""
     variables = _weights.variables_by_path(backbone)
 
     def entry(hf_name, kbert_path, layout=_weights.IDENTITY, part=_weights.BACKBONE):
@@ -579,7 +582,8 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None):
     if uncovered:
         raise ValueError(
             f"{type(model).__name__} has variables with no Hugging Face name, which the export "
-            f"would drop: {uncovered}. Name them in `HEAD_WEIGHTS` of kbert.checkpoints.huggingface."
+            f"would drop: {uncovered}. Name them in `HEAD_WEIGHTS` of "
+            "kbert.checkpoints.huggingface."
         )
     strip = config["architectures"][0] == "BertModel"
     tensors = {}

@@ -51,7 +51,8 @@ OWNED_FILES = (
 
 
 def read_preprocessor_settings(directory):
-    """The settings `save_preset` wrote to `preprocessor.json` in `directory` (`{}` if there is none).
+    """The settings `save_preset` wrote to `preprocessor.json` in `directory` (`{}` if there is
+    none).
 
     A dict with `sequence_length`, `truncate` and `tokenizer` (the tokenizer's arguments other
     than its vocabulary), each optional. A file that is not a JSON object is an error naming it.
@@ -66,7 +67,8 @@ def read_preprocessor_settings(directory):
 
 
 def tokenizer_settings(tokenizer):
-    """A tokenizer's constructor arguments other than the vocabulary (written to preprocessor.json)."""
+    """A tokenizer's constructor arguments other than the vocabulary (written to
+    preprocessor.json)."""
     config = tokenizer.get_config() if hasattr(tokenizer, "get_config") else {}
     return {
         k: v for k, v in config.items() if k not in ("vocabulary", "name", "trainable", "dtype")
@@ -74,7 +76,8 @@ def tokenizer_settings(tokenizer):
 
 
 def preprocessor_settings(preprocessor):
-    """A preprocessor's settings other than the vocabulary (which the preset stores as vocab.txt)."""
+    """A preprocessor's settings other than the vocabulary (which the preset stores as
+    vocab.txt)."""
     settings = {"sequence_length": getattr(preprocessor, "sequence_length", None)}
     if hasattr(preprocessor, "truncate"):
         settings["truncate"] = preprocessor.truncate
@@ -279,7 +282,8 @@ def check_weights_header(weights_path, backbone_config, group=""):
     problems = []
     if len(layer_names) != num_layers:
         problems.append(
-            f"the file has {len(layer_names)} transformer layers, the config num_layers={num_layers}"
+            f"the file has {len(layer_names)} transformer layers, the config "
+            f"num_layers={num_layers}"
         )
     for i in range(min(len(layer_names), num_layers)):
         layer = "transformer_encoder" + (f"_{i}" if i else "")
@@ -295,7 +299,8 @@ def check_weights_header(weights_path, backbone_config, group=""):
                 f"{_SIZE_KEYS[letter]}={sizes[letter]}" for letter in dict.fromkeys(letters)
             )
             problems.append(
-                f"{name}: shape {list(have)} in the file, expected {list(want)} from the config ({meaning})"
+                f"{name}: shape {list(have)} in the file, expected {list(want)} from the config "
+                f"({meaning})"
             )
     if problems:
         shown = problems[:20] + ([f"... ({len(problems) - 20} more)"] if len(problems) > 20 else [])

@@ -1,4 +1,5 @@
-"""keras-hub BERT presets: `config.json` (a serialised `keras_hub.models.BertBackbone`) + `model.weights.h5`.
+"""keras-hub BERT presets: `config.json` (a serialised `keras_hub.models.BertBackbone`) +
+`model.weights.h5`.
 
 The config is read from its whitelisted numeric fields (no deserialisation of arbitrary
 objects, no download) and `model.weights.h5` is read with h5py alone, so neither keras-hub

@@ -161,7 +161,8 @@ RELATIVE_OUTPUTS = ("mlm",)
 
 
 def max_differences(outputs, reference, padding_mask, relative=RELATIVE_OUTPUTS):
-    """`{name: max |outputs - reference|}` for the names both have; sequence outputs on real positions.
+    """`{name: max |outputs - reference|}` for the names both have; sequence outputs on real
+    positions.
 
     Names in `relative` are divided by `max(1, max |reference|)` (masked-LM logits reach
     |20| and more, where float32 round-off alone exceeds 1e-4).

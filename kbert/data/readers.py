@@ -147,7 +147,8 @@ def _decode_file(path, encoding):
         line = data.count(b"\n", 0, error.start) + 1
         column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
         raise ValueError(
-            f"{path}:{line}: byte {data[error.start : error.start + 1]!r} at column {column} is not "
+            f"{path}:{line}: byte {data[error.start : error.start + 1]!r} at column {column} is "
+            "not "
             f"valid {encoding} ({error.reason}). Expected a {encoding} text file; re-encode it, "
             "e.g. with `iconv -f latin1 -t utf-8`."
         ) from None
@@ -564,7 +565,8 @@ def read_squad(path_or_dict, version="1.1"):
             where = f"{source}: article {article_index} ({title!r}), paragraph {paragraph_index}"
             if not isinstance(paragraph, dict):
                 raise ValueError(
-                    f"{where}: expected an object with 'context' and 'qas'. Received: {paragraph!r:.80}"
+                    f"{where}: expected an object with 'context' and 'qas'. Received: "
+                    f"{paragraph!r:.80}"
                 )
             missing = [key for key in ("context", "qas") if key not in paragraph]
             if missing:
@@ -593,7 +595,8 @@ def read_squad(path_or_dict, version="1.1"):
                 raw_answers = [] if impossible else qa.get("answers", [])
                 if not isinstance(raw_answers, list):
                     raise ValueError(
-                        f"{where}, question {qid!r}: 'answers' must be a list. Received: {raw_answers!r:.80}"
+                        f"{where}, question {qid!r}: 'answers' must be a list. Received: "
+                        f"{raw_answers!r:.80}"
                     )
                 for answer in raw_answers:
                     text = answer.get("text") if isinstance(answer, dict) else None

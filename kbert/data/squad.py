@@ -141,7 +141,8 @@ def answer_matches_context(context, answer):
 
 
 def _window_spans(num_tokens, max_tokens, doc_stride):
-    """`(start, length)` windows over `num_tokens` pieces (run_squad's loop; one window when empty)."""
+    """`(start, length)` windows over `num_tokens` pieces (run_squad's loop; one window when
+    empty)."""
     spans, start = [], 0
     while True:
         length = min(num_tokens - start, max_tokens)

@@ -118,8 +118,8 @@ def label_ids(word_labels, num_words, label_to_id=None, num_classes=None):
             if isinstance(label, str):
                 if label_to_id is None:
                     raise ValueError(
-                        f"Received label names (e.g. {label!r}) but no label set to map them to ids. "
-                        "Give the tagger `labels=[...]` (its label names), or integer labels."
+                        f"Received label names (e.g. {label!r}) but no label set to map them to "
+                        "ids. Give the tagger `labels=[...]` (its label names), or integer labels."
                     )
                 if label not in label_to_id:
                     unknown.add(label)
@@ -283,7 +283,8 @@ def words_from_token_predictions(token_predictions, features, fill_value=-1):
     if predictions.shape != features.word_ids.shape:
         raise ValueError(
             "`token_predictions` must have the shape of the features "
-            f"{features.word_ids.shape} (or that plus a class axis). Received {np.asarray(token_predictions).shape}"
+            f"{features.word_ids.shape} (or that plus a class axis). Received "
+            f"{np.asarray(token_predictions).shape}"
         )
     result = [[fill_value] * int(n) for n in features.num_words]
     first = features.sample_weight > 0

@@ -19,7 +19,8 @@ def _logical_right_shift(x, bits):
 
 
 def _mix32(x):
-    """MurmurHash3's 32-bit finaliser: a bijection that makes every output bit depend on every input bit.
+    """MurmurHash3's 32-bit finaliser: a bijection that makes every output bit depend on every input
+    bit.
 
     Written on int32 with wrapping multiplication, which every backend provides (uint32
     arithmetic is not available on torch).
@@ -39,8 +40,8 @@ class HashDropout(keras.layers.Dropout):
     probability `rate` and the others are scaled by `1 / (1 - rate)`; at inference it is the
     identity. Only the source of randomness differs. JAX's default generator (Threefry,
     20 rounds per 64 bits) and TensorFlow's stateless generator under XLA are costly on
-    CPU next to the matmuls around them (see BENCHMARKS.md). Here every element's bits are a MurmurHash3-finalised hash of
-    its (row, column) index and a per-call key drawn from the layer's
+    CPU next to the matmuls around them (see BENCHMARKS.md). Here every element's bits are a
+    MurmurHash3-finalised hash of its (row, column) index and a per-call key drawn from the layer's
     `keras.random.SeedGenerator`: a few integer operations per element, fused by XLA into
     the surrounding computation. The hash is keyed afresh at every call, so masks differ
     between steps and are reproducible under `keras.utils.set_random_seed`. On torch the

@@ -68,7 +68,8 @@ class ReversibleEmbedding(DenseGradientEmbedding):
 
 @keras.saving.register_keras_serializable(package="kbert")
 class BertEmbeddings(keras.layers.Layer):
-    """BERT's input embedding: token + learned absolute position + segment, then LayerNorm and dropout.
+    """BERT's input embedding: token + learned absolute position + segment, then LayerNorm and
+    dropout.
 
     Args:
         vocabulary_size: int. Size of the WordPiece vocabulary.

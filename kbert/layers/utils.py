@@ -37,14 +37,16 @@ def clone_initializer(initializer):
 
 
 def float32_policy(dtype_policy):
-    """The policy for numerically sensitive sublayers (LayerNorm): float32 compute under mixed precision."""
+    """The policy for numerically sensitive sublayers (LayerNorm): float32 compute under mixed
+    precision."""
     if keras.dtype_policies.get(dtype_policy).compute_dtype in ("float16", "bfloat16"):
         return keras.dtype_policies.DTypePolicy("float32")
     return dtype_policy
 
 
 def host_values(x):
-    """`x` as a NumPy array when it already lives in host memory (NumPy, lists, scalars), else `None`.
+    """`x` as a NumPy array when it already lives in host memory (NumPy, lists, scalars), else
+    `None`.
 
     Backend tensors (also eager ones on CPU) are never converted: reading a device tensor's
     values is a device-to-host transfer that stalls an accelerator, so inside training and

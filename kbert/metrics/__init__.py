@@ -12,7 +12,7 @@ on the TensorFlow, JAX and PyTorch backends.
 | STS-B               | `pearson_corr`, `spearman_corr`        | `PearsonCorrelation`, `SpearmanCorrelation` (buffered) |
 | CoNLL NER           | `entity_f1` (conlleval)                | -                       |
 | SQuAD v1.1 / v2.0   | `squad_scores`                         | -                       |
-"""
+"""  # noqa: E501
 
 from kbert.metrics.classification import (
     Accuracy,

@@ -31,7 +31,8 @@ def resolve_dtype_policy(dtype):
 
 
 def check_input_keys(inputs, expected, model_name):
-    """Raises a ValueError when a dict input lacks keys the model needs or has keys it does not use."""
+    """Raises a ValueError when a dict input lacks keys the model needs or has keys it does not
+    use."""
     if not isinstance(inputs, dict):
         raise ValueError(
             f"{model_name} expects a dict with keys {sorted(expected)}. "
@@ -149,7 +150,8 @@ def validate_backbone_config(config, source=None):
             )
     if config["num_layers"] > MAX_LAYERS:
         raise ValueError(
-            f"`num_layers` must be at most {MAX_LAYERS}. Received: num_layers={config['num_layers']}{where}"
+            f"`num_layers` must be at most {MAX_LAYERS}. Received: "
+            f"num_layers={config['num_layers']}{where}"
         )
     if config["hidden_dim"] % config["num_heads"]:
         raise ValueError(
@@ -165,18 +167,20 @@ def validate_backbone_config(config, source=None):
     epsilon = config.get("layer_norm_epsilon", 1e-12)
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
         raise ValueError(
-            f"`layer_norm_epsilon` must be a number in (0, 1). Received: layer_norm_epsilon={epsilon!r}{where}"
+            "`layer_norm_epsilon` must be a number in (0, 1). Received: "
+            f"layer_norm_epsilon={epsilon!r}{where}"
         )
     activation = config.get("activation", "gelu")
     if not isinstance(activation, str) or activation not in _ACTIVATION_NAMES:
         raise ValueError(
-            f"Unknown `activation`: it must be one of {list(_ACTIVATION_NAMES)} (a name, so that the config "
-            f"can be saved and loaded). Received: activation={activation!r}{where}"
+            f"Unknown `activation`: it must be one of {list(_ACTIVATION_NAMES)} (a name, so that "
+            f"the config can be saved and loaded). Received: activation={activation!r}{where}"
         )
     pad = config.get("pad_token_id", 0)
     if pad is not None and (not _is_int(pad) or not 0 <= pad < config["vocabulary_size"]):
         raise ValueError(
-            f"`pad_token_id` must be None or a token id in [0, vocabulary_size={config['vocabulary_size']}). "
+            "`pad_token_id` must be None or a token id in [0, "
+            f"vocabulary_size={config['vocabulary_size']}). "
             f"Received: pad_token_id={pad!r}{where}"
         )
     for name in ("flash_attention",):
@@ -203,7 +207,8 @@ def validate_backbone_config(config, source=None):
     memory = _host_memory_bytes()
     if memory and count * 4 > memory:
         raise ValueError(
-            f"This backbone config has {count:,} weights ({count * 4 / 2**30:,.1f} GiB in float32), "
+            f"This backbone config has {count:,} weights ({count * 4 / 2**30:,.1f} GiB in "
+            "float32), "
             f"more than this machine's memory ({memory / 2**30:,.1f} GiB){where}. Received: "
             + ", ".join(f"{k}={config[k]}" for k in _SIZE_ARGUMENTS if k in config)
         )
@@ -322,7 +327,8 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         unknown = sorted(set(kwargs) - {"name", "trainable"})
         if unknown:
             raise ValueError(
-                f"Unknown BertBackbone arguments {unknown}. Expected some of {sorted(_BACKBONE_ARGUMENTS)}."
+                f"Unknown BertBackbone arguments {unknown}. Expected some of "
+                f"{sorted(_BACKBONE_ARGUMENTS)}."
             )
         dtype = resolve_dtype_policy(dtype)
 

@@ -18,7 +18,6 @@ Python generators and `keras.utils.PyDataset` inputs are not checked (their batc
 seen inside Keras' epoch loop); neither are backend tensors that already live on a device.
 """
 
-
 from kbert import _tensorflow
 from kbert._tensorflow import is_dataset
 from kbert.layers.utils import check_integer_dtype, host_values, index_range_message
@@ -112,7 +111,8 @@ def _checked_dataset(dataset, backbone):
 
 
 def check_data(x, backbone):
-    """`x` for `fit`/`evaluate`/`predict`, with its ids checked (NumPy) or to be checked (tf.data)."""
+    """`x` for `fit`/`evaluate`/`predict`, with its ids checked (NumPy) or to be checked
+    (tf.data)."""
     if is_dataset(x):
         return _checked_dataset(x, backbone)
     if isinstance(x, dict):

@@ -87,8 +87,8 @@ def enable_lora(backbone, rank, alpha=None, feedforward=False):
         d_in, d_out = dense.kernel.shape
         if rank > min(d_in, d_out):
             raise ValueError(
-                f"LoRA `rank` must not exceed the dimensions of the layers it adapts: layer {name!r} "
-                f"has a kernel of shape ({d_in}, {d_out}), so rank <= {min(d_in, d_out)}. "
+                "LoRA `rank` must not exceed the dimensions of the layers it adapts: layer "
+                f"{name!r} has a kernel of shape ({d_in}, {d_out}), so rank <= {min(d_in, d_out)}. "
                 f"Received: rank={rank}"
             )
     rank = int(rank)
@@ -172,7 +172,8 @@ def load_lora_weights(backbone, path):
     unexpected = sorted(set(tensors) - set(variables))
     if missing or unexpected:
         raise ValueError(
-            f"The LoRA weights in {str(path)!r} do not match the model's LoRA layers: the file lacks "
+            f"The LoRA weights in {str(path)!r} do not match the model's LoRA layers: the file "
+            "lacks "
             f"{missing[:4]}{'...' if len(missing) > 4 else ''} and has tensors the model does not "
             f"have {unexpected[:4]}{'...' if len(unexpected) > 4 else ''}. (File: rank "
             f"{metadata.get('rank')}, feedforward={metadata.get('feedforward')}.)"
@@ -180,7 +181,8 @@ def load_lora_weights(backbone, path):
     for name, variable in variables.items():
         if tuple(tensors[name].shape) != tuple(variable.shape):
             raise ValueError(
-                f"LoRA tensor {name!r} in {str(path)!r} has shape {tuple(tensors[name].shape)}, but "
+                f"LoRA tensor {name!r} in {str(path)!r} has shape {tuple(tensors[name].shape)}, "
+                "but "
                 f"the model's has shape {tuple(variable.shape)} (file rank {metadata.get('rank')}, "
                 f"model rank {next(iter(lora_layers(backbone).values())).lora_rank})."
             )

@@ -59,11 +59,13 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
     ):
         if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
             raise ValueError(
-                f"`total_steps` must be a positive integer or None. Received: total_steps={total_steps!r}"
+                "`total_steps` must be a positive integer or None. Received: "
+                f"total_steps={total_steps!r}"
             )
         if warmup_steps is not None and (not isinstance(warmup_steps, int) or warmup_steps < 0):
             raise ValueError(
-                f"`warmup_steps` must be an integer >= 0 or None. Received: warmup_steps={warmup_steps!r}"
+                "`warmup_steps` must be an integer >= 0 or None. Received: "
+                f"warmup_steps={warmup_steps!r}"
             )
         if not 0 <= warmup_ratio <= 1:
             raise ValueError(
@@ -120,8 +122,8 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
         """
         if not self.planned:
             raise ValueError(
-                f"This schedule has a fixed length (total_steps={self.total_steps}); only a schedule "
-                "built with total_steps=None is planned."
+                f"This schedule has a fixed length (total_steps={self.total_steps}); only a "
+                "schedule built with total_steps=None is planned."
             )
         if self._planned_steps is None:
             raise ValueError(

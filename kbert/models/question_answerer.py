@@ -96,7 +96,8 @@ def _answers_for(y, count):
         raise ValueError(
             "`y` must be a list with one answer per question: a dict "
             '{"text": str, "answer_start": int}, a list of such dicts, or None (no answer). '
-            f"Received {type(y).__name__} of length {len(y) if hasattr(y, '__len__') else '?'} for {count} questions"
+            f"Received {type(y).__name__} of length {len(y) if hasattr(y, '__len__') else '?'} for "
+            f"{count} questions"
         )
     out = []
     for answer in y:
@@ -309,7 +310,8 @@ class BertQuestionAnswerer(BertTask):
         if _is_example_list(x):
             if y is not None:
                 raise ValueError(
-                    "Give either SQuAD examples (with their answers) or (questions, contexts) and `y`, not both."
+                    "Give either SQuAD examples (with their answers) or (questions, contexts) and "
+                    "`y`, not both."
                 )
             return list(x)
         questions, contexts = x

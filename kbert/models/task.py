@@ -182,7 +182,8 @@ def check_class_ids(labels, num_classes, name):
         if not np.all(np.isfinite(labels)) or np.any(labels != np.round(labels)):
             raise ValueError(
                 f"`{name}` must be integer class ids in [0, {num_classes}). "
-                f"Received non-integer values, e.g. {labels[labels != np.round(labels)][:5].tolist()}"
+                "Received non-integer values, e.g. "
+                f"{labels[labels != np.round(labels)][:5].tolist()}"
             )
     elif labels.dtype.kind not in "biu":
         raise ValueError(
@@ -774,7 +775,8 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
 
     # LoRA: see `BertBackbone.enable_lora` and kbert/models/lora.py. The head stays trainable.
     def enable_lora(self, rank, alpha=None, feedforward=False):
-        """Enables LoRA on the backbone (see `BertBackbone.enable_lora`); the head keeps training."""
+        """Enables LoRA on the backbone (see `BertBackbone.enable_lora`); the head keeps
+        training."""
         from kbert.models import lora
 
         lora.enable_lora(self.backbone, rank, alpha=alpha, feedforward=feedforward)

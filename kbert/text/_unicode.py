@@ -14,8 +14,8 @@ Cased / Case_Ignorable flags stored here. One theoretical gap remains: NFD
 also reorders adjacent combining characters by combining class; per-character
 NFD cannot, which only matters for two adjacent non-Mn combining characters
 in non-canonical order, e.g. U+1D16D U+1D165, musical symbols: the marks the
-reference drops (Mn) do not count, and no BERT vocabulary is affected.) The graph then only does table look-ups, which
-keeps the character offsets exact (every output character knows the input
+reference drops (Mn) do not count, and no BERT vocabulary is affected.) The graph then only does
+table look-ups, which keeps the character offsets exact (every output character knows the input
 character it came from) and keeps the behaviour identical to the reference,
 independent of the Unicode version of ICU or RE2 inside TensorFlow.
 
