@@ -24,10 +24,18 @@ BACKENDS = ("tensorflow", "jax", "torch")
 GET_DATA = (
     "The applications read the public GLUE (glue/SST-2/train.tsv, dev.tsv, ...), CoNLL-2003 "
     "(conll2003/eng.train, eng.testa) and SQuAD v1.1 (squad/dev-v1.1.json) files from one folder: "
-    "download them from their publishers, lay them out so, and pass --data-dir or set KBERT_DATA_DIR."
+    "download them from their publishers, lay them out so, and pass --data-dir or set "
+    "KBERT_DATA_DIR."
 )
 # Files a checkpoint directory can hold its weights in (kbert, Hugging Face, Google, keras-hub).
-_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.h5", "*.ckpt.index", "*.ckpt*.index", "*.weights.*")
+_WEIGHT_PATTERNS = (
+    "*.safetensors",
+    "*.bin",
+    "*.h5",
+    "*.ckpt.index",
+    "*.ckpt*.index",
+    "*.weights.*",
+)
 _VOCABULARY_FILES = ("vocab.txt", "assets/tokenizer/vocabulary.txt")
 
 
@@ -69,10 +77,15 @@ def check_preset(preset, need_vocabulary=True):
                 "print(m.get_model_path())'), or convert one with tools/convert_checkpoint.py."
             )
     if not any(any(path.glob(pattern)) for pattern in _WEIGHT_PATTERNS):
-        fail(f"--preset {preset}: {path} holds no weights file (model.safetensors, *.weights.h5, "
-             "pytorch_model.bin, bert_model.ckpt.index).")
+        fail(
+            f"--preset {preset}: {path} holds no weights file (model.safetensors, *.weights.h5, "
+            "pytorch_model.bin, bert_model.ckpt.index)."
+        )
     if need_vocabulary and not any((path / name).is_file() for name in _VOCABULARY_FILES):
-        fail(f"--preset {preset}: {path} has no vocabulary (vocab.txt), so raw text cannot be tokenized.")
+        fail(
+            f"--preset {preset}: {path} has no vocabulary (vocab.txt), so raw text cannot be "
+            "tokenized."
+        )
     return str(path)
 
 
@@ -140,10 +153,16 @@ def base_parser(description, *, epochs, batch_size, learning_rate, max_length):
     parser.add_argument("--epochs", type=int, default=epochs, help="Default: %(default)s.")
     parser.add_argument("--batch-size", type=int, default=batch_size, help="Default: %(default)s.")
     parser.add_argument(
-        "--learning-rate", type=float, default=learning_rate, help="Peak AdamW rate. Default: %(default)s."
+        "--learning-rate",
+        type=float,
+        default=learning_rate,
+        help="Peak AdamW rate. Default: %(default)s.",
     )
     parser.add_argument(
-        "--max-length", type=int, default=max_length, help="Packed sequence length. Default: %(default)s."
+        "--max-length",
+        type=int,
+        default=max_length,
+        help="Packed sequence length. Default: %(default)s.",
     )
     parser.add_argument("--seed", type=int, default=0, help="Default: %(default)s.")
     parser.add_argument(

@@ -35,12 +35,18 @@ def parse_args(argv=None):
         description=__doc__ + "\nThe defaults are the recipe of the README's figure (`make demo`).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--backend", choices=["tensorflow", "jax", "torch"], default=None,
-                        help="Keras backend (default: $KERAS_BACKEND, else tensorflow).")
+    parser.add_argument(
+        "--backend",
+        choices=["tensorflow", "jax", "torch"],
+        default=None,
+        help="Keras backend (default: $KERAS_BACKEND, else tensorflow).",
+    )
     parser.add_argument("--pretrain-steps", type=int, default=300, help="Default: %(default)s.")
     parser.add_argument("--finetune-epochs", type=int, default=8, help="Default: %(default)s.")
     parser.add_argument("--batch-size", type=int, default=32, help="Default: %(default)s.")
-    parser.add_argument("--finetune-learning-rate", type=float, default=3e-4, help="Default: %(default)s.")
+    parser.add_argument(
+        "--finetune-learning-rate", type=float, default=3e-4, help="Default: %(default)s."
+    )
     parser.add_argument("--sequence-length", type=int, default=64, help="Default: %(default)s.")
     parser.add_argument("--seed", type=int, default=0, help="Default: %(default)s.")
     parser.add_argument("--output-dir", default="runs/demo", help="Default: %(default)s.")
@@ -61,7 +67,10 @@ def main(argv=None):
     common.apply_tune_allocator(args)
     for name in ("corpus.txt", "reviews.tsv"):
         if not (DEMO_DATA / name).is_file():
-            common.fail(f"{DEMO_DATA / name} is missing; restore it with `git checkout applications/demo_data`.")
+            common.fail(
+                f"{DEMO_DATA / name} is missing; restore it with "
+                "`git checkout applications/demo_data`."
+            )
     common.quiet_startup()
     import keras
     import numpy as np
@@ -76,7 +85,10 @@ def main(argv=None):
     # 1. Vocabulary and tokenizer.
     corpus = DEMO_DATA / "corpus.txt"
     vocabulary = kbert.text.train_wordpiece_vocabulary(
-        [corpus, DEMO_DATA / "reviews.tsv"], vocabulary_size=1000, output_path=output_dir, verbose=False
+        [corpus, DEMO_DATA / "reviews.tsv"],
+        vocabulary_size=1000,
+        output_path=output_dir,
+        verbose=False,
     )
     tokenizer = kbert.text.BertTokenizer(vocabulary)
     print(f"[1/3] WordPiece vocabulary: {len(vocabulary)} tokens")
@@ -103,7 +115,9 @@ def main(argv=None):
         total_steps=args.pretrain_steps,
         warmup_steps=args.pretrain_steps // 10,
     )
-    print(f"[2/3] Pretraining {backbone.count_params():,} parameters for {args.pretrain_steps} steps")
+    print(
+        f"[2/3] Pretraining {backbone.count_params():,} parameters for {args.pretrain_steps} steps"
+    )
     epochs = 5
     history = pretrainer.fit(
         dataset, epochs=epochs, steps_per_epoch=max(1, args.pretrain_steps // epochs), verbose=2
@@ -121,8 +135,11 @@ def main(argv=None):
     classifier.compile(learning_rate=args.finetune_learning_rate)
     print(f"[3/3] Fine-tuning on {split} reviews, evaluating on {len(sentences) - split}")
     classifier.fit(
-        sentences[:split], np.array(labels[:split]), batch_size=args.batch_size,
-        epochs=args.finetune_epochs, verbose=2,
+        sentences[:split],
+        np.array(labels[:split]),
+        batch_size=args.batch_size,
+        epochs=args.finetune_epochs,
+        verbose=2,
     )
     logits = classifier.predict(sentences[split:], batch_size=128, verbose=0)
     accuracy = float(np.mean(np.argmax(logits, axis=-1) == np.array(labels[split:])))
@@ -135,7 +152,8 @@ def main(argv=None):
     }
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     print(
-        f"masked-LM accuracy {metrics['mlm_accuracy']:.3f}, NSP accuracy {metrics['nsp_accuracy']:.3f}, "
+        f"masked-LM accuracy {metrics['mlm_accuracy']:.3f}, "
+        f"NSP accuracy {metrics['nsp_accuracy']:.3f}, "
         f"held-out sentiment accuracy {accuracy:.3f}"
     )
     return metrics

@@ -149,10 +149,15 @@ def _plot_evaluation(path, results):
     figure, axis = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(results)
     for i, (label, metrics) in enumerate(results.items()):
-        axis.bar([j + i * width for j in range(len(names))], [metrics[n] for n in names], width,
-                 label=label)
-    axis.set_xticks([j + width * (len(results) - 1) / 2 for j in range(len(names))], names,
-                    rotation=20)
+        axis.bar(
+            [j + i * width for j in range(len(names))],
+            [metrics[n] for n in names],
+            width,
+            label=label,
+        )
+    axis.set_xticks(
+        [j + width * (len(results) - 1) / 2 for j in range(len(names))], names, rotation=20
+    )
     axis.set_ylim(0, 100)
     axis.set_ylabel("score x 100")
     axis.legend()
@@ -175,8 +180,10 @@ def run_evaluate(args, embedder):
     squad = _limit_questions(
         squad_retrieval_data(args.data_dir), args.max_eval_questions, args.seed
     )
-    print(f"STS-B dev: {len(stsb[0])} pairs; SQuAD dev: {len(squad[0])} questions over "
-          f"{len(squad[1])} paragraphs")
+    print(
+        f"STS-B dev: {len(stsb[0])} pairs; SQuAD dev: {len(squad[0])} questions over "
+        f"{len(squad[1])} paragraphs"
+    )
     batch = args.encode_batch_size
     results = {
         "kbert": evaluate_embeddings(
@@ -204,18 +211,19 @@ def run_evaluate(args, embedder):
             key: results["kbert"][key] / results["sentence-transformers"][key]
             for key in ("paragraphs_per_second", "questions_per_second")
         }
-        print("encode speed kbert / sentence-transformers: "
-              + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+        print(
+            "encode speed kbert / sentence-transformers: "
+            + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+        )
         results["speed_ratio"] = ratios
     directory = common.output_dir(args, "embeddings_evaluate")
-    report = {"application": "embeddings/evaluate", "results": results,
-              "arguments": vars(args)}
+    report = {"application": "embeddings/evaluate", "results": results, "arguments": vars(args)}
     atomic_write_text(directory / "metrics.json", json.dumps(report, indent=2, default=str))
     plot = _plot_evaluation(
         directory / "evaluation.png",
         {k: v for k, v in results.items() if k != "speed_ratio"},
     )
-    print("Wrote", directory / "metrics.json", *( [plot] if plot else []))
+    print("Wrote", directory / "metrics.json", *([plot] if plot else []))
     return results
 
 
@@ -234,9 +242,12 @@ def run_train(args, embedder):
 
         def score(_):
             return evaluate_embeddings(encode, None, held_out)
+
         loss = None  # The default: MultipleNegativesRankingLoss, scale 20.
-        print(f"SQuAD articles 0-31: {len(order)} (question, paragraph) pairs; held out: "
-              f"{len(held_out[0])} questions over {len(held_out[1])} paragraphs (articles 32-47)")
+        print(
+            f"SQuAD articles 0-31: {len(order)} (question, paragraph) pairs; held out: "
+            f"{len(held_out[0])} questions over {len(held_out[1])} paragraphs (articles 32-47)"
+        )
     else:
         first, second, scores = stsb_data(args.data_dir, "train")
         order = common.shuffled_indices(len(first), args.seed, args.max_train_examples)
@@ -246,6 +257,7 @@ def run_train(args, embedder):
 
         def score(_):
             return evaluate_embeddings(encode, dev, None)
+
         loss = CoSENTLoss()
         print(f"STS-B train: {len(order)} scored pairs; dev: {len(dev[0])} pairs")
     from kbert.models.optimization import bert_optimizer
@@ -261,8 +273,13 @@ def run_train(args, embedder):
         lambda m: {k: v for k, v in score(m).items() if not k.endswith("per_second")}
     )
     start = time.time()
-    embedder.fit(train_x, train_y, batch_size=args.batch_size, epochs=args.epochs,
-                 callbacks=[history, evaluation])
+    embedder.fit(
+        train_x,
+        train_y,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        callbacks=[history, evaluation],
+    )
     seconds = time.time() - start
     after = {k: v for k, v in evaluation.evaluations[-1].items() if k != "step"}
     _print("after training", after)
@@ -292,8 +309,9 @@ def main(argv=None):
         if value is not None and value < 1:
             common.fail(f"--{name.replace('_', '-')} must be >= 1. Received: {value}")
     common.check_data_dir(
-        args, required=["glue/STS-B/dev.tsv", "squad/dev-v1.1.json"]
-        + (["glue/STS-B/train.tsv"] if args.mode == "train" and args.task == "stsb" else [])
+        args,
+        required=["glue/STS-B/dev.tsv", "squad/dev-v1.1.json"]
+        + (["glue/STS-B/train.tsv"] if args.mode == "train" and args.task == "stsb" else []),
     )
     args.preset = common.check_preset(args.preset)
     common.quiet_startup()

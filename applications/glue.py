@@ -117,7 +117,14 @@ def baseline(data, labels):
     return "majority class", score(data, labels, np.eye(data.num_classes)[majority])
 
 
-GLUE_FOLDERS = {"sst2": "SST-2", "cola": "CoLA", "mrpc": "MRPC", "rte": "RTE", "stsb": "STS-B", "qnli": "QNLI"}
+GLUE_FOLDERS = {
+    "sst2": "SST-2",
+    "cola": "CoLA",
+    "mrpc": "MRPC",
+    "rte": "RTE",
+    "stsb": "STS-B",
+    "qnli": "QNLI",
+}
 
 
 def main(argv=None):
@@ -160,7 +167,10 @@ def main(argv=None):
         model.compile(learning_rate=args.learning_rate)
         start = time.time()
         model.fit(
-            train_x, train_y, batch_size=args.batch_size, epochs=args.epochs,
+            train_x,
+            train_y,
+            batch_size=args.batch_size,
+            epochs=args.epochs,
             callbacks=[history, evaluation],
         )
     train_seconds = time.time() - start
@@ -177,8 +187,12 @@ def main(argv=None):
         step_loss=history.step_loss,
         epoch_logs=history.epochs,
         arguments=vars(args),
-        extra={"train_examples": int(len(train_y)), "dev_examples": int(len(dev_y)),
-               "train_seconds": train_seconds, "note": note},
+        extra={
+            "train_examples": int(len(train_y)),
+            "dev_examples": int(len(dev_y)),
+            "train_seconds": train_seconds,
+            "note": note,
+        },
         evaluations=evaluation.evaluations,
         baseline=reference,
     )

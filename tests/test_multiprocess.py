@@ -58,15 +58,28 @@ def _launch(output, results, extra=(), die_in=None):
         for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG"):
             env.pop(name, None)
         args = [
-            sys.executable, "-m", "tests._multiprocess_worker", "--output", str(output),
-            "--results", str(results), "--processes", "2", "--timeout", str(TIMEOUT), *extra,
+            sys.executable,
+            "-m",
+            "tests._multiprocess_worker",
+            "--output",
+            str(output),
+            "--results",
+            str(results),
+            "--processes",
+            "2",
+            "--timeout",
+            str(TIMEOUT),
+            *extra,
         ]
         if BACKEND == "jax":
             args += ["--coordinator", f"127.0.0.1:{ports[0]}", "--process-id", str(index)]
         elif BACKEND == "torch":
             env.update(
-                RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]),
+                RANK=str(index),
+                LOCAL_RANK=str(index),
+                WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(ports[0]),
             )
         else:
             workers = [f"127.0.0.1:{port}" for port in ports]
@@ -78,8 +91,13 @@ def _launch(output, results, extra=(), die_in=None):
         commands.append((args, env))
     return [
         subprocess.Popen(
-            args, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
+            args,
+            env=env,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
         for args, env in commands
     ]
@@ -97,9 +115,7 @@ def _wait(processes, limit=LAUNCH_LIMIT):
         for process in processes:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
-        raise AssertionError(
-            f"The processes ran past {limit} s (a hang); killed them."
-        ) from None
+        raise AssertionError(f"The processes ran past {limit} s (a hang); killed them.") from None
     finally:
         for process in processes:
             if process.poll() is None:

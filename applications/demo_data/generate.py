@@ -11,13 +11,64 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 SUBJECTS = {
-    "film": ["the film", "the movie", "the story", "the plot", "the acting", "the soundtrack", "the ending"],
-    "food": ["the soup", "the bread", "the pasta", "the dessert", "the coffee", "the service", "the menu"],
-    "gadget": ["the phone", "the battery", "the screen", "the camera", "the keyboard", "the charger"],
-    "trip": ["the hotel", "the beach", "the museum", "the train", "the guide", "the room", "the view"],
+    "film": [
+        "the film",
+        "the movie",
+        "the story",
+        "the plot",
+        "the acting",
+        "the soundtrack",
+        "the ending",
+    ],
+    "food": [
+        "the soup",
+        "the bread",
+        "the pasta",
+        "the dessert",
+        "the coffee",
+        "the service",
+        "the menu",
+    ],
+    "gadget": [
+        "the phone",
+        "the battery",
+        "the screen",
+        "the camera",
+        "the keyboard",
+        "the charger",
+    ],
+    "trip": [
+        "the hotel",
+        "the beach",
+        "the museum",
+        "the train",
+        "the guide",
+        "the room",
+        "the view",
+    ],
 }
-POSITIVE = ["wonderful", "excellent", "delightful", "great", "superb", "charming", "brilliant", "pleasant", "lovely"]
-NEGATIVE = ["terrible", "awful", "dreadful", "boring", "poor", "disappointing", "bland", "broken", "dull"]
+POSITIVE = [
+    "wonderful",
+    "excellent",
+    "delightful",
+    "great",
+    "superb",
+    "charming",
+    "brilliant",
+    "pleasant",
+    "lovely",
+]
+NEGATIVE = [
+    "terrible",
+    "awful",
+    "dreadful",
+    "boring",
+    "poor",
+    "disappointing",
+    "bland",
+    "broken",
+    "dull",
+]
 INTENSIFIERS = ["", "really ", "truly ", "rather ", "quite ", "very "]
 FACTS = {
     "film": [

@@ -18,7 +18,8 @@ pytest.importorskip("tensorflow", reason="the demo's pretraining data is a tf.da
 
 @pytest.mark.skipif(
     keras.backend.backend() != "torch",
-    reason="the whole job, run once (torch's session is the quickest); the models it uses are tested on every backend",
+    reason="the whole job, run once (torch's session is the quickest); the models it uses are "
+    "tested on every backend",
 )
 def test_demo_runs_end_to_end_on_the_shipped_data(tmp_path):
     out = tmp_path / "demo"

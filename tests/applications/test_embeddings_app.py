@@ -20,18 +20,39 @@ def _write_data(data):
     for index in range(34):
         place = PLACES[index % 3]
         context = f"john smith lives in {place} . the cat sat on the mat ."
-        articles.append({"title": str(index), "paragraphs": [{"context": context, "qas": [
-            {"id": f"{index}-0", "question": "where does john live ?",
-             "answers": [{"text": place, "answer_start": context.index(place)}]},
-            {"id": f"{index}-1", "question": "who sat on the mat ?",
-             "answers": [{"text": "the cat", "answer_start": context.index("the cat")}]},
-        ]}]})
+        articles.append(
+            {
+                "title": str(index),
+                "paragraphs": [
+                    {
+                        "context": context,
+                        "qas": [
+                            {
+                                "id": f"{index}-0",
+                                "question": "where does john live ?",
+                                "answers": [{"text": place, "answer_start": context.index(place)}],
+                            },
+                            {
+                                "id": f"{index}-1",
+                                "question": "who sat on the mat ?",
+                                "answers": [
+                                    {"text": "the cat", "answer_start": context.index("the cat")}
+                                ],
+                            },
+                        ],
+                    }
+                ],
+            }
+        )
     (squad / "dev-v1.1.json").write_text(json.dumps({"version": "1.1", "data": articles}))
     sts = data / "glue" / "STS-B"
     sts.mkdir(parents=True)
-    rows = [("a good film", "a great movie", 4.5), ("a cat sat", "the dog ran", 1.0),
-            ("john lives in paris", "john smith lives in paris", 4.0),
-            ("a dull plot", "a cat", 0.0)]
+    rows = [
+        ("a good film", "a great movie", 4.5),
+        ("a cat sat", "the dog ran", 1.0),
+        ("john lives in paris", "john smith lives in paris", 4.0),
+        ("a dull plot", "a cat", 0.0),
+    ]
     columns = "index genre filename year old_index source1 source2 sentence1 sentence2 score"
     header = "\t".join(columns.split()) + "\n"
     body = "".join(
@@ -45,26 +66,61 @@ def _write_data(data):
 
 def test_evaluate_and_train(tmp_path, preset):  # noqa: F811
     data = _write_data(tmp_path / "data")
-    results = embeddings.main(["evaluate", "--preset", str(preset), "--data-dir", str(data),
-                               "--output-dir", str(tmp_path / "eval"), "--max-length", "32"])
+    results = embeddings.main(
+        [
+            "evaluate",
+            "--preset",
+            str(preset),
+            "--data-dir",
+            str(data),
+            "--output-dir",
+            str(tmp_path / "eval"),
+            "--max-length",
+            "32",
+        ]
+    )
     metrics = results["kbert"]
     assert -100 <= metrics["stsb_spearman"] <= 100
     assert 0 <= metrics["squad_recall@1"] <= metrics["squad_recall@10"] <= 100
     written = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert written["results"]["kbert"]["squad_mrr@10"] == pytest.approx(metrics["squad_mrr@10"])
-    trained = embeddings.main(["train", "--task", "squad", "--preset", str(preset), "--data-dir",
-                               str(data), "--output-dir", str(tmp_path / "train"),
-                               "--max-length", "32", "--batch-size", "8",
-                               "--max-train-examples", "16"])
+    trained = embeddings.main(
+        [
+            "train",
+            "--task",
+            "squad",
+            "--preset",
+            str(preset),
+            "--data-dir",
+            str(data),
+            "--output-dir",
+            str(tmp_path / "train"),
+            "--max-length",
+            "32",
+            "--batch-size",
+            "8",
+            "--max-train-examples",
+            "16",
+        ]
+    )
     assert set(trained["before"]) == set(trained["after"])
     assert (tmp_path / "train" / "metrics.json").is_file()
 
 
 def test_missing_data_dir_is_one_line(tmp_path, preset):  # noqa: F811
     result = subprocess.run(
-        [sys.executable, str(REPO / "applications" / "embeddings.py"), "evaluate", "--preset",
-         str(preset), "--data-dir", str(tmp_path / "nowhere")],
-        capture_output=True, text=True, cwd=tmp_path,
+        [
+            sys.executable,
+            str(REPO / "applications" / "embeddings.py"),
+            "evaluate",
+            "--preset",
+            str(preset),
+            "--data-dir",
+            str(tmp_path / "nowhere"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "does not exist" in result.stderr

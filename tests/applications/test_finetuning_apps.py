@@ -31,8 +31,11 @@ VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
 def preset(tmp_path_factory):
     """A tiny kbert preset directory with weights and a vocabulary."""
     folder = tmp_path_factory.mktemp("preset")
-    backbone = BertBackbone(**tiny_backbone_kwargs(vocabulary_size=len(VOCABULARY), num_layers=1,
-                                                   max_sequence_length=64))
+    backbone = BertBackbone(
+        **tiny_backbone_kwargs(
+            vocabulary_size=len(VOCABULARY), num_layers=1, max_sequence_length=64
+        )
+    )
     backbone.save_to_preset(folder)
     BertTokenizer(VOCABULARY).save_to_preset(folder)
     return folder
@@ -41,18 +44,35 @@ def preset(tmp_path_factory):
 def _write_glue(data):
     folder = data / "glue" / "SST-2"
     folder.mkdir(parents=True)
-    rows = ["a good film", "a great movie", "a fine plot", "a bad film", "an awful movie", "a dull plot"]
+    rows = [
+        "a good film",
+        "a great movie",
+        "a fine plot",
+        "a bad film",
+        "an awful movie",
+        "a dull plot",
+    ]
     labels = [1, 1, 1, 0, 0, 0]
-    text = "sentence\tlabel\n" + "".join(f"{r}\t{l}\n" for r, l in zip(rows * 4, labels * 4))
+    text = "sentence\tlabel\n" + "".join(f"{r}\t{y}\n" for r, y in zip(rows * 4, labels * 4))
     (folder / "train.tsv").write_text(text)
-    (folder / "dev.tsv").write_text("sentence\tlabel\n" + "".join(f"{r}\t{l}\n" for r, l in zip(rows, labels)))
+    (folder / "dev.tsv").write_text(
+        "sentence\tlabel\n" + "".join(f"{r}\t{y}\n" for r, y in zip(rows, labels))
+    )
 
 
 def _write_conll(data):
     folder = data / "conll2003"
     folder.mkdir(parents=True)
-    sentence = [("john", "I-PER"), ("smith", "I-PER"), ("works", "O"), ("at", "O"), ("acme", "I-ORG"),
-                ("in", "O"), ("paris", "I-LOC"), (".", "O")]
+    sentence = [
+        ("john", "I-PER"),
+        ("smith", "I-PER"),
+        ("works", "O"),
+        ("at", "O"),
+        ("acme", "I-ORG"),
+        ("in", "O"),
+        ("paris", "I-LOC"),
+        (".", "O"),
+    ]
     block = "".join(f"{w} NN O {t}\n" for w, t in sentence) + "\n"
     for name, copies in (("eng.train", 8), ("eng.testa", 2)):
         (folder / name).write_text("-DOCSTART- -X- -X- O\n\n" + block * copies)
@@ -67,17 +87,24 @@ def _write_squad(data):
         questions = [("where does john smith live ?", "paris"), ("who sat on the mat ?", "the cat")]
         return {
             "title": f"article {index}",
-            "paragraphs": [{
-                "context": context,
-                "qas": [
-                    {"id": f"{index}-{k}", "question": q,
-                     "answers": [{"text": a, "answer_start": context.index(a)}]}
-                    for k, (q, a) in enumerate(questions)
-                ],
-            }],
+            "paragraphs": [
+                {
+                    "context": context,
+                    "qas": [
+                        {
+                            "id": f"{index}-{k}",
+                            "question": q,
+                            "answers": [{"text": a, "answer_start": context.index(a)}],
+                        }
+                        for k, (q, a) in enumerate(questions)
+                    ],
+                }
+            ],
         }
 
-    (folder / "dev-v1.1.json").write_text(json.dumps({"version": "1.1", "data": [article(i) for i in range(3)]}))
+    (folder / "dev-v1.1.json").write_text(
+        json.dumps({"version": "1.1", "data": [article(i) for i in range(3)]})
+    )
 
 
 def _check_outputs(output_dir, metric):
@@ -95,8 +122,24 @@ def _check_outputs(output_dir, metric):
 def test_glue_runs_on_tiny_data(preset, tmp_path):
     _write_glue(tmp_path / "data")
     out = tmp_path / "out"
-    metrics = glue.main(["--task", "sst2", "--preset", str(preset), "--data-dir", str(tmp_path / "data"),
-                         "--epochs", "2", "--batch-size", "8", "--max-length", "16", "--output-dir", str(out)])
+    metrics = glue.main(
+        [
+            "--task",
+            "sst2",
+            "--preset",
+            str(preset),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--epochs",
+            "2",
+            "--batch-size",
+            "8",
+            "--max-length",
+            "16",
+            "--output-dir",
+            str(out),
+        ]
+    )
     assert 0.0 <= metrics["accuracy"] <= 1.0
     record = _check_outputs(out, "accuracy")
     assert len(record["evaluations"]) == 2  # one per epoch
@@ -106,8 +149,22 @@ def test_glue_runs_on_tiny_data(preset, tmp_path):
 def test_ner_runs_on_tiny_data(preset, tmp_path):
     _write_conll(tmp_path / "data")
     out = tmp_path / "out"
-    metrics = ner.main(["--preset", str(preset), "--data-dir", str(tmp_path / "data"), "--epochs", "1",
-                        "--batch-size", "4", "--max-length", "16", "--output-dir", str(out)])
+    metrics = ner.main(
+        [
+            "--preset",
+            str(preset),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "4",
+            "--max-length",
+            "16",
+            "--output-dir",
+            str(out),
+        ]
+    )
     assert 0.0 <= metrics["entity_f1"] <= 1.0
     _check_outputs(out, "entity_f1")
 
@@ -115,9 +172,30 @@ def test_ner_runs_on_tiny_data(preset, tmp_path):
 def test_squad_runs_on_tiny_data(preset, tmp_path):
     _write_squad(tmp_path / "data")
     out = tmp_path / "out"
-    metrics = squad.main(["--preset", str(preset), "--data-dir", str(tmp_path / "data"), "--epochs", "1",
-                          "--batch-size", "4", "--max-length", "32", "--doc-stride", "8", "--max-query-length", "12",
-                          "--train-articles", "0:2", "--eval-articles", "2:3", "--output-dir", str(out)])
+    metrics = squad.main(
+        [
+            "--preset",
+            str(preset),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "4",
+            "--max-length",
+            "32",
+            "--doc-stride",
+            "8",
+            "--max-query-length",
+            "12",
+            "--train-articles",
+            "0:2",
+            "--eval-articles",
+            "2:3",
+            "--output-dir",
+            str(out),
+        ]
+    )
     assert 0.0 <= metrics["f1"] <= 100.0
     _check_outputs(out, "f1")
 
@@ -130,13 +208,20 @@ def _run(script, *args, env_extra=None, cwd=None):
     env["PYTHONPATH"] = str(REPO)
     env.update(env_extra or {})
     start = time.time()
-    result = subprocess.run([sys.executable, str(REPO / "applications" / script), *args],
-                            capture_output=True, text=True, env=env, timeout=300,
-                            cwd=cwd or REPO / "tests")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "applications" / script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=cwd or REPO / "tests",
+    )
     return result, time.time() - start
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="argument checks before Keras is imported: run once")
+@pytest.mark.skipif(
+    keras.backend.backend() != "jax", reason="argument checks before Keras is imported: run once"
+)
 def test_mistakes_fail_at_once_in_one_line(preset, tmp_path):
     _write_glue(tmp_path / "data")
     (tmp_path / "no_vocab").mkdir()
@@ -146,13 +231,35 @@ def test_mistakes_fail_at_once_in_one_line(preset, tmp_path):
     data = ["--data-dir", str(tmp_path / "data")]
     cases = [
         (("glue.py", "--task", "sst2", "--preset", str(preset)), "KBERT_DATA_DIR"),
-        (("glue.py", "--task", "sst2", "--preset", str(preset), "--data-dir", str(tmp_path / "nowhere")),
-         "does not exist"),
+        (
+            (
+                "glue.py",
+                "--task",
+                "sst2",
+                "--preset",
+                str(preset),
+                "--data-dir",
+                str(tmp_path / "nowhere"),
+            ),
+            "does not exist",
+        ),
         (("glue.py", "--task", "cola", "--preset", str(preset), *data), "CoLA/dev.tsv"),
-        (("glue.py", "--task", "sst2", "--preset", "bert_tiny_en_uncased", *data), "without weights"),
-        (("glue.py", "--task", "sst2", "--preset", str(tmp_path / "missing"), *data), "no such directory"),
-        (("glue.py", "--task", "sst2", "--preset", str(tmp_path / "no_vocab"), *data), "no vocabulary"),
-        (("glue.py", "--task", "sst2", "--preset", str(tmp_path / "no_weights"), *data), "no weights"),
+        (
+            ("glue.py", "--task", "sst2", "--preset", "bert_tiny_en_uncased", *data),
+            "without weights",
+        ),
+        (
+            ("glue.py", "--task", "sst2", "--preset", str(tmp_path / "missing"), *data),
+            "no such directory",
+        ),
+        (
+            ("glue.py", "--task", "sst2", "--preset", str(tmp_path / "no_vocab"), *data),
+            "no vocabulary",
+        ),
+        (
+            ("glue.py", "--task", "sst2", "--preset", str(tmp_path / "no_weights"), *data),
+            "no weights",
+        ),
         (("ner.py", "--preset", str(preset), *data), "conll2003/eng.train"),
         (("squad.py", "--preset", str(preset), *data), "squad/dev-v1.1.json"),
     ]
@@ -187,7 +294,10 @@ def test_help_states_the_recipes():
         ("demo.py", "recipe of the README"),
     ):
         result, _ = _run(script, "--help")
-        assert result.returncode == 0 and recipe in " ".join(result.stdout.split()), (script, result.stdout)
+        assert result.returncode == 0 and recipe in " ".join(result.stdout.split()), (
+            script,
+            result.stdout,
+        )
         assert "$KBERT_DATA_DIR" in result.stdout or script == "demo.py"
 
 
@@ -198,10 +308,13 @@ def test_startup_notices_are_dropped_and_errors_kept():
         f"spec = importlib.util.spec_from_file_location('s', {str(spec_path)!r})\n"
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
         "with m.quiet_native_startup():\n"
-        "    os.write(2, b'E0000 00:00 1 cuda_executor.cc:1 failed call to cuInit: INTERNAL: CUDA error (303)\\n')\n"
+        "    os.write(2, b'E0000 00:00 1 cuda_executor.cc:1 failed call to cuInit: "
+        "INTERNAL: CUDA error (303)\\n')\n"
         "    os.write(2, b'I0000 port.cc:153] oneDNN custom operations are on.\\n')\n"
         "    os.write(2, b'E0000 something real went wrong\\n')\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0
     assert result.stderr == "E0000 something real went wrong\n"

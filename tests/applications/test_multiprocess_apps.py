@@ -114,9 +114,17 @@ def _run_two_processes(tmp_path, script_args, output):
     records.mkdir()
     (hooks / "sitecustomize.py").write_text(AUDIT)
     base = dict(os.environ, KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="3")
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG",
-                 "KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
-                 "KERAS_DISTRIBUTION_PROCESS_ID"):
+    for name in (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TF_CONFIG",
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES",
+        "KERAS_DISTRIBUTION_NUM_PROCESSES",
+        "KERAS_DISTRIBUTION_PROCESS_ID",
+    ):
         base.pop(name, None)
     base["PYTHONPATH"] = os.pathsep.join(
         [str(hooks), str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]

@@ -111,12 +111,13 @@ def preset_weights(preset_dir):
     """Every array in the preset's weight files, by file and path."""
     arrays = {}
     for name in ("model.weights.h5", "task.weights.h5"):
+
+        def collect(key, item, name=name):
+            if isinstance(item, h5py.Dataset):
+                arrays[f"{name}/{key}"] = item[()]
+
         with h5py.File(preset_dir / name, "r") as f:
-            f.visititems(
-                lambda key, item: arrays.__setitem__(f"{name}/{key}", item[()])
-                if isinstance(item, h5py.Dataset)
-                else None
-            )
+            f.visititems(collect)
     return arrays
 
 
@@ -133,7 +134,9 @@ def assert_same_weights(preset_a, preset_b, exact=True):
 def fixed_inputs(vocabulary_size, batch_size=2, sequence_length=16):
     rng = np.random.default_rng(1)
     x = {
-        "token_ids": rng.integers(5, vocabulary_size, (batch_size, sequence_length)).astype("int32"),
+        "token_ids": rng.integers(5, vocabulary_size, (batch_size, sequence_length)).astype(
+            "int32"
+        ),
         "segment_ids": np.zeros((batch_size, sequence_length), "int32"),
         "padding_mask": np.ones((batch_size, sequence_length), "int32"),
     }
@@ -161,7 +164,9 @@ def test_writes_a_loadable_preset_and_metrics(continuous):
     x = fixed_inputs(trained.backbone.vocabulary_size)
     expected = keras.ops.convert_to_numpy(trained.backbone(x)["sequence_output"])
     backbone = BertBackbone.from_preset(preset)
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(backbone(x)["sequence_output"]), expected)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(backbone(x)["sequence_output"]), expected
+    )
     classifier = BertClassifier.from_preset(preset, num_classes=2, sequence_length=32)
     np.testing.assert_array_equal(
         keras.ops.convert_to_numpy(classifier.backbone(x)["sequence_output"]), expected
@@ -178,7 +183,13 @@ def test_writes_a_loadable_preset_and_metrics(continuous):
 
     record = json.loads((output_dir / "metrics.json").read_text())
     assert record["application"] == "pretrain"
-    assert set(record["metrics"]) == {"mlm_accuracy", "mlm_loss", "nsp_accuracy", "nsp_loss", "loss"}
+    assert set(record["metrics"]) == {
+        "mlm_accuracy",
+        "mlm_loss",
+        "nsp_accuracy",
+        "nsp_loss",
+        "loss",
+    }
     assert all(math.isfinite(v) for v in record["metrics"].values())
     assert record["metrics"] == continuous["metrics"]
     assert record["train_steps"] == record["total_steps"] == 2 * STEPS_PER_EPOCH
@@ -254,9 +265,13 @@ def test_resume_mid_epoch_and_overwrite(continuous, inputs, tmp_path, capsys):
 
 def test_ctrl_c_names_the_backup_and_other_settings_are_not_resumed(inputs, tmp_path):
     ctrl_c = InterruptAt(epoch=1, error=KeyboardInterrupt)
-    with pytest.raises(SystemExit, match=r"Interrupted at step 3\. The last backup \(step 3\) is in"):
+    with pytest.raises(
+        SystemExit, match=r"Interrupted at step 3\. The last backup \(step 3\) is in"
+    ):
         pretrain.main(argv(inputs, tmp_path), callbacks=[ctrl_c])
-    with pytest.raises(SystemExit, match=r"other settings: learning_rate: 0.001 in the backup, 0.002 now"):
+    with pytest.raises(
+        SystemExit, match=r"other settings: learning_rate: 0.001 in the backup, 0.002 now"
+    ):
         pretrain.main(argv(inputs, tmp_path, "--learning-rate", "2e-3"))
 
 
@@ -316,8 +331,14 @@ def test_a_folder_without_text_files(tmp_path):
 
 def test_two_phase_recipe_resumes_across_the_phase_boundary(inputs, tmp_path, capsys):
     # Epoch 1 at 32 tokens, epoch 2 at 64 tokens (the paper: 90 % at 128, then 512).
-    extra = ("--phase2-sequence-length", "64", "--phase2-epochs", "1",
-             "--phase2-max-predictions", "9")
+    extra = (
+        "--phase2-sequence-length",
+        "64",
+        "--phase2-epochs",
+        "1",
+        "--phase2-max-predictions",
+        "9",
+    )
     capture = Capture()
     pretrain.main(argv(inputs, tmp_path / "a", *extra), callbacks=[capture])
     out = capsys.readouterr().out
@@ -325,8 +346,10 @@ def test_two_phase_recipe_resumes_across_the_phase_boundary(inputs, tmp_path, ca
     assert capture.steps == 2 * STEPS_PER_EPOCH
     # Interrupted in phase 2 (after step 5, backup at step 4), resumed: the same weights.
     with pytest.raises(Interrupt):
-        pretrain.main(argv(inputs, tmp_path / "b", *extra, "--backup-every", "2"),
-                      callbacks=[InterruptAt(step=5)])
+        pretrain.main(
+            argv(inputs, tmp_path / "b", *extra, "--backup-every", "2"),
+            callbacks=[InterruptAt(step=5)],
+        )
     resumed = Capture()
     pretrain.main(argv(inputs, tmp_path / "b", *extra, "--backup-every", "2"), callbacks=[resumed])
     assert resumed.steps == 2
@@ -363,8 +386,15 @@ def test_default_vocabulary_runs_are_reproducible(tmp_path, capsys):
 def test_pack_trains_the_masked_lm_on_packed_rows(inputs, tmp_path, capsys):
     # --pack: MLM only, several documents per row (the 40 documents of ~30 tokens fill rows of
     # 64 two at a time), in both phases; the preset is an ordinary one with an MLM head.
-    extra = ("--pack", "--phase2-sequence-length", "64", "--phase2-epochs", "1",
-             "--phase2-max-predictions", "9")
+    extra = (
+        "--pack",
+        "--phase2-sequence-length",
+        "64",
+        "--phase2-epochs",
+        "1",
+        "--phase2-max-predictions",
+        "9",
+    )
     capture = Capture()
     metrics = pretrain.main(argv(inputs, tmp_path / "run", *extra), callbacks=[capture])
     out = capsys.readouterr().out
