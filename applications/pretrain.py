@@ -47,16 +47,16 @@ one (`packed=False`, MLM head, no NSP head). Example: `--pack --epochs 10 --sequ
 Resume (`kbert.callbacks.TrainingBackup` and `resumable_fit`; this script only wires them up):
 the training state (weights, optimizer moments and step, dropout random state, the running
 metrics of the epoch, the loss history and a trained vocabulary) is backed up to
-`<output-dir>/backup/` at the end of every epoch and, with `--backup-every N`, every N steps,
-by writing a new file and renaming it over the old one, so a kill never leaves a half-written backup. Running the same command again
-after an interruption (Ctrl-C, kill, crash) restores that state, fast-forwards the data stream
-to the next batch and continues from that step, mid-epoch included: the result equals an
-uninterrupted run's (the same updates on the same batches with the same dropout masks), bit for
-bit wherever the backend's kernels are deterministic (checked on CPU with JAX, TensorFlow, and
-torch with one thread, killing real processes with SIGKILL). The backup records the settings
-that shape the run; a re-run with different ones stops naming the differences (`--restart`
-discards the backup and starts over). A disk that fills during a backup stops the run and
-leaves the last good backup in place.
+`<output-dir>/backup/` at the end of every epoch and, with `--backup-every N`, every N steps, by
+writing a new file and renaming it over the old one, so a kill never leaves a half-written
+backup. Running the same command again after an interruption (Ctrl-C, kill, crash) restores that
+state, fast-forwards the data stream to the next batch and continues from that step, mid-epoch
+included: the result equals an uninterrupted run's (the same updates on the same batches with
+the same dropout masks), bit for bit wherever the backend's kernels are deterministic (checked
+on CPU with JAX, TensorFlow, and torch with one thread, killing real processes with SIGKILL).
+The backup records the settings that shape the run; a re-run with different ones stops naming
+the differences (`--restart` discards the backup and starts over). A disk that fills during a
+backup stops the run and leaves the last good backup in place.
 
 Output, in `--output-dir` (default `runs/pretrain`): `preset/` (a kbert preset: config, backbone
 and MLM/NSP weights, vocab.txt and tokenizer_config.json; loads with `BertBackbone.from_preset`,
