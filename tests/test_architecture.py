@@ -1,4 +1,5 @@
-"""The package's layout: subpackages import each other in one direction, foreign names stay in checkpoints.
+"""The package's layout: subpackages import each other in one direction, foreign names stay in
+checkpoints.
 
 The import graph is read from the source with `ast` (every `import` statement, including those
 inside functions, which Python only runs later but which still tie modules together), so the
@@ -46,7 +47,8 @@ def _imported_modules(module, path):
 
 
 def _subpackage(module):
-    """`kbert.models` for `kbert.models.task`; top-level modules (`kbert.export`) are their own unit."""
+    """`kbert.models` for `kbert.models.task`; top-level modules (`kbert.export`) are their own
+    unit."""
     parts = module.split(".")
     return ".".join(parts[:2])
 

@@ -43,7 +43,8 @@ def to_numpy(tree):
 
 
 def assert_all_close(actual, expected, atol=1e-5, rtol=1e-5, mask=None):
-    """Compares (dicts of) arrays; `mask` (batch, seq) restricts sequence outputs to real positions."""
+    """Compares (dicts of) arrays; `mask` (batch, seq) restricts sequence outputs to real
+    positions."""
     actual, expected = to_numpy(actual), to_numpy(expected)
     if isinstance(expected, dict):
         assert sorted(actual) == sorted(expected), (sorted(actual), sorted(expected))
@@ -255,7 +256,8 @@ class TestCase:
                 outputs, reference_fn(layer, input_data, call_kwargs), atol=atol, rtol=atol
             )
 
-        # Config round-trip, directly and through Keras serialization; equal outputs with the weights.
+        # Config round-trip, directly and through Keras serialization; equal outputs with the
+        # weights.
         config = layer.get_config()
         clone = cls.from_config(config)
         assert clone.get_config() == config

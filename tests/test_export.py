@@ -42,7 +42,8 @@ def toy_classifier():
 
 @pytest.mark.large
 def test_saved_model_answers_raw_strings_without_kbert(tmp_path):
-    """Trained (here: LoRA-adapted, adapter randomized) on the current backend, served by plain TF."""
+    """Trained (here: LoRA-adapted, adapter randomized) on the current backend, served by plain
+    TF."""
     pytest.importorskip(
         "tensorflow_text", reason="the SavedModel export and its loader need TensorFlow"
     )

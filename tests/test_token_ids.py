@@ -71,7 +71,10 @@ def test_out_of_range_ids_in_a_tf_data_batch_stop_the_compiled_step():
     dataset = tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(2)
     with pytest.raises(
         Exception,
-        match=r"`token_ids` must lie in \[0, vocabulary_size\) = \[0, 97\)\. Received values in \[\d+, 120\]",
+        match=(
+            r"`token_ids` must lie in \[0, vocabulary_size\) = \[0, 97\)\. "
+            r"Received values in \[\d+, 120\]"
+        ),
     ):
         model.fit(dataset, epochs=1, verbose=0)
     with pytest.raises(Exception, match=r"Received values in \[\d+, 120\]"):
@@ -88,7 +91,10 @@ def test_segment_ids_and_mask_positions_are_checked_in_fit():
     y = {"mlm": np.ones((2, 2), "int32"), "nsp": np.zeros(2, "int32")}
     with pytest.raises(
         ValueError,
-        match=r"`mask_positions` must lie in \[0, sequence_length\) = \[0, 8\)\. Received values in \[1, 8\]",
+        match=(
+            r"`mask_positions` must lie in \[0, sequence_length\) = \[0, 8\)\. "
+            r"Received values in \[1, 8\]"
+        ),
     ):
         model.fit(x, y, epochs=1, verbose=0)
     x["mask_positions"][1, 1] = 7
@@ -114,7 +120,10 @@ def test_float_ids_are_refused_not_truncated(container):
     for run in (model, lambda x: model.predict(x, verbose=0)):
         with pytest.raises(
             ValueError,
-            match=r"`token_ids` must be integer ids\. Received an array of dtype float64 \(first values \[2\.5, 5\.0",
+            match=(
+                r"`token_ids` must be integer ids\. "
+                r"Received an array of dtype float64 \(first values \[2\.5, 5\.0"
+            ),
         ):
             run(inputs)
 

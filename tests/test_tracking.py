@@ -102,7 +102,7 @@ def test_report_records_the_run_and_adds_the_final_metrics_once(tmp_path):
 
 
 def test_curve_is_a_png_of_the_stated_size_drawn_without_changing_matplotlib(tmp_path):
-    matplotlib = pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib")
     import matplotlib.image
 
     backend = matplotlib.get_backend()

@@ -51,8 +51,9 @@ python tools/benchmark.py --suite host-overhead --check-plain   # HF figures vs 
 python tools/benchmark.py --memory --preset bert_mini_en_uncased --sequence-length 512 \
     --batch-size 16 --backend jax torch
 ```
-A preset is a kbert preset name (`bert_base_en_uncased`...) or a shape `L<layers>-H<hidden>-A<heads>`
-(intermediate 4 x hidden, the uncased vocabulary of 30,522 tokens; `-V<size>` for another).
+A preset is a kbert preset name (`bert_base_en_uncased`...) or a shape
+`L<layers>-H<hidden>-A<heads>` (intermediate 4 x hidden, the uncased vocabulary of 30,522 tokens;
+`-V<size>` for another).
 
 The parts live in `tools/bench/`: `flops` (shapes, FLOP counts), `devices`, `peak` (matmul
 peak), `keras_timing` and `hf_timing` (one cell each), `memory`, `workers` (processes),
@@ -100,7 +101,8 @@ def _processes(args, cells):
         "jit_compile": {"auto": "auto", "on": True, "off": False}[args.jit_compile],
         "torch_compile": args.torch_compile,
         "optimizers": ["kbert", "keras"] if args.plain else ["kbert"],
-        # A tiny model gains nothing from intra-op threads; spinning ones slow it on a loaded machine.
+        # A tiny model gains nothing from intra-op threads; spinning ones slow it on a loaded
+        # machine.
         "torch_threads": 1 if args.config == "tiny" else None,
     }
     keras_frameworks = [f for f in frameworks if f != "hf"]
@@ -226,7 +228,8 @@ def parse_args(argv=None):
         "--cell",
         action="append",
         metavar="WORKLOAD:PRESET:BATCH:LENGTH[:PRECISION]",
-        help="measure exactly this cell (repeatable); replaces the preset x length x batch x workload product",
+        help="measure exactly this cell (repeatable); replaces the preset x length x batch x "
+        "workload product",
     )
     parser.add_argument(
         "--suite",
@@ -281,8 +284,9 @@ def parse_args(argv=None):
     parser.add_argument(
         "--check-plain",
         action="store_true",
-        help="also time every float32 HF cell as a plain user script (tools/benchmark_plain_step.py) "
-        "after each HF worker, and print both figures and their ratio",
+        help="also time every float32 HF cell as a plain user script "
+        "(tools/benchmark_plain_step.py) after each HF worker, and print both figures and their "
+        "ratio",
     )
     parser.add_argument("--json", help="write all records to this JSON file")
     parser.add_argument("--chart", help="write a PNG bar chart to this path")

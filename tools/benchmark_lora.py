@@ -129,8 +129,8 @@ def main(argv=None):
     parser.add_argument(
         "--data-dir",
         default=os.environ.get("KBERT_DATA_DIR", str(REPO_ROOT.parent / "shared" / "data")),
-        help="Folder holding glue/SST-2/ (as tools/benchmark_quality.py). Default: $KBERT_DATA_DIR, "
-        "else ../shared/data next to the repository.",
+        help="Folder holding glue/SST-2/ (as tools/benchmark_quality.py). "
+        "Default: $KBERT_DATA_DIR, else ../shared/data next to the repository.",
     )
     parser.add_argument("--modes", default="full,lora")
     parser.add_argument(
@@ -169,14 +169,17 @@ def main(argv=None):
         os.replace(staging, output)
     rows = json.loads(output.read_text())
     print(
-        "| mode | backend | learning rate | trainable parameters | peak RSS (MiB) | RSS growth in fit (MiB) | SST-2 dev accuracy |"
+        "| mode | backend | learning rate | trainable parameters | peak RSS (MiB) "
+        "| RSS growth in fit (MiB) | SST-2 dev accuracy |"
     )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['mode']}{'' if r['rank'] is None else ' r=' + str(r['rank'])} | {r['backend']} | "
-            f"{r['learning_rate']:g} | {r['trainable_parameters']:,} of {r['total_parameters']:,} | "
-            f"{r['peak_rss_mib']:.0f} | {r['rss_growth_during_fit_mib']:.0f} | {r['dev_accuracy']:.4f} |"
+            f"| {r['mode']}{'' if r['rank'] is None else ' r=' + str(r['rank'])} "
+            f"| {r['backend']} | {r['learning_rate']:g} "
+            f"| {r['trainable_parameters']:,} of {r['total_parameters']:,} "
+            f"| {r['peak_rss_mib']:.0f} | {r['rss_growth_during_fit_mib']:.0f} "
+            f"| {r['dev_accuracy']:.4f} |"
         )
     plot(rows, output.with_suffix(".png"))
 

@@ -171,7 +171,7 @@ def bench_pipelines(args, files, vocabulary):
         iterator = iter(dataset)
         tokens = []
 
-        def count(batch):
+        def count(batch, tokens=tokens):
             tokens.append(_real_tokens(batch))
             return int(batch[0]["token_ids"].shape[0])
 
@@ -292,7 +292,8 @@ def bench_tokenizers(args, files, vocabulary):
 def _table(results, reference_name):
     reference = {r["kind"]: r for r in results if r["name"] == reference_name.get(r["kind"])}
     header = (
-        "| what | measured | per wall-s (all cores) | per CPU-s (one core) | vs reference (per CPU-s) |\n"
+        "| what | measured | per wall-s (all cores) | per CPU-s (one core) "
+        "| vs reference (per CPU-s) |\n"
         "| --- | --- | ---: | ---: | ---: |"
     )
     rows = [header]
@@ -300,7 +301,8 @@ def _table(results, reference_name):
         ref = reference.get(r["kind"])
         ratio = f"{r['per_cpu_s'] / ref['per_cpu_s']:.2f}x" if ref else "-"
         rows.append(
-            f"| {r['name']} | {r['unit']}/s | {r['per_wall_s']:,.0f} | {r['per_cpu_s']:,.0f} | {ratio} |"
+            f"| {r['name']} | {r['unit']}/s | {r['per_wall_s']:,.0f} "
+            f"| {r['per_cpu_s']:,.0f} | {ratio} |"
         )
     return "\n".join(rows)
 

@@ -24,7 +24,8 @@ Recipes (identical on both sides; `DIR` is a Hugging Face BERT directory, e.g. a
   labelled), so only the model and training code differ.
 - `squad`: SQuAD v1.1 dev, `--train-examples` (1,500) questions of articles 0-31 after the
   seeded shuffle, `--eval-examples` (500) questions of articles 32-47, windows of length 256,
-  stride 128, question cap 64, batch 16, one epoch, same optimizer at a peak rate of 1e-4; metric: official EM / F1.
+  stride 128, question cap 64, batch 16, one epoch, same optimizer at a peak rate of 1e-4;
+  metric: official EM / F1.
   Both sides train on the same windows (`kbert.data.squad.prepare_squad_features`) and their
   logits go through the same decoder (n-best 20, max answer 30 pieces, max-context windows).
   HF logits are masked to the context by kbert's `ContextSpanLogits` before decoding.
@@ -317,7 +318,8 @@ def _hf_train(model, batches, learning_rate):
         running += float(loss)
         if step % 10 == 0 or step == len(batches):
             print(
-                f"\rstep {step}/{len(batches)} - loss {running / step:.4f} - {time.time() - start:.0f}s",
+                f"\rstep {step}/{len(batches)} - loss {running / step:.4f} "
+                f"- {time.time() - start:.0f}s",
                 end="",
                 flush=True,
             )
@@ -497,7 +499,8 @@ def _hf_logits(model, inputs, batch_size=64):
 
 # -------------------------------------------------------------------------- driver
 def summary(results_path):
-    """Prints every recorded run, then per task x framework x backend the mean over seeds next to HF's."""
+    """Prints every recorded run, then per task x framework x backend the mean over seeds next to
+    HF's."""
     import numpy as np
 
     rows = [
@@ -508,8 +511,8 @@ def summary(results_path):
     for row in rows:
         for name, value in row["metrics"].items():
             print(
-                f"| {row['task']} | {row['framework']} | {row.get('backend', '-')} | {row['seed']} | {name} | "
-                f"{value:.4f} | {row['train_seconds']:.0f} |"
+                f"| {row['task']} | {row['framework']} | {row.get('backend', '-')} "
+                f"| {row['seed']} | {name} | {value:.4f} | {row['train_seconds']:.0f} |"
             )
     groups = {}
     for row in rows:
@@ -518,7 +521,8 @@ def summary(results_path):
             groups.setdefault(key + (name,), {})[row["seed"]] = value
     print()
     print(
-        "| task | framework | backend | metric | seeds | mean | std | HF mean (same seeds) | difference |"
+        "| task | framework | backend | metric | seeds | mean | std | HF mean (same seeds) "
+        "| difference |"
     )
     print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |")
     for (task, framework, backend, name), by_seed in groups.items():

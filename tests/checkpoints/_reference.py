@@ -40,7 +40,8 @@ def hf_config(**overrides):
 
 
 def make_hf_model(config, kind="pretraining", seed=0):
-    """A `BertForPreTraining` ("pretraining") or `BertModel` ("model") with all parameters random."""
+    """A `BertForPreTraining` ("pretraining") or `BertModel` ("model") with all parameters
+    random."""
     import torch
     import transformers
 
@@ -197,7 +198,8 @@ def google_name_map(config, heads=True):
 
 
 def google_variables_from_hf(model, heads=True):
-    """`{google_name: array}` holding a transformers model's weights, laid out as Google's code does."""
+    """`{google_name: array}` holding a transformers model's weights, laid out as Google's code
+    does."""
     state = {
         k[len("bert.") :] if k.startswith("bert.") else k: v.detach().numpy()
         for k, v in model.state_dict().items()
@@ -210,7 +212,8 @@ def google_variables_from_hf(model, heads=True):
 
 
 def write_google_checkpoint(directory, variables, bert_config, vocabulary_size=None):
-    """Writes an original-BERT directory: bert_config.json, bert_model.ckpt.* (TF1 Saver), vocab.txt."""
+    """Writes an original-BERT directory: bert_config.json, bert_model.ckpt.* (TF1 Saver),
+    vocab.txt."""
     import tensorflow as tf
 
     directory = Path(directory)

@@ -1,4 +1,5 @@
-"""Original Google BERT checkpoints (TF1 `bert_model.ckpt`), written by the test with TF's own Saver.
+"""Original Google BERT checkpoints (TF1 `bert_model.ckpt`), written by the test with TF's own
+Saver.
 
 The weights come from a random `transformers` BertForPreTraining, laid out under Google's
 variable names, so `transformers` with `hidden_act="gelu_new"` (Google's "gelu" is the tanh
@@ -143,8 +144,8 @@ def test_optimizer_state_is_skipped_and_bad_checkpoints_are_refused(google_check
         "unexpected weights (1)" in message and "bert/encoder/layer_7/output/dense/bias" in message
     )
     assert (
-        "bert/encoder/layer_1/output/dense/kernel: shape [99, 48] in the checkpoint, expected [100, 48]"
-        in message
+        "bert/encoder/layer_1/output/dense/kernel: shape [99, 48] in the checkpoint, "
+        "expected [100, 48]" in message
     )
     for variable, value in zip(pretrainer.weights, before):
         np.testing.assert_array_equal(R.to_numpy(variable), value)

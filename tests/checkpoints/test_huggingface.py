@@ -138,7 +138,8 @@ def test_wrong_activation_is_detected(checkpoints, tmp_path):
 
 
 def test_variants_load_the_same_weights(checkpoints, tmp_path):
-    """pytorch_model.bin, sharded safetensors and TF-style gamma/beta names give identical weights."""
+    """pytorch_model.bin, sharded safetensors and TF-style gamma/beta names give identical
+    weights."""
     path, hf_model = checkpoints("exact_gelu", "pretraining")
     reference = kbert.models.BertPretrainer.from_preset(path, dropout=0.0, attention_dropout=0.0)
     assert (reference.backbone.dropout, reference.backbone.attention_dropout) == (0.0, 0.0)
@@ -244,7 +245,10 @@ def test_loading_is_all_or_nothing_and_names_the_problem(checkpoints, tmp_path):
     )
     with pytest.raises(
         ValueError,
-        match=r"missing weights \(2\): embeddings.LayerNorm.weight, encoder.layer.1.output.dense.bias",
+        match=(
+            r"missing weights \(2\): embeddings.LayerNorm.weight, "
+            r"encoder.layer.1.output.dense.bias"
+        ),
     ):
         load_huggingface_weights(backbone, missing)
 

@@ -1,4 +1,5 @@
-"""`from_preset`'s plumbing: arguments split by signature, per-class name tables, preprocessor.json."""
+"""`from_preset`'s plumbing: arguments split by signature, per-class name tables,
+preprocessor.json."""
 
 import json
 import warnings

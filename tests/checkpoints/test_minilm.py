@@ -33,7 +33,8 @@ SENTENCES = [
 
 
 def sentence_transformers_pooling(token_embeddings, attention_mask, pooling_config):
-    """sentence-transformers' `Pooling` (its modes, concatenated in its order) for a padded batch."""
+    """sentence-transformers' `Pooling` (its modes, concatenated in its order) for a padded
+    batch."""
     mask = attention_mask[:, :, None].astype(np.float64)
     parts = []
     if pooling_config.get("pooling_mode_cls_token"):

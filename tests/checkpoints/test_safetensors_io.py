@@ -1,4 +1,5 @@
-"""The NumPy safetensors reader against the `safetensors` package's own writer (no Keras involved)."""
+"""The NumPy safetensors reader against the `safetensors` package's own writer (no Keras
+involved)."""
 
 import numpy as np
 import pytest

@@ -46,7 +46,8 @@ IS_CONTINUATION = np.array([t.startswith("##") for t in VOCAB])
 
 
 def _make_corpus(num_documents, sentences_range, words_range, seed):
-    """Returns (documents as lists of sentence id lists, text in the one-sentence-per-line format)."""
+    """Returns (documents as lists of sentence id lists, text in the one-sentence-per-line
+    format)."""
     rng = random.Random(seed)
     documents, lines = [], []
     for _ in range(num_documents):

@@ -20,7 +20,9 @@ from tests.test_case import DATA_DIR
 
 SQUAD_FILE = DATA_DIR / "squad" / "dev-v1.1.json"
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-WORDS = "who wrote it ? was written by ann in 1990 . the cat sat on mat and dog ran far away where did".split()
+WORDS = (
+    "who wrote it ? was written by ann in 1990 . the cat sat on mat and dog ran far away where did"
+).split()
 
 only_tensorflow = pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",

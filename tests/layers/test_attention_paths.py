@@ -95,7 +95,9 @@ import numpy as np
 from kbert.layers import BertSelfAttention, TransformerEncoder
 
 records = []
-logging.getLogger().addHandler(type("H", (logging.Handler,), {"emit": lambda self, r: records.append(r.levelno)})())
+logging.getLogger().addHandler(
+    type("H", (logging.Handler,), {"emit": lambda self, r: records.append(r.levelno)})()
+)
 rng = np.random.default_rng(2)
 x = rng.standard_normal((2, 6, 8)).astype("float32")
 padding_mask = np.ones((2, 6), "int32")
@@ -123,7 +125,11 @@ finite = True
 with warnings.catch_warnings(record=True) as dropout:
     warnings.simplefilter("always")
     for _ in range(3):
-        finite = finite and bool(np.isfinite(keras.ops.convert_to_numpy(layer(x, padding_mask=padding_mask, training=True))).all())
+        finite = finite and bool(
+            np.isfinite(
+                keras.ops.convert_to_numpy(layer(x, padding_mask=padding_mask, training=True))
+            ).all()
+        )
 print(json.dumps({
     "fallback": [str(w.message) for w in fallback if "flash_attention=True" in str(w.message)],
     "dropout": [str(w.message) for w in dropout if "attention dropout" in str(w.message)],

@@ -96,7 +96,8 @@ class TestLayers(TestCase):
             kwargs,
             (TOKEN_IDS, SEGMENT_IDS),
             expected_output_shape=(2, 4, 16),
-            expected_num_trainable_weights=5,  # token, position, segment tables; LayerNorm gamma, beta
+            # token, position, segment tables; LayerNorm gamma, beta
+            expected_num_trainable_weights=5,
             reference_fn=_embeddings_reference,
         )
         # Explicit position ids (packing several examples into a row) restart positions.

@@ -33,7 +33,8 @@ def _hf_parameter_count(config):
 
 class TestBertBackbone(TestCase):
     def test_backbone_checks(self, tmp_path):
-        """Config and `.keras` round-trips, variable lengths, a fit step (mixed precision: test_precision.py)."""
+        """Config and `.keras` round-trips, variable lengths, a fit step (mixed precision:
+        test_precision.py)."""
         self.run_backbone_test(
             BertBackbone, tiny_backbone_kwargs(), random_backbone_inputs(), tmp_path
         )

@@ -81,7 +81,8 @@ def hf_outputs(model, inputs):
 def train_huggingface(reference, inputs, steps, epsilon=1e-6, **labels):
     """`steps` steps of the HF fine-tuning recipe the tests compare with: torch.optim.AdamW at 1e-3
     (weight decay 0.01 except LayerNorm and biases), global-norm clipping at 1.0, linear decay
-    over 10 steps without warm-up. `labels` are the model's label arguments. Returns the last loss."""
+    over 10 steps without warm-up. `labels` are the model's label arguments. Returns the last
+    loss."""
     import torch
     import transformers
 
@@ -135,7 +136,8 @@ def _log_softmax(x):
 
 
 class TestBertClassifier(TestCase):
-    """Mixed precision of the classifier: tests/test_precision.py (every kernel layer, heads included)."""
+    """Mixed precision of the classifier: tests/test_precision.py (every kernel layer, heads
+    included)."""
 
     @pytest.mark.parametrize(
         "num_labels, problem_type, multi_label",
@@ -180,11 +182,13 @@ class TestBertClassifier(TestCase):
     @pytest.mark.large
     @pytest.mark.skipif(
         keras.backend.backend() != "torch",
-        reason="the backbone's real-checkpoint parity runs on every backend in tests/checkpoints; this "
-        "end-to-end check of the preprocessor and head wiring runs once, on the fastest backend",
+        reason="the backbone's real-checkpoint parity runs on every backend in tests/checkpoints; "
+        "this end-to-end check of the preprocessor and head wiring runs once, on the fastest "
+        "backend",
     )
     def test_real_checkpoint_on_raw_sentences_matches_huggingface(self, tmp_path):
-        """all-MiniLM-L6-v2 with a seeded classifier head: kbert on raw strings == HF on its tokenizer."""
+        """all-MiniLM-L6-v2 with a seeded classifier head: kbert on raw strings == HF on its
+        tokenizer."""
         transformers = pytest.importorskip("transformers")
         torch = pytest.importorskip("torch")
         source = minilm_dir()
@@ -215,12 +219,14 @@ class TestBertClassifier(TestCase):
         assert_all_close(model(model.preprocessor(pairs)), expected, atol=1e-4, rtol=1e-4)
 
     def test_training_steps_equal_huggingface_and_torch_adamw(self, tmp_path):
-        """Five AdamW steps (weight decay except LayerNorm/biases, clipping, linear decay) from the same
-        HF checkpoint give the same logits as transformers + torch.optim.AdamW, with BERT's epsilon.
+        """Five AdamW steps (weight decay except LayerNorm/biases, clipping, linear decay) from the
+        same HF checkpoint give the same logits as transformers + torch.optim.AdamW, with BERT's
+        epsilon.
 
-        kbert's default AdamW adds epsilon after bias correction, as torch does; Keras' own AdamW adds
-        it before (`torch_epsilon=False`), which with epsilon 1e-6 and small gradients moves the
-        weights measurably differently: the test checks that it does, so it can tell the two apart.
+        kbert's default AdamW adds epsilon after bias correction, as torch does; Keras' own AdamW
+        adds it before (`torch_epsilon=False`), which with epsilon 1e-6 and small gradients moves
+        the weights measurably differently: the test checks that it does, so it can tell the two
+        apart.
         """
         transformers = pytest.importorskip("transformers")
         pytest.importorskip("torch")
@@ -396,7 +402,8 @@ class TestBertClassifier(TestCase):
         labels = np.arange(10) % 2
         model = BertClassifier(toy_backbone(), num_classes=2)
         model.compile(learning_rate=1e-3, warmup_ratio=0.2)
-        # `fit` plans the steps it runs: 10 rows in batches of 4 -> 3 steps (warm-up round(0.6) = 1);
+        # `fit` plans the steps it runs: 10 rows in batches of 4 -> 3 steps
+        # (warm-up round(0.6) = 1);
         # with half of them held out for validation, 5 rows in batches of 4 -> 2 steps.
         model.fit(inputs, labels, batch_size=4, epochs=1, verbose=0)
         schedule = planned_schedule(model.optimizer)

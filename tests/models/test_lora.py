@@ -1,4 +1,5 @@
-"""LoRA: which weights train, the update against NumPy, adapter save/load, merging, saving, errors."""
+"""LoRA: which weights train, the update against NumPy, adapter save/load, merging, saving,
+errors."""
 
 import keras
 import numpy as np
@@ -136,7 +137,8 @@ class TestLora(TestCase):
         )
 
     def test_full_saves_store_the_merged_model(self, tmp_path):
-        """`.keras` and `save_to_preset` of a LoRA model load as a plain model with the same outputs."""
+        """`.keras` and `save_to_preset` of a LoRA model load as a plain model with the same
+        outputs."""
         model = tiny_classifier()
         model.enable_lora(RANK)
         randomize_lora(model)
@@ -197,7 +199,10 @@ class TestLora(TestCase):
         other_rank.enable_lora(2)
         with pytest.raises(
             ValueError,
-            match=r"'transformer_layer_0/self_attention/query/lora_kernel_a'.* shape \(32, 4\).* shape \(32, 2\)",
+            match=(
+                r"'transformer_layer_0/self_attention/query/lora_kernel_a'.* "
+                r"shape \(32, 4\).* shape \(32, 2\)"
+            ),
         ):
             other_rank.load_lora_weights(path)
 

@@ -140,7 +140,8 @@ def _reference(
 ):
     """AdamW in float64: `rate(update)`, clipping `("global", c)`/`("each", c)`/`None`, decoupled
     decay of the variables named in `decayed`, `accumulation` micro-batches averaged per update,
-    and the EMA of the weights after every update (Keras' form: the first average is the weights)."""
+    and the EMA of the weights after every update (Keras' form: the first average is the
+    weights)."""
     params = [p.astype("float64") for p in initial]
     m = [np.zeros_like(p) for p in params]
     v = [np.zeros_like(p) for p in params]

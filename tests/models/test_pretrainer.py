@@ -95,7 +95,8 @@ def _structured_corpus(num_examples, sequence_length=16, vocabulary_size=40, see
 
 class TestBertPretrainer(TestCase):
     def test_task_checks(self, tmp_path):
-        """Config and `.keras` round-trips, variable lengths, a fit step (mixed precision: test_precision.py)."""
+        """Config and `.keras` round-trips, variable lengths, a fit step (mixed precision:
+        test_precision.py)."""
         x, y, weights = pretrainer_data()
         self.run_task_test(
             make_pretrainer(),
@@ -112,7 +113,8 @@ class TestBertPretrainer(TestCase):
         assert outputs["nsp"].shape == (3, 2)
 
     def test_mlm_head_is_the_original_tied_decoder(self):
-        """logits = LN(gelu(gather(h) W + b)) E^T + output_bias, with E the token embedding table."""
+        """logits = LN(gelu(gather(h) W + b)) E^T + output_bias, with E the token embedding
+        table."""
         model = make_pretrainer()
         head = model.masked_lm_head
         head.output_bias.assign(np.random.default_rng(0).normal(size=97).astype("float32"))

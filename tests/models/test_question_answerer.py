@@ -1,4 +1,5 @@
-"""BertQuestionAnswerer: HF head parity, context masking, answers as context spans, training, errors."""
+"""BertQuestionAnswerer: HF head parity, context masking, answers as context spans, training,
+errors."""
 
 import keras
 import numpy as np
@@ -18,7 +19,8 @@ from tests.test_case import TestCase, assert_all_close, random_backbone_inputs, 
 
 
 def allowed_positions(inputs):
-    """[CLS] and the real segment-1 pieces before the final [SEP] (what the head leaves unmasked)."""
+    """[CLS] and the real segment-1 pieces before the final [SEP] (what the head leaves
+    unmasked)."""
     real = inputs["padding_mask"] > 0
     positions = np.arange(real.shape[1])[None, :]
     allowed = real & (inputs["segment_ids"] == 1) & (positions < real.sum(1, keepdims=True) - 1)
@@ -75,7 +77,8 @@ class TestBertQuestionAnswerer(TestCase):
         inputs = random_backbone_inputs(4, 12)
         real = inputs["padding_mask"] > 0
         rng = np.random.default_rng(0)
-        # Answers anywhere in the real tokens, question included: only the unmasked head can learn these.
+        # Answers anywhere in the real tokens, question included: only the unmasked head can learn
+        # these.
         starts = np.array([rng.integers(0, n) for n in real.sum(1)])
         ends = np.array([rng.integers(s, n) for s, n in zip(starts, real.sum(1))])
 

@@ -85,7 +85,8 @@ class TestBertTagger(TestCase):
         assert model.predict_words(sentences[:1], return_ids=True, verbose=0) == [[1, 2, 0, 0, 3]]
 
     def test_loss_averages_over_first_pieces_only(self):
-        """Cross-entropy averaged over labelled pieces: Hugging Face's ignore_index=-100 convention."""
+        """Cross-entropy averaged over labelled pieces: Hugging Face's ignore_index=-100
+        convention."""
         model = BertTagger(
             toy_backbone(), num_classes=4, dropout=0.0, preprocessor=toy_preprocessor(12)
         )
@@ -196,7 +197,8 @@ class TestBertTagger(TestCase):
             features.inputs["token_ids"],
             tagger.encode([[w.lower() for w in words[0]]]).inputs["token_ids"],
         )
-        # Whatever the directory says about the tokenizer, the task reads it as the tokenizer preset does.
+        # Whatever the directory says about the tokenizer, the task reads it as the tokenizer preset
+        # does.
         (tmp_path / "tokenizer_config.json").write_text(
             '{"do_lower_case": true, "strip_accents": false}'
         )

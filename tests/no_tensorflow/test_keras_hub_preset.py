@@ -24,7 +24,7 @@ MAX_LENGTH, SEGMENTS = 10, 2
 
 def _layers(sizes):
     """`(h5 group path, layer name, {variable name: shape})` of a keras-hub BertBackbone."""
-    H, I, heads = sizes["hidden_dim"], sizes["intermediate_dim"], sizes["num_heads"]
+    H, F, heads = sizes["hidden_dim"], sizes["intermediate_dim"], sizes["num_heads"]
     dense = lambda n, m: {"kernel": (n, m), "bias": (m,)}  # noqa: E731
     norm = {"gamma": (H,), "beta": (H,)}
     layers = [
@@ -49,9 +49,9 @@ def _layers(sizes):
             (
                 f"{encoder}/_feedforward_intermediate_dense",
                 "feedforward_intermediate_dense",
-                dense(H, I),
+                dense(H, F),
             ),
-            (f"{encoder}/_feedforward_output_dense", "feedforward_output_dense", dense(I, H)),
+            (f"{encoder}/_feedforward_output_dense", "feedforward_output_dense", dense(F, H)),
         ]
     return layers
 

@@ -175,7 +175,7 @@ def test_offsets_point_into_the_original_string(tokenizer):
             assert word_ids[i][0] == 0
             assert set(np.diff(word_ids[i])) <= {0, 1}
         spans = list(zip(starts[i], ends[i]))
-        for k, (piece, (start, end)) in enumerate(zip(pieces, spans)):
+        for _k, (piece, (start, end)) in enumerate(zip(pieces, spans)):
             assert 0 <= start < end <= len(text)
             source = _fold_sigma("".join(reference.basic_tokenize(text[start:end])))
             if piece == "[UNK]":
@@ -511,7 +511,8 @@ def test_from_preset(tmp_path, minilm_dir, vocab_path, tokenizer):
 
 def test_casing_comes_from_the_vocabulary_when_the_preset_does_not_say(tmp_path, vocabulary):
     """A directory with only vocab.txt (Google checkpoints, bare HF directories): the uncased
-    bert-base vocabulary (which holds the case-less capital `ℝ`) lower-cases, a cased one does not."""
+    bert-base vocabulary (which holds the case-less capital `ℝ`) lower-cases, a cased one does
+    not."""
     from kbert.text.tokenizer import vocabulary_is_uncased
 
     assert "ℝ" in vocabulary and vocabulary_is_uncased(vocabulary)

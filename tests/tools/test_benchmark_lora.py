@@ -36,9 +36,11 @@ def test_lora_benchmark_runs_from_another_folder(tmp_path):
     folder.mkdir(parents=True)
     rows = [("a good film", 1), ("a great movie", 1), ("a bad plot", 0), ("an awful film", 0)]
     (folder / "train.tsv").write_text(
-        "sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows * 3)
+        "sentence\tlabel\n" + "".join(f"{s}\t{label}\n" for s, label in rows * 3)
     )
-    (folder / "dev.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows))
+    (folder / "dev.tsv").write_text(
+        "sentence\tlabel\n" + "".join(f"{s}\t{label}\n" for s, label in rows)
+    )
     output = tmp_path / "out" / "lora.json"
     env = dict(os.environ, PYTHONPATH=str(REPO))  # This checkout's kbert; nothing for tools/.
     result = subprocess.run(

@@ -1,4 +1,5 @@
-"""tools/benchmark_pipeline.py on a tiny corpus: every pipeline measured, report and files written."""
+"""tools/benchmark_pipeline.py on a tiny corpus: every pipeline measured, report and files
+written."""
 
 import json
 import os

@@ -1,4 +1,5 @@
-"""tools/train_vocab.py: a vocabulary trained on a small corpus tokenizes that corpus without [UNK]."""
+"""tools/train_vocab.py: a vocabulary trained on a small corpus tokenizes that corpus without
+[UNK]."""
 
 import importlib
 from pathlib import Path

@@ -65,7 +65,8 @@ def parse_cell(text, num_masks, precision="float32"):
     parts = text.split(":")
     if len(parts) not in (4, 5) or parts[0] not in WORKLOADS:
         raise SystemExit(
-            f"--cell must be WORKLOAD:PRESET:BATCH:LENGTH[:PRECISION] with WORKLOAD in {WORKLOADS}. "
+            "--cell must be WORKLOAD:PRESET:BATCH:LENGTH[:PRECISION] with WORKLOAD in "
+            f"{WORKLOADS}. "
             f"Received: {text!r}"
         )
     workload, preset, batch, length = parts[:4]
@@ -86,7 +87,8 @@ def parse_cell(text, num_masks, precision="float32"):
 
 
 def suite_cells(suite, num_masks, tiny=False, precision="float32"):
-    """The cells of a named suite; with `tiny`, each on the `TINY` shape (same workload and precision).
+    """The cells of a named suite; with `tiny`, each on the `TINY` shape (same workload and
+    precision).
 
     `precision` applies to the cells that name none.
     """

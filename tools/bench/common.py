@@ -55,5 +55,6 @@ def median_and_all(times):
 
 
 def minor_page_faults():
-    """Minor page faults of this process so far (`getrusage`): robust to other load on the machine."""
+    """Minor page faults of this process so far (`getrusage`): robust to other load on the
+    machine."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

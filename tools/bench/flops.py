@@ -24,7 +24,8 @@ def resolve_preset(name):
 
     if name not in BACKBONE_PRESETS:
         raise ValueError(
-            "`--preset` must be a kbert preset name or a shape `L<layers>-H<hidden>-A<heads>[-V<vocabulary>]`. "
+            "`--preset` must be a kbert preset name or a shape "
+            "`L<layers>-H<hidden>-A<heads>[-V<vocabulary>]`. "
             f"Received: {name!r}; presets: {sorted(BACKBONE_PRESETS)}"
         )
     config = BACKBONE_PRESETS[name]["config"]

@@ -6,7 +6,8 @@ from bench.common import minor_page_faults, random_batch
 
 
 class _KerasStepTimer:
-    """Records the wall time (and minor page faults) of each `fit` step, synchronising on its loss."""
+    """Records the wall time (and minor page faults) of each `fit` step, synchronising on its
+    loss."""
 
     def __init__(self):
         import keras
@@ -177,7 +178,8 @@ def _keras_models(framework, shape, precision, workload, remat=False):
 
 
 def _keras_optimizer(gradient_accumulation_steps=None, optimizer="kbert"):
-    """kbert's `bert_optimizer` (the default), or Keras' own `AdamW(2e-5)` as a user's script writes it."""
+    """kbert's `bert_optimizer` (the default), or Keras' own `AdamW(2e-5)` as a user's script writes
+    it."""
     if optimizer == "keras":
         import keras
 

@@ -1,4 +1,5 @@
-"""Reports: best-of-rounds selection, the common matmul peak, the text tables, the goal lines, the chart."""
+"""Reports: best-of-rounds selection, the common matmul peak, the text tables, the goal lines, the
+chart."""
 
 from bench.cells import CPU_GOALS, GPU_GOALS, HOST_OVERHEAD_GOALS
 
@@ -47,7 +48,8 @@ def common_peaks(peaks):
 
 
 def apply_common_peaks(records, peaks):
-    """Sets every record's `mfu` against the common peak of its precision (the own-backend MFU kept)."""
+    """Sets every record's `mfu` against the common peak of its precision (the own-backend MFU
+    kept)."""
     common = common_peaks(peaks)
     for record in records:
         if "error" in record or record["precision"] not in common:
@@ -65,7 +67,8 @@ def _reference(rows):
 
 
 def format_table(records):
-    """A text table per cell: throughput, MFU and ratios to HF and to keras-hub on the same backend."""
+    """A text table per cell: throughput, MFU and ratios to HF and to keras-hub on the same
+    backend."""
     lines = []
     by_cell = {}
     for record in records:
@@ -83,7 +86,8 @@ def format_table(records):
         for record in sorted(rows, key=lambda r: (label(r), r["backend"])):
             if "error" in record:
                 lines.append(
-                    f"  {label(record):<{width}} {record['backend']:<11} failed: {record['error'][:70]}"
+                    f"  {label(record):<{width}} {record['backend']:<11} "
+                    f"failed: {record['error'][:70]}"
                 )
                 continue
             speed = record["sequences_per_second"]
@@ -112,7 +116,8 @@ def format_table(records):
 
 
 def format_page_faults(records):
-    """Minor page faults per timed step of every row (`getrusage`; robust to load on the machine)."""
+    """Minor page faults per timed step of every row (`getrusage`; robust to load on the
+    machine)."""
     lines = ["\nminor page faults per step (median of the timed steps):"]
     for record in sorted(records, key=lambda r: cell_key(r) + (label(r), r["backend"])):
         if record.get("page_faults_per_step") is None:
@@ -131,7 +136,8 @@ def _suite_records(records, cells):
 
 
 def check_goals(records, peaks, suite_records=None):
-    """Lines stating each CPU goal of the performance issue, the measured value and whether it is met.
+    """Lines stating each CPU goal of the performance issue, the measured value and whether it is
+    met.
 
     The forward-pass goal divides kbert's FLOP rate by the highest matmul peak measured on
     any backend in the run (the machine's matmul limit), and also reports each backend's own.
@@ -182,11 +188,13 @@ def check_goals(records, peaks, suite_records=None):
             )
             verdict = "met" if share >= threshold else "NOT met"
             lines.append(
-                f"  {workload}: {what} = {share:.0%} ({best['backend']}, {best['sequences_per_second']:.2f} "
-                f"seq/s against {limit / 1e9:.0f} GFLOP/s; {own}) (goal >= {threshold:.0%}): {verdict}"
+                f"  {workload}: {what} = {share:.0%} ({best['backend']}, "
+                f"{best['sequences_per_second']:.2f} seq/s against {limit / 1e9:.0f} GFLOP/s; "
+                f"{own}) (goal >= {threshold:.0%}): {verdict}"
             )
             bounded = [
-                f"{r['framework']}/{r['backend']} {r['matmul_bound_seconds'] / r['step_seconds']:.0%}"
+                f"{r['framework']}/{r['backend']} "
+                f"{r['matmul_bound_seconds'] / r['step_seconds']:.0%}"
                 for r in ours + find(workload, "hf")
                 if r.get("matmul_bound_seconds")
             ]
@@ -263,7 +271,8 @@ def check_suite_goals(title, goals, records, full_preset=None):
 
 
 def goal_report(suite_cells, records, peaks):
-    """The goal lines of every suite of the run that has goals; `suite_cells`: suite -> its cells."""
+    """The goal lines of every suite of the run that has goals; `suite_cells`: suite -> its
+    cells."""
     parts = []
     for suite, cells in suite_cells.items():
         mine = _suite_records(records, cells)

@@ -58,7 +58,8 @@ def _allocator_state(tune):
 
 
 def _runs(spec, cell):
-    """(framework, optimizer) pairs of one cell: kbert's training cells also with Keras' AdamW if asked."""
+    """(framework, optimizer) pairs of one cell: kbert's training cells also with Keras' AdamW if
+    asked."""
     for framework in spec["frameworks"]:
         optimizers = ["kbert"]
         if framework == "kbert" and cell["workload"] != "inference":
