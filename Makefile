@@ -12,7 +12,7 @@ NOTF_BACKENDS ?= jax torch
 PYTEST_ARGS ?=
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install install-notf demo test test-notf test-tensorflow test-jax test-torch clean
+.PHONY: install install-notf demo lint test test-notf test-tensorflow test-jax test-torch clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,10 +39,16 @@ install-notf: $(NOTF_VENV)/.installed
 demo: install
 	$(PY) applications/demo.py
 
-# Runs the whole suite once per backend, then the no-TensorFlow suite on JAX and PyTorch,
-# and fails if any run fails.
+# ruff: lint and formatting (configured in pyproject.toml), over the whole repository.
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+# Lints, runs the whole suite once per backend, then the no-TensorFlow suite on JAX and
+# PyTorch, and fails if any of them fails.
 test: install install-notf
-	@status=0; for backend in $(BACKENDS); do \
+	@status=0; $(MAKE) --no-print-directory lint || status=1; \
+	for backend in $(BACKENDS); do \
 	  echo "===== KERAS_BACKEND=$$backend ====="; \
 	  KERAS_BACKEND=$$backend $(PY) -m pytest -q $(PYTEST_ARGS) tests || status=1; \
 	done; \
