@@ -31,6 +31,13 @@ def _parse(argv):
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--die-in", default=None, help="TASK:STEP - kill -9 this process there.")
+    parser.add_argument(
+        "--layout",
+        choices=("data", "model"),
+        default="data",
+        help="data: data_parallel(); model: model_parallel(processes), JAX, the classifier "
+        "only, without backup, preset or report (nothing written into --output).",
+    )
     return parser.parse_args(argv)
 
 
@@ -105,8 +112,9 @@ def main(argv=None):
     index = processes.process_index()
     tasks = ("classifier", "pretrainer") if args.task == "both" else (args.task,)
     report = {"process_index": index, "process_count": processes.process_count()}
+    train = _train_model_parallel if args.layout == "model" else _train
     for task in tasks:
-        report[task] = _train(args, task, np, keras, kbert)
+        report[task] = train(args, task, np, keras, kbert)
         np.savez(
             os.path.join(args.results, f"{task}_{index}.npz"),
             *report[task].pop("weights"),
@@ -181,6 +189,47 @@ def _train(args, task, np, keras, kbert):
     return {
         "step_loss": [float(v) for v in backup.step_loss],
         "resumed_from": start,
+        "moved": max(float(np.abs(a - b).max()) for a, b in zip(final, initial)),
+        "weights": final,
+    }
+
+
+def _train_model_parallel(args, task, np, keras, kbert):
+    """`--layout model`: the classifier under `model_parallel(processes)`; nothing saved."""
+    from jax.experimental import multihost_utils
+
+    from kbert.models import BertBackbone, BertClassifier
+    from tests.test_case import tiny_backbone_kwargs
+
+    if task != "classifier":
+        raise SystemExit("--layout model trains the classifier only.")
+    keras.utils.set_random_seed(0)
+    distribution = None
+    if args.processes > 1:
+        distribution = kbert.distribution.model_parallel(args.processes)
+    scope = distribution.scope() if distribution is not None else _nothing()
+    x, y, _ = _data(task, args.rows)
+    with scope:
+        model = BertClassifier(BertBackbone(**tiny_backbone_kwargs()), num_classes=3, dropout=0.0)
+        model.length_batching = False
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-3))
+        rng = np.random.default_rng(0)
+        initial = [
+            (w.path.endswith("gamma") + rng.normal(0, 0.1, w.shape)).astype(w.dtype)
+            for w in model.weights
+        ]
+        model.set_weights(initial)
+        history = model.fit(
+            x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=False, verbose=0
+        )
+    # Sharded over the processes: every process gathers the whole value (a collective).
+    final = [
+        np.asarray(multihost_utils.process_allgather(w.value, tiled=True)) for w in model.weights
+    ]
+    sharded = [w.path for w in model.weights if not w.value.is_fully_replicated]
+    return {
+        "epoch_loss": [float(v) for v in history.history["loss"]],
+        "sharded": sharded,
         "moved": max(float(np.abs(a - b).max()) for a, b in zip(final, initial)),
         "weights": final,
     }

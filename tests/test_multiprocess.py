@@ -12,6 +12,9 @@ workers with `TF_CONFIG` (MultiWorkerMirroredStrategy), torch ranks with torchru
   process 0 and ends at the weights of one process trained on the same global batches
   (max |delta| <= 1e-5) with the same per-step losses; only process 0 created, wrote or
   renamed files in the output folder.
+* JAX: two processes `fit` a `BertClassifier` under `kbert.distribution.model_parallel(2)`
+  (a (batch=1, model=2) mesh: heads and feed-forward columns sharded over the processes,
+  each feeding the whole global batch) and end at the weights of one process.
 * Bad input: a global batch the processes cannot share, settings that contradict the
   launcher's, an unreachable coordinator - clear errors within a bounded time.
 
@@ -263,3 +266,37 @@ def test_unreachable_coordinator_fails_within_the_timeout(monkeypatch):
         kd.initialize(timeout=2, **arguments)
     assert time.monotonic() - started < 10
     assert kd.processes.process_group() is None
+
+
+@pytest.mark.skipif(
+    BACKEND != "jax",
+    reason="model_parallel spans processes on JAX only (keras.distribution.ModelParallel); "
+    "TensorFlow and torch train over processes data-parallel.",
+)
+def test_model_parallel_over_two_processes_equals_one_process(tmp_path):
+    # A (batch=1, model=2) mesh: heads and feed-forward columns sharded over the processes,
+    # each of which feeds the whole global batch.
+    extra = ["--task", "classifier", "--layout", "model", "--epochs", "1", "--rows", "16"]
+    one = tmp_path / "one"
+    reference = worker.main(["--output", str(one / "output"), "--results", str(one), *extra])
+    expected = _weights(one, "classifier", 0)
+    output, results = tmp_path / "output", tmp_path / "results"
+    results.mkdir()
+    codes, outputs = _wait(_launch(output, results, extra=extra))
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    reports = [json.loads((results / f"process_{i}.json").read_text()) for i in range(2)]
+    assert [r["process_index"] for r in reports] == [0, 1]
+    for index, report in enumerate(reports):
+        # Really sharded over the processes: the attention and feed-forward kernels.
+        assert any("attention" in path for path in report["classifier"]["sharded"])
+        assert any("intermediate" in path for path in report["classifier"]["sharded"])
+        np.testing.assert_allclose(
+            report["classifier"]["epoch_loss"], reference["classifier"]["epoch_loss"], atol=1e-5
+        )
+        got = _weights(results, "classifier", index)
+        assert len(got) == len(expected)
+        delta = max(float(np.abs(a - b).max()) for a, b in zip(got, expected))
+        assert delta <= 1e-5, (index, delta)
+        assert report["written"] == []  # nothing written into the output folder
+    assert reference["classifier"]["moved"] > 1e-3
+    assert not output.exists() or list(output.rglob("*")) == []

@@ -9,8 +9,11 @@ the replicas equal:
   of `P` rows `[p * B/P, (p + 1) * B/P)` of every global batch of `B` rows. `B` must be a
   multiple of `P` (a ValueError otherwise). The last, partial batch of `n` rows keeps its
   first `n - n % P` rows, split the same way on every process (a warning names the rows
-  left out of each epoch), so every process runs the same number of steps. With `shuffle`
-  (the default) the order of each epoch is drawn from a seed process 0 sends to all.
+  left out of each epoch), so every process runs the same number of steps. On JAX, `P`
+  counts the processes along the distribution's batch axis (`batch_slices`): under
+  `model_parallel` with a batch axis of size 1 every process feeds the whole global batch.
+  With `shuffle` (the default) the order of each epoch is drawn from a seed process 0 sends
+  to all.
 * **`tf.data.Dataset`s** are taken as this process' batches (kbert's `pretraining_dataset`
   splits its files by process index); nothing is split again.
 * **Replicas**: at the start of `fit` the weights of process 0 are sent to all (JAX, torch;
@@ -66,10 +69,56 @@ def check_global_batch_size(batch_size, num_processes=None):
         )
 
 
+def batch_slices(group):
+    """`(slices, index)`: the slices each global batch splits into, and this process' one.
+
+    torch and TensorFlow: one slice per process. JAX: the processes along the data-parallel
+    (batch) axis of the distribution's device mesh: process `p` feeds the rows that its
+    devices hold (`jax.make_array_from_process_local_data`), so with a batch axis of size 1
+    (`model_parallel` over every device) each process feeds the whole global batch.
+    """
+    if group.backend != "jax":
+        return group.num_processes, group.process_id
+    import jax
+
+    distribution = keras.distribution.distribution()
+    mesh = distribution.device_mesh
+    axis = list(mesh.axis_names).index(distribution.batch_dim_name)
+    devices = np.moveaxis(np.asarray(mesh.backend_mesh.devices), axis, 0)
+    devices = devices.reshape(devices.shape[0], -1)  # batch position x the other axes
+    own = [
+        i
+        for i in range(devices.shape[0])
+        if any(d.process_index == jax.process_index() for d in devices[i].flat)
+    ]
+    size = len(own)
+    if own != list(range(own[0], own[0] + size)) or devices.shape[0] % size or own[0] % size:
+        raise ValueError(
+            f"Process {jax.process_index()} holds batch positions {own} of the mesh's "
+            f"{devices.shape[0]} along {distribution.batch_dim_name!r}: each process must hold "
+            "an aligned, contiguous block of them (list the devices in process order)."
+        )
+    return devices.shape[0] // size, own[0] // size
+
+
 def _agreed_seed():
     """A random seed drawn by process 0 and sent to every process."""
     seed = np.array([np.random.SeedSequence().entropy % (2**31 - 1)], "int64")
     return int(processes.broadcast([seed])[0][0])
+
+
+def _host_value(value):
+    """A variable's whole value as NumPy, also when JAX shards it over several processes."""
+    if (
+        keras.backend.backend() == "jax"
+        and not value.is_fully_addressable
+        and not value.is_fully_replicated
+    ):
+        from jax.experimental import multihost_utils
+
+        # A collective: every process gathers the shards the others hold.
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+    return keras.ops.convert_to_numpy(value)
 
 
 class ProcessBatches(keras.utils.PyDataset):
@@ -249,13 +298,21 @@ class MultiProcessTraining:
                 "Training over several processes needs the global `batch_size` (examples per "
                 f"step over all {group.num_processes} processes) with array or text inputs."
             )
+        slices, index = batch_slices(group)
         batches = ProcessBatches(
-            x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed
+            x,
+            y,
+            sample_weight,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            num_processes=slices,
+            process_index=index,
         )
         if batches.dropped_rows:
             warnings.warn(
                 f"The last batch has {batches.rows % batches.batch_size} rows, which do not split "
-                f"evenly over {group.num_processes} processes: its last {batches.dropped_rows} "
+                f"evenly over {slices} processes: its last {batches.dropped_rows} "
                 "rows are left out of every epoch (on every process alike).",
                 stacklevel=3,
             )
@@ -268,7 +325,7 @@ class MultiProcessTraining:
         if group.backend == "tensorflow":
             return  # MultiWorkerMirroredStrategy creates its variables equal everywhere.
         variables = list(self.variables)
-        values = processes.broadcast([keras.ops.convert_to_numpy(v) for v in variables])
+        values = processes.broadcast([_host_value(v.value) for v in variables])
         for variable, value in zip(variables, values):
             variable.assign(value)
 
