@@ -568,20 +568,10 @@ def run(args, callbacks, num_processes, process_index):
     batch_size = args.batch_size // num_processes  # This process' slice of each global batch.
 
     def dataset(length, max_predictions, **kwargs):
-        if args.pack:
-            return packed_pretraining_dataset(
-                names,
-                tokenizer,
-                sequence_length=length,
-                max_predictions=max_predictions,
-                whole_word_masking=args.whole_word_masking,
-                batch_size=batch_size,
-                seed=args.seed,
-                drop_remainder=True,
-                num_processes=num_processes,
-                process_index=process_index,
-            )
-        return pretraining_dataset(
+        build = pretraining_dataset
+        if args.pack:  # The packed builder has no other options (`verbose`).
+            build, kwargs = packed_pretraining_dataset, {}
+        return build(
             names,
             tokenizer,
             sequence_length=length,
