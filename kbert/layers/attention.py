@@ -7,6 +7,7 @@ import keras
 from keras import ops
 
 from kbert import backend_paths
+from kbert.layers.dense import Dense
 from kbert.layers.dropout import HashDropout
 from kbert.layers.utils import clone_initializer
 
@@ -99,7 +100,7 @@ class BertSelfAttention(keras.layers.Layer):
         )
 
         def projection(name):
-            return keras.layers.Dense(
+            return Dense(
                 hidden_dim,
                 kernel_initializer=clone_initializer(self.kernel_initializer),
                 dtype=self.dtype_policy,

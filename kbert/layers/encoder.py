@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from kbert.layers.attention import BertSelfAttention
+from kbert.layers.dense import Dense
 from kbert.layers.dropout import HashDropout
 from kbert.layers.utils import clone_initializer, float32_policy, get_activation
 
@@ -100,14 +101,14 @@ class TransformerEncoder(keras.layers.Layer):
             name="self_attention_layer_norm",
         )
         self.attention_layer_norm.build(input_shape)
-        self.intermediate_dense = keras.layers.Dense(
+        self.intermediate_dense = Dense(
             self.intermediate_dim,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             dtype=self.dtype_policy,
             name="intermediate_dense",
         )
         self.intermediate_dense.build(input_shape)
-        self.output_dense = keras.layers.Dense(
+        self.output_dense = Dense(
             hidden_dim,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             dtype=self.dtype_policy,

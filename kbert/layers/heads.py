@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from kbert.layers.dense import Dense
 from kbert.layers.utils import check_index_range, clone_initializer, float32_policy, get_activation
 
 
@@ -30,7 +31,7 @@ class BertPooler(keras.layers.Layer):
         super().__init__(**kwargs)
         self.hidden_dim = hidden_dim
         self.kernel_initializer = _default_initializer(kernel_initializer)
-        self.dense = keras.layers.Dense(
+        self.dense = Dense(
             hidden_dim,
             activation="tanh",
             kernel_initializer=clone_initializer(self.kernel_initializer),
@@ -102,7 +103,7 @@ class MaskedLMHead(keras.layers.Layer):
 
     def build(self, sequence_output_shape, mask_positions_shape=None):
         hidden_dim = sequence_output_shape[-1]
-        self.transform_dense = keras.layers.Dense(
+        self.transform_dense = Dense(
             hidden_dim,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             dtype=self.dtype_policy,
