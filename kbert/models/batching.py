@@ -27,7 +27,8 @@ lengths that holds its longest row:
 Cropping changes no output at real positions: every kbert encoder masks padded keys, so the
 positions past a row's last real token contribute nothing (up to float rounding, well below
 1e-5 in float32). The tasks use this module in `fit`, `evaluate` and `predict`
-(`kbert.models.BertTask`, option `length_batching`).
+(`kbert.models.BertTask`, option `length_batching`), with the buckets of `model_buckets`:
+exact per-batch lengths on eager torch, steps of 8-32 tokens where shapes are compiled.
 
 This module uses NumPy and Keras only; TensorFlow is imported by `as_tf_dataset` alone.
 """
@@ -459,14 +460,60 @@ def can_batch_by_length(model, x, y=None, sample_weight=None):
     return not _distributed(model)
 
 
-def _buckets(model, sequence_length):
-    return bucket_lengths(sequence_length, getattr(model, "bucket_granularity", None))
+def model_buckets(model, sequence_length, training=False):
+    """The bucket lengths a task pads its batches to (see `bucket_lengths`).
+
+    `model.bucket_granularity` sets the step; when it is `None` (the default) the step
+    follows the backend:
+
+    - torch without `jit_compile` runs eagerly and compiles nothing per shape: step 1, every
+      batch is padded only to its own longest row, as Hugging Face and sentence-transformers
+      pad per batch;
+    - JAX and TensorFlow (and torch with `jit_compile=True`) compile one program per input
+      shape: `predict`/`evaluate` pad to steps of 8 tokens up to 128, 16 up to 256 and 32
+      beyond (padding stays a small share of short rows; at most 16, 24 and 32 shapes at
+      lengths 128, 256 and 512); `fit` (`training=True`), whose step costs more to compile,
+      to the steps of `bucket_lengths` (16 up to length 128, else 32: at most 8 and 16 shapes
+      at lengths 128 and 512).
+    """
+    granularity = getattr(model, "bucket_granularity", None)
+    if granularity is None:
+        if keras.backend.backend() == "torch" and not getattr(model, "jit_compile", False):
+            granularity = 1
+        elif not training:
+            return inference_buckets(sequence_length)
+    return bucket_lengths(sequence_length, granularity)
 
 
-def length_batched(model, x, y=None, sample_weight=None, batch_size=None, shuffle=False):
+# (last length of a tier, step inside it) of `inference_buckets`.
+_INFERENCE_TIERS = ((128, 8), (256, 16), (None, 32))
+
+
+def inference_buckets(sequence_length):
+    """Bucket lengths with steps that grow with the length: 8 up to 128, 16 up to 256, 32
+    beyond, then `sequence_length` itself.
+
+    >>> inference_buckets(48)
+    (8, 16, 24, 32, 40, 48)
+    >>> len(inference_buckets(128)), len(inference_buckets(512))
+    (16, 32)
+    """
+    sequence_length = _positive_int(sequence_length, "sequence_length")
+    buckets, length = [], 0
+    for last, step in _INFERENCE_TIERS:
+        while length + step < sequence_length and (last is None or length + step <= last):
+            length += step
+            buckets.append(length)
+    return tuple(buckets) + (sequence_length,)
+
+
+def length_batched(
+    model, x, y=None, sample_weight=None, batch_size=None, shuffle=False, training=False
+):
     """The planned batches of a task's packed NumPy data, for Keras' `fit` / `evaluate`.
 
-    Checks the ids once, whole (Keras does not look inside a `PyDataset`), and returns a
+    `training=True` (`fit`) takes the training buckets of `model_buckets`. Checks the ids
+    once, whole (Keras does not look inside a `PyDataset`), and returns a
     `LengthBatches` (JAX, PyTorch) or its `tf.data.Dataset` (TensorFlow). Per-token labels
     and weights are cropped with the inputs when `model.sequence_targets` is true.
     """
@@ -479,7 +526,7 @@ def length_batched(model, x, y=None, sample_weight=None, batch_size=None, shuffl
         _as_arrays(y) if y is not None else None,
         _as_arrays(sample_weight) if sample_weight is not None else None,
         batch_size=batch_size or _KERAS_DEFAULT_BATCH_SIZE,
-        buckets=_buckets(model, sequence_length),
+        buckets=model_buckets(model, sequence_length, training=training),
         shuffle=shuffle,
         sequence_targets=getattr(model, "sequence_targets", False),
     )
@@ -536,7 +583,7 @@ def predict_by_length(model, x, batch_size=None, verbose="auto", callbacks=None)
     plan = plan_batches(
         row_lengths(x["padding_mask"]),
         batch_size or _KERAS_DEFAULT_BATCH_SIZE,
-        _buckets(model, sequence_length),
+        model_buckets(model, sequence_length),
     )
     if not isinstance(callbacks, keras.callbacks.CallbackList):
         callbacks = keras.callbacks.CallbackList(

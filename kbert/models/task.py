@@ -357,7 +357,7 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
     # Length-aware batching of packed NumPy data (raw text included) in `fit`, `evaluate` and
     # `predict` (see `kbert.models.batching`); set `model.length_batching = False` to pad
     # every batch to the full length instead. `bucket_granularity`: step between bucket
-    # lengths (`None`: 16 up to length 128, else 32).
+    # lengths (`None`: by backend, see `kbert.models.batching.model_buckets`).
     length_batching = True
     bucket_granularity = None
     # True when labels and sample weights are per token (cropped with the inputs).
@@ -602,7 +602,9 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
             size = fit_kwargs.pop("validation_batch_size", None) or batch_size
             validation_data = batching.length_batched(self, *held_out, batch_size=size)
         shuffle = bool(fit_kwargs.get("shuffle", True))
-        x = batching.length_batched(self, x, y, sample_weight, batch_size, shuffle=shuffle)
+        x = batching.length_batched(
+            self, x, y, sample_weight, batch_size, shuffle=shuffle, training=True
+        )
         if is_dataset(x):
             fit_kwargs["shuffle"] = False  # The plan shuffles; Keras ignores it for datasets.
         return x, None, None, None, validation_data, 0.0

@@ -20,8 +20,6 @@ POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len")
 _POOLING_ALIASES = {"mean_sqrt_len_tokens": "mean_sqrt_len"}
 SIMILARITY_FUNCTIONS = ("cosine", "dot")
 PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
-# Bucket step of `encode`'s padded lengths on torch, which compiles nothing per shape.
-_TORCH_GRANULARITY = 8
 
 
 def canonical_pooling(pooling):
@@ -367,15 +365,11 @@ class BertTextEmbedder(BertTask):
             "padding_mask": padding_mask,
         }
 
-    def _buckets(self):
-        """Padded lengths of `encode`'s batches (see `kbert.models.batching.bucket_lengths`):
-        steps of 8 tokens on torch (nothing is compiled per shape), the default steps on
-        the compiling backends; `bucket_granularity` overrides."""
+    def _buckets(self, training=False):
+        """Padded lengths of `encode`'s (or `fit`'s) batches
+        (`kbert.models.batching.model_buckets`)."""
         _, sequence_length = self._require_tokenizer()
-        granularity = getattr(self, "bucket_granularity", None)
-        if granularity is None and keras.backend.backend() == "torch":
-            granularity = _TORCH_GRANULARITY
-        return batching.bucket_lengths(sequence_length, granularity)
+        return batching.model_buckets(self, sequence_length, training=training)
 
     def _embed_rows(self, rows, batch_size, verbose=False):
         """Embeddings (float32 NumPy) of tokenized rows: batches of similar length, each
@@ -655,7 +649,9 @@ class _TextColumnBatches(keras.utils.PyDataset):
     def __getitem__(self, index):
         indices = self.order[index * self.batch_size : (index + 1) * self.batch_size]
         rows = [column[i] for i in indices for column in self.rows]  # row-major (batch, columns)
-        packed = self.embedder.pack_token_ids(rows)
+        longest = max(len(ids) for ids in rows) + 2
+        length = int(batching.bucket_for([longest], self.embedder._buckets(training=True))[0])
+        packed = self.embedder.pack_token_ids(rows, length)
         x = {k: v.reshape(len(indices), len(self.rows), -1) for k, v in packed.items()}
         y = np.zeros(len(indices), "float32") if self.y is None else self.y[indices]
         if self.sample_weight is not None:

@@ -58,6 +58,13 @@ def test_bucket_lengths_and_bound():
     assert batching.bucket_lengths(40, granularity=16) == (16, 32, 40)
     with pytest.raises(ValueError, match="granularity"):
         batching.bucket_lengths(128, granularity=0)
+    # Inference: steps of 8 up to 128, 16 up to 256, 32 beyond.
+    assert batching.inference_buckets(128) == tuple(range(8, 129, 8))
+    assert batching.inference_buckets(300) == (
+        tuple(range(8, 129, 8)) + tuple(range(144, 257, 16)) + (288, 300)
+    )
+    assert len(batching.inference_buckets(512)) == 32
+    assert batching.inference_buckets(5) == (5,)
 
 
 def test_plan_sorts_for_inference_and_groups_shuffled_for_training():
@@ -166,8 +173,7 @@ def test_question_answerer_same_windows_same_answers():
 # ------------------------------------------------------------------- shapes and fit
 def test_bounded_number_of_shapes():
     """JAX and TensorFlow trace `call` once per input shape they compile: at most one per
-    bucket plus the one short batch. Torch runs eagerly: every batch is cropped to its
-    bucket, never longer."""
+    bucket plus the one short batch. Eager torch pads each batch to its own longest row."""
     preprocessor = toy_preprocessor(SEQUENCE_LENGTH)
     model = BertClassifier(toy_backbone(), num_classes=2, preprocessor=preprocessor)
     shapes = []
@@ -183,16 +189,22 @@ def test_bounded_number_of_shapes():
     lengths = batching.row_lengths(packed["padding_mask"])
     model.predict(packed, batch_size=8, verbose=0)
     model.predict(packed, batch_size=8, verbose=0)
+    buckets = batching.model_buckets(model, SEQUENCE_LENGTH)
     lengths_seen = {shape[1] for shape in shapes}
-    if keras.backend.backend() == "tensorflow":  # reduce_retracing relaxes to (None, None)
-        assert lengths_seen - {None} <= set(BUCKETS)
-    else:
-        assert lengths_seen == set(BUCKETS)
     if keras.backend.backend() == "torch":
-        plan = batching.plan_batches(lengths, 8, BUCKETS)
-        assert [s[1] for s in shapes] == [p for _, p in plan] * 2
+        assert buckets == tuple(range(1, SEQUENCE_LENGTH + 1))
+        longest = [
+            int(lengths[rows].max()) for rows, _ in batching.plan_batches(lengths, 8, buckets)
+        ]
+        assert [s[1] for s in shapes] == longest * 2
+        return
+    assert buckets == (8, 16, 24, 32, 40, 48)
+    assert batching.model_buckets(model, SEQUENCE_LENGTH, training=True) == BUCKETS
+    if keras.backend.backend() == "tensorflow":  # reduce_retracing relaxes to (None, None)
+        assert lengths_seen - {None} <= set(buckets)
     else:
-        assert len(shapes) <= len(BUCKETS) + 1, shapes
+        assert lengths_seen <= set(buckets) and len(lengths_seen) >= 4
+    assert len(shapes) <= len(buckets) + 1, shapes
 
 
 def test_fit_shuffles_every_epoch_and_trains():
