@@ -80,6 +80,27 @@ def test_serving_table_gives_ratios_to_hf_and_sentence_transformers(tools):
     assert lines["onnx"][1] == "failed:"
 
 
+def test_serving_rounds_keep_each_systems_fastest_round_and_list_every_round(tools):
+    serving = tools[0]
+
+    def row(system, rate):
+        return {"system": system, "workload": "short", "texts_per_second": rate}
+
+    results = serving.merge_rounds([], [row("hf", 100.0), row("kbert-jax", 90.0)])
+    failed = {"system": "hf", "workload": "short", "error": "exited with 1"}
+    results = serving.merge_rounds(results, [failed, row("kbert-jax", 120.0)])
+    results = serving.merge_rounds(results, [row("hf", 95.0), row("kbert-jax", 110.0)])
+    by_system = {r["system"]: r for r in results}
+    assert by_system["hf"]["texts_per_second"] == 100.0
+    assert by_system["hf"]["rounds_texts_per_second"] == [100.0, None, 95.0]
+    assert by_system["kbert-jax"]["texts_per_second"] == 120.0
+    assert by_system["kbert-jax"]["rounds_texts_per_second"] == [90.0, 120.0, 110.0]
+    only_failed = serving.merge_rounds([], [failed])
+    assert only_failed[0]["error"] and only_failed[0]["rounds_texts_per_second"] == [None]
+    with pytest.raises(SystemExit):
+        serving.parse_args(["--rounds", "0"])
+
+
 def test_plain_check_report_flags_a_worker_figure_a_plain_script_does_not_reproduce(tools):
     plain_check = tools[2]
     cell = {
