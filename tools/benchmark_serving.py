@@ -25,7 +25,8 @@ then `--repeats` timed passes; the best pass is kept. `--rounds N` runs the whol
 systems N times, one after the other, and keeps each system's fastest round (a machine whose
 speed drifts over minutes then penalises every system alike). The outputs come back to the
 host as NumPy arrays in every system. Texts per second and the ratios to HF and to
-sentence-transformers are printed, all from the same run; `--json` and `--chart` write them (the chart as a PNG).
+sentence-transformers are printed, all from the same run; `--json` and `--chart` write them
+(the chart as a PNG).
 
 On a GPU: `--device gpu --dtype bfloat16 --batch-size 128` (HF and sentence-transformers cast
 to bfloat16, kbert built with `dtype="bfloat16"`, ONNX on onnxruntime's CUDA provider in
