@@ -4,7 +4,7 @@ Runs the same texts three ways on one backend, in one process, alternating repet
 
 - `fixed`: every batch padded to the full `--sequence-length` (kbert before length batching);
 - `bucketed`: rows sorted by length, each batch cropped to its bucket
-  (`kbert.models.batching.plan_batches`, what the tasks' `predict` does);
+  (`kbert.models.batching.plan_batches` with `model_buckets`, what the tasks' `predict` does);
 - `packed`: several texts per row (`kbert.models.batching.pack_rows`) through
   `BertBackbone(packed=True)` (per-document attention mask, positions restarting), packed rows
   also sorted and cropped to buckets, with batches of about as many tokens as `bucketed`.
@@ -51,7 +51,9 @@ def main():
     backbone = BertBackbone.from_preset(args.preset)
     packed_backbone = BertBackbone.from_preset(args.preset, packed=True)
     lengths = batching.row_lengths(x["padding_mask"])
-    buckets = batching.bucket_lengths(args.sequence_length)
+    # The buckets the tasks' `predict` uses on this backend (each batch's longest row on eager
+    # torch, steps of 8/16/32 tokens on JAX and TensorFlow).
+    buckets = batching.model_buckets(backbone, args.sequence_length)
 
     def fixed():
         for start in range(0, len(texts), args.batch_size):
@@ -104,7 +106,13 @@ def main():
     for name in runs:
         rate = len(texts) / statistics.median(seconds[name])
         print(f"{name:>9s}: {rate:8.1f} texts/s  {rate / anchor:5.2f}x bucketed")
-    print(f"max |packed - bucketed| at real positions: {difference:.2e}")
+    scale = max(
+        float(np.abs(reference[row, :length]).max())
+        for row, (_, _, length) in enumerate(placements)
+    )
+    print(
+        f"max |packed - bucketed| at real positions: {difference:.2e} (outputs up to {scale:.2f})"
+    )
 
 
 if __name__ == "__main__":
