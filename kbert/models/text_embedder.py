@@ -284,11 +284,27 @@ class BertTextEmbedder(BertTask):
     # ----------------------------------------------------------------- calling
     def call(self, inputs, training=None, mask=None):
         """`(batch, dim)` for inputs `(batch, seq)`; `(batch, columns, dim)` for
-        `(batch, columns, seq)` (several texts per example, as in contrastive training)."""
+        `(batch, columns, seq)` (several texts per example, as in contrastive training).
+
+        The columns of a batch share one padded length (that of its longest text, often a
+        passage). Eager torch runs each column on its own, cut to that column's longest row,
+        so short queries are not computed at a passage's length; JAX and TensorFlow (and torch
+        with `jit_compile=True`), which compile per shape, run all columns at once.
+        """
         token_ids = inputs["token_ids"] if isinstance(inputs, dict) else None
         if token_ids is None or len(token_ids.shape) != 3:
             return super().call(inputs, training=training, mask=mask)
         columns, length = token_ids.shape[1], token_ids.shape[2]
+        if keras.backend.backend() == "torch" and not getattr(self, "jit_compile", False):
+            outputs = []
+            for column in range(columns):
+                part = {k: inputs[k][:, column] for k in BACKBONE_INPUTS}
+                used = ops.any(ops.not_equal(part["padding_mask"], 0), axis=0)
+                real = np.flatnonzero(ops.convert_to_numpy(used))
+                cut = int(real[-1]) + 1 if real.size else length
+                part = {k: v[:, :cut] for k, v in part.items()}
+                outputs.append(super().call(part, training=training, mask=mask))
+            return ops.stack(outputs, axis=1)
         flat = {k: ops.reshape(inputs[k], (-1, length)) for k in BACKBONE_INPUTS}
         out = super().call(flat, training=training, mask=mask)  # (batch * columns, dim)
         return ops.reshape(out, (-1, columns, self.embedding_dim))

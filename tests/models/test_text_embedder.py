@@ -285,6 +285,24 @@ class TestFit:
         for v in lora.non_trainable_weights:
             np.testing.assert_array_equal(keras.ops.convert_to_numpy(v), frozen[v.path])
 
+    def test_columns_of_different_lengths_embed_as_each_text_alone(self):
+        """A `(batch, columns, seq)` batch (padded to its longest text; eager torch cuts each
+        column to its own longest row) embeds every text as a batch of that text alone."""
+        embedder = self._embedder()
+        rng = np.random.default_rng(0)
+        for variable in embedder.weights:
+            if len(variable.shape) >= 2:
+                variable.assign(rng.normal(0.0, 0.2, variable.shape).astype("float32"))
+        short = ["the cat", "a dog ran", "john"]
+        long = ["cat sat on the mat and the dog ran", "paris is great", "mary jones dances"]
+        rows = [embedder.tokenize_texts(column) for column in (short, long)]
+        packed = embedder.pack_token_ids([r for pair in zip(*rows) for r in pair], 20)
+        x = {k: v.reshape(3, 2, 20) for k, v in packed.items()}
+        got = keras.ops.convert_to_numpy(embedder(x, training=False))
+        alone = np.stack([embedder.encode(column, normalize=False) for column in (short, long)], 1)
+        assert np.abs(alone[:, 0] - alone[:, 1]).max() > 1e-2
+        np.testing.assert_allclose(got, alone, atol=1e-5)
+
     def test_fit_scored_pairs_with_cosent_and_triples(self):
         from kbert.losses import CoSENTLoss, MatryoshkaLoss
 
