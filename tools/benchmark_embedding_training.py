@@ -74,8 +74,8 @@ def run_kbert(args):
 
 
 def run_sentence_transformers(args):
-    """sentence-transformers' own trainer on the same pairs, in the same order."""
-    sys.path.insert(0, str(ROOT))
+    """sentence-transformers' own trainer on the same pairs, in the same order (run as a
+    worker whose PYTHONPATH holds the repository, so `applications` imports)."""
     from applications import common
     from applications.embeddings import (
         HELD_OUT_ARTICLES,
@@ -207,7 +207,11 @@ def main(argv=None):
     for system in args.system:
         print(f"== {system}", flush=True)
         command = [sys.executable, __file__, "--worker", system, *(argv or sys.argv[1:])]
-        output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
+        search_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        environment = dict(os.environ, PYTHONPATH=search_path)
+        output = subprocess.run(
+            command, check=True, stdout=subprocess.PIPE, text=True, env=environment
+        ).stdout
         sys.stdout.write(output)
         results[system] = json.loads(output.strip().splitlines()[-1])
     print()
