@@ -460,6 +460,12 @@ def can_batch_by_length(model, x, y=None, sample_weight=None):
     return not _distributed(model)
 
 
+def eager_torch(model):
+    """True when `model` runs on torch without `jit_compile`: nothing is compiled per input
+    shape, so batches may take any length."""
+    return keras.backend.backend() == "torch" and not getattr(model, "jit_compile", False)
+
+
 def model_buckets(model, sequence_length, training=False):
     """The bucket lengths a task pads its batches to (see `bucket_lengths`).
 
@@ -478,7 +484,7 @@ def model_buckets(model, sequence_length, training=False):
     """
     granularity = getattr(model, "bucket_granularity", None)
     if granularity is None:
-        if keras.backend.backend() == "torch" and not getattr(model, "jit_compile", False):
+        if eager_torch(model):
             granularity = 1
         elif not training:
             return inference_buckets(sequence_length)

@@ -295,13 +295,12 @@ class BertTextEmbedder(BertTask):
         if token_ids is None or len(token_ids.shape) != 3:
             return super().call(inputs, training=training, mask=mask)
         columns, length = token_ids.shape[1], token_ids.shape[2]
-        if keras.backend.backend() == "torch" and not getattr(self, "jit_compile", False):
+        if batching.eager_torch(self):
             outputs = []
             for column in range(columns):
                 part = {k: inputs[k][:, column] for k in BACKBONE_INPUTS}
-                used = ops.any(ops.not_equal(part["padding_mask"], 0), axis=0)
-                real = np.flatnonzero(ops.convert_to_numpy(used))
-                cut = int(real[-1]) + 1 if real.size else length
+                mask = ops.convert_to_numpy(part["padding_mask"])
+                cut = int(batching.row_lengths(mask).max()) or length
                 part = {k: v[:, :cut] for k, v in part.items()}
                 outputs.append(super().call(part, training=training, mask=mask))
             return ops.stack(outputs, axis=1)
@@ -360,14 +359,15 @@ class BertTextEmbedder(BertTask):
         budget = sequence_length - 2
         return [ids[:budget] for ids in tokenizer.tokenize(texts)]
 
-    def pack_token_ids(self, rows, length=None):
+    def pack_token_ids(self, rows, length=None, training=False):
         """Packs lists of token ids into `token_ids`, `segment_ids`, `padding_mask` int32
         arrays `(len(rows), length)`; `length` defaults to the smallest bucket (see
-        `kbert.models.batching`) that holds the longest row with `[CLS]` and `[SEP]`."""
+        `kbert.models.batching.model_buckets`; `training=True`: `fit`'s buckets) that holds
+        the longest row with `[CLS]` and `[SEP]`."""
         tokenizer, _ = self._require_tokenizer()
         if length is None:
             longest = max(len(ids) for ids in rows) + 2
-            length = int(batching.bucket_for([longest], self._buckets())[0])
+            length = int(batching.bucket_for([longest], self._buckets(training))[0])
         token_ids = np.full((len(rows), length), tokenizer.pad_token_id, dtype="int32")
         padding_mask = np.zeros((len(rows), length), dtype="int32")
         for i, ids in enumerate(rows):
@@ -665,9 +665,7 @@ class _TextColumnBatches(keras.utils.PyDataset):
     def __getitem__(self, index):
         indices = self.order[index * self.batch_size : (index + 1) * self.batch_size]
         rows = [column[i] for i in indices for column in self.rows]  # row-major (batch, columns)
-        longest = max(len(ids) for ids in rows) + 2
-        length = int(batching.bucket_for([longest], self.embedder._buckets(training=True))[0])
-        packed = self.embedder.pack_token_ids(rows, length)
+        packed = self.embedder.pack_token_ids(rows, training=True)
         x = {k: v.reshape(len(indices), len(self.rows), -1) for k, v in packed.items()}
         y = np.zeros(len(indices), "float32") if self.y is None else self.y[indices]
         if self.sample_weight is not None:
