@@ -52,7 +52,7 @@ def main():
     packed_backbone = BertBackbone.from_preset(args.preset, packed=True)
     lengths = batching.row_lengths(x["padding_mask"])
     # The buckets the tasks' `predict` uses on this backend (each batch's longest row on eager
-    # torch, steps of 8/16/32 tokens on JAX and TensorFlow).
+    # torch, steps of 4/8/16/32 tokens on JAX and TensorFlow).
     buckets = batching.model_buckets(backbone, args.sequence_length)
 
     def fixed():

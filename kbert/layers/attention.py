@@ -9,7 +9,7 @@ from keras import ops
 from kbert import backend_paths
 from kbert.layers.dense import Dense
 from kbert.layers.dropout import HashDropout
-from kbert.layers.utils import clone_initializer
+from kbert.layers.utils import call_sublayer, clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -137,9 +137,9 @@ class BertSelfAttention(keras.layers.Layer):
 
     def call(self, inputs, padding_mask=None, training=None, dropout_seed=None):
         x = inputs
-        query = self._split_heads(self.query_dense(x))  # (batch, seq, heads, head_dim)
-        key = self._split_heads(self.key_dense(x))
-        value = self._split_heads(self.value_dense(x))
+        query = self._split_heads(call_sublayer(self.query_dense, x))  # (batch, seq, heads, dim)
+        key = self._split_heads(call_sublayer(self.key_dense, x))
+        value = self._split_heads(call_sublayer(self.value_dense, x))
         dropout_active = bool(training) and self.dropout > 0
 
         keys = None  # (batch, seq): which keys are real, or
@@ -189,7 +189,7 @@ class BertSelfAttention(keras.layers.Layer):
                 context = self._fused_attention(query, key, value, mask)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         context = ops.reshape(context, (batch, length, self.hidden_dim))
-        return self.output_dense(context)
+        return call_sublayer(self.output_dense, context)
 
     def _fused_attention(self, query, key, value, mask):
         """`keras.ops.dot_product_attention`, falling back from a flash kernel the backend lacks."""

@@ -5,7 +5,12 @@ from keras import ops
 
 from kbert import backend_paths
 from kbert.layers.dropout import HashDropout
-from kbert.layers.utils import check_index_range, clone_initializer, float32_policy
+from kbert.layers.utils import (
+    call_sublayer,
+    check_index_range,
+    clone_initializer,
+    float32_policy,
+)
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -178,14 +183,14 @@ class BertEmbeddings(keras.layers.Layer):
             check_index_range(
                 position_ids, self.max_sequence_length, "position_ids", "max_sequence_length"
             )
-        x = self.token_embedding(token_ids)  # (batch, seq, hidden)
+        x = call_sublayer(self.token_embedding, token_ids)  # (batch, seq, hidden)
         if self.pad_token_id is not None:
             is_pad = ops.expand_dims(ops.equal(token_ids, self.pad_token_id), -1)
             x = ops.where(is_pad, ops.stop_gradient(x), x)
-        x = x + self.position_embedding(position_ids)  # broadcast over batch
-        x = x + self.segment_embedding(segment_ids)
-        x = ops.cast(self.layer_norm(x), self.compute_dtype)
-        return self.dropout_layer(x, training=training)
+        x = x + call_sublayer(self.position_embedding, position_ids)  # broadcast over batch
+        x = x + call_sublayer(self.segment_embedding, segment_ids)
+        x = ops.cast(call_sublayer(self.layer_norm, x), self.compute_dtype)
+        return self.dropout_layer(x, training=training) if training else x
 
     def compute_output_shape(self, token_ids_shape, *args, **kwargs):
         return tuple(token_ids_shape) + (self.hidden_dim,)

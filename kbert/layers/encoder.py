@@ -6,7 +6,12 @@ from keras import ops
 from kbert.layers.attention import BertSelfAttention
 from kbert.layers.dense import Dense
 from kbert.layers.dropout import HashDropout
-from kbert.layers.utils import clone_initializer, float32_policy, get_activation
+from kbert.layers.utils import (
+    call_sublayer,
+    clone_initializer,
+    float32_policy,
+    get_activation,
+)
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -150,16 +155,22 @@ class TransformerEncoder(keras.layers.Layer):
 
     def _block(self, inputs, padding_mask, training, seeds=(None, None, None)):
         x = inputs
-        attended = self.self_attention(
-            x, padding_mask=padding_mask, training=training, dropout_seed=seeds[0]
+        attended = call_sublayer(
+            self.self_attention,
+            x,
+            padding_mask=padding_mask,
+            training=training,
+            dropout_seed=seeds[0],
         )
-        attended = self.attention_dropout_layer(attended, training=training, seed=seeds[1])
-        x = ops.cast(self.attention_layer_norm(x + attended), self.compute_dtype)
+        if training:  # Dropout is the identity at inference: no call at all.
+            attended = self.attention_dropout_layer(attended, training=training, seed=seeds[1])
+        x = ops.cast(call_sublayer(self.attention_layer_norm, x + attended), self.compute_dtype)
 
-        hidden = self.activation_fn(self.intermediate_dense(x))  # (batch, seq, intermediate)
-        hidden = self.output_dense(hidden)  # (batch, seq, hidden)
-        hidden = self.output_dropout_layer(hidden, training=training, seed=seeds[2])
-        return ops.cast(self.output_layer_norm(x + hidden), self.compute_dtype)
+        hidden = call_sublayer(self.intermediate_dense, x)  # (batch, seq, intermediate)
+        hidden = call_sublayer(self.output_dense, self.activation_fn(hidden))  # (..., hidden)
+        if training:
+            hidden = self.output_dropout_layer(hidden, training=training, seed=seeds[2])
+        return ops.cast(call_sublayer(self.output_layer_norm, x + hidden), self.compute_dtype)
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape

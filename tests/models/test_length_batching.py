@@ -58,13 +58,13 @@ def test_bucket_lengths_and_bound():
     assert batching.bucket_lengths(40, granularity=16) == (16, 32, 40)
     with pytest.raises(ValueError, match="granularity"):
         batching.bucket_lengths(128, granularity=0)
-    # Inference: steps of 8 up to 128, 16 up to 256, 32 beyond.
-    assert batching.inference_buckets(128) == tuple(range(8, 129, 8))
-    assert batching.inference_buckets(300) == (
-        tuple(range(8, 129, 8)) + tuple(range(144, 257, 16)) + (288, 300)
-    )
-    assert len(batching.inference_buckets(512)) == 32
-    assert batching.inference_buckets(5) == (5,)
+    # Inference: steps of 4 up to 64, 8 up to 128, 16 up to 256, 32 beyond.
+    short = tuple(range(4, 65, 4)) + tuple(range(72, 129, 8))
+    assert batching.inference_buckets(128) == short
+    assert batching.inference_buckets(300) == short + tuple(range(144, 257, 16)) + (288, 300)
+    assert len(batching.inference_buckets(512)) == 40
+    assert batching.inference_buckets(5) == (4, 5)
+    assert batching.inference_buckets(3) == (3,)
 
 
 def test_plan_sorts_for_inference_and_groups_shuffled_for_training():
@@ -198,7 +198,7 @@ def test_bounded_number_of_shapes():
         ]
         assert [s[1] for s in shapes] == longest * 2
         return
-    assert buckets == (8, 16, 24, 32, 40, 48)
+    assert buckets == tuple(range(4, 49, 4))
     assert batching.model_buckets(model, SEQUENCE_LENGTH, training=True) == BUCKETS
     if keras.backend.backend() == "tensorflow":  # reduce_retracing relaxes to (None, None)
         assert lengths_seen - {None} <= set(buckets)
