@@ -476,6 +476,10 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
             metrics = self._default_metrics()
         if isinstance(weighted_metrics, str) and weighted_metrics == "auto":
             weighted_metrics = self._default_weighted_metrics()
+        # Whether `predict` may choose XLA on TensorFlow (see `make_predict_function`).
+        self._predict_jit_auto = kwargs.get("jit_compile", "auto") == "auto" and not kwargs.get(
+            "run_eagerly", False
+        )
         super().compile(
             optimizer=optimizer,
             loss=loss,
@@ -483,6 +487,29 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
             weighted_metrics=weighted_metrics,
             **kwargs,
         )
+
+    def make_predict_function(self, force=False):
+        """Keras' predict function; on TensorFlow compiled with XLA unless told otherwise.
+
+        Keras' `jit_compile="auto"` turns XLA off for TensorFlow on machines without an
+        accelerator. For a BERT forward pass XLA is the faster choice there too (fused
+        element-wise work around the matrix products; see BENCHMARKS.md, "Sentence
+        embeddings"), so when `compile` left `jit_compile` to `"auto"`, without `run_eagerly`
+        and outside a multi-replica `tf.distribute` strategy, `predict` (and
+        `predict_on_batch`, `encode`) run under XLA on TensorFlow; `fit` and `evaluate` keep
+        Keras' choice. `compile(jit_compile=False)` keeps XLA off everywhere.
+        """
+        if keras.backend.backend() != "tensorflow" or not getattr(self, "_predict_jit_auto", False):
+            return super().make_predict_function(force)
+        if self.jit_compile or self.distribute_strategy.num_replicas_in_sync > 1:
+            return super().make_predict_function(force)
+        if self.predict_function is not None and not force:
+            return self.predict_function
+        self.jit_compile = True  # Read by Keras' make_predict_function only; restored below.
+        try:
+            return super().make_predict_function(force)
+        finally:
+            self.jit_compile = False
 
     def _recipe_optimizer(self, recipe):
         """BERT's optimizer for the recipe settings `recipe` (the rest take their defaults)."""
