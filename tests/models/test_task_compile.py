@@ -217,3 +217,35 @@ class TestTaskCompile(TestCase):
                 call()
         with pytest.raises(ValueError, match=r"labels.*\[0, 2\)"):
             model.train_on_batch(x, np.array([0, 5]))
+
+    def test_tensorflow_predict_uses_xla_unless_compile_says_otherwise(self, monkeypatch):
+        """On TensorFlow, `predict` compiles with XLA when `jit_compile` was left to "auto"
+        (Keras' auto turns it off on CPU-only machines); `fit` keeps Keras' choice and
+        `compile(jit_compile=False)` keeps XLA off. Outputs are the same either way."""
+        x = random_backbone_inputs(4, 8, vocabulary_size=VOCABULARY_SIZE, seed=3)
+        default = BertClassifier(_backbone(), num_classes=3)
+        plain = BertClassifier(_backbone(), num_classes=3)
+        plain.set_weights(default.get_weights())
+        plain.compile(jit_compile=False)
+        resolved = default.jit_compile
+        expected = plain.predict(x, verbose=0)
+        assert np.abs(expected).max() > 1e-3  # Not all-zero logits.
+        if keras.backend.backend() != "tensorflow":
+            np.testing.assert_allclose(default.predict(x, verbose=0), expected, atol=1e-5)
+            return
+        import tensorflow as tf
+
+        jit_flags = []
+        real_function = tf.function
+
+        def recording_function(*args, **kwargs):
+            jit_flags.append(kwargs.get("jit_compile"))
+            return real_function(*args, **kwargs)
+
+        monkeypatch.setattr(tf, "function", recording_function)
+        np.testing.assert_allclose(default.predict(x, verbose=0), expected, atol=1e-5)
+        assert True in jit_flags  # The step is compiled with XLA ...
+        assert default.jit_compile == resolved  # ... and fit's setting is untouched.
+        jit_flags.clear()
+        plain.make_predict_function(force=True)
+        assert True not in jit_flags
