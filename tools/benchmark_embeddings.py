@@ -21,16 +21,15 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from benchmark_serving import (
     DEFAULT_DATA,
     RESULT_MARKER,
     default_checkpoint,
-    log,
-    merge_rounds,
-    spawn,
+    run_rounds,
+    timed_row,
+    write_chart,
 )
 
 SYSTEMS = ("kbert-torch", "kbert-jax", "kbert-tensorflow", "sentence-transformers")
@@ -70,23 +69,7 @@ def worker_main(spec):
         texts = load_texts(workload, spec["data_dir"], spec["counts"][workload])
         embeddings = encode(texts)  # Untimed: every shape compiled, every cache filled.
         np.save(Path(spec["out_dir"]) / f"{spec['system']}-{workload}.npy", embeddings)
-        times = []
-        for _ in range(spec["repeats"]):
-            started = time.perf_counter()
-            encode(texts)
-            times.append(time.perf_counter() - started)
-        best = min(times)
-        log(f"  {spec['system']} {workload}: {len(texts) / best:.1f} texts/s")
-        results.append(
-            {
-                "system": spec["system"],
-                "workload": workload,
-                "texts": len(texts),
-                "seconds": round(best, 4),
-                "seconds_all": [round(t, 4) for t in times],
-                "texts_per_second": round(len(texts) / best, 2),
-            }
-        )
+        results.append(timed_row(spec, workload, texts, encode))
     print(RESULT_MARKER + json.dumps(results), flush=True)
 
 
@@ -123,35 +106,6 @@ def format_table(results):
             diff = f"{r['max_abs_diff']:.1e}" if "max_abs_diff" in r else "-"
             lines.append(f"  {r['system']:<22} {rate:>9.1f} {ratio:>7} {diff:>11}")
     return "\n".join(lines)
-
-
-def write_chart(results, path, title):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(WORKLOADS), figsize=(12, 3.6), squeeze=False)
-    for ax, workload in zip(axes[0], WORKLOADS):
-        rows = [r for r in results if r["workload"] == workload and "error" not in r]
-        anchor = next((r["texts_per_second"] for r in rows if r["system"] == REFERENCE), None)
-        names = [r["system"] for r in rows]
-        rates = [r["texts_per_second"] for r in rows]
-        colors = ["tab:blue" if n.startswith("kbert") else "tab:gray" for n in names]
-        bars = ax.barh(names, rates, color=colors)
-        for bar, rate in zip(bars, rates):
-            text = f" {rate:.1f}" + (f" ({rate / anchor:.2f}x)" if anchor else "")
-            ax.text(
-                bar.get_width(), bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=8
-            )
-        ax.invert_yaxis()
-        ax.set_title(f"SQuAD dev {workload}")
-        ax.set_xlabel("texts / second")
-        ax.set_xlim(0, max(rates + [1]) * 1.4)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def parse_args(argv=None):
@@ -199,15 +153,7 @@ def main(argv=None):
         "device": "cpu",
         "out_dir": out_dir,
     }
-    results = []
-    for round_index in range(args.rounds):
-        for index, system in enumerate(args.system):
-            log(f"[round {round_index + 1}/{args.rounds}, {index + 1}/{len(args.system)}] {system}")
-            try:
-                rows = spawn(dict(base, system=system), script=__file__)
-            except RuntimeError as error:
-                rows = [{"system": system, "workload": w, "error": str(error)} for w in WORKLOADS]
-            results = merge_rounds(results, rows)
+    results = run_rounds(base, args.system, args.rounds, WORKLOADS, script=__file__)
     results = add_differences(results, out_dir)
     end_load = os.getloadavg()
     title = (
@@ -217,7 +163,14 @@ def main(argv=None):
     print(f"\n{title}")
     print(format_table(results))
     if args.chart:
-        write_chart(results, args.chart, title)
+        write_chart(
+            results,
+            args.chart,
+            title,
+            workloads=WORKLOADS,
+            anchor=REFERENCE,
+            heading=lambda workload, rows: f"SQuAD dev {workload}",
+        )
         print(f"chart written to {args.chart}")
     if args.json:
         payload = {

@@ -222,25 +222,31 @@ def worker_main(spec):
         length = spec["lengths"][workload]
         serve = BUILDERS[spec["system"]](dict(spec, length=length))
         serve(texts)  # Warm-up: every shape compiled, every cache filled.
-        times = []
-        for _ in range(spec["repeats"]):
-            started = time.perf_counter()
-            serve(texts)
-            times.append(time.perf_counter() - started)
-        best = min(times)
-        log(f"  {spec['system']} {workload}: {len(texts) / best:.1f} texts/s")
         results.append(
-            {
-                "system": spec["system"],
-                "workload": workload,
-                "texts": len(texts),
-                "sequence_length": length,
-                "seconds": round(best, 4),
-                "seconds_all": [round(t, 4) for t in times],
-                "texts_per_second": round(len(texts) / best, 2),
-            }
+            timed_row(spec, workload, texts, serve, sequence_length=length),
         )
     print(RESULT_MARKER + json.dumps(results), flush=True)
+
+
+def timed_row(spec, workload, texts, run, **extra):
+    """Times `run(texts)` `spec["repeats"]` times (after the caller's untimed pass) and returns
+    the result row of the best pass (`extra` added to it)."""
+    times = []
+    for _ in range(spec["repeats"]):
+        started = time.perf_counter()
+        run(texts)
+        times.append(time.perf_counter() - started)
+    best = min(times)
+    log(f"  {spec['system']} {workload}: {len(texts) / best:.1f} texts/s")
+    return {
+        "system": spec["system"],
+        "workload": workload,
+        "texts": len(texts),
+        **extra,
+        "seconds": round(best, 4),
+        "seconds_all": [round(t, 4) for t in times],
+        "texts_per_second": round(len(texts) / best, 2),
+    }
 
 
 def worker_environment(system, device):
@@ -269,6 +275,21 @@ def spawn(spec, script=__file__):
     raise RuntimeError(
         f"the {spec['system']} worker exited with {process.returncode} and no result"
     )
+
+
+def run_rounds(base, systems, rounds, workloads, script=__file__):
+    """Runs every system (each in a new worker process of `script`) `rounds` times, one after
+    the other, and returns the merged rows (`merge_rounds`); a failed worker gives error rows."""
+    results = []
+    for round_index in range(rounds):
+        for index, system in enumerate(systems):
+            log(f"[round {round_index + 1}/{rounds}, {index + 1}/{len(systems)}] {system}")
+            try:
+                rows = spawn(dict(base, system=system), script=script)
+            except RuntimeError as error:
+                rows = [{"system": system, "workload": w, "error": str(error)} for w in workloads]
+            results = merge_rounds(results, rows)
+    return results
 
 
 def merge_rounds(results, rows):
@@ -318,29 +339,35 @@ def format_table(results):
     return "\n".join(lines)
 
 
-def write_chart(results, path, title):
+def write_chart(results, path, title, workloads=WORKLOADS, anchor="hf", heading=None):
+    """One horizontal bar chart per workload: texts/s of each system and its ratio to the
+    `anchor` system; `heading(workload, rows)` titles each panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    workloads = [w for w in WORKLOADS if any(r["workload"] == w for r in results)]
+    if heading is None:
+        heading = lambda workload, rows: (  # noqa: E731
+            f"{workload} texts (max length {rows[0]['sequence_length'] if rows else '?'})"
+        )
+    label = " HF" if anchor == "hf" else ""
+    workloads = [w for w in workloads if any(r["workload"] == w for r in results)]
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
     for ax, workload in zip(axes[0], workloads):
         rows = [r for r in results if r["workload"] == workload and "error" not in r]
-        hf = next((r["texts_per_second"] for r in rows if r["system"] == "hf"), None)
+        base = next((r["texts_per_second"] for r in rows if r["system"] == anchor), None)
         names = [r["system"] for r in rows]
         rates = [r["texts_per_second"] for r in rows]
         colors = ["tab:blue" if n.startswith("kbert") else "tab:gray" for n in names]
         bars = ax.barh(names, rates, color=colors)
         for bar, rate in zip(bars, rates):
-            text = f" {rate:.1f}" + (f" ({rate / hf:.2f}x HF)" if hf else "")
+            text = f" {rate:.1f}" + (f" ({rate / base:.2f}x{label})" if base else "")
             ax.text(
                 bar.get_width(), bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=8
             )
         ax.invert_yaxis()
-        length = rows[0]["sequence_length"] if rows else "?"
-        ax.set_title(f"{workload} texts (max length {length})")
+        ax.set_title(heading(workload, rows))
         ax.set_xlabel("texts / second")
         ax.set_xlim(0, max(rates + [1]) * 1.45)
     fig.suptitle(title, fontsize=9)
@@ -414,17 +441,7 @@ def main(argv=None):
         "max_texts": args.max_texts,
         "onnx_path": args.onnx_path,
     }
-    results = []
-    for round_index in range(args.rounds):
-        for index, system in enumerate(args.system):
-            log(f"[round {round_index + 1}/{args.rounds}, {index + 1}/{len(args.system)}] {system}")
-            try:
-                rows = spawn(dict(base, system=system))
-            except RuntimeError as error:
-                rows = [
-                    {"system": system, "workload": w, "error": str(error)} for w in args.workload
-                ]
-            results = merge_rounds(results, rows)
+    results = run_rounds(base, args.system, args.rounds, args.workload)
     end_load = os.getloadavg()
     name = Path(checkpoint).name
     if name == "model":  # An installed package's `.../<package>/model` directory.

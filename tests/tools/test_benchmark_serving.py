@@ -139,3 +139,48 @@ def test_plain_step_times_the_workload_of_the_benchmark_cell(tools):
     assert len(times) == 2 and all(0 < t < 60 for t in times)
     forward = plain_step.run(plain_step.parse_cell("inference:L2-H64-A2-V512:4:16", 3), 0, 1)
     assert len(forward) == 1
+
+
+def test_embedding_benchmark_runs_rounds_of_separate_workers_and_compares_embeddings(
+    tools, monkeypatch, tmp_path
+):
+    """tools/benchmark_embeddings.py: each system in its own worker per round (the fastest
+    round kept, a failed worker an error row), ratios to sentence-transformers, and each
+    kbert system's largest difference from sentence-transformers' embeddings."""
+    import numpy as np
+
+    serving = tools[0]
+    import benchmark_embeddings as embeddings
+
+    rates = iter([300.0, 30.0, 400.0, 40.0, 280.0, 28.0, 360.0, 35.0])
+    spawned = []
+
+    def fake_spawn(spec, script):
+        spawned.append((spec["system"], script))
+        if spec["system"] == "kbert-jax" and len(spawned) > 2:
+            raise RuntimeError("the kbert-jax worker exited with 1 and no result")
+        return [
+            {"system": spec["system"], "workload": w, "texts": 8, "texts_per_second": next(rates)}
+            for w in embeddings.WORKLOADS
+        ]
+
+    monkeypatch.setattr(serving, "spawn", fake_spawn)
+    systems = ["sentence-transformers", "kbert-jax"]
+    results = serving.run_rounds({}, systems, 2, embeddings.WORKLOADS, script="e.py")
+    assert [s for s, _ in spawned] == systems * 2 and {s for _, s in spawned} == {"e.py"}
+    reference = np.ones((8, 4), "float32")
+    for workload in embeddings.WORKLOADS:
+        np.save(tmp_path / f"sentence-transformers-{workload}.npy", reference)
+        np.save(tmp_path / f"kbert-jax-{workload}.npy", reference + 0.25)
+    results = embeddings.add_differences(results, tmp_path)
+    by_key = {(r["system"], r["workload"]): r for r in results}
+    jax_questions = by_key[("kbert-jax", "questions")]
+    assert jax_questions["texts_per_second"] == 400.0  # round 1; round 2 failed
+    assert jax_questions["rounds_texts_per_second"] == [400.0, None]
+    assert jax_questions["max_abs_diff"] == pytest.approx(0.25)
+    assert by_key[("sentence-transformers", "questions")]["texts_per_second"] == 300.0
+    assert "max_abs_diff" not in by_key[("sentence-transformers", "paragraphs")]
+    table = embeddings.format_table(results)
+    assert "kbert-jax                  400.0   1.33x     2.5e-01" in table
+    with pytest.raises(SystemExit):
+        embeddings.parse_args(["--questions", "0"])
