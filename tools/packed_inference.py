@@ -4,7 +4,8 @@ Runs the same texts three ways on one backend, in one process, alternating repet
 
 - `fixed`: every batch padded to the full `--sequence-length` (kbert before length batching);
 - `bucketed`: rows sorted by length, each batch cropped to its bucket
-  (`kbert.models.batching.plan_batches` with `model_buckets`, what the tasks' `predict` does);
+  (`kbert.models.batching.plan_batches` with `model_buckets`, what the tasks' `predict` does;
+  on TensorFlow both backbones are compiled with XLA, as the tasks' `predict` is);
 - `packed`: several texts per row (`kbert.models.batching.pack_rows`) through
   `BertBackbone(packed=True)` (per-document attention mask, positions restarting), packed rows
   also sorted and cropped to buckets, with batches of about as many tokens as `bucketed`.
@@ -50,6 +51,10 @@ def main():
     x = {k: np.asarray(v).astype("int32") for k, v in preprocessor(texts).items()}
     backbone = BertBackbone.from_preset(args.preset)
     packed_backbone = BertBackbone.from_preset(args.preset, packed=True)
+    if keras.backend.backend() == "tensorflow":
+        # As the tasks' `predict` on TensorFlow: compiled with XLA (see BertTask).
+        backbone.compile(jit_compile=True)
+        packed_backbone.compile(jit_compile=True)
     lengths = batching.row_lengths(x["padding_mask"])
     # The buckets the tasks' `predict` uses on this backend (each batch's longest row on eager
     # torch, steps of 4/8/16/32 tokens on JAX and TensorFlow).
