@@ -110,7 +110,7 @@ def quiet_startup():
     meanwhile (real errors) still reaches stderr.
 
     An application's choice: `import kbert` leaves stderr alone. Where TensorFlow is installed
-    it is loaded here too (through `kbert._tensorflow`, which hides the GPUs from it when it
+    it is loaded here too (through `kbert.backend.tensorflow`, which hides the GPUs from it when it
     only feeds data to JAX or PyTorch), so that its device discovery, which prints the cuInit
     error, happens inside the quiet block rather than when the first pipeline is built.
     """
@@ -119,11 +119,11 @@ def quiet_startup():
     with quiet_native_startup():
         import keras
 
-        from kbert import _tensorflow
+        from kbert.backend import tensorflow
 
         keras.ops.convert_to_numpy(keras.ops.zeros(1))
-        if _tensorflow.available():
-            _tensorflow.tensorflow().config.list_physical_devices()
+        if tensorflow.available():
+            tensorflow.tensorflow().config.list_physical_devices()
 
 
 def base_parser(description, *, epochs, batch_size, learning_rate, max_length):

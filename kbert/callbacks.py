@@ -26,7 +26,8 @@ from collections import OrderedDict
 import keras
 import numpy as np
 
-from kbert import _tensorflow, processes
+from kbert import processes
+from kbert.backend import tensorflow
 from kbert.checkpoints.atomic import atomic_file
 
 BACKUP_FORMAT = "kbert-training-backup-1"
@@ -62,7 +63,7 @@ class BatchStream:
         self.passes_started = 0
 
     def _read(self):
-        tf = _tensorflow.tensorflow("Resumable batches")
+        tf = tensorflow.tensorflow("Resumable batches")
 
         while True:
             if self._iterator is None:
@@ -121,7 +122,7 @@ class BatchStream:
 
     def dataset(self, start):
         """A `tf.data.Dataset` of the batches from `start` on (endless)."""
-        tf = _tensorflow.tensorflow("Resumable batches as a tf.data.Dataset")
+        tf = tensorflow.tensorflow("Resumable batches as a tf.data.Dataset")
 
         first = self.get(start)
         spec = tf.nest.map_structure(lambda a: tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)), first)

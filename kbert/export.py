@@ -35,7 +35,7 @@ from pathlib import Path
 
 import keras
 
-from kbert import _tensorflow
+from kbert.backend import tensorflow
 from kbert.checkpoints import atomic
 
 _PACKED_INPUTS = ("token_ids", "segment_ids", "padding_mask")
@@ -183,7 +183,7 @@ def _tokenizer_resources(preprocessor):
 
 
 def _write_saved_model(model, preprocessor, target):
-    tf = _tensorflow.tensorflow("Exporting a SavedModel")
+    tf = tensorflow.tensorflow("Exporting a SavedModel")
 
     def outputs_of(packed):
         outputs = model(packed, training=False)

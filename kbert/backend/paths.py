@@ -1,41 +1,91 @@
-"""Backend-specific speed paths of kbert, in one place.
+"""The hooks through which kbert's layers, optimizer and tasks take a backend's faster route.
 
-kbert's layers and optimizer are written in `keras.ops`; where one backend has a faster way to
-compute the same thing, the layer asks this module, which answers with the backend's result
-or `None` (meaning: use the portable `keras.ops` form). Every path here computes the same
-function as the portable form (same law for random masks) and is covered by the tests of the
-layer that calls it:
-
-- dropout masks: a counter-based hash on JAX and TensorFlow (`HashDropout`), torch's global
-  generator on torch (`native_dropout`), so `torch.utils.checkpoint` replays masks;
-- attention on torch: `scaled_dot_product_attention` called directly, with `dropout_p` on GPU
-  (`attention_path`, `torch_attention`, `attention_with_dropout`);
-- when the fused attention op cannot run (`fused_attention_unsupported`,
-  `flash_unavailable_reason`);
-- dense embedding gradients on TensorFlow (`needs_dense_embedding_gradient`);
-- the AdamW update of `BertAdamW` for all variables at once on torch (`has_multi_tensor_adamw`,
-  `adamw_update`).
+Each hook decides by `keras.config.backend()` and answers with the backend's result, or `None`
+(or `False`) meaning: use the portable `keras.ops` form, which computes the same function
+(same law for random masks). The torch calls themselves live in `kbert.backend.torch`,
+imported only on the torch backend. Every hook is covered by the tests of the layer that calls
+it, against the plain `keras.ops` route.
 """
 
 import functools
-import weakref
 
 import keras
 from keras import ops
 
 
+# ------------------------------------------------------------------------------ layer calls
+def call_sublayer(layer, inputs, **kwargs):
+    """`layer(inputs, **kwargs)`; on eager torch, `layer.call(inputs, **kwargs)` when Keras'
+    `__call__` would change nothing.
+
+    On the torch backend every Keras layer call runs Python bookkeeping (argument binding,
+    name scopes, autocast and mask handling, attribute tracking) that costs about as much as
+    the matrix product of a small layer on short texts. Inside kbert's own blocks a built
+    sublayer whose compute dtype equals its variable dtype, called on a backend tensor of
+    integers or of its compute dtype (no autocast to apply), gets exactly what `__call__` would
+    give it, so `call` is used directly. Symbolic inputs (functional model construction), other
+    backends, mixed precision and unbuilt layers go through `__call__` as usual.
+    """
+    if (
+        keras.backend.backend() == "torch"
+        and layer.built
+        and layer.compute_dtype == layer.variable_dtype
+        and ops.is_tensor(inputs)
+        and not isinstance(inputs, keras.KerasTensor)
+    ):
+        dtype = keras.backend.standardize_dtype(inputs.dtype)
+        if "float" not in dtype or dtype == layer.compute_dtype:
+            return layer.call(inputs, **kwargs)
+    return layer(inputs, **kwargs)
+
+
+def fused_dense(layer, inputs):
+    """The output of `layer` (a `keras.layers.Dense`) with the bias added inside the matrix
+    product, or `None` where Keras' own `Dense.call` is used.
+
+    On torch a biased, unquantised layer computes `torch.nn.functional.linear` (one BLAS call;
+    see `kbert.backend.torch.linear`) and then its activation. The kernel is read through the
+    layer's `kernel` property, so LoRA and autocast apply as in Keras' `Dense`. Elsewhere, and
+    for layers without a bias or quantised ones, `None`.
+    """
+    if keras.backend.backend() != "torch" or layer.bias is None or layer.quantization_mode:
+        return None
+    from kbert.backend import torch as torch_paths
+
+    kernel = ops.convert_to_tensor(layer.kernel)  # LoRA added; autocast applied
+    bias = ops.convert_to_tensor(layer.bias)
+    x = torch_paths.linear(inputs, kernel, bias)
+    if layer.activation is not None:
+        x = layer.activation(x)
+    return x
+
+
+def needs_dense_embedding_gradient():
+    """True on TensorFlow, whose gather gradient is an `IndexedSlices` (see
+    `DenseGradientEmbedding`)."""
+    return keras.config.backend() == "tensorflow"
+
+
+# ------------------------------------------------------------------------------ dropout
 def hash_dropout_backend():
     """True where dropout masks come from kbert's counter-based hash (JAX, TensorFlow)."""
     return keras.config.backend() in ("jax", "tensorflow")
 
 
 def native_dropout(inputs, rate):
-    """Inverted dropout by the backend itself, or `None` where kbert's hash mask is used."""
+    """Inverted dropout by the backend itself, or `None` where kbert's hash mask is used.
+
+    On torch the mask comes from torch's global generator, so `torch.utils.checkpoint` replays
+    it (`kbert.backend.torch.dropout`).
+    """
     if keras.config.backend() != "torch":
         return None
-    return _torch_dropout(inputs, rate)
+    from kbert.backend import torch as torch_paths
+
+    return torch_paths.dropout(inputs, rate)
 
 
+# ------------------------------------------------------------------------------ attention
 # The values of `BertSelfAttention(attention_implementation=...)`.
 ATTENTION_IMPLEMENTATIONS = ("auto", "plain", "fused", "torch_sdpa")
 
@@ -94,6 +144,19 @@ def attention_path(compute_dtype, flash_attention, implementation="auto"):
     return "keras"
 
 
+def torch_attention(query, key, value, mask, rate=0.0):
+    """Softmax attention by torch's `scaled_dot_product_attention`, for the `"torch"` path of
+    `attention_path` (see `kbert.backend.torch.attention`).
+
+    Inputs and output are `(batch, seq, heads, head_dim)`; `mask` is boolean (true where a key
+    may be attended) and broadcasts to `(batch, heads, seq, seq)`; `rate` is the dropout rate
+    of the probabilities.
+    """
+    from kbert.backend import torch as torch_paths
+
+    return torch_paths.attention(query, key, value, mask, rate)
+
+
 def attention_with_dropout(query, key, value, mask, rate):
     """Softmax attention with probability dropout by the backend, or `None` (explicit path).
 
@@ -103,49 +166,6 @@ def attention_with_dropout(query, key, value, mask, rate):
     if keras.config.backend() != "torch":
         return None
     return torch_attention(query, key, value, mask, rate)
-
-
-def needs_dense_embedding_gradient():
-    """True on TensorFlow, whose gather gradient is an `IndexedSlices` (see
-    `DenseGradientEmbedding`)."""
-    return keras.config.backend() == "tensorflow"
-
-
-def has_multi_tensor_adamw():
-    """True where `adamw_update` updates all variables at once (torch)."""
-    return keras.config.backend() == "torch"
-
-
-def adamw_update(optimizer, grads, variables, learning_rate):
-    """`BertAdamW.update_step` for all `variables` at once, where `has_multi_tensor_adamw()`.
-
-    Args:
-        optimizer: the `BertAdamW` (its hyperparameters, `iterations` and `moments(variable)`).
-        grads: list of gradients, clipped, one per variable.
-        variables: list of the `keras.Variable`s to update (weight decay already applied).
-        learning_rate: the rate of this update (a scalar tensor).
-    """
-    if not has_multi_tensor_adamw():
-        raise ValueError(
-            f"kbert has no multi-tensor AdamW update on the {keras.config.backend()} backend; "
-            "check `has_multi_tensor_adamw()` first."
-        )
-    _eager_torch_adamw_update()(optimizer, grads, variables, learning_rate)
-
-
-@functools.cache
-def _eager_torch_adamw_update():
-    """`_torch_adamw_update` kept out of `torch.compile` (`jit_compile=True`).
-
-    The torch optimizer's `step()` runs its own fused kernel; traced inside a compiled train
-    step it broke the graph several times and made each step far slower (figures in
-    BENCHMARKS.md, "Host overhead on torch"). Excluded with
-    `torch.compiler.disable`, it runs as one eager call between the compiled gradient and the
-    next step.
-    """
-    import torch
-
-    return torch.compiler.disable(_torch_adamw_update)
 
 
 @functools.cache
@@ -163,9 +183,9 @@ def flash_unavailable_reason():
     if backend == "tensorflow":
         return "the tensorflow backend has no flash attention kernel"
     if backend == "torch":
-        import torch
+        from kbert.backend import torch as torch_paths
 
-        on_cpu = not torch.cuda.is_available()
+        on_cpu = not torch_paths.cuda_available()
     else:
         on_cpu = keras.distribution.list_devices()[0].lower().startswith("cpu")
     if on_cpu:
@@ -173,136 +193,59 @@ def flash_unavailable_reason():
     return None
 
 
-def _torch_dropout(inputs, rate):
-    """Inverted dropout on torch, with the mask drawn as `torch.rand(...) >= rate` on CPU.
+# ------------------------------------------------------------------------------ optimizer
+def has_multi_tensor_adamw():
+    """True where `adamw_update` updates all variables at once (torch)."""
+    return keras.config.backend() == "torch"
 
-    `torch.nn.functional.dropout` draws its CPU mask with `bernoulli_`; `torch.rand` plus an
-    in-place comparison is cheaper (see BENCHMARKS.md). The mask has the same law (each
-    element kept with probability `1 - rate`, kept values scaled by `1 / (1 - rate)`) and
-    comes from torch's global generator, which `keras.utils.set_random_seed` seeds and
-    `torch.utils.checkpoint` restores. On GPU the native fused dropout is used.
+
+def adamw_update(optimizer, grads, variables, learning_rate):
+    """`BertAdamW.update_step` for all `variables` at once, where `has_multi_tensor_adamw()`.
+
+    On torch: `torch.optim.AdamW`'s fused kernel, whose state is the Keras optimizer's moment
+    variables (`kbert.backend.torch.adamw_update`).
+
+    Args:
+        optimizer: the `BertAdamW` (its hyperparameters, `iterations` and `moments(variable)`).
+        grads: list of gradients, clipped, one per variable.
+        variables: list of the `keras.Variable`s to update (weight decay already applied).
+        learning_rate: the rate of this update (a scalar tensor).
     """
-    import torch
-
-    if inputs.device.type != "cpu":
-        return torch.nn.functional.dropout(inputs, p=rate, training=True)
-    # In place on the uniform draws: 0 or 1 / (1 - rate), with no boolean tensor to convert.
-    scale = torch.rand(inputs.shape, device=inputs.device).ge_(rate).mul_(1.0 / (1.0 - rate))
-    return inputs * scale.to(inputs.dtype)
-
-
-def torch_attention(query, key, value, mask, rate=0.0):
-    """Softmax attention (with dropout on the probabilities when `rate > 0`), in torch ops.
-
-    Without dropout: `torch.nn.functional.scaled_dot_product_attention` with the boolean
-    `mask` (true where a key may be attended; it broadcasts to `(batch, heads, seq, seq)`),
-    on every device. With dropout, on GPU: `torch.nn.functional.scaled_dot_product_attention(...,
-    dropout_p=rate)`, whose fused kernels draw the dropout themselves. On CPU that op
-    has no fused dropout and falls
-    back to softmax + `bernoulli_` internally; the same arithmetic written out with
-    `_torch_dropout`'s cheaper mask is faster forward + backward. Either way: scale
-    1/sqrt(head_dim), boolean key mask, probabilities dropped with `rate` and scaled by
-    1/(1-rate), masks from torch's generator (so `torch.utils.checkpoint` replays them).
-    Inputs and output are `(batch, seq, heads, head_dim)`.
-    """
-    import torch
-
-    query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # (batch, heads, seq, dim)
-    if not rate:
-        context = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask
+    if not has_multi_tensor_adamw():
+        raise ValueError(
+            f"kbert has no multi-tensor AdamW update on the {keras.config.backend()} backend; "
+            "check `has_multi_tensor_adamw()` first."
         )
-        return context.transpose(1, 2)
-    if query.device.type != "cpu":
-        context = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, dropout_p=rate
-        )
-        return context.transpose(1, 2)
-    scores = torch.matmul(query * query.shape[-1] ** -0.5, key.transpose(-1, -2)).float()
-    if mask is not None:
-        scores = scores.masked_fill(~mask, -1e9)
-    probabilities = _torch_dropout(torch.softmax(scores, dim=-1).to(value.dtype), rate)
-    return torch.matmul(probabilities, value).transpose(1, 2)
+    from kbert.backend import torch as torch_paths
+
+    torch_paths.adamw_update(optimizer, grads, variables, learning_rate)
 
 
-# The `torch.optim.AdamW` of each `BertAdamW`, with the parameters it was built for.
-_TORCH_ADAMW = weakref.WeakKeyDictionary()
+# ------------------------------------------------------------------------------ predict
+def xla_predict_function(model, make_predict_function, force=False, allowed=True):
+    """`model`'s predict function; on TensorFlow compiled with XLA where `allowed`.
 
-
-def torch_adamw(optimizer):
-    """The `torch.optim.AdamW` that runs `optimizer`'s updates on torch, or `None` before any."""
-    cached = _TORCH_ADAMW.get(optimizer)
-    return None if cached is None else cached[1]
-
-
-def _torch_adamw_update(optimizer, grads, variables, learning_rate):
-    """`BertAdamW.update_step` for all `variables` at once with `torch.optim.AdamW`.
-
-    A `torch.optim.AdamW(weight_decay=0)` (Keras applies the decoupled decay before this call,
-    to the variables that take it) over the variables' tensors, whose state tensors are the
-    Keras optimizer's own moment variables (`optimizer.moments(variable)`), so checkpoints and
-    the per-variable `update_step` see the same moments. Its update is exactly the one
-    `BertAdamW.update_step` writes. It runs the fused kernel (`fused=True`) where torch has one
-    for every parameter (CPU and CUDA floats), its multi-tensor `foreach` form otherwise. The
-    torch optimizer is built once per set of variables. Its step counts are views of one
-    tensor set to `optimizer.iterations` before every update (one op, no host read), so they
-    follow the Keras optimizer whatever restored or changed its state.
+    `make_predict_function(force)` is Keras' `Model.make_predict_function` of `model` (its
+    `super()` method, for a subclass that overrides it). Keras' `jit_compile="auto"` turns XLA
+    off for TensorFlow on machines without an accelerator. For a BERT forward pass XLA is the
+    faster choice there too (fused element-wise work around the matrix products; see
+    BENCHMARKS.md, "Sentence embeddings"), so on TensorFlow, when `allowed` (the caller's
+    `compile` left `jit_compile` to `"auto"`, without `run_eagerly`), outside a multi-replica
+    `tf.distribute` strategy, the predict function is built with `model.jit_compile` set to
+    True for the build only: `fit` and `evaluate` keep Keras' choice. Elsewhere it is Keras'
+    own predict function.
     """
-    import torch
-
-    params = [variable.value for variable in variables]
-    key = tuple(id(p) for p in params)
-    cached = _TORCH_ADAMW.get(optimizer)
-    if cached is None or cached[0] != key:
-        cached = (key, *_build_torch_adamw(optimizer, variables, params))
-        _TORCH_ADAMW[optimizer] = cached
-    _, torch_optimizer, steps = cached
-    group = torch_optimizer.param_groups[0]
-    learning_rate = ops.cast(learning_rate, "float32")  # a schedule's tensor or a Variable
-    with torch.no_grad():
-        steps.copy_(ops.cast(optimizer.iterations, "float32").detach().expand(steps.shape))
-        for param, grad in zip(params, grads):
-            param.grad = grad if grad.dtype == param.dtype else grad.to(param.dtype)
-        if group["fused"]:
-            group["lr"] = learning_rate.detach().to(params[0].device)
-        else:
-            group["lr"] = float(learning_rate)
-        torch_optimizer.step()
-        for param in params:
-            param.grad = None
-
-
-# Whether `adamw_update` may use torch's fused AdamW kernel (tests turn it off to check the
-# multi-tensor form against it).
-TORCH_FUSED_ADAMW = True
-
-
-def _build_torch_adamw(optimizer, variables, params):
-    """`(torch.optim.AdamW, steps)`: the torch optimizer and the tensor its step counts view."""
-    import torch
-
-    fused = TORCH_FUSED_ADAMW and all(
-        p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params
-    )
-    fused = fused and len({p.device for p in params}) == 1
-    torch_optimizer = torch.optim.AdamW(
-        params,
-        lr=0.0,  # Set before every step (a tensor with the fused kernel: no host read).
-        betas=(float(optimizer.beta_1), float(optimizer.beta_2)),
-        eps=float(optimizer.epsilon),
-        weight_decay=0.0,
-        fused=fused or None,
-        foreach=None if fused else True,
-    )
-    # The fused kernel reads its step counts on the parameters' device, the foreach form on CPU.
-    steps = torch.zeros(
-        len(params), dtype=torch.float32, device=params[0].device if fused else "cpu"
-    )
-    for position, (variable, param) in enumerate(zip(variables, params)):
-        m, v = optimizer.moments(variable)
-        torch_optimizer.state[param] = {
-            "step": steps[position],
-            "exp_avg": m.value,
-            "exp_avg_sq": v.value,
-        }
-    return torch_optimizer, steps
+    if (
+        keras.backend.backend() != "tensorflow"
+        or not allowed
+        or model.jit_compile  # Already XLA everywhere.
+        or model.distribute_strategy.num_replicas_in_sync > 1
+    ):
+        return make_predict_function(force)
+    if model.predict_function is not None and not force:
+        return model.predict_function
+    model.jit_compile = True  # Read by Keras' make_predict_function only; restored below.
+    try:
+        return make_predict_function(force)
+    finally:
+        model.jit_compile = False

@@ -16,7 +16,7 @@ In Google's code `hidden_act: "gelu"` is the tanh approximation of GELU, so it m
 
 from pathlib import Path
 
-from kbert import _tensorflow
+from kbert.backend import tensorflow
 from kbert.checkpoints import _weights
 from kbert.checkpoints._config import config_float, config_int, read_json
 from kbert.checkpoints.vocabulary import VOCABULARY_FILE
@@ -103,7 +103,7 @@ def checkpoint_prefix(path):
         return path / CHECKPOINT_PREFIX
     indexes = sorted(path.glob("*.index"))
     if (path / "checkpoint").is_file():
-        tf = _tensorflow.tensorflow("Reading a Google TF checkpoint")
+        tf = tensorflow.tensorflow("Reading a Google TF checkpoint")
 
         latest = tf.train.latest_checkpoint(str(path))
         if latest and Path(latest + ".index").is_file():
@@ -139,7 +139,7 @@ def read_config(path, require_weights=True):
 
 def open_weights(path):
     """A `TensorSource` over a Google checkpoint, read with `tf.train.load_checkpoint`."""
-    tf = _tensorflow.tensorflow("Reading a Google TF checkpoint")
+    tf = tensorflow.tensorflow("Reading a Google TF checkpoint")
 
     prefix = checkpoint_prefix(path)
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from kbert import _tensorflow
+from kbert.backend import tensorflow
 from kbert.checkpoints import google, keras_hub
 
 
@@ -82,7 +82,7 @@ def reference_outputs(source, fmt, inputs, heads=False):
     if fmt == "huggingface":
         return _huggingface_reference(source, inputs, heads)
     if fmt == "google":
-        tf = _tensorflow.tensorflow("Checking a Google TF checkpoint")
+        tf = tensorflow.tensorflow("Checking a Google TF checkpoint")
 
         from kbert.checkpoints._config import read_json
         from kbert.checkpoints.numpy_reference import google_bert_forward

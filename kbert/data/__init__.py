@@ -6,7 +6,7 @@ imported on first use, so `import kbert.data` works without TensorFlow and askin
 without it raises one clear error.
 """
 
-from kbert import _tensorflow
+from kbert.backend import tensorflow
 from kbert.data.readers import (
     GLUE_TASKS,
     GlueData,
@@ -68,7 +68,7 @@ def __getattr__(name):
     if name in _TENSORFLOW_NAMES:
         import importlib
 
-        _tensorflow.tensorflow(f"kbert.data.{name}")
+        tensorflow.tensorflow(f"kbert.data.{name}")
         module = importlib.import_module(_TENSORFLOW_NAMES[name])
         value = getattr(module, name)
         globals()[name] = value

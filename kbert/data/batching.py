@@ -11,7 +11,7 @@ bucket lengths both use, is NumPy only.
 
 import numpy as np
 
-from kbert import _tensorflow
+from kbert.backend import tensorflow
 
 _FEATURES = ("token_ids", "segment_ids", "padding_mask")
 
@@ -104,7 +104,7 @@ def batch_by_length(
     >>> batches = batch_by_length(dataset.shuffle(10_000), batch_size=32)
     >>> model.fit(batches, epochs=3)
     """
-    tf = _tensorflow.tensorflow("kbert.data.batch_by_length")
+    tf = tensorflow.tensorflow("kbert.data.batch_by_length")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size!r}")
     spec = _features_of(dataset.element_spec)

@@ -17,11 +17,11 @@ import warnings
 
 import numpy as np
 
-from kbert import _tensorflow
+from kbert.backend import tensorflow
 from kbert.data.checks import check_positive_int
 from kbert.data.shard_records import SHARD_SUFFIX, check_shards, read_shard_flat_documents
 
-tf = _tensorflow.tensorflow("kbert's pretraining pipeline")
+tf = tensorflow.tensorflow("kbert's pretraining pipeline")
 
 # A WikiText article title: " = Title = ". Section headings (" = = Section = = ") do not match.
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")

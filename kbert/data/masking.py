@@ -6,10 +6,10 @@ positions of every row (single pieces, or whole words) and applies BERT's 80 % `
 `(seed, pass, batch index)`, so each pass draws new masks and a seed reproduces them.
 """
 
-from kbert import _tensorflow
+from kbert.backend import tensorflow
 from kbert.data.checks import check_rate
 
-tf = _tensorflow.tensorflow("kbert's pretraining pipeline")
+tf = tensorflow.tensorflow("kbert's pretraining pipeline")
 
 
 def check_masking_rates(mask_rate, random_token_rate, unchanged_rate):

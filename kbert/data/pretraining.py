@@ -28,13 +28,13 @@ assembles them, and `masked_lm_dataset` is the tail every builder shares (`packi
 rows of several documents instead of pairs and ends with the same tail).
 """
 
-from kbert import _tensorflow
+from kbert.backend import tensorflow
 from kbert.data.checks import check_positive_int, check_rate, checked_seed
 from kbert.data.documents import check_tokenizer, open_documents
 from kbert.data.masking import DynamicMasker, check_masking_rates
 from kbert.data.nsp import PairGenerator
 
-tf = _tensorflow.tensorflow("kbert's pretraining pipeline")
+tf = tensorflow.tensorflow("kbert's pretraining pipeline")
 
 
 def pretraining_dataset(

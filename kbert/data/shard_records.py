@@ -19,10 +19,10 @@ import struct
 
 import numpy as np
 
-from kbert import _tensorflow
+from kbert.backend import tensorflow
 from kbert.checkpoints.atomic import AtomicFile
 
-tf = _tensorflow.tensorflow("kbert's pretraining shards")
+tf = tensorflow.tensorflow("kbert's pretraining shards")
 
 SHARD_FORMAT = "kbert-pretraining-shard-1"
 SHARD_SUFFIX = ".tfrecord"

@@ -6,10 +6,10 @@ import warnings
 import keras
 from keras import ops
 
-from kbert import backend_paths
+from kbert import backend
 from kbert.layers.dense import Dense
 from kbert.layers.dropout import HashDropout
-from kbert.layers.utils import call_sublayer, clone_initializer
+from kbert.layers.utils import clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -23,7 +23,7 @@ class BertSelfAttention(keras.layers.Layer):
     with the softmax in float32 (so does float16 on JAX-CPU, where XLA lacks the float16 x
     float16 -> float32 product the fused path asks for). On torch the layer calls
     `torch.nn.functional.scaled_dot_product_attention` itself, with the dropout inside on
-    GPU (see `kbert.backend_paths.torch_attention`): the same function without the Keras
+    GPU (see `kbert.backend.torch_attention`): the same function without the Keras
     op's per-call checks, and traceable by `torch.compile` (`jit_compile=True`) without a
     graph break. `flash_attention=True` on torch goes through the Keras op.
 
@@ -115,12 +115,12 @@ class BertSelfAttention(keras.layers.Layer):
             dropout, dtype=self.dtype_policy, name="attention_probability_dropout"
         )
         # Backend decisions, made once here rather than in every (possibly compiled) call.
-        self._attention_path = backend_paths.attention_path(
+        self._attention_path = backend.attention_path(
             self.compute_dtype, flash_attention, attention_implementation
         )
         self._flash_unavailable = False
         self._flash_unavailable_reason = (
-            backend_paths.flash_unavailable_reason() if flash_attention else None
+            backend.flash_unavailable_reason() if flash_attention else None
         )
 
     def build(self, inputs_shape, padding_mask_shape=None):
@@ -137,9 +137,10 @@ class BertSelfAttention(keras.layers.Layer):
 
     def call(self, inputs, padding_mask=None, training=None, dropout_seed=None):
         x = inputs
-        query = self._split_heads(call_sublayer(self.query_dense, x))  # (batch, seq, heads, dim)
-        key = self._split_heads(call_sublayer(self.key_dense, x))
-        value = self._split_heads(call_sublayer(self.value_dense, x))
+        # (batch, seq, heads, head_dim) each
+        query = self._split_heads(backend.call_sublayer(self.query_dense, x))
+        key = self._split_heads(backend.call_sublayer(self.key_dense, x))
+        value = self._split_heads(backend.call_sublayer(self.value_dense, x))
         dropout_active = bool(training) and self.dropout > 0
 
         keys = None  # (batch, seq): which keys are real, or
@@ -161,7 +162,7 @@ class BertSelfAttention(keras.layers.Layer):
             # torch's SDPA kernels broadcast a (batch, 1, 1, seq) boolean mask themselves.
             mask = pairs if keys is None else keys[:, None, None, :]
             rate = self.dropout if dropout_active else 0.0
-            context = backend_paths.torch_attention(query, key, value, mask, rate)
+            context = backend.torch_attention(query, key, value, mask, rate)
         else:
             mask = pairs
             if keys is not None:
@@ -175,9 +176,7 @@ class BertSelfAttention(keras.layers.Layer):
             context = None  # (batch, seq, heads, head_dim) once computed
             if dropout_active and self._attention_path != "explicit":
                 # torch's fused attention takes the dropout itself (and picks flash where it can).
-                context = backend_paths.attention_with_dropout(
-                    query, key, value, mask, self.dropout
-                )
+                context = backend.attention_with_dropout(query, key, value, mask, self.dropout)
                 if context is None and self.flash_attention:
                     self._warn_flash_fallback(
                         "the fused attention op has no attention dropout; training with "
@@ -189,7 +188,7 @@ class BertSelfAttention(keras.layers.Layer):
                 context = self._fused_attention(query, key, value, mask)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         context = ops.reshape(context, (batch, length, self.hidden_dim))
-        return call_sublayer(self.output_dense, context)
+        return backend.call_sublayer(self.output_dense, context)
 
     def _fused_attention(self, query, key, value, mask):
         """`keras.ops.dot_product_attention`, falling back from a flash kernel the backend lacks."""

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from kbert import backend_paths
+from kbert import backend
 
 _INT32_MIN = -(2**31)
 
@@ -45,7 +45,7 @@ class HashDropout(keras.layers.Dropout):
     `keras.random.SeedGenerator`: a few integer operations per element, fused by XLA into
     the surrounding computation. The hash is keyed afresh at every call, so masks differ
     between steps and are reproducible under `keras.utils.set_random_seed`. On torch the
-    mask comes from torch's global generator (see `kbert.backend_paths.native_dropout`), so
+    mask comes from torch's global generator (see `kbert.backend.native_dropout`), so
     `torch.utils.checkpoint` replays it.
 
     Args:
@@ -69,7 +69,7 @@ class HashDropout(keras.layers.Dropout):
         kwargs.pop("noise_shape", None)
         super().__init__(rate, seed=seed, **kwargs)
         # Decided once here, not in every (possibly compiled) call.
-        self._uses_hash = 0 < self.rate < 1 and backend_paths.hash_dropout_backend()
+        self._uses_hash = 0 < self.rate < 1 and backend.hash_dropout_backend()
 
     @property
     def uses_hash(self):
@@ -85,7 +85,7 @@ class HashDropout(keras.layers.Dropout):
             return inputs
         if self.rate >= 1:
             return ops.zeros_like(inputs)
-        dropped = backend_paths.native_dropout(inputs, self.rate)
+        dropped = backend.native_dropout(inputs, self.rate)
         if dropped is not None:
             return dropped
         if not self.uses_hash:

@@ -3,10 +3,9 @@
 import keras
 from keras import ops
 
-from kbert import backend_paths
+from kbert import backend
 from kbert.layers.dropout import HashDropout
 from kbert.layers.utils import (
-    call_sublayer,
     check_index_range,
     clone_initializer,
     float32_policy,
@@ -30,7 +29,7 @@ class DenseGradientEmbedding(keras.layers.Embedding):
     """
 
     def call(self, inputs):
-        if not backend_paths.needs_dense_embedding_gradient():
+        if not backend.needs_dense_embedding_gradient():
             return super().call(inputs)
         if inputs.dtype not in ("int32", "int64"):
             inputs = ops.cast(inputs, "int32")
@@ -183,13 +182,13 @@ class BertEmbeddings(keras.layers.Layer):
             check_index_range(
                 position_ids, self.max_sequence_length, "position_ids", "max_sequence_length"
             )
-        x = call_sublayer(self.token_embedding, token_ids)  # (batch, seq, hidden)
+        x = backend.call_sublayer(self.token_embedding, token_ids)  # (batch, seq, hidden)
         if self.pad_token_id is not None:
             is_pad = ops.expand_dims(ops.equal(token_ids, self.pad_token_id), -1)
             x = ops.where(is_pad, ops.stop_gradient(x), x)
-        x = x + call_sublayer(self.position_embedding, position_ids)  # broadcast over batch
-        x = x + call_sublayer(self.segment_embedding, segment_ids)
-        x = ops.cast(call_sublayer(self.layer_norm, x), self.compute_dtype)
+        x = x + backend.call_sublayer(self.position_embedding, position_ids)  # broadcast over batch
+        x = x + backend.call_sublayer(self.segment_embedding, segment_ids)
+        x = ops.cast(backend.call_sublayer(self.layer_norm, x), self.compute_dtype)
         return self.dropout_layer(x, training=training) if training else x
 
     def compute_output_shape(self, token_ids_shape, *args, **kwargs):

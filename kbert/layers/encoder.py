@@ -3,11 +3,11 @@
 import keras
 from keras import ops
 
+from kbert import backend
 from kbert.layers.attention import BertSelfAttention
 from kbert.layers.dense import Dense
 from kbert.layers.dropout import HashDropout
 from kbert.layers.utils import (
-    call_sublayer,
     clone_initializer,
     float32_policy,
     get_activation,
@@ -155,7 +155,7 @@ class TransformerEncoder(keras.layers.Layer):
 
     def _block(self, inputs, padding_mask, training, seeds=(None, None, None)):
         x = inputs
-        attended = call_sublayer(
+        attended = backend.call_sublayer(
             self.self_attention,
             x,
             padding_mask=padding_mask,
@@ -164,13 +164,18 @@ class TransformerEncoder(keras.layers.Layer):
         )
         if training:  # Dropout is the identity at inference: no call at all.
             attended = self.attention_dropout_layer(attended, training=training, seed=seeds[1])
-        x = ops.cast(call_sublayer(self.attention_layer_norm, x + attended), self.compute_dtype)
+        x = ops.cast(
+            backend.call_sublayer(self.attention_layer_norm, x + attended), self.compute_dtype
+        )
 
-        hidden = call_sublayer(self.intermediate_dense, x)  # (batch, seq, intermediate)
-        hidden = call_sublayer(self.output_dense, self.activation_fn(hidden))  # (..., hidden)
+        hidden = backend.call_sublayer(self.intermediate_dense, x)  # (batch, seq, intermediate)
+        # (batch, seq, hidden)
+        hidden = backend.call_sublayer(self.output_dense, self.activation_fn(hidden))
         if training:
             hidden = self.output_dropout_layer(hidden, training=training, seed=seeds[2])
-        return ops.cast(call_sublayer(self.output_layer_norm, x + hidden), self.compute_dtype)
+        return ops.cast(
+            backend.call_sublayer(self.output_layer_norm, x + hidden), self.compute_dtype
+        )
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape

@@ -106,28 +106,3 @@ def index_range_message(ids_name, upper_name, upper, low, high):
         f"`{ids_name}` must lie in [0, {upper_name}) = [0, {upper}). "
         f"Received values in [{low}, {high}]."
     )
-
-
-def call_sublayer(layer, inputs, **kwargs):
-    """`layer(inputs, **kwargs)`; on eager torch, `layer.call(inputs, **kwargs)` when Keras'
-    `__call__` would change nothing.
-
-    On the torch backend every Keras layer call runs Python bookkeeping (argument binding,
-    name scopes, autocast and mask handling, attribute tracking) that costs about as much as
-    the matrix product of a small layer on short texts. Inside kbert's own blocks a built
-    sublayer whose compute dtype equals its variable dtype, called on a backend tensor of
-    integers or of its compute dtype (no autocast to apply), gets exactly what `__call__` would
-    give it, so `call` is used directly. Symbolic inputs (functional model construction), other
-    backends, mixed precision and unbuilt layers go through `__call__` as usual.
-    """
-    if (
-        keras.backend.backend() == "torch"
-        and layer.built
-        and layer.compute_dtype == layer.variable_dtype
-        and keras.ops.is_tensor(inputs)
-        and not isinstance(inputs, keras.KerasTensor)
-    ):
-        dtype = keras.backend.standardize_dtype(inputs.dtype)
-        if "float" not in dtype or dtype == layer.compute_dtype:
-            return layer.call(inputs, **kwargs)
-    return layer(inputs, **kwargs)

@@ -2,7 +2,7 @@
 
 import keras
 
-from kbert import backend_paths
+from kbert import backend
 from kbert.layers import BertEmbeddings, BertPooler, TransformerEncoder
 from kbert.layers.embeddings import PackedDocumentMasks
 from kbert.models.input_checks import HostInputChecks, check_model_inputs
@@ -189,10 +189,10 @@ def validate_backbone_config(config, source=None):
                 f"`{name}` must be None, True or False. Received: {name}={config[name]!r}{where}"
             )
     implementation = config.get("attention_implementation", "auto")
-    if implementation not in backend_paths.ATTENTION_IMPLEMENTATIONS:
+    if implementation not in backend.ATTENTION_IMPLEMENTATIONS:
         raise ValueError(
             "`attention_implementation` must be one of "
-            f"{list(backend_paths.ATTENTION_IMPLEMENTATIONS)}. "
+            f"{list(backend.ATTENTION_IMPLEMENTATIONS)}. "
             f"Received: attention_implementation={implementation!r}{where}"
         )
     if not isinstance(config.get("remat", False), bool):

@@ -38,7 +38,8 @@ import math
 import keras
 import numpy as np
 
-from kbert import _tensorflow, processes
+from kbert import processes
+from kbert.backend import tensorflow
 from kbert.data.batching import bucket_lengths
 
 # Batches per group in which `plan_batches(shuffle=True)` sorts rows by length (Hugging
@@ -308,7 +309,7 @@ class LengthBatches(keras.utils.PyDataset):
         Each iteration over the dataset after the first starts with a new plan (when
         shuffling), as `on_epoch_end` does for Keras' own `PyDataset` loop.
         """
-        tf = _tensorflow.tensorflow("Length batches as a tf.data.Dataset")
+        tf = tensorflow.tensorflow("Length batches as a tf.data.Dataset")
 
         first = self[0]
 

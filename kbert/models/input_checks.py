@@ -18,8 +18,8 @@ Python generators and `keras.utils.PyDataset` inputs are not checked (their batc
 seen inside Keras' epoch loop); neither are backend tensors that already live on a device.
 """
 
-from kbert import _tensorflow
-from kbert._tensorflow import is_dataset
+from kbert.backend import tensorflow
+from kbert.backend.tensorflow import is_dataset
 from kbert.layers.utils import check_integer_dtype, host_values, index_range_message
 
 # Integer inputs and the backbone attribute bounding them (None: the sequence length).
@@ -70,7 +70,7 @@ def check_model_inputs(inputs, backbone):
 
 def _checked_dataset(dataset, backbone):
     """`dataset` with an in-pipeline assertion on the ids of every element."""
-    tf = _tensorflow.tensorflow("Checking the ids of a tf.data.Dataset")
+    tf = tensorflow.tensorflow("Checking the ids of a tf.data.Dataset")
 
     def features_of(element):  # The features dict of `x` or of an `(x, y, ...)` tuple.
         if isinstance(element, dict):

@@ -38,8 +38,9 @@ import warnings
 import keras
 import numpy as np
 
-from kbert import _tensorflow, processes
-from kbert._tensorflow import is_dataset
+from kbert import processes
+from kbert.backend import tensorflow
+from kbert.backend.tensorflow import is_dataset
 
 
 def _rows(x):
@@ -195,7 +196,7 @@ class ProcessBatches(keras.utils.PyDataset):
 
 def _tf_distributed(group, data):
     """A TensorFlow strategy's dataset that hands each worker `data` (its own batches) as is."""
-    tf = _tensorflow.tensorflow("Multi-process training on TensorFlow")
+    tf = tensorflow.tensorflow("Multi-process training on TensorFlow")
 
     if isinstance(data, ProcessBatches):
         batches = data

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from kbert._tensorflow import is_dataset
+from kbert.backend.tensorflow import is_dataset
 from kbert.models.task import BertTask, check_class_ids
 
 # Logit given to positions outside the context: exp(-1e9 - max) is exactly 0 in float32.

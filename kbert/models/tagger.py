@@ -3,7 +3,7 @@
 import keras
 import numpy as np
 
-from kbert._tensorflow import is_dataset
+from kbert.backend.tensorflow import is_dataset
 from kbert.models.task import BertTask, check_class_ids, is_raw_text
 
 

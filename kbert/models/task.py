@@ -31,14 +31,15 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from kbert._tensorflow import is_dataset
+from kbert import backend
+from kbert.backend.tensorflow import is_dataset
 from kbert.checkpoints import read_preprocessor_settings
 from kbert.models import batching
 from kbert.models.backbone import BACKBONE_INPUTS, BertBackbone, check_input_keys
 from kbert.models.input_checks import check_data, check_model_inputs
 from kbert.models.multiprocess import MultiProcessTraining
-from kbert.models.optimization import bert_optimizer, planned_schedule
 from kbert.models.presets import PresetMixin
+from kbert.optimizers.optimization import bert_optimizer, planned_schedule
 
 # Rows sent through the preprocessor at a time when raw Python text is converted.
 _PREPROCESS_CHUNK = 4096
@@ -497,22 +498,15 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
         embeddings"), so when `compile` left `jit_compile` to `"auto"`, without `run_eagerly`
         and outside a multi-replica `tf.distribute` strategy, `predict` (and
         `predict_on_batch`, `encode`) run under XLA on TensorFlow; `fit` and `evaluate` keep
-        Keras' choice. `compile(jit_compile=False)` keeps XLA off everywhere.
+        Keras' choice. `compile(jit_compile=False)` keeps XLA off everywhere. The switch is
+        `kbert.backend.xla_predict_function`.
         """
-        if (
-            keras.backend.backend() != "tensorflow"
-            or not getattr(self, "_predict_jit_auto", False)
-            or self.jit_compile  # Already XLA everywhere.
-            or self.distribute_strategy.num_replicas_in_sync > 1
-        ):
-            return super().make_predict_function(force)
-        if self.predict_function is not None and not force:
-            return self.predict_function
-        self.jit_compile = True  # Read by Keras' make_predict_function only; restored below.
-        try:
-            return super().make_predict_function(force)
-        finally:
-            self.jit_compile = False
+        return backend.xla_predict_function(
+            self,
+            super().make_predict_function,
+            force,
+            allowed=getattr(self, "_predict_jit_auto", False),
+        )
 
     def _recipe_optimizer(self, recipe):
         """BERT's optimizer for the recipe settings `recipe` (the rest take their defaults)."""

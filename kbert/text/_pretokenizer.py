@@ -18,10 +18,10 @@ known exactly, whatever the normalisation did to the lengths.
 
 import collections
 
-from kbert import _tensorflow
+from kbert.backend import tensorflow
 from kbert.text import _unicode
 
-tf = _tensorflow.tensorflow("The tokenizer inside a tf.data graph")
+tf = tensorflow.tensorflow("The tokenizer inside a tf.data graph")
 
 PreTokenized = collections.namedtuple(
     "PreTokenized",

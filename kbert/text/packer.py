@@ -5,7 +5,7 @@ import itertools
 import keras
 import numpy as np
 
-from kbert import _tensorflow
+from kbert.backend import tensorflow
 
 TRUNCATION_STRATEGIES = ("longest_first", "waterfall")
 
@@ -34,20 +34,20 @@ def truncated_lengths(length_a, length_b, budget, truncate):
 
 
 def _minimum(a, b):
-    if _tensorflow.is_tensor(a) or _tensorflow.is_tensor(b):
-        return _tensorflow.tensorflow().minimum(a, b)
+    if tensorflow.is_tensor(a) or tensorflow.is_tensor(b):
+        return tensorflow.tensorflow().minimum(a, b)
     return np.minimum(a, b)
 
 
 def _maximum(a, b):
-    if _tensorflow.is_tensor(a) or _tensorflow.is_tensor(b):
-        return _tensorflow.tensorflow().maximum(a, b)
+    if tensorflow.is_tensor(a) or tensorflow.is_tensor(b):
+        return tensorflow.tensorflow().maximum(a, b)
     return np.maximum(a, b)
 
 
 def _where(c, a, b):
-    if _tensorflow.is_tensor(c):
-        return _tensorflow.tensorflow().where(c, a, b)
+    if tensorflow.is_tensor(c):
+        return tensorflow.tensorflow().where(c, a, b)
     return np.where(c, a, b)
 
 
@@ -88,7 +88,7 @@ def _python_segment(segment, index):
 
 def _tensor_segment(segment, index):
     """A tensor segment as (RaggedTensor [B, None] int32, batched)."""
-    tf = _tensorflow.tensorflow()
+    tf = tensorflow.tensorflow()
     if not segment.dtype.is_integer:
         raise ValueError(
             f"Segment {index} must hold integer token ids. Received a tensor of "
@@ -118,7 +118,7 @@ def _pack(segments, settings):
     `settings` is an int32 tensor `[sequence_length, cls_token_id,
     sep_token_id, pad_token_id, waterfall]`, so one trace serves every packer.
     """
-    tf = _tensorflow.tensorflow()
+    tf = tensorflow.tensorflow()
     length, cls_token_id, sep_token_id, pad_token_id = tf.unstack(settings[:4])
     waterfall = settings[4] > 0
     batch = segments[0].nrows(out_type=tf.int32)
@@ -180,7 +180,7 @@ _PACK_FUNCTIONS = {}
 
 def _pack_function(num_segments):
     if num_segments not in _PACK_FUNCTIONS:
-        tf = _tensorflow.tensorflow("BertPacker on TensorFlow tensors")
+        tf = tensorflow.tensorflow("BertPacker on TensorFlow tensors")
         with tf.init_scope():
             _PACK_FUNCTIONS[num_segments] = _trace_pack(tf, num_segments)
     return _PACK_FUNCTIONS[num_segments]
@@ -302,7 +302,7 @@ class BertPacker:
         self.pad_token_id = int(pad_token_id)
         self.truncate = truncate
 
-    @_tensorflow.do_not_convert
+    @tensorflow.do_not_convert
     def __call__(self, inputs):
         segments = inputs if isinstance(inputs, tuple) else (inputs,)
         if len(segments) not in (1, 2):
@@ -310,7 +310,7 @@ class BertPacker:
                 f"BertPacker takes one or two segments. Received a tuple of "
                 f"{len(segments)} segments."
             )
-        if not any(_tensorflow.is_tensor(s) for s in segments):
+        if not any(tensorflow.is_tensor(s) for s in segments):
             converted = [_python_segment(s, i) for i, s in enumerate(segments)]
             batched = self._check_batched(converted)
             outputs = _pack_numpy(
@@ -324,7 +324,7 @@ class BertPacker:
             if not batched:
                 outputs = {k: v[0] for k, v in outputs.items()}
             return outputs
-        tf = _tensorflow.tensorflow()
+        tf = tensorflow.tensorflow()
         converted = []
         for index, segment in enumerate(segments):
             if tf.is_tensor(segment):

@@ -3,15 +3,15 @@
 import keras
 import numpy as np
 
-from kbert import _tensorflow
+from kbert.backend import tensorflow
 from kbert.text.packer import BertPacker
 from kbert.text.tokenizer import BertTokenizer
 
 
 def _convert_segment(segment, index):
     """A string segment as ("tensor", tf.string tensor) or ("python", str or list of str)."""
-    if _tensorflow.is_tensor(segment):
-        tf = _tensorflow.tensorflow()
+    if tensorflow.is_tensor(segment):
+        tf = tensorflow.tensorflow()
         if segment.dtype != tf.string:
             raise ValueError(
                 f"Segment {index} must hold strings. Received a tensor of dtype "
@@ -114,7 +114,7 @@ class BertPreprocessor:
         self.sequence_length = self.packer.sequence_length
         self.truncate = truncate
 
-    @_tensorflow.do_not_convert
+    @tensorflow.do_not_convert
     def __call__(self, x, y=None, sample_weight=None):
         segments = x if isinstance(x, tuple) else (x,)
         if len(segments) not in (1, 2):
@@ -126,7 +126,7 @@ class BertPreprocessor:
         if len({_is_batch(kind, value) for kind, value in converted}) != 1:
             raise ValueError("Both segments of a pair must be single strings, or both batches.")
         if any(kind == "tensor" for kind, _ in converted):
-            tf = _tensorflow.tensorflow()
+            tf = tensorflow.tensorflow()
             tensors = [
                 value if kind == "tensor" else tf.constant(value, dtype=tf.string)
                 for kind, value in converted

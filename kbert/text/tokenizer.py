@@ -6,7 +6,7 @@ import re
 import keras
 import numpy as np
 
-from kbert import _tensorflow
+from kbert.backend import tensorflow
 from kbert.checkpoints.vocabulary import (
     read_tokenizer_files,
     read_vocabulary,
@@ -102,11 +102,11 @@ def _classify_text_input(inputs, name="inputs"):
                 f"`{name}` must hold strings. Received a numpy array of dtype {inputs.dtype}."
             )
         inputs = np.vectorize(lambda x: _as_python_text(x, name), otypes=[object])(inputs)
-        if not _tensorflow.available():
+        if not tensorflow.available():
             return "array", inputs
-        return "tensor", _tensorflow.tensorflow().constant(inputs.astype(object))
-    if _tensorflow.is_tensor(inputs):
-        tf = _tensorflow.tensorflow()
+        return "tensor", tensorflow.tensorflow().constant(inputs.astype(object))
+    if tensorflow.is_tensor(inputs):
+        tf = tensorflow.tensorflow()
         if inputs.dtype != tf.string:
             raise ValueError(
                 f"`{name}` must be a string tensor. Received a tensor of dtype {inputs.dtype.name}."
@@ -136,7 +136,7 @@ def _map_over_array(fn, array, num_outputs):
 def _map_over_strings(fn, inputs, num_outputs):
     """Applies `fn` (1-D strings -> tuple of RaggedTensor [B, None]) to a
     string tensor of any rank, keeping the outer shape."""
-    tf = _tensorflow.tensorflow()
+    tf = tensorflow.tensorflow()
     if isinstance(inputs, tf.RaggedTensor):
         outputs = _map_over_strings(fn, inputs.flat_values, num_outputs)
         return tuple(inputs.with_flat_values(o) for o in outputs)
@@ -311,8 +311,8 @@ class BertTokenizer:
         if self._graph is not None:
             return self._graph
         what = "BertTokenizer on TensorFlow tensors (tf.data / tf.function)"
-        tf = _tensorflow.tensorflow(what)
-        _tensorflow.tensorflow_text(what)
+        tf = tensorflow.tensorflow(what)
+        tensorflow.tensorflow_text(what)
         # Tables and traced functions live outside any graph being traced (first use is
         # often inside `Dataset.map`): build them eagerly.
         with tf.init_scope():
@@ -332,7 +332,7 @@ class BertTokenizer:
         return resources
 
     def _build_graph_state(self, tf):
-        tf_text = _tensorflow.tensorflow_text()
+        tf_text = tensorflow.tensorflow_text()
         from kbert.text._pretokenizer import PreTokenizer
 
         graph = {}
@@ -407,7 +407,7 @@ class BertTokenizer:
 
     def id_to_token(self, id):
         """The token string of an integer id."""
-        if isinstance(id, np.integer) or _tensorflow.is_tensor(id):
+        if isinstance(id, np.integer) or tensorflow.is_tensor(id):
             id = int(id)
         if not isinstance(id, int) or isinstance(id, bool):
             raise ValueError(f"`id` must be an integer. Received: id={id!r}")
@@ -448,7 +448,7 @@ class BertTokenizer:
     # ------------------------------------------------------------------ #
     def _tokenize_graph(self, texts):
         """1-D strings -> (ids, starts, ends, word_ids), RaggedTensor [B, None]."""
-        tf = _tensorflow.tensorflow()
+        tf = tensorflow.tensorflow()
         graph = self._graph
         pre = graph["pretokenizer"](texts)
         words = tf.strings.unicode_encode(pre.word_code_points, "UTF-8")
@@ -508,7 +508,7 @@ class BertTokenizer:
         """1-D strings -> (ids,), RaggedTensor [B, None]: `_tokenize_graph`'s ids without the
         offsets. Plain-ASCII rows go through the fused engine, the others through the exact
         graph; rows come back in input order."""
-        tf = _tensorflow.tensorflow()
+        tf = tensorflow.tensorflow()
         plain_engine = self._graph["plain_engine"]
         if plain_engine is None:
             return self._tokenize_graph(texts)[:1]
@@ -526,7 +526,7 @@ class BertTokenizer:
     def _split_graph(self, texts):
         """1-D strings -> RaggedTensor [B, None] of the normalised words; special tokens
         as written (the pre-tokenizer codes them as their index)."""
-        tf = _tensorflow.tensorflow()
+        tf = tensorflow.tensorflow()
         graph = self._graph
         pre = graph["pretokenizer"](texts)
         words = tf.strings.unicode_encode(pre.word_code_points, "UTF-8")
@@ -538,7 +538,7 @@ class BertTokenizer:
         return tf.RaggedTensor.from_row_splits(words, row_splits, validate=False)
 
     def _detokenize_graph(self, ids):
-        tf = _tensorflow.tensorflow()
+        tf = tensorflow.tensorflow()
         size = len(self._vocabulary)
         checks = [
             tf.debugging.assert_non_negative(
@@ -575,7 +575,7 @@ class BertTokenizer:
             outputs = tuple(o[0] for o in outputs)
         return outputs
 
-    @_tensorflow.do_not_convert
+    @tensorflow.do_not_convert
     def tokenize(self, inputs):
         """Token ids of a string or a batch of strings.
 
@@ -594,11 +594,11 @@ class BertTokenizer:
         """
         return self._run(inputs, 1)[0]
 
-    @_tensorflow.do_not_convert
+    @tensorflow.do_not_convert
     def __call__(self, inputs):
         return self.tokenize(inputs)
 
-    @_tensorflow.do_not_convert
+    @tensorflow.do_not_convert
     def tokenize_with_offsets(self, inputs):
         """Token ids with character offsets and word indices.
 
@@ -616,7 +616,7 @@ class BertTokenizer:
         """
         return self._run(inputs, 4)
 
-    @_tensorflow.do_not_convert
+    @tensorflow.do_not_convert
     def split_words(self, inputs):
         """The normalised words of the reference's basic tokenizer (no
         WordPiece): str -> list[str], list -> list[list[str]], string tensor ->
@@ -632,7 +632,7 @@ class BertTokenizer:
         words = [split(_python_text(text)) for text in values]
         return words[0] if kind == "scalar" else words
 
-    @_tensorflow.do_not_convert
+    @tensorflow.do_not_convert
     def detokenize(self, ids):
         """Text of token ids: pieces joined by spaces, `##` pieces merged.
 
@@ -649,12 +649,12 @@ class BertTokenizer:
                 `tf.function` / `tf.data` graph, where values are not known
                 in Python, an `InvalidArgumentError` at run time instead).
         """
-        if _tensorflow.is_tensor(ids):
+        if tensorflow.is_tensor(ids):
             if not ids.dtype.is_integer:
                 raise ValueError(
                     f"`ids` must be integers. Received a tensor of dtype {ids.dtype.name}."
                 )
-            tf = _tensorflow.tensorflow()
+            tf = tensorflow.tensorflow()
             if tf.executing_eagerly():
                 flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
                 self._check_ids(np.asarray(flat).reshape(-1))
@@ -684,7 +684,7 @@ class BertTokenizer:
             )
 
     def _detokenize_tensor(self, ids):
-        tf = _tensorflow.tensorflow()
+        tf = tensorflow.tensorflow()
         detokenize = self._graph_state()["detokenize"]
         if isinstance(ids, tf.RaggedTensor):
             if ids.ragged_rank == 1:

@@ -6,7 +6,7 @@ import os
 
 import keras
 
-from kbert import _tensorflow
+from kbert.backend import tensorflow
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -20,7 +20,7 @@ def _sources(files_or_texts):
                 f"on a text, pass a list of strings.)"
             )
         files_or_texts = [files_or_texts]
-    if _tensorflow.is_dataset(files_or_texts):
+    if tensorflow.is_dataset(files_or_texts):
         return [("dataset", files_or_texts)]
     if not isinstance(files_or_texts, (list, tuple)):
         try:
@@ -247,7 +247,7 @@ def train_wordpiece_vocabulary(
         )
     sources = _sources(files_or_texts)
     do_strip = lowercase if strip_accents is None else bool(strip_accents)
-    tf = _tensorflow.tensorflow("train_wordpiece_vocabulary")
+    tf = tensorflow.tensorflow("train_wordpiece_vocabulary")
     from kbert.text._pretokenizer import PreTokenizer
 
     pretokenizer = PreTokenizer(lowercase, do_strip)

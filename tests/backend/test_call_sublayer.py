@@ -5,8 +5,8 @@ import keras
 import numpy as np
 import pytest
 
+from kbert.backend import call_sublayer
 from kbert.layers.dense import Dense
-from kbert.layers.utils import call_sublayer
 
 
 def _dense(dtype=None):

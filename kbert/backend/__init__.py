@@ -1,0 +1,63 @@
+"""kbert's backend-specific code, in one package: speed paths and the optional TensorFlow.
+
+kbert's layers, optimizer and tasks are written in `keras.ops`. Where one backend has a faster
+way to compute the same thing, they call a hook of this package, which answers with that
+backend's result or `None` (use the portable form). Each hook computes the same function as
+the portable form (same law for random masks) and is tested against it.
+
+Modules:
+    paths       the hooks, one per speed path, each deciding by `keras.config.backend()`;
+                re-exported here, so callers write `backend.fused_dense(layer, x)`.
+    torch       the torch calls behind the hooks (imported only on the torch backend).
+    tensorflow  TensorFlow as an optional dependency: the one place kbert imports it from.
+
+The speed paths:
+    fused_dense             torch: matmul and bias in one BLAS call (`kbert.layers.Dense`).
+    call_sublayer           eager torch: a built sublayer's `call` without Keras' `__call__`
+                            bookkeeping, where `__call__` would change nothing.
+    native_dropout, hash_dropout_backend
+                            dropout masks from torch's generator on torch (replayed by
+                            `torch.utils.checkpoint`), a counter-based hash on JAX and TF.
+    attention_path, torch_attention, attention_with_dropout, flash_unavailable_reason,
+    fused_attention_unsupported
+                            which attention kernel `BertSelfAttention` uses.
+    needs_dense_embedding_gradient
+                            TensorFlow: dense embedding gradients instead of `IndexedSlices`.
+    has_multi_tensor_adamw, adamw_update
+                            torch: `BertAdamW`'s update of every variable by one fused kernel.
+    xla_predict_function    TensorFlow: `predict` compiled with XLA.
+"""
+
+from kbert.backend.paths import (
+    ATTENTION_IMPLEMENTATIONS,
+    adamw_update,
+    attention_path,
+    attention_with_dropout,
+    call_sublayer,
+    flash_unavailable_reason,
+    fused_attention_unsupported,
+    fused_dense,
+    has_multi_tensor_adamw,
+    hash_dropout_backend,
+    native_dropout,
+    needs_dense_embedding_gradient,
+    torch_attention,
+    xla_predict_function,
+)
+
+__all__ = [
+    "ATTENTION_IMPLEMENTATIONS",
+    "adamw_update",
+    "attention_path",
+    "attention_with_dropout",
+    "call_sublayer",
+    "flash_unavailable_reason",
+    "fused_attention_unsupported",
+    "fused_dense",
+    "has_multi_tensor_adamw",
+    "hash_dropout_backend",
+    "native_dropout",
+    "needs_dense_embedding_gradient",
+    "torch_attention",
+    "xla_predict_function",
+]

@@ -1,0 +1,181 @@
+"""The torch side of kbert's speed paths: torch calls that compute what a layer's `keras.ops`
+form computes, with fewer kernels or less host work.
+
+Imported by `kbert.backend.paths` only when the Keras backend is torch (it imports torch).
+Each function is the torch answer to one hook there:
+
+- `linear`: matmul and bias in one BLAS call (`fused_dense`);
+- `dropout`: inverted dropout with a cheaper CPU mask (`native_dropout`);
+- `attention`: `scaled_dot_product_attention` called directly (`torch_attention`,
+  `attention_with_dropout`);
+- `adamw_update`: `BertAdamW`'s update for all variables at once by `torch.optim.AdamW`'s fused
+  kernel (`adamw_update`);
+- `cuda_available`: whether a flash kernel can exist (`flash_unavailable_reason`).
+"""
+
+import functools
+import weakref
+
+import torch
+from keras import ops
+
+
+def linear(inputs, kernel, bias):
+    """`inputs @ kernel + bias` in one `torch.nn.functional.linear` call.
+
+    Keras' `Dense` runs `matmul` and then `add` as two kernels; `linear` is one BLAS call that
+    adds the bias as it writes the product (what `torch.nn.Linear` does). On the CPU the
+    separate bias pass was about a tenth of an encoder's forward time (it reads and writes every
+    activation once more). `kernel` is Keras' `(in, out)` layout.
+    """
+    return torch.nn.functional.linear(inputs, kernel.t(), bias)
+
+
+def cuda_available():
+    """Whether torch sees a CUDA device."""
+    return torch.cuda.is_available()
+
+
+def dropout(inputs, rate):
+    """Inverted dropout on torch, with the mask drawn as `torch.rand(...) >= rate` on CPU.
+
+    `torch.nn.functional.dropout` draws its CPU mask with `bernoulli_`; `torch.rand` plus an
+    in-place comparison is cheaper (see BENCHMARKS.md). The mask has the same law (each
+    element kept with probability `1 - rate`, kept values scaled by `1 / (1 - rate)`) and
+    comes from torch's global generator, which `keras.utils.set_random_seed` seeds and
+    `torch.utils.checkpoint` restores. On GPU the native fused dropout is used.
+    """
+    if inputs.device.type != "cpu":
+        return torch.nn.functional.dropout(inputs, p=rate, training=True)
+    # In place on the uniform draws: 0 or 1 / (1 - rate), with no boolean tensor to convert.
+    scale = torch.rand(inputs.shape, device=inputs.device).ge_(rate).mul_(1.0 / (1.0 - rate))
+    return inputs * scale.to(inputs.dtype)
+
+
+def attention(query, key, value, mask, rate=0.0):
+    """Softmax attention (with dropout on the probabilities when `rate > 0`), in torch ops.
+
+    Without dropout: `torch.nn.functional.scaled_dot_product_attention` with the boolean
+    `mask` (true where a key may be attended; it broadcasts to `(batch, heads, seq, seq)`),
+    on every device. With dropout, on GPU: `torch.nn.functional.scaled_dot_product_attention(...,
+    dropout_p=rate)`, whose fused kernels draw the dropout themselves. On CPU that op
+    has no fused dropout and falls
+    back to softmax + `bernoulli_` internally; the same arithmetic written out with
+    `dropout`'s cheaper mask is faster forward + backward. Either way: scale
+    1/sqrt(head_dim), boolean key mask, probabilities dropped with `rate` and scaled by
+    1/(1-rate), masks from torch's generator (so `torch.utils.checkpoint` replays them).
+    Inputs and output are `(batch, seq, heads, head_dim)`.
+    """
+    query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # (batch, heads, seq, dim)
+    if not rate:
+        context = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask
+        )
+        return context.transpose(1, 2)
+    if query.device.type != "cpu":
+        context = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=rate
+        )
+        return context.transpose(1, 2)
+    scores = torch.matmul(query * query.shape[-1] ** -0.5, key.transpose(-1, -2)).float()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9)
+    probabilities = dropout(torch.softmax(scores, dim=-1).to(value.dtype), rate)
+    return torch.matmul(probabilities, value).transpose(1, 2)
+
+
+def adamw_update(optimizer, grads, variables, learning_rate):
+    """`BertAdamW.update_step` for all `variables` at once, kept out of `torch.compile`.
+
+    The torch optimizer's `step()` runs its own fused kernel; traced inside a compiled train
+    step (`jit_compile=True`) it broke the graph several times and made each step far slower
+    (figures in BENCHMARKS.md, "Host overhead on torch"). Excluded with
+    `torch.compiler.disable`, it runs as one eager call between the compiled gradient and the
+    next step. See `_torch_adamw_update` for the update itself.
+    """
+    _eager_torch_adamw_update()(optimizer, grads, variables, learning_rate)
+
+
+@functools.cache
+def _eager_torch_adamw_update():
+    """`_torch_adamw_update` under `torch.compiler.disable`, made once."""
+    return torch.compiler.disable(_torch_adamw_update)
+
+
+# The `torch.optim.AdamW` of each `BertAdamW`, with the parameters it was built for.
+_TORCH_ADAMW = weakref.WeakKeyDictionary()
+
+
+def torch_adamw(optimizer):
+    """The `torch.optim.AdamW` that runs `optimizer`'s updates on torch, or `None` before any."""
+    cached = _TORCH_ADAMW.get(optimizer)
+    return None if cached is None else cached[1]
+
+
+def _torch_adamw_update(optimizer, grads, variables, learning_rate):
+    """`BertAdamW.update_step` for all `variables` at once with `torch.optim.AdamW`.
+
+    A `torch.optim.AdamW(weight_decay=0)` (Keras applies the decoupled decay before this call,
+    to the variables that take it) over the variables' tensors, whose state tensors are the
+    Keras optimizer's own moment variables (`optimizer.moments(variable)`), so checkpoints and
+    the per-variable `update_step` see the same moments. Its update is exactly the one
+    `BertAdamW.update_step` writes. It runs the fused kernel (`fused=True`) where torch has one
+    for every parameter (CPU and CUDA floats), its multi-tensor `foreach` form otherwise. The
+    torch optimizer is built once per set of variables. Its step counts are views of one
+    tensor set to `optimizer.iterations` before every update (one op, no host read), so they
+    follow the Keras optimizer whatever restored or changed its state.
+    """
+    params = [variable.value for variable in variables]
+    key = tuple(id(p) for p in params)
+    cached = _TORCH_ADAMW.get(optimizer)
+    if cached is None or cached[0] != key:
+        cached = (key, *_build_torch_adamw(optimizer, variables, params))
+        _TORCH_ADAMW[optimizer] = cached
+    _, torch_optimizer, steps = cached
+    group = torch_optimizer.param_groups[0]
+    learning_rate = ops.cast(learning_rate, "float32")  # a schedule's tensor or a Variable
+    with torch.no_grad():
+        steps.copy_(ops.cast(optimizer.iterations, "float32").detach().expand(steps.shape))
+        for param, grad in zip(params, grads):
+            param.grad = grad if grad.dtype == param.dtype else grad.to(param.dtype)
+        if group["fused"]:
+            group["lr"] = learning_rate.detach().to(params[0].device)
+        else:
+            group["lr"] = float(learning_rate)
+        torch_optimizer.step()
+        for param in params:
+            param.grad = None
+
+
+# Whether `adamw_update` may use torch's fused AdamW kernel (tests turn it off to check the
+# multi-tensor form against it).
+FUSED_ADAMW = True
+
+
+def _build_torch_adamw(optimizer, variables, params):
+    """`(torch.optim.AdamW, steps)`: the torch optimizer and the tensor its step counts view."""
+    fused = FUSED_ADAMW and all(
+        p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params
+    )
+    fused = fused and len({p.device for p in params}) == 1
+    torch_optimizer = torch.optim.AdamW(
+        params,
+        lr=0.0,  # Set before every step (a tensor with the fused kernel: no host read).
+        betas=(float(optimizer.beta_1), float(optimizer.beta_2)),
+        eps=float(optimizer.epsilon),
+        weight_decay=0.0,
+        fused=fused or None,
+        foreach=None if fused else True,
+    )
+    # The fused kernel reads its step counts on the parameters' device, the foreach form on CPU.
+    steps = torch.zeros(
+        len(params), dtype=torch.float32, device=params[0].device if fused else "cpu"
+    )
+    for position, (variable, param) in enumerate(zip(variables, params)):
+        m, v = optimizer.moments(variable)
+        torch_optimizer.state[param] = {
+            "step": steps[position],
+            "exp_avg": m.value,
+            "exp_avg_sq": v.value,
+        }
+    return torch_optimizer, steps
