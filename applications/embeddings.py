@@ -260,7 +260,7 @@ def run_train(args, embedder):
 
         loss = CoSENTLoss()
         print(f"STS-B train: {len(order)} scored pairs; dev: {len(dev[0])} pairs")
-    from kbert.models.optimization import bert_optimizer
+    from kbert.optimizers import bert_optimizer
 
     embedder.compile(
         optimizer=bert_optimizer(args.learning_rate),

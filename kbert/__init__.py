@@ -1,8 +1,10 @@
 """kbert: BERT for Keras 3 on TensorFlow, JAX and PyTorch.
 
 Subpackages:
+    kbert.backend      Backend-specific speed paths (tested equal to keras.ops); optional TF.
     kbert.layers       Keras layers (embeddings, attention, encoder block, heads).
     kbert.models       BertBackbone, BertPretrainer, task models, presets.
+    kbert.optimizers   BERT's AdamW recipe (warm-up, linear decay), LAMB.
     kbert.text         WordPiece tokenizer identical to the reference, input packer.
     kbert.data         Dataset readers, SQuAD / tagging features, tf.data pretraining pipeline.
     kbert.metrics      MCC, Pearson/Spearman, entity F1, SQuAD EM/F1.
@@ -34,6 +36,7 @@ import importlib
 __version__ = "0.1.0"
 
 _SUBMODULES = (
+    "backend",
     "callbacks",
     "checkpoints",
     "data",
@@ -44,6 +47,7 @@ _SUBMODULES = (
     "losses",
     "metrics",
     "models",
+    "optimizers",
     "processes",
     "retrieval",
     "runtime",

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from kbert import distribution as kd
-from kbert.models import BertBackbone, WarmupLinearDecay, bert_optimizer
+from kbert.models import BertBackbone
+from kbert.optimizers import WarmupLinearDecay, bert_optimizer
 from tests.test_case import REPO_ROOT
 
 BACKEND = keras.backend.backend()

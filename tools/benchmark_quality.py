@@ -143,7 +143,7 @@ def torch_epsilon_optimizer(num_steps, learning_rate):
     `bert_optimizer(torch_epsilon=True)` (kbert's public optimizer, `BertAdamW`); the same
     schedule, decay, epsilon and clipping as the recipe.
     """
-    from kbert.models import bert_optimizer
+    from kbert.optimizers import bert_optimizer
 
     return bert_optimizer(
         learning_rate,

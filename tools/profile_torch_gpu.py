@@ -22,7 +22,8 @@ import torch  # noqa: E402
 from bench.common import random_batch  # noqa: E402
 from bench.flops import resolve_preset  # noqa: E402
 
-from kbert.models import BertBackbone, bert_optimizer  # noqa: E402
+from kbert.models import BertBackbone  # noqa: E402
+from kbert.optimizers import bert_optimizer  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 ACTIVITIES = [torch.profiler.ProfilerActivity.CPU] + (

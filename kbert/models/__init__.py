@@ -1,9 +1,14 @@
-"""kbert models: the backbone, the pretrainer, task models, presets and the optimizer."""
+"""kbert models: the backbone, the pretrainer, task models and presets.
+
+The optimizers moved to `kbert.optimizers`; their names here (`BertAdamW`, `WarmupLinearDecay`,
+`bert_optimizer`, `Lamb`, `lamb_large_batch_settings`) still work for one release, with a
+`DeprecationWarning`.
+"""
+
+import warnings
 
 from kbert.models.backbone import BertBackbone
 from kbert.models.classifier import BertClassifier
-from kbert.models.lamb import Lamb, lamb_large_batch_settings
-from kbert.models.optimization import BertAdamW, WarmupLinearDecay, bert_optimizer
 from kbert.models.presets import BACKBONE_PRESETS
 from kbert.models.pretrainer import BertPretrainer
 from kbert.models.question_answerer import BertQuestionAnswerer
@@ -13,7 +18,6 @@ from kbert.models.text_embedder import BertTextEmbedder
 
 __all__ = [
     "BACKBONE_PRESETS",
-    "BertAdamW",
     "BertBackbone",
     "BertClassifier",
     "BertPretrainer",
@@ -21,8 +25,27 @@ __all__ = [
     "BertTagger",
     "BertTask",
     "BertTextEmbedder",
+]
+
+# Names that moved to `kbert.optimizers`, offered here for one release.
+_MOVED_TO_OPTIMIZERS = (
+    "BertAdamW",
     "Lamb",
     "WarmupLinearDecay",
     "bert_optimizer",
     "lamb_large_batch_settings",
-]
+)
+
+
+def __getattr__(name):
+    if name in _MOVED_TO_OPTIMIZERS:
+        warnings.warn(
+            f"`kbert.models.{name}` moved to `kbert.optimizers.{name}`; the old name will be "
+            "removed in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from kbert import optimizers
+
+        return getattr(optimizers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

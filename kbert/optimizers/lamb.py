@@ -5,7 +5,7 @@ import math
 import keras
 from keras import ops
 
-from kbert.models.optimizer_slots import SlotIndex
+from kbert.optimizers.slots import SlotIndex
 
 # BERT excludes biases and LayerNorm parameters from weight decay (and LAMB from adaptation).
 _NO_DECAY = ("bias", "gamma", "beta")
@@ -159,7 +159,7 @@ def lamb_large_batch_settings(
     Returns:
         A dict with `learning_rate` (the peak), `beta_1`, `beta_2`, `epsilon`, `weight_decay`,
         `global_clipnorm` (the `Lamb` arguments) and `warmup_steps` when `total_steps` is given
-        (for `kbert.models.WarmupLinearDecay`; pop it before calling `Lamb`).
+        (for `kbert.optimizers.WarmupLinearDecay`; pop it before calling `Lamb`).
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size!r}")

@@ -4,8 +4,9 @@ import keras
 import numpy as np
 from keras import ops
 
-from kbert import backend_paths
-from kbert.models.optimizer_slots import SlotIndex
+from kbert import backend
+from kbert.optimizers.lamb import Lamb
+from kbert.optimizers.slots import SlotIndex
 
 # Variables that BERT excludes from weight decay: biases and LayerNorm scale/offset.
 NO_DECAY_VARIABLE_NAMES = ["bias", "gamma", "beta"]
@@ -223,7 +224,7 @@ class BertAdamW(keras.optimizers.AdamW):
     other); they are in `optimizer.variables` and saved and restored with it.
 
     On the torch backend all variables are updated at once by `torch.optim.AdamW`'s fused
-    kernel (`kbert.backend_paths.adamw_update`) rather than by one `update_step` of ~15
+    kernel (`kbert.backend.adamw_update`) rather than by one `update_step` of ~15
     eager ops per variable: `apply` collects the `update_step` calls of one update and runs
     them together when the last one arrives, that is before Keras' EMA and constraints, as
     the per-variable form would. Only public Keras hooks are used (`build`, `update_step`,
@@ -293,7 +294,7 @@ class BertAdamW(keras.optimizers.AdamW):
         return self.momentums[position], self.velocities[position]
 
     def apply(self, grads, trainable_variables=None):
-        if not backend_paths.has_multi_tensor_adamw():
+        if not backend.has_multi_tensor_adamw():
             return super().apply(grads, trainable_variables)
         variables = trainable_variables
         if variables is None:
@@ -342,7 +343,7 @@ class BertAdamW(keras.optimizers.AdamW):
         pending = self._pending
         gradients, variables = pending.gradients, pending.variables
         pending.gradients, pending.variables = [], []
-        backend_paths.adamw_update(self, gradients, variables, pending.learning_rate)
+        backend.adamw_update(self, gradients, variables, pending.learning_rate)
 
 
 def bert_optimizer(
@@ -422,9 +423,7 @@ def bert_optimizer(
         else:
             result = keras.optimizers.AdamW(**common)
             result.exclude_from_weight_decay(var_names=NO_DECAY_VARIABLE_NAMES)
-    elif optimizer == "lamb":
-        from kbert.models.lamb import Lamb  # Decay inside the trust ratio, as in You et al.
-
+    elif optimizer == "lamb":  # Decay inside the trust ratio, as in You et al.
         result = Lamb(**common, exclude_from_weight_decay=NO_DECAY_VARIABLE_NAMES)
     else:
         raise ValueError(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kbert.models import BertBackbone, BertClassifier, BertTagger
-from kbert.models.optimization import planned_schedule
+from kbert.optimizers.optimization import planned_schedule
 from kbert.text import BertPreprocessor, BertTokenizer
 from tests.test_case import (
     TestCase,
@@ -230,7 +230,7 @@ class TestBertClassifier(TestCase):
         """
         transformers = pytest.importorskip("transformers")
         pytest.importorskip("torch")
-        from kbert.models import BertAdamW, bert_optimizer
+        from kbert.optimizers import BertAdamW, bert_optimizer
 
         epsilon = 1e-6
         reference = save_hf_model(

@@ -2,7 +2,8 @@ import keras
 import numpy as np
 import pytest
 
-from kbert.models import BertBackbone, BertPretrainer, Lamb, bert_optimizer
+from kbert.models import BertBackbone, BertPretrainer
+from kbert.optimizers import Lamb, bert_optimizer
 from tests.test_case import (
     TestCase,
     assert_all_close,

@@ -71,7 +71,7 @@ class TestBertQuestionAnswerer(TestCase):
         default (masked) head trains differently, by far more than the tolerance."""
         transformers = pytest.importorskip("transformers")
         pytest.importorskip("torch")
-        from kbert.models import bert_optimizer
+        from kbert.optimizers import bert_optimizer
 
         reference = save_hf_model(transformers.BertForQuestionAnswering, tmp_path, num_labels=2)
         inputs = random_backbone_inputs(4, 12)

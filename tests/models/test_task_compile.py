@@ -10,9 +10,9 @@ import pytest
 
 from kbert.models import BertBackbone, BertClassifier, BertPretrainer
 from kbert.models.input_checks import HostInputChecks
-from kbert.models.lamb import Lamb
-from kbert.models.optimization import BertAdamW, planned_schedule
 from kbert.models.task import BertTask
+from kbert.optimizers.lamb import Lamb
+from kbert.optimizers.optimization import BertAdamW, planned_schedule
 from tests.test_case import TestCase, random_backbone_inputs, tiny_backbone_kwargs, to_numpy
 
 VOCABULARY_SIZE = 40

@@ -14,7 +14,7 @@ from kbert.models import (
     WarmupLinearDecay,
     bert_optimizer,
 )
-from kbert.models.optimization import planned_schedule
+from kbert.optimizers.optimization import planned_schedule
 from tests.test_case import TestCase, random_backbone_inputs, tiny_backbone_kwargs
 
 VOCABULARY_SIZE = 40

@@ -20,6 +20,8 @@ def test_tensorflow_is_not_installed():
         "kbert",
         "kbert.layers",
         "kbert.models",
+        "kbert.optimizers",
+        "kbert.backend",
         "kbert.text",
         "kbert.data",
         "kbert.metrics",

@@ -1,4 +1,4 @@
-"""kbert.models.lamb: LAMB updates and gradient accumulation against NumPy references."""
+"""kbert.optimizers.lamb: LAMB updates and gradient accumulation against NumPy references."""
 
 import math
 
@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from kbert.models.lamb import Lamb, lamb_large_batch_settings
+from kbert.optimizers.lamb import Lamb, lamb_large_batch_settings
 
 B1, B2, EPS, DECAY = 0.9, 0.999, 1e-6, 0.01
 

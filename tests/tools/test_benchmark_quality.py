@@ -32,7 +32,7 @@ def test_help_lists_the_tasks_and_ablations():
 
 @pytest.mark.parametrize("task", ["sst2", "conll"])
 def test_torch_epsilon_optimizer_is_kbert_adamw_at_the_recipe_rate(quality, task):
-    from kbert.models import BertAdamW
+    from kbert.optimizers import BertAdamW
 
     recipe = quality.RECIPES[task]
     optimizer = quality.torch_epsilon_optimizer(100, recipe["learning_rate"])

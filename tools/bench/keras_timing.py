@@ -184,7 +184,7 @@ def _keras_optimizer(gradient_accumulation_steps=None, optimizer="kbert"):
         import keras
 
         return keras.optimizers.AdamW(2e-5)
-    from kbert.models import bert_optimizer
+    from kbert.optimizers import bert_optimizer
 
     kwargs = {}
     if gradient_accumulation_steps:
