@@ -169,7 +169,7 @@ def _rebuild(staging):
     model.load_weights(staging / "model.weights.h5")
     preprocessor = None
     if (staging / "preprocessor.json").is_file():
-        import kbert.text  # noqa: F401  (registers BertPreprocessor / BertTokenizer)
+        import kbert.text.preprocessor  # noqa: F401  (registers BertPreprocessor, BertTokenizer)
 
         preprocessor = keras.saving.deserialize_keras_object(
             json.loads((staging / "preprocessor.json").read_text())

@@ -564,29 +564,29 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         >>> backbone.enable_lora(rank=8)
         >>> sum(int(np.prod(v.shape)) for v in backbone.trainable_weights)  # A and B only
         """
-        from kbert.models import lora
+        from kbert.models.lora import enable_lora
 
-        lora.enable_lora(self, rank, alpha=alpha, feedforward=feedforward)
+        enable_lora(self, rank, alpha=alpha, feedforward=feedforward)
 
     def save_lora_weights(self, path):
         """Writes the LoRA matrices alone to the `.safetensors` file `path` (atomically)."""
-        from kbert.models import lora
+        from kbert.models.lora import save_lora_weights
 
-        lora.save_lora_weights(self, path)
+        save_lora_weights(self, path)
 
     def load_lora_weights(self, path):
         """Reads LoRA matrices written by `save_lora_weights`; LoRA must be enabled with the
         same rank, alpha and layers (a mismatch names the tensor and both shapes)."""
-        from kbert.models import lora
+        from kbert.models.lora import load_lora_weights
 
-        lora.load_lora_weights(self, path)
+        load_lora_weights(self, path)
 
     def merge_lora(self):
         """Returns a new model of this class with the LoRA update merged into the kernels and
         no LoRA variables (same outputs up to float rounding; for export and serving)."""
-        from kbert.models import lora
+        from kbert.models.lora import merge_lora
 
-        return lora.merge_lora(self)
+        return merge_lora(self)
 
     @staticmethod
     def validate_config(config, source=None):

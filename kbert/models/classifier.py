@@ -145,7 +145,7 @@ class BertClassifier(BertTask):
 
     def _default_metrics(self):
         if self.is_regression:
-            from kbert.metrics import PearsonCorrelation
+            from kbert.metrics.correlation import PearsonCorrelation
 
             return [PearsonCorrelation(name="pearson")]
         if self.multi_label:
