@@ -129,6 +129,69 @@ def test_models_depend_on_checkpoints_not_the_reverse():
     assert "kbert.models" not in graph["kbert.checkpoints"]
 
 
+# What the bottom of the package may import of kbert: the layers use the backend package only,
+# and the backend package nothing outside itself.
+BOTTOM_UNITS = {
+    "kbert.layers": ("kbert.layers", "kbert.backend"),
+    "kbert.backend": ("kbert.backend",),
+}
+
+
+@pytest.mark.parametrize("unit", sorted(BOTTOM_UNITS))
+def test_bottom_units_import_only_what_they_may(unit):
+    modules = _modules()
+    found = sorted(
+        f"{module} imports {name}"
+        for module, path in modules.items()
+        if _subpackage(module) == unit
+        for name in _imported_modules(module, path)
+        if _resolve(name, modules) not in (None, "kbert")
+        and _subpackage(_resolve(name, modules)) not in BOTTOM_UNITS[unit]
+    )
+    assert not found, found
+
+
+# Where a deep-learning framework may be imported (besides Keras): the multi-process train step
+# drives each backend's own distributed runtime.
+FRAMEWORKS = ("jax", "tensorflow", "torch")
+FRAMEWORK_IMPORTS_ALLOWED = ("kbert.models.multiprocess",)
+
+
+def framework_imports(module, path):
+    """The frameworks (`torch`, `jax`, `tensorflow`) `module`'s file imports anywhere, inside
+    functions too."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module)
+    return sorted({name.split(".")[0] for name in names} & set(FRAMEWORKS))
+
+
+def test_layers_and_models_import_no_framework():
+    """Backend-specific code lives in `kbert.backend`: no torch, JAX or TensorFlow import under
+    kbert/layers or kbert/models (the multi-process train step excepted)."""
+    found = [
+        f"{module} imports {', '.join(frameworks)}"
+        for module, path in _modules().items()
+        if module.startswith(("kbert.layers", "kbert.models"))
+        and module not in FRAMEWORK_IMPORTS_ALLOWED
+        for frameworks in [framework_imports(module, path)]
+        if frameworks
+    ]
+    assert not found, found
+    multiprocess = _modules()["kbert.models.multiprocess"]
+    assert framework_imports("kbert.models.multiprocess", multiprocess)  # the check can see one
+
+
+def test_framework_check_sees_imports_inside_functions(tmp_path):
+    path = tmp_path / "dense.py"
+    path.write_text("import keras\n\ndef f():\n    import torch.nn\n    from jax import numpy\n")
+    assert framework_imports("kbert.layers.dense", path) == ["jax", "torch"]
+
+
 # Spellings of BERT's variables in foreign checkpoints (Hugging Face `transformers`, Google's
 # TF1 `modeling.py`, keras-hub): only kbert/checkpoints may hold them.
 FOREIGN_NAMES = (
@@ -274,7 +337,7 @@ def test_module_graph_sees_a_two_module_cycle(tmp_path):
 def private_name_imports():
     """`(module, imported module, name)` for every private (underscore) name a kbert module takes
     from another: `from x import _name`, or `x._name` on an imported kbert module. Private
-    modules themselves (`from kbert import _tensorflow`) are package-internal and allowed."""
+    modules themselves (`from kbert.text import _pretokenizer`) are package-internal and allowed."""
     modules = _modules()
     found = []
     for module, path in modules.items():
