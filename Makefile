@@ -10,6 +10,9 @@ NOTF_PY := $(NOTF_VENV)/bin/python
 BACKENDS ?= tensorflow jax torch
 NOTF_BACKENDS ?= jax torch
 PYTEST_ARGS ?=
+# What the pytest legs collect (`make test TESTS=tests/text` runs part of the suite the same way).
+TESTS ?= tests
+NOTF_TESTS ?= tests/no_tensorflow
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: install install-notf demo lint test test-notf test-tensorflow test-jax test-torch clean
@@ -44,26 +47,43 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# Lints, runs the whole suite once per backend, then the no-TensorFlow suite on JAX and
-# PyTorch, and fails if any of them fails.
+# Lints; runs the backend-independent tests once (marker `backend_independent`, under
+# KERAS_BACKEND=$(ONCE_BACKEND)), every other test once per backend, then the no-TensorFlow
+# suite on JAX and PyTorch; prints each leg's wall time; fails if any leg fails.
+# PYTEST_ARGS is added to every pytest leg (`make test PYTEST_ARGS="-x"`); LEG_ARGS to the
+# per-backend legs (parallel workers by default, `LEG_ARGS=` runs them in one process).
+ONCE_BACKEND ?= torch
+LEG_ARGS ?= -n 2
+LEG_TIMES := .test-leg-times
+# $(call timed,NAME,COMMAND): runs COMMAND, records its wall time; pytest's exit code 5 (every
+# test of the leg deselected, as with `TESTS=tests/text`) is not a failure.
+timed = start=$$(date +%s); $(2); code=$$?; [ $$code -eq 0 ] || [ $$code -eq 5 ] || status=1; \
+	echo "$(1) $$(( $$(date +%s) - start ))" >> $(LEG_TIMES);
+
 test: install install-notf
-	@status=0; $(MAKE) --no-print-directory lint || status=1; \
+	@status=0; rm -f $(LEG_TIMES); \
+	$(call timed,lint,$(MAKE) --no-print-directory lint) \
+	echo "===== backend-independent tests, once (KERAS_BACKEND=$(ONCE_BACKEND)) ====="; \
+	$(call timed,once,KERAS_BACKEND=$(ONCE_BACKEND) $(PY) -m pytest -q $(LEG_ARGS) $(PYTEST_ARGS) -m backend_independent $(TESTS)) \
 	for backend in $(BACKENDS); do \
 	  echo "===== KERAS_BACKEND=$$backend ====="; \
-	  KERAS_BACKEND=$$backend $(PY) -m pytest -q $(PYTEST_ARGS) tests || status=1; \
+	  $(call timed,$$backend,KERAS_BACKEND=$$backend $(PY) -m pytest -q $(LEG_ARGS) $(PYTEST_ARGS) -m "not backend_independent" $(TESTS)) \
 	done; \
-	$(MAKE) --no-print-directory test-notf || status=1; \
-	exit $$status
+	$(call timed,no-tensorflow,$(MAKE) --no-print-directory test-notf) \
+	echo "===== wall time per leg (seconds) ====="; \
+	awk '{ total += $$2; printf "  %-14s %5d\n", $$1, $$2 } END { printf "  %-14s %5d\n", "total", total }' $(LEG_TIMES); \
+	rm -f $(LEG_TIMES); exit $$status
 
 # tests/no_tensorflow in the environment without TensorFlow, once per backend.
 test-notf: install-notf
 	@status=0; for backend in $(NOTF_BACKENDS); do \
 	  echo "===== no TensorFlow, KERAS_BACKEND=$$backend ====="; \
-	  KERAS_BACKEND=$$backend $(NOTF_PY) -m pytest -q $(PYTEST_ARGS) tests/no_tensorflow || status=1; \
+	  KERAS_BACKEND=$$backend $(NOTF_PY) -m pytest -q $(PYTEST_ARGS) $(NOTF_TESTS) || status=1; \
 	done; exit $$status
 
+# One backend: its own tests and the backend-independent ones.
 test-%: install
 	KERAS_BACKEND=$* $(PY) -m pytest -q $(PYTEST_ARGS) tests
 
 clean:
-	rm -rf $(VENV) $(NOTF_VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(NOTF_VENV) *.egg-info .pytest_cache $(LEG_TIMES)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.backend_independent
+
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "kbert"
 
 

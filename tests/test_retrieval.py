@@ -5,6 +5,8 @@ import pytest
 
 from kbert import retrieval
 
+pytestmark = pytest.mark.backend_independent
+
 
 def _data(seed=0):
     rng = np.random.default_rng(seed)

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    platform.system() != "Linux" or not platform.libc_ver()[0] == "glibc",
-    reason="the allocator tuning applies to Linux with glibc only",
-)
+pytestmark = [
+    pytest.mark.backend_independent,
+    pytest.mark.skipif(
+        platform.system() != "Linux" or not platform.libc_ver()[0] == "glibc",
+        reason="the allocator tuning applies to Linux with glibc only",
+    ),
+]
 
 RUNTIME = Path(__file__).resolve().parents[1] / "kbert" / "runtime.py"
 

@@ -219,9 +219,7 @@ def _run(script, *args, env_extra=None, cwd=None):
     return result, time.time() - start
 
 
-@pytest.mark.skipif(
-    keras.backend.backend() != "jax", reason="argument checks before Keras is imported: run once"
-)
+@pytest.mark.backend_independent  # Argument checks before Keras is imported.
 def test_mistakes_fail_at_once_in_one_line(preset, tmp_path):
     _write_glue(tmp_path / "data")
     (tmp_path / "no_vocab").mkdir()
@@ -272,7 +270,7 @@ def test_mistakes_fail_at_once_in_one_line(preset, tmp_path):
         assert seconds < 20, (args, seconds)  # no Keras/TensorFlow import before the check
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="one process run: once")
+@pytest.mark.backend_independent  # The reader's error, before any model is built.
 def test_malformed_tsv_row_fails_in_one_line(preset, tmp_path):
     _write_glue(tmp_path / "data")
     dev = tmp_path / "data" / "glue" / "SST-2" / "dev.tsv"
@@ -285,7 +283,7 @@ def test_malformed_tsv_row_fails_in_one_line(preset, tmp_path):
     assert "dev.tsv:8: expected 2 tab-separated columns, found 3" in lines[-1], result.stderr
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="help texts: run once")
+@pytest.mark.backend_independent
 def test_help_states_the_recipes():
     for script, recipe in (
         ("glue.py", "--max-train-examples 8000 --max-length 64 --epochs 1 --learning-rate 5e-5"),

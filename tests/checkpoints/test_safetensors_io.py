@@ -8,6 +8,8 @@ from safetensors.numpy import save_file
 from kbert.checkpoints import read_safetensors
 from kbert.checkpoints.safetensors_io import safetensors_metadata
 
+pytestmark = pytest.mark.backend_independent
+
 
 def _tensors():
     rng = np.random.default_rng(0)

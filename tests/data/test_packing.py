@@ -25,6 +25,8 @@ from tests.data.test_pretraining import (
     _rebuild,
 )
 
+pytestmark = pytest.mark.backend_independent
+
 SEQ_LEN = 64
 MAX_PRED = 10
 

@@ -6,7 +6,6 @@ import json
 import os
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 
@@ -20,6 +19,8 @@ from kbert.data.readers import (
 )
 from kbert.metrics import entity_f1, squad_scores
 
+pytestmark = pytest.mark.backend_independent
+
 _DATA_DIR = Path(
     os.environ.get(
         "KBERT_DATA_DIR",
@@ -28,10 +29,6 @@ _DATA_DIR = Path(
 )
 _needs_data = pytest.mark.skipif(
     not (_DATA_DIR / "glue").is_dir(), reason="shared data folder not present"
-)
-_once = pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow",
-    reason="reader checks do not depend on the Keras backend: heavy ones run once",
 )
 
 
@@ -259,7 +256,6 @@ def test_read_conll_errors(tmp_path):
 
 
 @_needs_data
-@_once
 def test_real_conll_official_counts():
     expected = {
         "eng.train": (14041, 203621, {"LOC": 7140, "MISC": 3438, "ORG": 6321, "PER": 6600}),

@@ -10,7 +10,6 @@ import string
 import warnings
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 
@@ -18,16 +17,13 @@ from kbert.data.squad import as_squad_examples, decode_squad_predictions, prepar
 from kbert.text import BertTokenizer
 from tests.test_case import DATA_DIR
 
+pytestmark = pytest.mark.backend_independent
+
 SQUAD_FILE = DATA_DIR / "squad" / "dev-v1.1.json"
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = (
     "who wrote it ? was written by ann in 1990 . the cat sat on mat and dog ran far away where did"
 ).split()
-
-only_tensorflow = pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow",
-    reason="backend-independent data code: the heavy checks run under TensorFlow only",
-)
 
 
 @pytest.fixture(scope="module")
@@ -304,7 +300,6 @@ def real_examples():
     ]
 
 
-@only_tensorflow
 def test_windows_equal_huggingface_overflow_windows(minilm_dir, real_examples):
     """With HF's overlap = window - doc_stride, its overflowing windows are BERT's windows."""
     transformers = pytest.importorskip("transformers")
@@ -346,7 +341,6 @@ def test_windows_equal_huggingface_overflow_windows(minilm_dir, real_examples):
     assert compared_windows >= len(examples)
 
 
-@only_tensorflow
 def test_labels_point_at_the_answers_of_real_questions(minilm_dir, real_examples):
     if not SQUAD_FILE.is_file():
         pytest.skip(

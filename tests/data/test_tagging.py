@@ -4,7 +4,6 @@ Tokenization and alignment are plain NumPy / tf.data code that does not depend o
 backend: the checks against Hugging Face run under the TensorFlow backend only.
 """
 
-import keras
 import numpy as np
 import pytest
 
@@ -12,16 +11,13 @@ from kbert.data.tagging import encode_tagging, label_ids, words_from_token_predi
 from kbert.text import BertTokenizer
 from tests.test_case import DATA_DIR
 
+pytestmark = pytest.mark.backend_independent
+
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ["eu", "rejects", "german", "call", "to", "british", ".", "peter"]
 PIECES = ["re", "##re", "##ject", "##s", "boy", "##cott", "lam", "##b", "bla", "##ck"]
 LABELS = ["O", "B-ORG", "I-ORG", "B-MISC", "B-PER", "I-PER"]
 LABEL_TO_ID = {label: i for i, label in enumerate(LABELS)}
-
-only_tensorflow = pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow",
-    reason="backend-independent data code: the Hugging Face comparison runs under TensorFlow only",
-)
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +149,6 @@ LABEL_IDS_CONLL = {
 }
 
 
-@only_tensorflow
 def test_alignment_equals_huggingface_on_conll(minilm_dir):
     transformers = pytest.importorskip("transformers")
     from kbert.data.readers import read_conll

@@ -10,10 +10,11 @@ import string
 from collections import Counter
 from pathlib import Path
 
-import keras
 import pytest
 
 from kbert.metrics import normalize_answer, squad_scores
+
+pytestmark = pytest.mark.backend_independent
 
 _DATA_DIR = Path(
     os.environ.get(
@@ -208,10 +209,6 @@ def test_errors():
 
 
 @pytest.mark.skipif(not _SQUAD_DEV.exists(), reason="shared data folder not present")
-@pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow",
-    reason="pure-Python scoring, independent of the Keras backend: run once",
-)
 def test_real_dev_v11():
     with open(_SQUAD_DEV, encoding="utf-8") as f:
         dataset = json.load(f)

@@ -8,6 +8,8 @@ import pytest
 
 from kbert.metrics import entity_f1, extract_entities
 
+pytestmark = pytest.mark.backend_independent
+
 
 def _split(tag):
     """conlleval: 'B-ORG-X' -> ('B', 'ORG-X'); 'O' -> ('O', '')."""

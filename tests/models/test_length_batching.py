@@ -258,10 +258,7 @@ def test_bad_input_names_what_is_wrong():
         model.evaluate(["a film", 3], [0, 1], verbose=0)
 
 
-@pytest.mark.skipif(
-    keras.backend.backend() != "torch",
-    reason="pack_rows is NumPy; the packed backbone is tested per backend in test_packing",
-)
+@pytest.mark.backend_independent  # NumPy; the packed backbone is tested in test_packing.
 def test_packed_rows_give_each_text_its_own_outputs():
     backbone = toy_backbone()
     _large_weights(backbone)

@@ -3,7 +3,6 @@
 import os
 from pathlib import Path
 
-import keras
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -13,15 +12,6 @@ def data_dir():
     """`$KBERT_DATA_DIR`, else `<repo>/../shared/data`, or None if missing."""
     path = os.environ.get("KBERT_DATA_DIR") or str(REPO_ROOT / ".." / "shared" / "data")
     return Path(path) if os.path.isdir(path) else None
-
-
-def heavy_backend_only():
-    """Tokenization is pure TensorFlow, independent of the Keras backend:
-    the heavy corpus / Unicode sweeps run under the TensorFlow backend only."""
-    return pytest.mark.skipif(
-        keras.backend.backend() != "tensorflow",
-        reason="backend-independent heavy check; runs under KERAS_BACKEND=tensorflow",
-    )
 
 
 @pytest.fixture(scope="session")

@@ -9,13 +9,13 @@ import json
 
 import pytest
 
-from tests.text.conftest import data_dir, heavy_backend_only
+from tests.text.conftest import data_dir
 
 DATA = data_dir()
 
 pytestmark = [
+    pytest.mark.backend_independent,
     pytest.mark.large,
-    heavy_backend_only(),
     pytest.mark.skipif(DATA is None, reason="shared datasets not available"),
 ]
 

@@ -10,6 +10,8 @@ import tensorflow as tf
 from kbert.text import BertPacker
 from kbert.text.packer import truncated_lengths
 
+pytestmark = pytest.mark.backend_independent
+
 CLS, SEP, PAD = 101, 102, 0
 
 

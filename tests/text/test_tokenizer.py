@@ -9,8 +9,9 @@ import tensorflow as tf
 
 from kbert.text import BertTokenizer
 from tests.text import reference
-from tests.text.conftest import heavy_backend_only
 from tests.text.hard_strings import HARD_STRINGS
+
+pytestmark = pytest.mark.backend_independent
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -45,7 +46,7 @@ def make_cased_vocabulary(vocabulary):
 # --------------------------------------------------------------------------- #
 # Parity.
 # --------------------------------------------------------------------------- #
-@pytest.mark.parametrize("lowercase", [True, pytest.param(False, marks=heavy_backend_only())])
+@pytest.mark.parametrize("lowercase", [True, False])
 def test_ids_and_offsets_match_hugging_face_on_hard_strings(
     vocab_path, vocabulary, lowercase, tokenizer
 ):
@@ -67,7 +68,6 @@ def test_ids_and_offsets_match_hugging_face_on_hard_strings(
         assert list(zip(starts[i], ends[i])) == expected, text
 
 
-@heavy_backend_only()
 def test_cased_vocabulary_matches_hugging_face(tmp_path, vocabulary):
     cased = make_cased_vocabulary(vocabulary)
     path = tmp_path / "vocab.txt"
@@ -90,7 +90,6 @@ def test_cased_vocabulary_matches_hugging_face(tmp_path, vocabulary):
     assert unk not in tokenizer("Straße É Ñ")
 
 
-@heavy_backend_only()
 @pytest.mark.parametrize(
     "lowercase, strip_accents", [(True, False), (False, True), (True, True), (False, False)]
 )
@@ -132,7 +131,6 @@ def test_python_lowercase_context_sensitive_sigma_against_legacy(
         assert tokenizer(text) == expected, text
 
 
-@heavy_backend_only()
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_unicode_sweep_matches_original_algorithm(vocabulary, vocab_path, lowercase):
     """Every code point below U+3400 and a stride over the rest, in context."""
@@ -298,7 +296,6 @@ def _adversarial_ascii_strings(vocabulary, count, seed):
     return texts
 
 
-@heavy_backend_only()
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_plain_ascii_fast_path_gives_the_reference_ids_in_input_order(
     tmp_path, vocabulary, lowercase

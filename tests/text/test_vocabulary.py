@@ -10,6 +10,8 @@ from kbert.text import BertTokenizer, train_wordpiece_vocabulary
 from tests.text.conftest import REPO_ROOT
 from tests.text.hard_strings import HARD_STRINGS
 
+pytestmark = pytest.mark.backend_independent
+
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 CORPUS = REPO_ROOT / "LICENSE"  # Real English text that ships with the repository.
 ACCENTED = [

@@ -4,9 +4,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from kbert.text import train_wordpiece_vocabulary
 from kbert.text.vocabulary import _learn_wordpiece
 from tests.text.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.backend_independent
 
 CORPUS = REPO_ROOT / "applications" / "demo_data" / "corpus.txt"
 SCRIPT = (

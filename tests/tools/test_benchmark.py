@@ -12,8 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import keras
 import pytest
+
+pytestmark = pytest.mark.backend_independent
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / "tools"
@@ -171,10 +172,6 @@ def test_worker_environment_switches_allocator_settings(bench, monkeypatch):
 
 
 @pytest.mark.large
-@pytest.mark.skipif(
-    keras.backend.backend() != "jax",
-    reason="spawns one worker per backend itself: run once, in the JAX session",
-)
 def test_gpu_goals_and_host_overhead_suites_run_end_to_end_on_a_tiny_config(tmp_path):
     out = tmp_path / "run.json"
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}

@@ -9,19 +9,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import keras
 import pytest
 
 from kbert.models import BertBackbone
 from kbert.text import BertTokenizer
 from tests.test_case import tiny_backbone_kwargs
 
+pytestmark = pytest.mark.backend_independent
+
 REPO = Path(__file__).resolve().parents[2]
 WORDS = "a good great fine bad awful dull film movie plot".split()
 
 
 @pytest.mark.large  # Two fresh processes importing kbert and TensorFlow.
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="spawns its own backend: run once")
 def test_lora_benchmark_runs_from_another_folder(tmp_path):
     pytest.importorskip("matplotlib")
     vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS

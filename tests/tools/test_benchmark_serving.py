@@ -1,15 +1,16 @@
 """tools/benchmark_serving.py (arguments, workloads, worker environments, the ratio table) and
 the plain-script check of tools/benchmark.py (tools/benchmark_plain_step.py, its report).
 
-Nothing here depends on the Keras backend (the tools spawn their own processes), so the tests
-that import torch/transformers run once, in the JAX session."""
+Nothing here depends on the Keras backend (the tools spawn their own processes): the module is
+`backend_independent`, run once."""
 
 import json
 
-import keras
 import pytest
 
 from tests.tools.test_benchmark import TOOLS
+
+pytestmark = pytest.mark.backend_independent
 
 
 @pytest.fixture
@@ -130,7 +131,6 @@ def test_plain_check_report_flags_a_worker_figure_a_plain_script_does_not_reprod
 
 
 @pytest.mark.large
-@pytest.mark.skipif(keras.backend.backend() != "jax", reason="torch only, backend-independent")
 def test_plain_step_times_the_workload_of_the_benchmark_cell(tools):
     pytest.importorskip("transformers")
     plain_step = tools[1]

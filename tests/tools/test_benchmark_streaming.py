@@ -4,14 +4,11 @@ import importlib
 import json
 from pathlib import Path
 
-import keras
 import pytest
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
-pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "jax", reason="backend-independent tool: run once"
-)
+pytestmark = pytest.mark.backend_independent
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + [
     c + v for c in "bdfgklmnprst" for v in "aeiou"

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.backend_independent
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT_FOLDERS = ("applications", "tools")
 

@@ -11,9 +11,7 @@ TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 WORDS = "the cat sat on a mat while the dog ran under trees near rivers and houses".split()
 
-pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "jax", reason="backend-independent tool: run once"
-)
+pytestmark = pytest.mark.backend_independent
 
 
 def test_trained_vocabulary_starts_with_specials_and_covers_the_corpus(tmp_path, monkeypatch):
