@@ -38,7 +38,10 @@ def _pretrainer():
 
 
 def _classifier():
-    return BertClassifier(BertBackbone(**_backbone_kwargs()), num_classes=3, dropout=0.0)
+    # One encoder layer: the per-layer recompiles are the pretrainer test's; this one checks the
+    # classifier's head and loss under the compiled step (tracing time grows with the layers).
+    backbone = BertBackbone(**dict(_backbone_kwargs(), num_layers=1))
+    return BertClassifier(backbone, num_classes=3, dropout=0.0)
 
 
 def _batches(kind, seed=0):
