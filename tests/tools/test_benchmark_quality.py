@@ -1,5 +1,6 @@
-"""tools/benchmark_quality.py: its CLI loads, and its `--torch-epsilon` ablation uses kbert's public
-optimizer at each recipe's own rate. (Its recipes need the real data sets: not run here.)"""
+"""tools/benchmarks/benchmark_quality.py: its CLI loads, and its `--torch-epsilon` ablation uses
+kbert's public optimizer at each recipe's own rate. (Its recipes need the real data sets: not run
+here.)"""
 
 import importlib
 import subprocess
@@ -9,19 +10,19 @@ from pathlib import Path
 import keras
 import pytest
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "tools" / "benchmarks"
 
 
 @pytest.fixture
 def quality(monkeypatch):
-    monkeypatch.syspath_prepend(str(TOOLS))
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
     return importlib.import_module("benchmark_quality")
 
 
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="backend-independent: run once")
 def test_help_lists_the_tasks_and_ablations():
     out = subprocess.run(
-        [sys.executable, str(TOOLS / "benchmark_quality.py"), "--help"],
+        [sys.executable, str(BENCHMARKS / "benchmark_quality.py"), "--help"],
         capture_output=True,
         text=True,
         check=True,
