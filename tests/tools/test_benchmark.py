@@ -1,8 +1,9 @@
-"""tools/benchmark.py and its parts (tools/bench/): FLOP counts, the common peak, goal lines,
-worker environments, and one tiny run of the GPU-goals and host-overhead suites end to end.
+"""tools/benchmarks/benchmark.py and its parts (tools/benchmarks/bench/): FLOP counts, the common
+peak, goal lines, worker environments, and one tiny run of the GPU-goals and host-overhead suites
+end to end.
 
 The end-to-end run spawns its own worker processes (each sets its own `KERAS_BACKEND`), so it
-runs once, under the JAX backend of the test session, not once per backend.
+runs once (the module is `backend_independent`), not once per backend.
 """
 
 import json
@@ -17,17 +18,17 @@ import pytest
 pytestmark = pytest.mark.backend_independent
 
 REPO = Path(__file__).resolve().parents[2]
-TOOLS = REPO / "tools"
+BENCHMARKS = REPO / "tools" / "benchmarks"
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    """The `bench` package, importable as `python tools/benchmark.py` imports it."""
-    monkeypatch.syspath_prepend(str(TOOLS))
+    """The `bench` package, importable as `python tools/benchmarks/benchmark.py` imports it."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
     import bench.cells
     import bench.flops
+    import bench.harness
     import bench.report
-    import bench.workers
 
     return bench
 
@@ -163,10 +164,10 @@ def test_absolute_goals_are_not_judged_on_another_shape(bench):
 
 def test_worker_environment_switches_allocator_settings(bench, monkeypatch):
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1:glibc.pthread.rseq=0")
-    env = bench.workers.worker_environment("jax", hugepages=False, allocator_tuning=False)
+    env = bench.harness.worker_environment("jax", hugepages=False, allocator_tuning=False)
     assert env["GLIBC_TUNABLES"] == "glibc.pthread.rseq=0"  # "off" removes the inherited one.
     assert env["KBERT_MALLOC_TUNING"] == "0" and env["KERAS_BACKEND"] == "jax"
-    env = bench.workers.worker_environment("torch", hugepages=True)
+    env = bench.harness.worker_environment("torch", hugepages=True)
     assert env["GLIBC_TUNABLES"].split(":") == ["glibc.pthread.rseq=0", "glibc.malloc.hugetlb=1"]
     assert "KBERT_MALLOC_TUNING" not in env or env["KBERT_MALLOC_TUNING"] != "0"
 
@@ -177,7 +178,7 @@ def test_gpu_goals_and_host_overhead_suites_run_end_to_end_on_a_tiny_config(tmp_
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     command = [
         sys.executable,
-        str(TOOLS / "benchmark.py"),
+        str(BENCHMARKS / "benchmark.py"),
         "--suite",
         "gpu-goals",
         "host-overhead",

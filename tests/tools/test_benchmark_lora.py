@@ -1,6 +1,7 @@
-"""tools/benchmark_lora.py run as a user runs it (`python tools/benchmark_lora.py`, from another
-folder): it finds its sibling tools/benchmark_quality.py by itself, spawns one process per mode
-and writes its JSON, table and chart. One tiny LoRA run on a tiny preset and SST-2-shaped data
+"""tools/benchmarks/benchmark_lora.py run as a user runs it (`python
+tools/benchmarks/benchmark_lora.py`, from another folder): it finds its `bench` package (the
+quality recipes, the harness) by itself, spawns one worker per mode and writes its JSON, table
+and chart. One tiny LoRA run on a tiny preset and SST-2-shaped data
 written here; it picks its own backend (`--backend`), so it runs once, not once per backend."""
 
 import json
@@ -44,8 +45,9 @@ def test_lora_benchmark_runs_from_another_folder(tmp_path):
     output = tmp_path / "out" / "lora.json"
     env = dict(os.environ, PYTHONPATH=str(REPO))  # This checkout's kbert; nothing for tools/.
     result = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "benchmark_lora.py"), "--backend", "jax",
-         "--modes", "lora", "--rank", "2", "--train-examples", "8", "--preset", str(preset),
+        [sys.executable, str(REPO / "tools" / "benchmarks" / "benchmark_lora.py"),
+         "--backend", "jax", "--modes", "lora", "--rank", "2", "--train-examples", "8",
+         "--preset", str(preset),
          "--data-dir", str(tmp_path / "data"), "--output", str(output)],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
     )  # fmt: skip

@@ -1,6 +1,8 @@
-"""tools/benchmark_pipeline.py on a tiny corpus: every pipeline measured, report and files
-written."""
+"""tools/benchmarks/benchmark_pipeline.py on a tiny corpus: `compare` measures every pipeline and
+writes its report and files; `stream` measures a real pipeline at corpus scale and judges the
+issue's goals correctly."""
 
+import importlib
 import json
 import os
 import random
@@ -10,12 +12,20 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.backend_independent
-
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "tools" / "benchmarks"
 WORDS = (
     "the cat sat on a mat while the dog ran under trees near rivers and houses big small".split()
 )
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + [
+    c + v for c in "bdfgklmnprst" for v in "aeiou"
+]
+pytestmark = pytest.mark.backend_independent
+
+
+@pytest.fixture
+def tool(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("benchmark_pipeline")
 
 
 @pytest.mark.large
@@ -35,7 +45,8 @@ def test_pipeline_benchmark_on_a_tiny_corpus(tmp_path):
     out = tmp_path / "out"
     command = [
         sys.executable,
-        str(TOOLS / "benchmark_pipeline.py"),
+        str(BENCHMARKS / "benchmark_pipeline.py"),
+        "compare",
         "--files",
         str(corpus),
         "--vocabulary",
@@ -67,3 +78,58 @@ def test_pipeline_benchmark_on_a_tiny_corpus(tmp_path):
     assert 3 < names["kbert pretraining_dataset"]["real_tokens_per_sequence"] <= 32
     assert (out / "pipeline_benchmark.png").stat().st_size > 0
     assert (out / "pipeline_benchmark.md").read_text().startswith("|")
+
+
+def test_stream_goal_lines_pass_and_fail_at_the_bounds(tool):
+    result = {"first_batch_s": 10.0, "steady_sequences_per_s": 20000, "peak_rss_gb": 1.5}
+    assert tool.goal_lines(result) == [
+        "goal first batch <= 10 s: PASS (10.0)",
+        "goal steady >= 20,000 seq/s: PASS (20,000)",
+        "goal peak RSS <= 1.5 GB: PASS (1.5)",
+    ]
+    result = {"first_batch_s": 10.01, "steady_sequences_per_s": 19999, "peak_rss_gb": 1.501}
+    assert [line.split(":")[1].split()[0] for line in tool.goal_lines(result)] == ["FAIL"] * 3
+
+
+def test_stream_runs_on_text_and_prints_the_goals(tool, tmp_path, capsys):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
+    words = VOCAB[6:]
+    lines = []
+    for document in range(30):
+        for sentence in range(6):
+            lines.append(
+                " ".join(words[(document * 7 + sentence * 3 + k) % len(words)] for k in range(9))
+                + " ."
+            )
+        lines.append("")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines), encoding="utf-8")
+    result = tool.main(
+        [
+            "stream",
+            str(corpus),
+            "--vocab",
+            str(vocab),
+            "--seconds",
+            "0.5",
+            "--batch-size",
+            "8",
+            "--sequence-length",
+            "32",
+            "--max-predictions",
+            "4",
+        ]
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert json.loads(out[-1]) == result
+    assert result["kind"] == "text" and result["files"] == 1
+    assert result["corpus_mb"] == round(corpus.stat().st_size / 1e6, 1)
+    assert result["first_batch_s"] > 0 and result["steady_sequences_per_s"] > 0
+    assert 0.05 < result["peak_rss_gb"] < 64
+    goals = [line for line in out if line.startswith("goal ")]
+    assert goals == tool.goal_lines(result)
+    with pytest.raises(SystemExit):
+        tool.main(["stream", str(tmp_path / "*.nothing"), "--vocab", str(vocab)])
+    with pytest.raises(SystemExit):
+        tool.main(["stream", str(corpus), "--vocab", str(vocab), "--seconds", "0"])

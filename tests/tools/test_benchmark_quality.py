@@ -1,5 +1,6 @@
-"""tools/benchmark_quality.py: its CLI loads, and its `--torch-epsilon` ablation uses kbert's public
-optimizer at each recipe's own rate. (Its recipes need the real data sets: not run here.)"""
+"""tools/benchmarks/benchmark_quality.py: its CLI loads, and its `--torch-epsilon` ablation uses
+kbert's public optimizer at each recipe's own rate. (Its recipes need the real data sets: not run
+here.)"""
 
 import importlib
 import subprocess
@@ -11,18 +12,18 @@ import pytest
 
 pytestmark = pytest.mark.backend_independent
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "tools" / "benchmarks"
 
 
 @pytest.fixture
 def quality(monkeypatch):
-    monkeypatch.syspath_prepend(str(TOOLS))
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
     return importlib.import_module("benchmark_quality")
 
 
 def test_help_lists_the_tasks_and_ablations():
     out = subprocess.run(
-        [sys.executable, str(TOOLS / "benchmark_quality.py"), "--help"],
+        [sys.executable, str(BENCHMARKS / "benchmark_quality.py"), "--help"],
         capture_output=True,
         text=True,
         check=True,
@@ -33,7 +34,7 @@ def test_help_lists_the_tasks_and_ablations():
 
 @pytest.mark.parametrize("task", ["sst2", "conll"])
 def test_torch_epsilon_optimizer_is_kbert_adamw_at_the_recipe_rate(quality, task):
-    from kbert.optimizers import BertAdamW
+    from kbert.models import BertAdamW
 
     recipe = quality.RECIPES[task]
     optimizer = quality.torch_epsilon_optimizer(100, recipe["learning_rate"])

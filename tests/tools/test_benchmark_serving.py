@@ -1,5 +1,6 @@
-"""tools/benchmark_serving.py (arguments, workloads, worker environments, the ratio table) and
-the plain-script check of tools/benchmark.py (tools/benchmark_plain_step.py, its report).
+"""tools/benchmarks/benchmark_serving.py (arguments, workloads, worker environments, the ratio
+table), the harness's rounds, and the plain-script check of benchmark.py
+(benchmark_plain_step.py, its report).
 
 Nothing here depends on the Keras backend (the tools spawn their own processes): the module is
 `backend_independent`, run once."""
@@ -8,19 +9,20 @@ import json
 
 import pytest
 
-from tests.tools.test_benchmark import TOOLS
+from tests.tools.test_benchmark import BENCHMARKS
 
 pytestmark = pytest.mark.backend_independent
 
 
 @pytest.fixture
 def tools(monkeypatch):
-    monkeypatch.syspath_prepend(str(TOOLS))
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import bench.harness
     import bench.plain_check
     import benchmark_plain_step
     import benchmark_serving
 
-    return benchmark_serving, benchmark_plain_step, bench.plain_check
+    return benchmark_serving, benchmark_plain_step, bench.plain_check, bench.harness
 
 
 def test_serving_arguments_are_checked(tools, capsys):
@@ -56,11 +58,11 @@ def test_serving_workloads_read_sst2_dev_and_the_first_400_squad_paragraphs(tool
 
 
 def test_serving_workers_get_their_backend_and_no_gpu_on_cpu(tools, monkeypatch):
-    serving = tools[0]
+    harness = tools[3]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    env = serving.worker_environment("kbert-tensorflow", "cpu")
+    env = harness.system_environment({"system": "kbert-tensorflow", "device": "cpu"})
     assert env["KERAS_BACKEND"] == "tensorflow" and env["CUDA_VISIBLE_DEVICES"] == ""
-    env = serving.worker_environment("sentence-transformers", "gpu")
+    env = harness.system_environment({"system": "sentence-transformers", "device": "gpu"})
     assert env["KERAS_BACKEND"] == "torch" and env["CUDA_VISIBLE_DEVICES"] == "0"
 
 
@@ -82,21 +84,21 @@ def test_serving_table_gives_ratios_to_hf_and_sentence_transformers(tools):
 
 
 def test_serving_rounds_keep_each_systems_fastest_round_and_list_every_round(tools):
-    serving = tools[0]
+    serving, harness = tools[0], tools[3]
 
     def row(system, rate):
         return {"system": system, "workload": "short", "texts_per_second": rate}
 
-    results = serving.merge_rounds([], [row("hf", 100.0), row("kbert-jax", 90.0)])
+    results = harness.merge_rounds([], [row("hf", 100.0), row("kbert-jax", 90.0)])
     failed = {"system": "hf", "workload": "short", "error": "exited with 1"}
-    results = serving.merge_rounds(results, [failed, row("kbert-jax", 120.0)])
-    results = serving.merge_rounds(results, [row("hf", 95.0), row("kbert-jax", 110.0)])
+    results = harness.merge_rounds(results, [failed, row("kbert-jax", 120.0)])
+    results = harness.merge_rounds(results, [row("hf", 95.0), row("kbert-jax", 110.0)])
     by_system = {r["system"]: r for r in results}
     assert by_system["hf"]["texts_per_second"] == 100.0
     assert by_system["hf"]["rounds_texts_per_second"] == [100.0, None, 95.0]
     assert by_system["kbert-jax"]["texts_per_second"] == 120.0
     assert by_system["kbert-jax"]["rounds_texts_per_second"] == [90.0, 120.0, 110.0]
-    only_failed = serving.merge_rounds([], [failed])
+    only_failed = harness.merge_rounds([], [failed])
     assert only_failed[0]["error"] and only_failed[0]["rounds_texts_per_second"] == [None]
     with pytest.raises(SystemExit):
         serving.parse_args(["--rounds", "0"])
@@ -144,18 +146,19 @@ def test_plain_step_times_the_workload_of_the_benchmark_cell(tools):
 def test_embedding_benchmark_runs_rounds_of_separate_workers_and_compares_embeddings(
     tools, monkeypatch, tmp_path
 ):
-    """tools/benchmark_embeddings.py: each system in its own worker per round (the fastest
-    round kept, a failed worker an error row), ratios to sentence-transformers, and each
+    """tools/benchmarks/benchmark_embeddings.py: each system in its own worker per round (the
+    fastest round kept, a failed worker an error row), ratios to sentence-transformers, and each
     kbert system's largest difference from sentence-transformers' embeddings."""
     import numpy as np
 
-    serving = tools[0]
+    harness = tools[3]
     import benchmark_embeddings as embeddings
 
     rates = iter([300.0, 30.0, 400.0, 40.0, 280.0, 28.0, 360.0, 35.0])
     spawned = []
 
-    def fake_spawn(spec, script):
+    def fake_spawn(script, spec, env, nice=0, name=None):
+        assert env["CUDA_VISIBLE_DEVICES"] == "" and env["KERAS_BACKEND"] in ("torch", "jax")
         spawned.append((spec["system"], script))
         if spec["system"] == "kbert-jax" and len(spawned) > 2:
             raise RuntimeError("the kbert-jax worker exited with 1 and no result")
@@ -164,9 +167,9 @@ def test_embedding_benchmark_runs_rounds_of_separate_workers_and_compares_embedd
             for w in embeddings.WORKLOADS
         ]
 
-    monkeypatch.setattr(serving, "spawn", fake_spawn)
+    monkeypatch.setattr(harness, "spawn", fake_spawn)
     systems = ["sentence-transformers", "kbert-jax"]
-    results = serving.run_rounds({}, systems, 2, embeddings.WORKLOADS, script="e.py")
+    results = harness.run_rounds("e.py", {"device": "cpu"}, systems, 2, embeddings.WORKLOADS)
     assert [s for s, _ in spawned] == systems * 2 and {s for _, s in spawned} == {"e.py"}
     reference = np.ones((8, 4), "float32")
     for workload in embeddings.WORKLOADS:

@@ -87,8 +87,10 @@ def test_the_scripts_are_found():
     assert {
         "applications/glue.py",
         "applications/common.py",
-        "tools/benchmark.py",
-        "tools/benchmark_lora.py",
+        "tools/benchmarks/benchmark.py",
+        "tools/benchmarks/benchmark_lora.py",
+        "tools/benchmarks/bench/harness.py",
+        "tools/convert_checkpoint.py",
     } <= names
 
 

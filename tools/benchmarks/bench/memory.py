@@ -1,11 +1,11 @@
 """Peak memory of a fine-tuning step for one memory option (plain / remat / accumulate)."""
 
-import json
 import statistics
 
-from bench.common import RESULT_MARKER, random_batch
+from bench.common import random_batch
 from bench.devices import device_kind
 from bench.flops import resolve_preset
+from bench.harness import emit
 from bench.keras_timing import _compile_keras, _keras_data, _keras_fit_times, _keras_models
 
 
@@ -86,4 +86,4 @@ def memory_worker_main(spec):
     if reader is not None:
         record["device_peak_bytes"] = reader()
     record["seconds_per_effective_batch"] = statistics.median(times) * steps
-    print(RESULT_MARKER + json.dumps(record), flush=True)
+    emit(record)

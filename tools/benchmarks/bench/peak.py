@@ -4,6 +4,7 @@ import statistics
 import time
 
 from bench.devices import device_kind
+from bench.harness import time_calls
 
 # The compute dtype of each precision policy: the operands of the timed matmuls.
 COMPUTE_DTYPE = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
@@ -98,12 +99,7 @@ def measure_matmuls_seconds(backend, precision, matmuls, repeats=7):
 
 def _median_seconds(run, repeats):
     """Median wall time of `repeats` calls of `run`."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(time_calls(run, repeats))
 
 
 def _median_flops(run, n, repeats):

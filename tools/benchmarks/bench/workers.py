@@ -1,32 +1,17 @@
-"""Worker processes: one per (framework family, backend), spawned by the parent, results as JSON.
+"""The model benchmark's worker (benchmark.py): one process per (framework family, backend).
 
 `KERAS_BACKEND` is fixed when Keras is imported, so each backend runs in its own process; Hugging
-Face runs in its own process too (eager and `torch.compile` separately). A worker prints one line,
-`RESULT_MARKER` + JSON, which `spawn` reads back.
+Face runs in its own process too (eager and `torch.compile` separately). The worker runs every
+cell of its spec and emits its records (`bench.harness`).
 """
 
-import json
-import os
-import subprocess
-import sys
-
-from bench.common import RESULT_MARKER, log, median_and_all
+from bench.common import median_and_all
 from bench.devices import device_kind, device_name
 from bench.flops import encoder_matmuls, resolve_preset, step_flops
+from bench.harness import emit, log
 from bench.hf_timing import run_hf_cell
 from bench.keras_timing import run_keras_cell
 from bench.peak import measure_matmul_peak, measure_matmuls_seconds
-
-BENCHMARK_SCRIPT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark.py"
-)
-
-# glibc >= 2.35: back malloc's large blocks with transparent huge pages (when the kernel's THP
-# mode is `madvise`). XLA's per-step temporary buffer (1.5 GiB for the L6-H384 fine-tuning step)
-# is a fresh mmap each step; on 4 KiB pages that is ~490k page faults and ~1 s of kernel time
-# per step on the 2-vCPU machine, on 2 MiB pages ~1.4k. It is a process setting, given to
-# every worker (kbert, keras-hub and HF alike) or to none.
-HUGEPAGE_TUNABLE = "glibc.malloc.hugetlb=1"
 
 
 def _versions(family):
@@ -174,44 +159,4 @@ def worker_main(spec):
                 log(f"    failed: {record['error']}")
             results.append(record)
     _add_peaks_and_bounds(backend, info["device_kind"], results, peaks)
-    print(
-        RESULT_MARKER + json.dumps({"info": info, "peaks": peaks, "results": results}), flush=True
-    )
-
-
-def worker_environment(backend, hugepages=False, allocator_tuning=True):
-    """The environment of a worker: its Keras backend, and the allocator settings asked for.
-
-    `hugepages=False` also removes the tunable from a `GLIBC_TUNABLES` inherited from the caller
-    (the Makefile exports it), so that "off" means off. `allocator_tuning=False` sets
-    `KBERT_MALLOC_TUNING=0`: `kbert.tune_allocator()` then leaves glibc's allocator as it is.
-    """
-    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
-    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t != HUGEPAGE_TUNABLE]
-    if hugepages:
-        tunables.append(HUGEPAGE_TUNABLE)
-    if tunables:
-        env["GLIBC_TUNABLES"] = ":".join(tunables)
-    else:
-        env.pop("GLIBC_TUNABLES", None)
-    if not allocator_tuning:
-        env["KBERT_MALLOC_TUNING"] = "0"
-    return env
-
-
-def spawn(spec, backend, nice, hugepages=False, allocator_tuning=False):
-    """Runs one worker process for `spec` and returns its JSON result.
-
-    Hugging Face workers never get kbert's allocator tuning: HF's users do not import kbert.
-    """
-    allocator_tuning = allocator_tuning and spec.get("family") != "hf"
-    env = worker_environment(backend, hugepages, allocator_tuning)
-    spec = dict(spec, allocator_tuning=allocator_tuning)
-    command = [sys.executable, BENCHMARK_SCRIPT, "--worker", json.dumps(spec)]
-    if nice:
-        command = ["nice", "-n", str(nice)] + command
-    process = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
-    for line in process.stdout.splitlines():
-        if line.startswith(RESULT_MARKER):
-            return json.loads(line[len(RESULT_MARKER) :])
-    raise RuntimeError(f"worker for {backend} exited with {process.returncode} and no result")
+    emit({"info": info, "peaks": peaks, "results": results})

@@ -27,8 +27,9 @@ machine may be shared). Workers run in the caller's environment, as a user's scr
 blocks on 2 MiB pages, fewer page faults for XLA's fresh per-step buffers on CPU), a process
 setting a plain script does not have, so its figures are not a plain script's. The timed cells
 run first in each worker; the matmul peak and bound (large products) are measured after them.
-`--check-plain` also times every float32 HF cell with `tools/benchmark_plain_step.py`, the
-workload written as a user's own script, in the same run, and prints both figures side by side.
+`--check-plain` also times every float32 HF cell with `benchmark_plain_step.py` (next to this
+script), the workload written as a user's own script, in the same run, and prints both figures
+side by side.
 
 `--memory` measures instead the peak memory of a fine-tuning step for the memory options:
 plain, `BertBackbone(remat=True)` and gradient accumulation (`bert_optimizer(...,
@@ -39,35 +40,42 @@ XLA's own buffer assignment of the compiled step (`memory_analysis().temp_size_i
 
 Example:
 ```
-python tools/benchmark.py --preset L6-H384-A12 --batch-size 32 --sequence-length 128 \
+python tools/benchmarks/benchmark.py --preset L6-H384-A12 --batch-size 32 --sequence-length 128 \
     --workload finetune inference --backend jax torch tensorflow --chart bench.png
-python tools/benchmark.py --preset bert_base_en_uncased --batch-size 8 --workload inference
-python tools/benchmark.py --suite cpu-goals --rounds 2   # the CPU goals, checked in one run
-python tools/benchmark.py --suite gpu-goals              # the GPU goals (BERT-Base, bf16)
-python tools/benchmark.py --suite gpu-goals --config tiny --steps 2   # its code path, seconds
-python tools/benchmark.py --suite host-overhead          # tiny model on torch vs HF eager
-python tools/benchmark.py --suite cpu-goals --plain      # as a user's script runs
-python tools/benchmark.py --suite host-overhead --check-plain   # HF figures vs a plain script
-python tools/benchmark.py --memory --preset bert_mini_en_uncased --sequence-length 512 \
+python tools/benchmarks/benchmark.py --preset bert_base_en_uncased --batch-size 8 \
+    --workload inference
+python tools/benchmarks/benchmark.py --suite cpu-goals --rounds 2  # the CPU goals, in one run
+python tools/benchmarks/benchmark.py --suite gpu-goals             # GPU goals (BERT-Base, bf16)
+python tools/benchmarks/benchmark.py --suite gpu-goals --config tiny --steps 2  # its code path
+python tools/benchmarks/benchmark.py --suite host-overhead         # tiny model, torch vs HF eager
+python tools/benchmarks/benchmark.py --suite cpu-goals --plain     # as a user's script runs
+python tools/benchmarks/benchmark.py --suite host-overhead --check-plain  # HF vs a plain script
+python tools/benchmarks/benchmark.py --memory --preset bert_mini_en_uncased --sequence-length 512 \
     --batch-size 16 --backend jax torch
 ```
 A preset is a kbert preset name (`bert_base_en_uncased`...) or a shape
 `L<layers>-H<hidden>-A<heads>` (intermediate 4 x hidden, the uncased vocabulary of 30,522 tokens;
 `-V<size>` for another).
 
-The parts live in `tools/bench/`: `flops` (shapes, FLOP counts), `devices`, `peak` (matmul
-peak), `keras_timing` and `hf_timing` (one cell each), `memory`, `workers` (processes),
-`cells` (suites and goals), `report` (tables, goal lines, chart).
+Its parts live in `bench/` next to this script (see `bench/__init__.py`); the processes, rounds
+and result files are `bench.harness`'s, as in every benchmark script.
 """
 
 import argparse
 import datetime
 import json
-import os
-import sys
 
 from bench.cells import SUITE_PROCESSES, SUITES, build_cells, suite_cells
-from bench.common import BACKENDS, FRAMEWORKS, MEMORY_VARIANTS, PRECISIONS, WORKLOADS, log
+from bench.common import BACKENDS, FRAMEWORKS, MEMORY_VARIANTS, PRECISIONS, WORKLOADS
+from bench.harness import (
+    HUGEPAGE_TUNABLE,
+    command_line,
+    load_average,
+    log,
+    spawn,
+    worker_environment,
+    write_json,
+)
 from bench.memory import memory_worker_main
 from bench.plain_check import format_plain_checks, run_plain_checks
 from bench.report import (
@@ -79,7 +87,18 @@ from bench.report import (
     goal_report,
     write_chart,
 )
-from bench.workers import HUGEPAGE_TUNABLE, spawn, worker_main
+from bench.workers import worker_main
+
+
+def _spawn(spec, backend, args, hugepages):
+    """Runs one worker of this script for `spec` on `backend` and returns its result.
+
+    Hugging Face workers never get kbert's allocator tuning: HF's users do not import kbert.
+    """
+    tuning = args.allocator_tuning == "on" and spec.get("family") != "hf"
+    env = worker_environment(backend, hugepages=hugepages, allocator_tuning=tuning)
+    spec = dict(spec, allocator_tuning=tuning)
+    return spawn(__file__, spec, env, nice=args.nice, name=f"{backend} worker")
 
 
 def _processes(args, cells):
@@ -149,7 +168,7 @@ def run_benchmark(args):
                 "-compile" if spec["family"] == "hf" and spec["torch_compile"] else ""
             )
             log(f"[{done}/{total}] round {round_index + 1}: {name} on {backend}")
-            output = spawn(spec, backend, args.nice, hugepages, args.allocator_tuning == "on")
+            output = _spawn(spec, backend, args, hugepages)
             records.extend(output["results"])
             infos[f"{name}/{backend}"] = output["info"]
             for precision, peak in output["peaks"].items():
@@ -183,15 +202,7 @@ def run_memory(args):
                 "jit_compile": {"auto": "auto", "on": True, "off": False}[args.jit_compile],
             }
             try:
-                results.append(
-                    spawn(
-                        spec,
-                        backend,
-                        args.nice,
-                        args.malloc_hugepages == "on",
-                        args.allocator_tuning == "on",
-                    )
-                )
+                results.append(_spawn(spec, backend, args, args.malloc_hugepages == "on"))
             except RuntimeError as error:
                 results.append(dict(spec, error=str(error)))
     lines = [
@@ -285,8 +296,7 @@ def parse_args(argv=None):
         "--check-plain",
         action="store_true",
         help="also time every float32 HF cell as a plain user script "
-        "(tools/benchmark_plain_step.py) after each HF worker, and print both figures and their "
-        "ratio",
+        "(benchmark_plain_step.py) after each HF worker, and print both figures and their ratio",
     )
     parser.add_argument("--json", help="write all records to this JSON file")
     parser.add_argument("--chart", help="write a PNG bar chart to this path")
@@ -313,8 +323,8 @@ def main(argv=None):
             worker_main(spec)
         return
     started = datetime.datetime.now()
-    command = "python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:])
-    load = os.getloadavg()
+    command = command_line(__file__)
+    load = load_average()
     log(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     hugepages = "off" if args.plain else args.malloc_hugepages
     log(f"malloc huge pages for every worker: {hugepages}")
@@ -359,14 +369,11 @@ def main(argv=None):
             "plain": args.plain,
             "plain_checks": checks,
         }
-    load = os.getloadavg()
+    load = load_average()
     print(f"load average at end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     payload["load_average_end"] = load
     if args.json:
-        temporary = args.json + ".tmp"
-        with open(temporary, "w") as f:
-            json.dump(payload, f, indent=1)
-        os.replace(temporary, args.json)
+        write_json(args.json, payload)
 
 
 if __name__ == "__main__":

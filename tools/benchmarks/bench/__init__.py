@@ -1,0 +1,13 @@
+"""The benchmark scripts' shared code. A script in tools/benchmarks/ imports it as `bench` (the
+script's folder is first on `sys.path` when it runs); no script imports another script.
+
+- `harness`: worker processes and their environment, rounds (best kept), timing, the result
+  marker, result files; every benchmark script runs on it.
+- `charts`: PNG chart helpers.
+- `data`: data and checkpoint locations.
+- `recipes`: the fine-tuning recipes of the quality and LoRA benchmarks.
+- The model benchmark (benchmark.py): `common` (names, random batch), `flops` (shapes, FLOP
+  counts), `devices`, `peak` (matmul peak), `keras_timing` and `hf_timing` (one cell each),
+  `memory`, `workers` (its worker), `cells` (suites and goals), `report` (tables, goal lines,
+  chart), `plain_check` (its HF figures against benchmark_plain_step.py).
+"""
