@@ -1,0 +1,97 @@
+"""Every `>>>` example in kbert's docstrings runs and prints what it shows.
+
+The modules are found by walking the `kbert` package on disk, so a module that moves or is
+added is tested without a change here. Each module that holds an example is one test case
+(named by the module); its examples run with the standard library's `doctest`, ELLIPSIS and
+NORMALIZE_WHITESPACE on, in a fresh copy of the module's globals. Every `>>>` line of the
+source must belong to an example that doctest finds (one in a comment or in a string doctest
+does not collect would otherwise never run). Besides the module's own names, the examples see
+`kbert`, `keras` and `np` (NumPy), as a reader's session would have them imported; they run in
+a fresh temporary directory, so files they write go there. Without TensorFlow, a module whose
+examples need it (they raise `MissingTensorFlowError` or fail to import `tensorflow`) is
+skipped.
+"""
+
+import doctest
+import importlib
+import importlib.util
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import kbert
+
+pytestmark = pytest.mark.backend_independent
+
+HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
+PACKAGE = Path(importlib.util.find_spec("kbert").origin).parent
+FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+EXTRA_GLOBALS = {"kbert": kbert, "keras": keras, "np": np}
+
+
+def module_name(path):
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def example_lines(path):
+    """How many examples (`>>>` lines other than comments) the file's source holds anywhere."""
+    return len(doctest.DocTestParser().get_examples(path.read_text(encoding="utf-8")))
+
+
+MODULES = sorted(
+    (module_name(path), path) for path in PACKAGE.rglob("*.py") if example_lines(path) > 0
+)
+
+
+def needs_tensorflow(error):
+    """Whether an example failed only because TensorFlow is not installed."""
+    if type(error).__name__ == "MissingTensorFlowError":
+        return True
+    return isinstance(error, ModuleNotFoundError) and error.name in (
+        "tensorflow",
+        "tensorflow_text",
+    )
+
+
+class _Runner(doctest.DocTestRunner):
+    """Keeps the exceptions examples raised unexpectedly, to tell a missing TensorFlow apart."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.exceptions = []
+
+    def report_unexpected_exception(self, out, test, example, exc_info):
+        self.exceptions.append(exc_info[1])
+        super().report_unexpected_exception(out, test, example, exc_info)
+
+
+def test_the_walk_finds_the_modules_with_examples():
+    names = [name for name, _ in MODULES]
+    assert "kbert.models.backbone" in names
+    assert "kbert.text.tokenizer" in names
+    assert sum(example_lines(path) for _, path in MODULES) >= 100
+
+
+@pytest.mark.parametrize("name, path", MODULES, ids=[name for name, _ in MODULES])
+def test_docstring_examples_run(name, path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    module = importlib.import_module(name)
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    tests = finder.find(module, name, extraglobs=EXTRA_GLOBALS)
+    found = sum(len(test.examples) for test in tests if test.filename == module.__file__)
+    assert found == example_lines(path), (
+        f"{name}: doctest collects {found} examples but the source has {example_lines(path)} "
+        "examples; an example outside a docstring doctest finds never runs"
+    )
+    runner = _Runner(optionflags=FLAGS)
+    report = []
+    for test in tests:
+        runner.run(test, out=report.append)
+    missing_tf = [e for e in runner.exceptions if needs_tensorflow(e)]
+    if not HAS_TENSORFLOW and missing_tf:
+        pytest.skip(f"{name}: its examples need TensorFlow ({missing_tf[0]})")
+    failed, attempted = runner.summarize(verbose=False)
+    assert failed == 0, f"{failed} of {attempted} examples of {name} failed:\n" + "".join(report)
