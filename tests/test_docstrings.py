@@ -7,9 +7,9 @@ NORMALIZE_WHITESPACE on, in a fresh copy of the module's globals. Every `>>>` li
 source must belong to an example that doctest finds (one in a comment or in a string doctest
 does not collect would otherwise never run). Besides the module's own names, the examples see
 `kbert`, `keras` and `np` (NumPy), as a reader's session would have them imported; they run in
-a fresh temporary directory, so files they write go there. Without TensorFlow, a docstring
-whose examples need it (they raise `MissingTensorFlowError` or fail to import `tensorflow`) is
-skipped (after its other docstrings' examples passed).
+a fresh temporary directory, so files they write go there. A docstring whose examples
+need an optional package that is not installed (TensorFlow: `MissingTensorFlowError`; any
+other: `ModuleNotFoundError`) is skipped, after the module's other docstrings passed.
 """
 
 import doctest
@@ -25,7 +25,6 @@ import kbert
 
 pytestmark = pytest.mark.backend_independent
 
-HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
 PACKAGE = Path(importlib.util.find_spec("kbert").origin).parent
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 EXTRA_GLOBALS = {"kbert": kbert, "keras": keras, "np": np}
@@ -46,13 +45,12 @@ MODULES = sorted(
 )
 
 
-def needs_tensorflow(error):
-    """Whether an example failed only because TensorFlow is not installed."""
+def needs_missing_package(error):
+    """Whether an example failed only because an optional package is not installed."""
     if type(error).__name__ == "MissingTensorFlowError":
         return True
-    return isinstance(error, ModuleNotFoundError) and error.name in (
-        "tensorflow",
-        "tensorflow_text",
+    return isinstance(error, ModuleNotFoundError) and not (error.name or "kbert").startswith(
+        "kbert"
     )
 
 
@@ -87,18 +85,18 @@ def test_docstring_examples_run(name, path, tmp_path, monkeypatch):
         "examples; an example outside a docstring doctest finds never runs"
     )
     runner = _Runner(optionflags=FLAGS)
-    failures, need_tensorflow = [], []
+    failures, missing = [], []
     for test in tests:
         report, raised = [], len(runner.exceptions)
         failed, _ = runner.run(test, out=report.append)
         if not failed:
             continue
-        if not HAS_TENSORFLOW and any(map(needs_tensorflow, runner.exceptions[raised:])):
-            need_tensorflow.append(test.name)  # the later failures of that docstring follow
+        needs = [e for e in runner.exceptions[raised:] if needs_missing_package(e)]
+        if needs:  # the later failures of that docstring follow from the first
+            missing.append(f"{test.name} ({type(needs[0]).__name__}: {needs[0]})")
         else:
             failures.append("".join(report))
-    attempted = runner.summarize(verbose=False).attempted
     assert not failures, f"{len(failures)} docstrings of {name} failed:\n" + "".join(failures)
-    if need_tensorflow:
-        pytest.skip(f"the examples of {', '.join(need_tensorflow)} need TensorFlow")
-    assert attempted == found
+    if missing:
+        pytest.skip("examples need a package that is not installed: " + "; ".join(missing))
+    assert runner.summarize(verbose=False).attempted == found
