@@ -42,10 +42,11 @@ global batch; process 0 alone writes presets, backups and run reports
 and the other processes and, on torch and TensorFlow, every collective (JAX: its heartbeat),
 so a process that dies makes the others fail instead of hang.
 
-Example:
->>> distribution = data_parallel()
->>> with distribution.scope():
-...     backbone = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
+Example, on JAX:
+
+    distribution = data_parallel()
+    with distribution.scope():
+        backbone = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
 """
 
 import contextlib
@@ -83,8 +84,9 @@ def check_batch_size(batch_size, distribution=None):
         distribution: a `keras.distribution.Distribution`, or None for the current one
             (nothing is checked when none is set).
 
-    Example:
-    >>> check_batch_size(32, data_parallel())  # fine on 1, 2, 4, 8... devices
+    Example, on JAX:
+
+        check_batch_size(32, data_parallel())  # fine on 1, 2, 4, 8... devices
     """
     distribution = distribution or keras.distribution.distribution()
     if distribution is None or batch_size is None:
@@ -111,10 +113,11 @@ class DataParallel(keras.distribution.DataParallel):
         devices: optional list of devices (default: all of them).
         **kwargs: passed to `keras.distribution.DataParallel`.
 
-    Example:
-    >>> with DataParallel().scope():
-    ...     model = build_model()
-    ...     model.fit(x, y, batch_size=64)
+    Example, on JAX:
+
+        with DataParallel().scope():
+            model = build_model()
+            model.fit(x, y, batch_size=64)
     """
 
     def get_data_layout(self, data_shape):
@@ -131,10 +134,11 @@ class ModelParallel(keras.distribution.ModelParallel):
             first axis.
         **kwargs: passed to `keras.distribution.ModelParallel`.
 
-    Example:
-    >>> mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"])
-    >>> distribution = ModelParallel(
-    ...     layout_map=BertBackbone.get_layout_map(mesh), batch_dim_name="batch")
+    Example, on JAX with 8 devices:
+
+        mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"])
+        distribution = ModelParallel(
+            layout_map=BertBackbone.get_layout_map(mesh), batch_dim_name="batch")
     """
 
     def get_data_layout(self, data_shape):
@@ -244,10 +248,11 @@ def model_parallel(
     Returns:
         `kbert.distribution.ModelParallel`.
 
-    Example:
-    >>> distribution = model_parallel(4, config="bert_base_en_uncased")  # 8 devices: 2 x 4
-    >>> with distribution.scope():
-    ...     backbone = BertBackbone.from_preset("bert_base_en_uncased", load_weights=False)
+    Example, on JAX:
+
+        distribution = model_parallel(4, config="bert_base_en_uncased")  # 8 devices: 2 x 4
+        with distribution.scope():
+            backbone = BertBackbone.from_preset("bert_base_en_uncased", load_weights=False)
     """
     devices = list(devices or keras.distribution.list_devices())
     if (
@@ -444,8 +449,9 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None, ti
     Returns:
         `kbert.processes.ProcessGroup`.
 
-    Example:
-    >>> kbert.distribution.initialize("10.0.0.1:1234", num_processes=2, process_id=0)
+    Example, in the first of two processes:
+
+        kbert.distribution.initialize("10.0.0.1:1234", num_processes=2, process_id=0)
     """
     timeout = int(DEFAULT_TIMEOUT if timeout is None else timeout)
     coordinator_address, num_processes, process_id = _resolve(

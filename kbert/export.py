@@ -14,11 +14,8 @@ its config and weights are handed to a TensorFlow-backend subprocess that rebuil
 exports it. A LoRA model is exported with the adapter merged.
 
 Loading needs TensorFlow and tensorflow-text (the WordPiece step is tensorflow-text's
-`FastWordpieceTokenizer` op), not kbert:
-
->>> import tensorflow as tf, tensorflow_text  # noqa: F401  (registers the op)
->>> served = tf.saved_model.load("exported")
->>> served.signatures["serving_default"](text=tf.constant(["a great film"]))["logits"]
+`FastWordpieceTokenizer` op, registered by `import tensorflow_text`), not kbert: see the
+example of `export_saved_model`.
 
 `export_onnx(model, path)` writes ONNX through torch's exporter on the PyTorch backend: packed
 int32 ids in, with dynamic batch and sequence axes by default (one file serves every batch size
@@ -70,9 +67,19 @@ def export_saved_model(model, path, preprocessor=None):
             (`model.preprocessor`); required for a model without one.
 
     Example:
-    >>> classifier = BertClassifier.from_preset("path/to/hf_dir", num_classes=2)
-    >>> classifier.fit(["a good film", "a dull film"], [1, 0])
+    >>> tokenizer = kbert.text.BertTokenizer(
+    ...     ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "good", "dull", "film"])
+    >>> backbone = kbert.models.BertBackbone(vocabulary_size=9, num_layers=1, num_heads=2,
+    ...                                      hidden_dim=16, intermediate_dim=32)
+    >>> backbone.save_to_preset("my_bert", tokenizer=tokenizer)  # or a HF directory
+    >>> classifier = kbert.models.BertClassifier.from_preset("my_bert", num_classes=2)
+    >>> history = classifier.fit(["a good film", "a dull film"], [1, 0], verbose=0)
     >>> kbert.export.export_saved_model(classifier, "exported")
+    >>> import tensorflow as tf, tensorflow_text  # noqa: F401  (registers the op)
+    >>> served = tf.saved_model.load("exported")
+    >>> logits = served.signatures["serving_default"](text=tf.constant(["a good film"]))
+    >>> np.allclose(logits["logits"], classifier.predict(["a good film"], verbose=0), atol=1e-5)
+    True
     """
     _check_exportable(model, "export_saved_model")
     preprocessor = (
@@ -257,10 +264,11 @@ def export_onnx(model, path, batch_size=None, sequence_length=None):
         sequence_length: int or `None`. Packed length; `None` (default) for a dynamic axis
             bounded by the backbone's `max_sequence_length`.
 
-    Example:
-    >>> export_onnx(classifier, "model.onnx")  # doctest: +SKIP
-    >>> session = onnxruntime.InferenceSession("model.onnx")  # doctest: +SKIP
-    >>> session.run(["logits"], packed_int32_inputs)  # doctest: +SKIP
+    Example, on the PyTorch backend:
+
+        export_onnx(classifier, "model.onnx")
+        session = onnxruntime.InferenceSession("model.onnx")
+        session.run(["logits"], packed_int32_inputs)
     """
     _check_exportable(model, "export_onnx")
     path = Path(path)

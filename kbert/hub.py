@@ -181,7 +181,9 @@ def resolve_preset_source(source, load_weights=True):
         ConnectionError: the Hub could not be reached and the cache does not hold the model.
 
     Example:
-    >>> directory = resolve_preset_source("hf://sentence-transformers/all-MiniLM-L6-v2")
+    >>> os.makedirs("my_bert")
+    >>> resolve_preset_source("my_bert")  # a local path is used as it is
+    PosixPath('my_bert')
     """
     if not isinstance(source, (str, os.PathLike)):
         raise ValueError(

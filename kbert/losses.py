@@ -58,7 +58,12 @@ class MultipleNegativesRankingLoss(keras.losses.Loss):
 
     Example:
     >>> loss = MultipleNegativesRankingLoss()
-    >>> float(loss(np.zeros(2), np.random.rand(2, 2, 8)))
+    >>> pairs = np.array([[[1.0, 0.0], [1.0, 0.0]], [[0.0, 1.0], [0.0, 1.0]]])
+    >>> round(float(loss(np.zeros(2), pairs)), 4)  # each anchor is nearest its own positive
+    0.0
+    >>> swapped = np.array([[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [1.0, 0.0]]])
+    >>> round(float(loss(np.zeros(2), swapped)), 4)  # nearest the other positive: about `scale`
+    20.0
 
     Reference: Henderson et al., 2017, "Efficient Natural Language Response Suggestion for
     Smart Reply" (arXiv 1705.00652).

@@ -16,6 +16,7 @@ Example:
 >>> from kbert import processes
 >>> if processes.is_writer():
 ...     print("process 0 of", processes.process_count())
+process 0 of 1
 """
 
 import numpy as np

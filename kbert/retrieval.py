@@ -57,7 +57,14 @@ def search(
         ties go to the lower corpus index.
 
     Example:
-    >>> scores, indices = search(query_vectors, passage_vectors, top_k=10)
+    >>> passages = np.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
+    >>> scores, indices = search(np.array([[0.0, 2.0], [1.0, 0.1]]), passages, top_k=2)
+    >>> indices
+    array([[2, 1],
+           [0, 1]])
+    >>> scores.round(3)
+    array([[1.   , 0.8  ],
+           [0.995, 0.677]], dtype=float32)
     """
     queries, corpus = _as_matrix(queries, "queries"), _as_matrix(corpus, "corpus")
     if queries.shape[1] != corpus.shape[1]:

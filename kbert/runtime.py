@@ -73,10 +73,9 @@ def tune_allocator():
     Never called by kbert itself. Call it once, before the backend first computes; calling it
     again does nothing more. See the module docstring for what it sets, why, and its cost.
 
-    Example:
-    >>> import kbert
-    >>> kbert.tune_allocator()["applied"]  # doctest: +SKIP
-    True
+    Example (it changes the process, so it is not run here), on Linux with glibc:
+
+        kbert.tune_allocator()["applied"]  # True
 
     Returns:
         A dict: `"applied"` (bool) and `"reason"` (a sentence saying what was done or why not).

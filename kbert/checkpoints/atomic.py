@@ -229,7 +229,9 @@ def atomic_file(path):
 
     Example:
     >>> with atomic_file("metrics.json") as temporary:
-    ...     temporary.write_text("{}")
+    ...     size = temporary.write_text('{"accuracy": 0.9}')
+    >>> Path("metrics.json").read_text()
+    '{"accuracy": 0.9}'
     """
     file = AtomicFile(path)
     try:

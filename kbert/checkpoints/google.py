@@ -231,8 +231,8 @@ def load_weights(model, path, fresh_heads=None):
     Returns:
         A `LoadReport`.
 
-    Example:
-    >>> pretrainer = BertPretrainer.from_preset("uncased_L-2_H-128_A-2")  # a Google directory
+    `from_preset` of a Google directory calls it, e.g.
+    `BertPretrainer.from_preset("uncased_L-2_H-128_A-2")`.
     """
     backbone = getattr(model, "backbone", model)
     entries = backbone_entries(backbone) + _weights.head_entries(model, HEAD_WEIGHTS)

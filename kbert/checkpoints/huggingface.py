@@ -458,8 +458,13 @@ def load_weights(model, path, fresh_heads=None):
         A `LoadReport` (tensors loaded, variables left fresh, checkpoint tensors unused).
 
     Example:
-    >>> backbone = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
-    >>> load_huggingface_weights(backbone, "path/to/hf_bert_tiny")
+    >>> config = dict(vocabulary_size=100, num_layers=1, num_heads=2, hidden_dim=16,
+    ...               intermediate_dim=32)
+    >>> path = kbert.checkpoints.export_to_huggingface(kbert.models.BertBackbone(**config), "hf")
+    >>> backbone = kbert.models.BertBackbone(**config)
+    >>> report = kbert.checkpoints.load_huggingface_weights(backbone, path)
+    >>> len(report.loaded), report.fresh, report.unused  # every tensor found, none left over
+    (23, [], [])
     """
     entries = model_entries(model)
     source = open_weights(path)
@@ -570,9 +575,14 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None):
         The output directory as a `Path`.
 
     Example:
-    >>> pretrainer = BertPretrainer.from_preset("path/to/kbert_preset")
-    >>> export_to_huggingface(pretrainer, "hf_out")
-    >>> transformers.BertForPreTraining.from_pretrained("hf_out")
+    >>> backbone = kbert.models.BertBackbone(vocabulary_size=100, num_layers=1, num_heads=2,
+    ...                                      hidden_dim=16, intermediate_dim=32)
+    >>> export_to_huggingface(kbert.models.BertPretrainer(backbone), "hf_out")
+    PosixPath('hf_out')
+    >>> import transformers
+    >>> model = transformers.BertForPreTraining.from_pretrained("hf_out")
+    >>> model.config.num_hidden_layers, model.config.hidden_size
+    (1, 16)
     """
     path = Path(path)
     config = huggingface_config(model)

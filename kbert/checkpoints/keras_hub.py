@@ -248,8 +248,8 @@ def load_weights(model, path, fresh_heads=None):
     Returns:
         A `LoadReport`.
 
-    Example:
-    >>> backbone = BertBackbone.from_preset("path/to/keras_hub_bert_preset")
+    `from_preset` of a keras-hub preset directory calls it, e.g.
+    `BertBackbone.from_preset("path/to/keras_hub_bert_preset")`.
     """
     backbone = getattr(model, "backbone", model)
     # keras-hub backbone presets hold no head kbert reads: an empty head table, so every head

@@ -59,9 +59,8 @@ def google_bert_forward(
         dict of float64 arrays: `sequence_output`, `pooled_output`, and with heads `mlm`
         `(batch_size, num_predictions, vocab_size)` and `nsp` `(batch_size, 2)`.
 
-    Example:
-    >>> reader = tf.train.load_checkpoint("uncased_L-2_H-128_A-2/bert_model.ckpt")
-    >>> outputs = google_bert_forward(reader.get_tensor, config, ids, segments, mask)
+    For a checkpoint on disk, pass
+    `tf.train.load_checkpoint("uncased_L-2_H-128_A-2/bert_model.ckpt").get_tensor`.
     """
     get = variables if callable(variables) else variables.__getitem__
 

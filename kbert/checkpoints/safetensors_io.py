@@ -112,9 +112,12 @@ def read_safetensors(path, names=None):
         ValueError: for a truncated or corrupt file, or when a requested name is absent.
 
     Example:
-    >>> tensors = read_safetensors("bert/model.safetensors")
+    >>> backbone = kbert.models.BertBackbone(vocabulary_size=100, num_layers=1, num_heads=2,
+    ...                                      hidden_dim=16, intermediate_dim=32)
+    >>> path = kbert.checkpoints.export_to_huggingface(backbone, "bert")
+    >>> tensors = read_safetensors(path / "model.safetensors")
     >>> tensors["embeddings.word_embeddings.weight"].shape
-    (30522, 768)
+    (100, 16)
     """
     header, data_start, file_size = read_safetensors_header(path)
     available = [k for k in header if k != "__metadata__"]

@@ -254,8 +254,19 @@ def export_to_sentence_transformers(embedder, path):
         The output directory as a `Path`.
 
     Example:
-    >>> export_to_sentence_transformers(embedder, "my_st_model")
-    >>> sentence_transformers.SentenceTransformer("my_st_model").encode(["a text"])
+    >>> tokenizer = kbert.text.BertTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"])
+    >>> backbone = kbert.models.BertBackbone(vocabulary_size=6, num_layers=1, num_heads=2,
+    ...                                      hidden_dim=16, intermediate_dim=32)
+    >>> backbone.save_to_preset("my_bert", tokenizer=tokenizer)
+    >>> embedder = kbert.models.BertTextEmbedder.from_preset("my_bert")
+    >>> path = export_to_sentence_transformers(embedder, "my_st_model")
+    >>> sorted(file.name for file in path.iterdir())  # no 2_Normalize: it does not normalise
+    ['1_Pooling', 'config.json', 'config_sentence_transformers.json', 'model.safetensors',
+     'modules.json', 'sentence_bert_config.json', 'tokenizer_config.json', 'vocab.txt']
+    >>> import sentence_transformers
+    >>> vectors = sentence_transformers.SentenceTransformer(str(path)).encode(["a a"])
+    >>> np.allclose(vectors, embedder.encode(["a a"]), atol=1e-5)
+    True
     """
     import shutil
 

@@ -100,9 +100,14 @@ def batch_by_length(
         A `tf.data.Dataset` of batches whose sequence dimension varies from batch to batch.
 
     Example:
+    >>> import tensorflow as tf
+    >>> tokenizer = kbert.text.BertTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"])
+    >>> preprocessor = kbert.text.BertPreprocessor(tokenizer, sequence_length=64)
+    >>> texts, labels = ["a", "a " * 20, "a a", "a " * 30], [0, 1, 0, 1]
     >>> dataset = tf.data.Dataset.from_tensor_slices((preprocessor(texts), labels))
-    >>> batches = batch_by_length(dataset.shuffle(10_000), batch_size=32)
-    >>> model.fit(batches, epochs=3)
+    >>> batches = batch_by_length(dataset, batch_size=2)  # then `model.fit(batches)`
+    >>> [(x["token_ids"].shape[1], y.numpy().tolist()) for x, y in batches]  # (length, labels)
+    [(16, [0, 0]), (32, [1, 1])]
     """
     tf = tensorflow.tensorflow("kbert.data.batch_by_length")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:

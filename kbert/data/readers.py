@@ -204,9 +204,12 @@ def read_glue(task, split, data_dir):
 
     Example:
 
-    >>> data = read_glue("mrpc", "dev", "/path/to/glue")  # doctest: +SKIP
-    >>> len(data), data.num_classes, data.metrics  # doctest: +SKIP
-    (408, 2, ('accuracy', 'f1'))
+    >>> os.makedirs("glue/SST-2")
+    >>> with open("glue/SST-2/dev.tsv", "w") as file:
+    ...     print("sentence\\tlabel\\na gripping film\\t1\\ntedious and flat\\t0", file=file)
+    >>> data = read_glue("sst2", "dev", "glue")
+    >>> len(data), data.num_classes, data.metrics, data.label
+    (2, 2, ('accuracy',), array([1, 0], dtype=int32))
     """
     name = str(task).lower().replace("-", "")
     if name not in _GLUE_SPECS:
@@ -353,9 +356,15 @@ def read_conll(path, tag_column=3, num_columns=4, to_iob2=False, encoding="utf-8
 
     Example:
 
-    >>> sentences = read_conll("eng.train", to_iob2=True)  # doctest: +SKIP
-    >>> sentences[0]  # doctest: +SKIP
-    (['EU', 'rejects', 'German', 'call', ...], ['B-ORG', 'O', 'B-MISC', 'O', ...])
+    >>> lines = ["-DOCSTART- -X- -X- O", "", "EU NNP I-NP I-ORG", "rejects VBZ I-VP O",
+    ...          "German JJ I-NP I-MISC", "call NN I-NP O", "", "Peter NNP I-NP I-PER"]
+    >>> with open("eng.train", "w") as file:
+    ...     print(*lines, sep="\\n", file=file)
+    >>> sentences = read_conll("eng.train", to_iob2=True)
+    >>> sentences[0]
+    (['EU', 'rejects', 'German', 'call'], ['B-ORG', 'O', 'B-MISC', 'O'])
+    >>> len(sentences)
+    2
     """
     path = os.fspath(path)
     if num_columns is not None and (not isinstance(num_columns, int) or num_columns < 2):
@@ -523,10 +532,16 @@ def read_squad(path_or_dict, version="1.1"):
 
     Example:
 
-    >>> examples = read_squad("dev-v1.1.json")  # doctest: +SKIP
-    >>> len(examples), examples.num_misaligned  # doctest: +SKIP
-    (10570, 0)
-    >>> train, dev = examples.articles(0, 32), examples.articles(32, 48)  # doctest: +SKIP
+    >>> article = {"title": "Books", "paragraphs": [{
+    ...     "context": "It was written by Ann in 1990.",
+    ...     "qas": [{"id": "q1", "question": "Who wrote it?",
+    ...              "answers": [{"text": "Ann", "answer_start": 18}]}]}]}
+    >>> examples = read_squad({"version": "1.1", "data": [article, article]})  # or a file
+    >>> len(examples), examples.num_misaligned
+    (2, 0)
+    >>> train, dev = examples.articles(0, 1), examples.articles(1, 2)
+    >>> [e["article_index"] for e in dev]
+    [1]
     """
     if version not in ("1.1", "2.0"):
         raise ValueError(f"`version` must be '1.1' or '2.0'. Received: {version!r}")

@@ -199,11 +199,14 @@ def prepare_squad_features(
         `SquadFeatures`.
 
     Example:
+    >>> tokenizer = kbert.text.BertTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+    ...     "who", "wrote", "it", "?", "was", "written", "by", "ann", "."])
     >>> features = prepare_squad_features(
     ...     [{"id": "q1", "question": "Who wrote it?", "context": "It was written by Ann.",
     ...       "answers": [{"text": "Ann", "answer_start": 18}]}],
     ...     tokenizer, max_sequence_length=32, labels=True)
-    >>> features.start_positions, features.end_positions
+    >>> features.start_positions, features.end_positions  # "ann", after [CLS] question [SEP]
+    (array([10], dtype=int32), array([10], dtype=int32))
     """
     for name, value, minimum in (
         ("max_sequence_length", max_sequence_length, 4),

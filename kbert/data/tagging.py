@@ -190,10 +190,13 @@ def encode_tagging(
         `TaggingFeatures`.
 
     Example:
+    >>> tokenizer = kbert.text.BertTokenizer(
+    ...     ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "eu", "rejects", "german", "call"])
     >>> features = encode_tagging([["EU", "rejects", "German", "call"]], tokenizer,
     ...                           sequence_length=16, word_labels=[["B-ORG", "O", "B-MISC", "O"]],
     ...                           label_to_id={"O": 0, "B-ORG": 1, "B-MISC": 2})
-    >>> features.labels[0, :6], features.sample_weight[0, :6]
+    >>> features.labels[0, :6], features.sample_weight[0, :6]  # [CLS] and [SEP] weigh 0
+    (array([0, 1, 0, 2, 0, 0], dtype=int32), array([0., 1., 1., 1., 1., 0.], dtype=float32))
     """
     if not isinstance(sequence_length, (int, np.integer)) or sequence_length < 3:
         raise ValueError(

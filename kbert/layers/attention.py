@@ -67,7 +67,7 @@ class BertSelfAttention(keras.layers.Layer):
 
     Example:
     >>> attention = BertSelfAttention(num_heads=2, hidden_dim=8)
-    >>> attention(np.ones((1, 4, 8)), padding_mask=np.array([[1, 1, 1, 0]])).shape
+    >>> tuple(attention(np.ones((1, 4, 8)), padding_mask=np.array([[1, 1, 1, 0]])).shape)
     (1, 4, 8)
 
     Reference: Vaswani et al., 2017, "Attention Is All You Need", section 3.2.

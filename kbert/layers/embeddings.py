@@ -53,8 +53,10 @@ class ReversibleEmbedding(DenseGradientEmbedding):
 
     Example:
     >>> embedding = ReversibleEmbedding(100, 16)
-    >>> hidden = embedding(np.array([[1, 2, 3]]))           # (1, 3, 16)
-    >>> logits = embedding(hidden, reverse=True)           # (1, 3, 100)
+    >>> hidden = embedding(np.array([[1, 2, 3]]))
+    >>> logits = embedding(hidden, reverse=True)  # scores against the same embedding table
+    >>> tuple(hidden.shape), tuple(logits.shape)
+    ((1, 3, 16), (1, 3, 100))
     """
 
     def call(self, inputs, reverse=False):
@@ -100,7 +102,7 @@ class BertEmbeddings(keras.layers.Layer):
 
     Example:
     >>> layer = BertEmbeddings(vocabulary_size=100, hidden_dim=16, max_sequence_length=32)
-    >>> layer(np.ones((2, 8), "int32"), np.zeros((2, 8), "int32")).shape
+    >>> tuple(layer(np.ones((2, 8), "int32"), np.zeros((2, 8), "int32")).shape)
     (2, 8, 16)
 
     Reference: Devlin et al., 2018, section 3 and figure 2.
@@ -234,7 +236,8 @@ class PackedDocumentMasks(keras.layers.Layer):
 
     Example:
     >>> mask, positions = PackedDocumentMasks()(np.array([[1, 1, 1, 2, 2, 0]]))
-    >>> positions  # [[0, 1, 2, 0, 1, 0]]
+    >>> keras.ops.convert_to_numpy(positions).tolist()  # restart at each document
+    [[0, 1, 2, 0, 1, 0]]
     """
 
     def call(self, document_ids, padding_mask=None):

@@ -48,7 +48,7 @@ class TransformerEncoder(keras.layers.Layer):
 
     Example:
     >>> block = TransformerEncoder(num_heads=2, intermediate_dim=32)
-    >>> block(np.ones((1, 4, 8)), padding_mask=np.ones((1, 4))).shape
+    >>> tuple(block(np.ones((1, 4, 8)), padding_mask=np.ones((1, 4))).shape)
     (1, 4, 8)
 
     Reference: Devlin et al., 2018; Vaswani et al., 2017, section 3.1.

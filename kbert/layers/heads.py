@@ -23,7 +23,7 @@ class BertPooler(keras.layers.Layer):
         sequence_output: float tensor `(batch_size, sequence_length, hidden_dim)`.
 
     Example:
-    >>> BertPooler(8)(np.ones((2, 5, 8))).shape
+    >>> tuple(BertPooler(8)(np.ones((2, 5, 8))).shape)
     (2, 8)
     """
 
@@ -157,7 +157,7 @@ class NextSentenceHead(keras.layers.Dense):
         **kwargs: passed to `keras.layers.Dense`.
 
     Example:
-    >>> NextSentenceHead()(np.ones((2, 8))).shape
+    >>> tuple(NextSentenceHead()(np.ones((2, 8))).shape)
     (2, 2)
     """
 

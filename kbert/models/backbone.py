@@ -276,7 +276,7 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
     ...     "segment_ids": np.zeros((1, 5), "int32"),
     ...     "padding_mask": np.array([[1, 1, 1, 1, 0]]),
     ... })
-    >>> outputs["sequence_output"].shape, outputs["pooled_output"].shape
+    >>> tuple(outputs["sequence_output"].shape), tuple(outputs["pooled_output"].shape)
     ((1, 5, 64), (1, 64))
 
     Reference: Devlin et al., 2018, "BERT: Pre-training of Deep Bidirectional Transformers
@@ -455,13 +455,14 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         Returns:
             `keras.distribution.LayoutMap` keyed by regular expressions over variable paths.
 
-        Example:
-        >>> mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"])
-        >>> layout_map = BertBackbone.get_layout_map(mesh)
-        >>> distribution = keras.distribution.ModelParallel(
-        ...     layout_map=layout_map, batch_dim_name="batch")
-        >>> with distribution.scope():
-        ...     backbone = BertBackbone.from_preset("bert_base_en_uncased")
+        Example, on JAX with 8 devices:
+
+            mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"])
+            layout_map = BertBackbone.get_layout_map(mesh)
+            distribution = keras.distribution.ModelParallel(
+                layout_map=layout_map, batch_dim_name="batch")
+            with distribution.scope():
+                backbone = BertBackbone.from_preset("bert_base_en_uncased")
         """
         if not isinstance(device_mesh, keras.distribution.DeviceMesh):
             raise ValueError(
@@ -561,8 +562,12 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
                 Defaults to `False`.
 
         Example:
-        >>> backbone.enable_lora(rank=8)
-        >>> sum(int(np.prod(v.shape)) for v in backbone.trainable_weights)  # A and B only
+        >>> backbone = BertBackbone(vocabulary_size=100, num_layers=1, num_heads=2,
+        ...                         hidden_dim=16, intermediate_dim=32)
+        >>> backbone.enable_lora(rank=4)
+        >>> # A (16 x 4) and B (4 x 16) for the query, key, value and output projections:
+        >>> sum(int(np.prod(v.shape)) for v in backbone.trainable_weights)
+        512
         """
         from kbert.models.lora import enable_lora
 

@@ -44,18 +44,22 @@ class BertClassifier(BertTask):
             `DeprecationWarning`); pass them to `compile` (see `BertTask.compile`).
 
     Example:
-    >>> backbone = BertBackbone(vocabulary_size=1000, num_layers=2, num_heads=2,
-    ...                         hidden_dim=64, intermediate_dim=128)
+    >>> backbone = kbert.models.BertBackbone(vocabulary_size=9, num_layers=1, num_heads=2,
+    ...                                      hidden_dim=16, intermediate_dim=32)
     >>> classifier = BertClassifier(backbone, num_classes=2)
-    >>> x = {"token_ids": np.array([[101, 7, 8, 102]]), "segment_ids": np.zeros((1, 4), "int32"),
+    >>> x = {"token_ids": np.array([[2, 5, 6, 3]]), "segment_ids": np.zeros((1, 4), "int32"),
     ...      "padding_mask": np.ones((1, 4), "int32")}
-    >>> classifier.fit(x, np.array([1]), epochs=1, verbose=0)
+    >>> history = classifier.fit(x, np.array([1]), epochs=1, verbose=0)
     >>> classifier.predict(x, verbose=0).shape
     (1, 2)
     >>> # From a checkpoint with a vocabulary: raw strings.
-    >>> classifier = BertClassifier.from_preset("path/to/all-MiniLM-L6-v2", num_classes=2)
-    >>> classifier.fit(["a gripping film", "tedious and flat"], [1, 0], batch_size=2)
-    >>> classifier.predict([("A man plays.", "Someone plays.")])  # pairs work too
+    >>> tokenizer = kbert.text.BertTokenizer(
+    ...     ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "good", "dull", "film"])
+    >>> backbone.save_to_preset("my_bert", tokenizer=tokenizer)
+    >>> classifier = BertClassifier.from_preset("my_bert", num_classes=2)
+    >>> history = classifier.fit(["a good film", "a dull film"], [1, 0], batch_size=2, verbose=0)
+    >>> classifier.predict([("A film.", "A good film.")], verbose=0).shape  # pairs work too
+    (1, 2)
 
     Reference: Devlin et al., 2018, section 4.1 (GLUE fine-tuning).
     """

@@ -140,8 +140,13 @@ class PresetMixin:
                 argument goes to the model. Any other name is a ValueError.
 
         Example:
-        >>> backbone = BertBackbone.from_preset("hf://sentence-transformers/all-MiniLM-L6-v2")
-        >>> fresh = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
+        >>> fresh = kbert.models.BertBackbone.from_preset("bert_tiny_en_uncased",
+        ...                                             load_weights=False)  # no download
+        >>> fresh.num_layers, fresh.hidden_dim
+        (2, 128)
+        >>> fresh.save_to_preset("my_bert")
+        >>> kbert.models.BertBackbone.from_preset("my_bert", dropout=0.0).num_layers
+        2
         """
         backbone_cls = cls.backbone_cls
         fresh_heads = kwargs.pop("fresh_heads", None)
@@ -201,8 +206,14 @@ class PresetMixin:
             include_optimizer: bool. Also store the optimizer state. Defaults to `False`.
 
         Example:
+        >>> tokenizer = kbert.text.BertTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+        >>> backbone = kbert.models.BertBackbone(vocabulary_size=5, num_layers=1, num_heads=2,
+        ...                                      hidden_dim=16, intermediate_dim=32)
+        >>> pretrainer = kbert.models.BertPretrainer(backbone)
         >>> pretrainer.save_to_preset("my_bert", tokenizer=tokenizer)
-        >>> classifier = BertClassifier.from_preset("my_bert", num_classes=2)
+        >>> classifier = kbert.models.BertClassifier.from_preset("my_bert", num_classes=2)
+        >>> classifier.backbone.hidden_dim, classifier.preprocessor is not None
+        (16, True)
         """
         checkpoints.save_preset(
             self, path, tokenizer=tokenizer, include_optimizer=include_optimizer

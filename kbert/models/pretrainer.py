@@ -52,10 +52,19 @@ class BertPretrainer(BertTask):
             the masked LM alone. Defaults to `True`.
 
     Example:
-    >>> backbone = BertBackbone.from_preset("bert_tiny_en_uncased", load_weights=False)
+    >>> tokenizer = kbert.text.BertTokenizer(
+    ...     ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "dog", "ran", "."])
+    >>> backbone = BertBackbone(vocabulary_size=11, num_layers=1, num_heads=2, hidden_dim=16,
+    ...                         intermediate_dim=32, max_sequence_length=16)
     >>> pretrainer = BertPretrainer(backbone)
     >>> pretrainer.compile(learning_rate=2e-4, warmup_ratio=0.05)  # or keep the defaults
-    >>> pretrainer.fit(kbert.data.pretraining_dataset(files, tokenizer), epochs=1)
+    >>> with open("corpus.txt", "w") as corpus:  # one sentence a line, documents apart
+    ...     print("The cat sat.\\nThe dog ran.\\n\\nThe dog sat.\\nThe cat ran.", file=corpus)
+    >>> dataset = kbert.data.pretraining_dataset(
+    ...     ["corpus.txt"], tokenizer, sequence_length=16, max_predictions=2, batch_size=2)
+    >>> history = pretrainer.fit(dataset, epochs=1, verbose=0)
+    >>> sorted(history.history)
+    ['loss', 'mlm_accuracy', 'mlm_loss', 'nsp_accuracy', 'nsp_loss']
     """
 
     def __init__(

@@ -167,10 +167,16 @@ class BertQuestionAnswerer(BertTask):
             `DeprecationWarning`); pass them to `compile` (see `BertTask.compile`).
 
     Example:
-    >>> qa = BertQuestionAnswerer.from_preset("path/to/bert_dir")
-    >>> qa.fit(kbert.data.read_squad("train-v1.1.json"), epochs=2, batch_size=32)
-    >>> qa.answer(["Who wrote it?"], ["It was written by Ann in 1990."])
-    ['Ann']
+    >>> tokenizer = kbert.text.BertTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+    ...     "who", "wrote", "it", "?", "was", "written", "by", "ann", "in", "1990", "."])
+    >>> backbone = kbert.models.BertBackbone(vocabulary_size=16, num_layers=1, num_heads=2,
+    ...                                      hidden_dim=16, intermediate_dim=32)
+    >>> backbone.save_to_preset("my_bert", tokenizer=tokenizer)
+    >>> qa = BertQuestionAnswerer.from_preset("my_bert")  # fit it on SQuAD (`read_squad`) first
+    >>> context = "It was written by Ann in 1990."
+    >>> answer = qa.answer(["Who wrote it?"], [context])[0]
+    >>> answer in context  # the answer is a span of the context (untrained: any span)
+    True
 
     Reference: Devlin et al., 2018, section 4.2 (SQuAD v1.1) and 4.3 (SQuAD v2.0).
     """

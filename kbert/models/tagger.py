@@ -53,9 +53,16 @@ class BertTagger(BertTask):
             `DeprecationWarning`); pass them to `compile` (see `BertTask.compile`).
 
     Example:
-    >>> tagger = BertTagger.from_preset("path/to/bert_dir", labels=["O", "B-PER", "I-PER"])
-    >>> tagger.fit([["John", "Smith", "sings"]], [["B-PER", "I-PER", "O"]], epochs=3)
-    >>> tagger.predict_words([["Mary", "Jones", "dances"]])
+    >>> tokenizer = kbert.text.BertTokenizer(
+    ...     ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "john", "smith", "sings"])
+    >>> backbone = kbert.models.BertBackbone(vocabulary_size=8, num_layers=1, num_heads=2,
+    ...                                      hidden_dim=16, intermediate_dim=32)
+    >>> backbone.save_to_preset("my_bert", tokenizer=tokenizer)
+    >>> tagger = BertTagger.from_preset("my_bert", labels=["O", "B-PER", "I-PER"])
+    >>> tagger.compile(learning_rate=1e-2)
+    >>> history = tagger.fit([["John", "Smith", "sings"]], [["B-PER", "I-PER", "O"]],
+    ...                      epochs=30, verbose=0)
+    >>> tagger.predict_words([["John", "Smith", "sings"]], verbose=0)  # one tag per word
     [['B-PER', 'I-PER', 'O']]
 
     Reference: Devlin et al., 2018, section 4.3 (CoNLL-2003 NER).

@@ -435,6 +435,9 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
                 `steps_per_execution`, `loss_weights`, ...).
 
         Example:
+        >>> backbone = kbert.models.BertBackbone(vocabulary_size=9, num_layers=1, num_heads=2,
+        ...                                      hidden_dim=16, intermediate_dim=32)
+        >>> classifier = kbert.models.BertClassifier(backbone, num_classes=2)
         >>> classifier.compile(learning_rate=2e-5, warmup_ratio=0.06)
         >>> classifier.compile(optimizer=keras.optimizers.SGD(0.01))  # task loss and metrics
         """
@@ -863,8 +866,15 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
                 arguments to the backbone; anything else is a ValueError.
 
         Example:
-        >>> classifier = BertClassifier.from_preset("path/to/hf_or_kbert_dir", num_classes=2)
-        >>> classifier.fit(["a good film", "a dull film"], [1, 0])
+        >>> tokenizer = kbert.text.BertTokenizer(
+        ...     ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "good", "dull", "film"])
+        >>> backbone = kbert.models.BertBackbone(vocabulary_size=9, num_layers=1, num_heads=2,
+        ...                                      hidden_dim=16, intermediate_dim=32)
+        >>> backbone.save_to_preset("my_bert", tokenizer=tokenizer)  # or a HF directory
+        >>> classifier = kbert.models.BertClassifier.from_preset("my_bert", num_classes=2)
+        >>> history = classifier.fit(["a good film", "a dull film"], [1, 0], verbose=0)
+        >>> classifier.predict(["a good film"], verbose=0).shape
+        (1, 2)
         """
         if "sequence_length" in cls._constructor_arguments():
             sequence_length = kwargs.get("sequence_length")

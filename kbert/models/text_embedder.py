@@ -65,8 +65,9 @@ class EmbeddingPooling(keras.layers.Layer):
 
     Example:
     >>> layer = EmbeddingPooling("mean")
-    >>> layer(np.ones((1, 3, 2)), np.array([[1, 1, 0]])).shape
-    (1, 2)
+    >>> pooled = layer(np.array([[[1.0, 2.0], [3.0, 4.0], [9.0, 9.0]]]), np.array([[1, 1, 0]]))
+    >>> keras.ops.convert_to_numpy(pooled)  # the mean of the two unmasked tokens
+    array([[2., 3.]], dtype=float32)
     """
 
     def __init__(self, pooling="mean", normalize=False, **kwargs):
@@ -199,9 +200,18 @@ class BertTextEmbedder(BertTask):
             `do_lower_case`). Defaults to `False`.
 
     Example:
-    >>> embedder = BertTextEmbedder.from_preset("path/to/all-MiniLM-L6-v2")
-    >>> vectors = embedder.encode(["A man is eating food.", "A man eats."])
-    >>> embedder.similarity(vectors[:1], vectors[1:])  # cosine, (1, 1)
+    >>> tokenizer = kbert.text.BertTokenizer(
+    ...     ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "man", "eats", "food", "."])
+    >>> backbone = kbert.models.BertBackbone(vocabulary_size=10, num_layers=1, num_heads=2,
+    ...                                      hidden_dim=16, intermediate_dim=32)
+    >>> backbone.save_to_preset("my_embedder", tokenizer=tokenizer)
+    >>> embedder = BertTextEmbedder.from_preset("my_embedder")
+    >>> vectors = embedder.encode(["A man eats food.", "A man eats.", "A man eats food."])
+    >>> vectors.shape
+    (3, 16)
+    >>> similarity = embedder.similarity(vectors[:1], vectors[1:])  # cosine
+    >>> similarity.shape, round(float(similarity[0, 1]), 4)  # the same text: 1
+    ((1, 2), 1.0)
 
     Reference: Reimers and Gurevych, 2019, "Sentence-BERT" (arXiv 1908.10084).
     """

@@ -45,7 +45,7 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     Example:
     >>> schedule = WarmupLinearDecay(1e-4, total_steps=1000, warmup_steps=100)
-    >>> float(schedule(50))  # half-way through warm-up
+    >>> round(float(schedule(50)), 10)  # half-way through warm-up
     5e-05
     """
 

@@ -86,13 +86,21 @@ class BertPreprocessor:
 
     Example:
 
-    >>> preprocessor = kbert.text.BertPreprocessor.from_preset(
-    ...     "path/to/bert_dir", sequence_length=64
+    >>> tokenizer = kbert.text.BertTokenizer(
+    ...     ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "quick", "fox", "."]
     ... )
-    >>> preprocessor(["The quick brown fox.", "Hello!"])["token_ids"].shape
-    (2, 64)
-    >>> ds = tf.data.Dataset.from_tensor_slices((sentences, labels))
-    >>> ds = ds.batch(32).map(preprocessor)  # -> (inputs dict, labels)
+    >>> preprocessor = kbert.text.BertPreprocessor(tokenizer, sequence_length=8)
+    >>> preprocessor(["The quick fox.", "Hello!"])["token_ids"]
+    array([[2, 5, 6, 7, 8, 3, 0, 0],
+           [2, 1, 1, 3, 0, 0, 0, 0]], dtype=int32)
+    >>> preprocessor(("The fox.", "The quick fox."))["segment_ids"]  # a pair, cut to fit
+    array([0, 0, 0, 0, 0, 1, 1, 1], dtype=int32)
+    >>> import tensorflow as tf
+    >>> ds = tf.data.Dataset.from_tensor_slices((["The fox.", "Hello!"], [1, 0]))
+    >>> inputs, labels = next(iter(ds.batch(2).map(preprocessor)))  # (inputs dict, labels)
+    >>> inputs["padding_mask"].numpy(), labels.numpy()
+    (array([[1, 1, 1, 1, 1, 0, 0, 0],
+           [1, 1, 1, 1, 0, 0, 0, 0]], dtype=int32), array([1, 0], dtype=int32))
     """
 
     def __init__(self, tokenizer, sequence_length=128, truncate="longest_first"):

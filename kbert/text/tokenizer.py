@@ -237,7 +237,10 @@ class BertTokenizer:
     [5, 6, 7, 8, 9]
     >>> tokenizer.detokenize([5, 6, 7, 8, 9])
     'the quick fox .'
+    >>> import tensorflow as tf
     >>> ds = tf.data.Dataset.from_tensor_slices(["The quick fox."]).map(tokenizer)
+    >>> list(ds.as_numpy_iterator())
+    [array([5, 6, 7, 8, 9], dtype=int32)]
 
     Reference:
         [Devlin et al., 2018](https://arxiv.org/abs/1810.04805);
@@ -745,7 +748,12 @@ class BertTokenizer:
             **kwargs: constructor arguments that override the preset's.
 
         Example:
-        >>> tokenizer = BertTokenizer.from_preset("hf://google-bert/bert-base-uncased")
+        >>> tokenizer = BertTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "fox"])
+        >>> tokenizer.save_to_preset("my_bert")
+        >>> BertTokenizer.from_preset("my_bert")("Fox")
+        [5]
+        >>> BertTokenizer.from_preset("my_bert/vocab.txt")("Fox")
+        [5]
         """
         from kbert.hub import resolve_preset_source
 

@@ -227,10 +227,15 @@ def train_wordpiece_vocabulary(
 
     Example:
 
+    >>> texts = ["the quick brown fox", "the lazy dog", "the quick dog"] * 10
     >>> vocab = kbert.text.train_wordpiece_vocabulary(
-    ...     ["corpus.txt"], vocabulary_size=8000, output_path="my_bert/"
+    ...     texts, vocabulary_size=40, output_path="my_bert/", verbose=False
     ... )
+    >>> len(vocab), vocab[:5]
+    (40, ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'])
     >>> tokenizer = kbert.text.BertTokenizer("my_bert/vocab.txt")
+    >>> [vocab[i] for i in tokenizer("The lazy fox")]
+    ['the', 'l', '##azy', 'f', '##ox']
     """
     if not isinstance(vocabulary_size, int) or vocabulary_size <= len(SPECIAL_TOKENS):
         raise ValueError(
