@@ -84,9 +84,7 @@ Real pretraining needs far more text and steps (BERT-Base: 1M steps of 256 seque
 import argparse
 import glob
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 if __package__:  # Imported as applications.pretrain (the tests).
@@ -99,7 +97,6 @@ DEFAULT_PRESET = "bert_tiny_en_uncased"
 TEXT_PATTERNS = ("*.txt", "*.raw")
 PRESET_DIR = "preset"
 BACKUP_DIR = "backup"
-_STAGING_PREFIX = ".preset-partial-"
 _NO_BATCH = (
     "It holds fewer sequences than --batch-size: add text, or lower --batch-size or "
     "--sequence-length."
@@ -119,6 +116,23 @@ def build_parser():
         parents=[shared],
         conflict_handler="resolve",
     )
+    _add_input_arguments(parser)
+    _add_training_arguments(parser)
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="Discard a backup left in the output directory and start from step 0.",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Replace an existing <output-dir>/preset at the end of the run.",
+    )
+    return parser
+
+
+def _add_input_arguments(parser):
+    """The flags of the model, the text, the vocabulary and the output folder."""
     parser.add_argument(
         "--preset",
         default=DEFAULT_PRESET,
@@ -168,6 +182,10 @@ def build_parser():
         help="Size of a vocabulary trained on the input text (a small text gives fewer "
         "tokens). Default: the preset's vocabulary_size.",
     )
+
+
+def _add_training_arguments(parser):
+    """The flags of the schedule, the masking, the two phases, packing and backups."""
     parser.add_argument(
         "--steps-per-epoch",
         type=int,
@@ -225,17 +243,6 @@ def build_parser():
         metavar="STEPS",
         help="Also back up the training state every STEPS steps. Default: at epoch ends only.",
     )
-    parser.add_argument(
-        "--restart",
-        action="store_true",
-        help="Discard a backup left in the output directory and start from step 0.",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="Replace an existing <output-dir>/preset at the end of the run.",
-    )
-    return parser
 
 
 def check_arguments(parser, args):
@@ -424,27 +431,17 @@ def repack(model, packed):
 
 # --------------------------------------------------------------------------------- output
 def write_preset(model, tokenizer, target, overwrite):
-    """Writes the preset into a temporary sibling folder, then renames it to `target`."""
+    """Writes the preset (config, weights, vocabulary) to `target` as one atomic replacement
+    (`kbert.checkpoints.atomic.atomic_directory`): a kill leaves the old complete folder or the
+    new one, and no file of an old preset is carried over into the new one."""
+    from kbert.checkpoints.atomic import atomic_directory
+
     target = Path(target)
     if target.exists() and not overwrite:
         raise SystemExit(f"{target} already exists. Pass --overwrite to replace it.")
-    staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=target.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; a preset is an ordinary folder.
-    try:
-        model.save_to_preset(staging)
-        tokenizer.save_to_preset(staging)  # vocab.txt and its casing (tokenizer_config.json).
-        if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=".preset-old-", dir=target.parent))
-            os.replace(target, old / target.name)
-            os.replace(staging, target)
-            shutil.rmtree(old)
-        else:
-            os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    replaced = [item.name for item in target.iterdir()] if target.is_dir() else []
+    with atomic_directory(target, owned_files=replaced) as staging:
+        model.save_to_preset(staging, tokenizer=tokenizer)
 
 
 def _describe(backbone):
@@ -484,16 +481,43 @@ def _fewest(count):
 
 
 def run(args, callbacks, num_processes, process_index):
-    """The run of `main`, inside the scope the model trains in."""
-    writer = process_index == 0
+    """The run of `main`, inside the scope the model trains in: the steps below, in order."""
     common.seed_everything(args.seed)
-    from kbert import tracking
-    from kbert.callbacks import BatchStream, TrainingBackup, resumable_fit
-    from kbert.data import packed_pretraining_dataset, pretraining_dataset
-    from kbert.models import BACKBONE_PRESETS, BertPretrainer
-
-    sequence_length = args.max_length
     directory = common.output_dir(args, "pretrain")
+    preset_path, backup_dir = _prepare_output(args, directory, num_processes, process_index)
+    files, kind, tokenizer, vocabulary_source = _read_inputs(args, backup_dir)
+    model, model_source = _build_model(args, kind, len(tokenizer.vocabulary))
+    print(f"Vocabulary: {len(tokenizer.vocabulary):,} tokens, {vocabulary_source}")
+    data = _build_data(args, files, tokenizer, num_processes, process_index)
+    schedule = _compile(args, model, data["steps_per_epoch"])
+    backup, start_step = _open_backup(args, files, kind, tokenizer, backup_dir, schedule)
+    _train(args, model, data, backup, start_step, callbacks)
+    # A fresh optimizer, so the preset holds no optimizer moments (three times the weights' size,
+    # and a mismatch warning when the preset is loaded again); the weights are unchanged.
+    model.compile()
+    if args.pack:  # An ordinary preset: the packing input is an option of the run, not the model.
+        model = repack(model, packed=False)
+    if process_index == 0:
+        write_preset(model, tokenizer, preset_path, args.overwrite)
+    print(
+        f"Wrote the preset {preset_path} (BertBackbone/BertClassifier/BertPretrainer.from_preset)"
+    )
+    details = {
+        "model": model_source,
+        "parameters": int(model.backbone.count_params()),
+        "vocabulary": vocabulary_source,
+        "vocabulary_size": len(tokenizer.vocabulary),
+        "text_files": [str(p) for p in files],
+    }
+    metrics = _report(args, directory, backup, start_step, schedule, preset_path, details)
+    if process_index == 0:
+        shutil.rmtree(backup_dir, ignore_errors=True)  # Only now: the preset is safely written.
+    return metrics
+
+
+def _prepare_output(args, directory, num_processes, process_index):
+    """The preset and backup folders of the run; refuses to replace a finished run's preset
+    without --overwrite, and discards the backup on --restart."""
     preset_path = directory / PRESET_DIR
     backup_dir = directory / BACKUP_DIR
     if preset_path.exists() and not args.overwrite:
@@ -501,23 +525,27 @@ def run(args, callbacks, num_processes, process_index):
             f"{preset_path} already exists (a finished run?). Pass --overwrite to replace it, "
             "or choose another --output-dir."
         )
-    for stale in directory.glob(_STAGING_PREFIX + "*") if writer else ():  # Left by a kill.
-        shutil.rmtree(stale, ignore_errors=True)
     if args.restart and backup_dir.exists():
         print(f"--restart: discarding the backup in {backup_dir}")
-        if writer:
+        if process_index == 0:
             shutil.rmtree(backup_dir)
     if args.restart and num_processes > 1:
         _fewest(0)  # Every process waits until process 0 has discarded the backup.
+    return preset_path, backup_dir
 
-    # === Inputs: text, preset, vocabulary ===
+
+def _read_inputs(args, backup_dir):
+    """The text files, the kind of --preset and the tokenizer (with where its vocabulary
+    comes from); exits when the preset cannot hold the sequence length."""
+    from kbert.models import BACKBONE_PRESETS
+
     files = text_files(args)
     kind, _ = resolve_preset(args.preset)
     if kind == "name":
         max_positions = BACKBONE_PRESETS[args.preset]["config"]["max_sequence_length"]
-        if sequence_length > max_positions:
+        if args.max_length > max_positions:
             raise SystemExit(
-                f"--sequence-length {sequence_length} exceeds the max_sequence_length "
+                f"--sequence-length {args.max_length} exceeds the max_sequence_length "
                 f"{max_positions} of preset {args.preset}. Expected at most {max_positions}."
             )
     names = [str(p) for p in files]
@@ -529,12 +557,17 @@ def run(args, callbacks, num_processes, process_index):
     tokenizer, vocabulary_source, trained = choose_tokenizer(args, kind, backup_dir, files)
     if args.vocab_size is not None and not trained:
         print("Note: --vocab-size is not used, the vocabulary is not trained here.")
-    vocabulary = tokenizer.vocabulary
+    return files, kind, tokenizer, vocabulary_source
 
-    # === Model ===
+
+def _build_model(args, kind, vocabulary_size):
+    """The `BertPretrainer` to train and a line saying where its weights come from; exits
+    when its vocabulary or positions do not fit the run."""
+    from kbert.models import BertPretrainer
+
     if kind == "name":
         model = BertPretrainer.from_preset(
-            args.preset, load_weights=False, vocabulary_size=len(vocabulary)
+            args.preset, load_weights=False, vocabulary_size=vocabulary_size
         )
         model_source = f"the {args.preset} architecture with fresh weights"
     else:
@@ -547,13 +580,13 @@ def run(args, callbacks, num_processes, process_index):
         model = repack(model, packed=True)
         model_source += "; masked LM only, on packed rows (--pack)"
     backbone = model.backbone
-    if backbone.vocabulary_size != len(vocabulary):
+    if backbone.vocabulary_size != vocabulary_size:
         raise SystemExit(
-            f"The vocabulary has {len(vocabulary):,} tokens but the model's vocabulary_size is "
+            f"The vocabulary has {vocabulary_size:,} tokens but the model's vocabulary_size is "
             f"{backbone.vocabulary_size:,}; they must be equal."
         )
-    flag, longest = "--sequence-length", sequence_length
-    if (args.phase2_sequence_length or 0) > sequence_length:
+    flag, longest = "--sequence-length", args.max_length
+    if (args.phase2_sequence_length or 0) > args.max_length:
         flag, longest = "--phase2-sequence-length", args.phase2_sequence_length
     if longest > backbone.max_sequence_length:
         raise SystemExit(
@@ -562,9 +595,15 @@ def run(args, callbacks, num_processes, process_index):
             f"{backbone.max_sequence_length}."
         )
     print(f"Model: {model_source} ({_describe(backbone)})")
-    print(f"Vocabulary: {len(vocabulary):,} tokens, {vocabulary_source}")
+    return model, model_source
 
-    # === Data ===
+
+def _build_data(args, files, tokenizer, num_processes, process_index):
+    """The phase-1 batch stream, the epoch length, and a builder of the phase-2 stream."""
+    from kbert.callbacks import BatchStream
+    from kbert.data import packed_pretraining_dataset, pretraining_dataset
+
+    names = [str(p) for p in files]
     batch_size = args.batch_size // num_processes  # This process' slice of each global batch.
 
     def dataset(length, max_predictions, **kwargs):
@@ -586,8 +625,7 @@ def run(args, callbacks, num_processes, process_index):
         )
 
     try:
-        source = dataset(sequence_length, args.max_predictions, verbose=True)
-        stream = BatchStream(source)
+        stream = BatchStream(dataset(args.max_length, args.max_predictions, verbose=True))
         steps_per_epoch = args.steps_per_epoch
         if steps_per_epoch is None:
             print("Counting the batches of one pass over the text (the epoch length) ...")
@@ -597,7 +635,6 @@ def run(args, callbacks, num_processes, process_index):
     except ValueError as error:
         hint = _NO_BATCH if "gives no batch" in str(error) else ""
         raise SystemExit(f"Cannot build pretraining data from {names}: {error} {hint}") from None
-    phase1_epochs = args.epochs - (args.phase2_epochs or 0)
 
     def phase2_stream():
         try:
@@ -605,34 +642,56 @@ def run(args, callbacks, num_processes, process_index):
         except ValueError as error:
             raise SystemExit(f"Cannot build phase-2 data from {names}: {error}") from None
 
+    return {
+        "names": names,
+        "stream": stream,
+        "steps_per_epoch": steps_per_epoch,
+        "phase2_stream": phase2_stream,
+    }
+
+
+def _compile(args, model, steps_per_epoch):
+    """Compiles BERT's AdamW with the schedule of the run; returns the schedule's numbers."""
     total_steps = args.epochs * steps_per_epoch
     warmup_steps = args.warmup_steps
     if warmup_steps is None:
         warmup_steps = int(round(total_steps * args.warmup_ratio))
     warmup_steps = min(warmup_steps, total_steps)
-    # BERT's AdamW with the schedule of this run.
     model.compile(
         learning_rate=args.learning_rate, total_steps=total_steps, warmup_steps=warmup_steps
     )
     print(
         f"Training: {args.epochs} epochs x {steps_per_epoch} steps = {total_steps} steps of "
-        f"{args.batch_size} sequences of {sequence_length} tokens; learning rate "
+        f"{args.batch_size} sequences of {args.max_length} tokens; learning rate "
         f"{args.learning_rate:g}, {warmup_steps} warm-up steps, seed {args.seed}"
     )
+    phase1_epochs = args.epochs - (args.phase2_epochs or 0)
     if args.phase2_sequence_length:
         print(
-            f"Two phases: epochs 1-{phase1_epochs} at {sequence_length} tokens, epochs "
+            f"Two phases: epochs 1-{phase1_epochs} at {args.max_length} tokens, epochs "
             f"{phase1_epochs + 1}-{args.epochs} at {args.phase2_sequence_length} tokens "
             f"(up to {args.phase2_max_predictions} predictions)."
         )
+    return {
+        "steps_per_epoch": steps_per_epoch,
+        "total_steps": total_steps,
+        "warmup_steps": warmup_steps,
+        "phase1_epochs": phase1_epochs,
+    }
 
-    # === Resume ===
+
+def _open_backup(args, files, kind, tokenizer, backup_dir, schedule):
+    """The run's `TrainingBackup` (keyed by the settings that shape the run) and the step to
+    start at: that of the backup left by an interrupted run, else 0."""
+    from kbert.callbacks import TrainingBackup
+
+    steps_per_epoch, total_steps = schedule["steps_per_epoch"], schedule["total_steps"]
     settings = {
         "text_files": [[str(p.resolve()), p.stat().st_size] for p in files],
         "preset": args.preset if kind == "name" else str(Path(args.preset).resolve()),
-        "vocabulary_sha256": _vocabulary_digest(vocabulary),
+        "vocabulary_sha256": _vocabulary_digest(tokenizer.vocabulary),
         "lowercase": tokenizer.lowercase,
-        "sequence_length": sequence_length,
+        "sequence_length": args.max_length,
         "max_predictions": args.max_predictions,
         "whole_word_masking": args.whole_word_masking,
         "batch_size": args.batch_size,
@@ -640,7 +699,7 @@ def run(args, callbacks, num_processes, process_index):
         "steps_per_epoch": steps_per_epoch,
         "counted_epoch_length": args.steps_per_epoch is None,
         "learning_rate": args.learning_rate,
-        "warmup_steps": warmup_steps,
+        "warmup_steps": schedule["warmup_steps"],
         "seed": args.seed,
         "phase2_sequence_length": args.phase2_sequence_length,
         "phase2_epochs": args.phase2_epochs,
@@ -648,37 +707,42 @@ def run(args, callbacks, num_processes, process_index):
         "pack": args.pack,
     }
     backup = TrainingBackup(backup_dir, save_every=args.backup_every, settings=settings)
-    if backup.exists():
-        try:
-            start_step = backup.read_metadata()["global_step"]
-        except (OSError, ValueError, KeyError) as error:
-            raise SystemExit(
-                f"The backup in {backup_dir} cannot be read ({error}); pass --restart to "
-                "discard it."
-            ) from None
-        epoch, offset = divmod(start_step, steps_per_epoch)
-        where = f"epoch {epoch + 1}" if offset == 0 else f"epoch {epoch + 1}, step {offset + 1}"
-        print(
-            f"Resuming from the backup in {backup_dir}: {start_step} of {total_steps} steps "
-            f"done; continuing at {where}."
-        )
-        if 0 < start_step < total_steps:
-            print(f"Fast-forwarding the data stream past the {start_step} batches already used.")
-    else:
-        start_step = 0
+    if not backup.exists():
         every = f"every {args.backup_every} steps and " if args.backup_every else ""
         print(
             f"Starting from step 0; the training state is backed up {every}at every epoch end "
             f"to {backup_dir} (re-run the same command to resume)."
         )
+        return backup, 0
+    try:
+        start_step = backup.read_metadata()["global_step"]
+    except (OSError, ValueError, KeyError) as error:
+        raise SystemExit(
+            f"The backup in {backup_dir} cannot be read ({error}); pass --restart to discard it."
+        ) from None
+    epoch, offset = divmod(start_step, steps_per_epoch)
+    where = f"epoch {epoch + 1}" if offset == 0 else f"epoch {epoch + 1}, step {offset + 1}"
+    print(
+        f"Resuming from the backup in {backup_dir}: {start_step} of {total_steps} steps "
+        f"done; continuing at {where}."
+    )
+    if 0 < start_step < total_steps:
+        print(f"Fast-forwarding the data stream past the {start_step} batches already used.")
+    return backup, start_step
 
-    # === Training ===
+
+def _train(args, model, data, backup, start_step, callbacks):
+    """Both phases of training from `start_step`, backed up as it goes (`resumable_fit`)."""
+    from kbert.callbacks import resumable_fit
+
+    stream, steps_per_epoch = data["stream"], data["steps_per_epoch"]
+    phase1_epochs = args.epochs - (args.phase2_epochs or 0)
     if start_step == 0:
         try:
             stream.get(0)  # Fails early (no full batch in a pass) rather than in fit.
         except ValueError as error:
             raise SystemExit(
-                f"Cannot build pretraining data from {names}: {error} {_NO_BATCH}"
+                f"Cannot build pretraining data from {data['names']}: {error} {_NO_BATCH}"
             ) from None
     try:
         if start_step < phase1_epochs * steps_per_epoch:
@@ -688,7 +752,7 @@ def run(args, callbacks, num_processes, process_index):
         if args.phase2_epochs:
             resumable_fit(
                 model,
-                phase2_stream(),
+                data["phase2_stream"](),
                 args.epochs,
                 steps_per_epoch,
                 backup,
@@ -698,48 +762,44 @@ def run(args, callbacks, num_processes, process_index):
     except KeyboardInterrupt:
         raise SystemExit(
             f"\nInterrupted at step {backup.step}. The last backup (step {backup.saved_step}) is "
-            f"in {backup_dir}; run the same command again to resume from it."
+            f"in {backup.backup_dir}; run the same command again to resume from it."
         ) from None
     except ValueError as error:
         raise SystemExit(f"Cannot resume: {error} (--restart discards the backup.)") from None
+
+
+def _scores(args, logs):
+    """The run's metrics from Keras' logs of one epoch (running means over its batches)."""
+    found = {
+        name: float(logs[name])
+        for name in ("mlm_accuracy", "mlm_loss", "nsp_accuracy", "nsp_loss", "loss")
+        if name in logs
+    }
+    if args.pack and "accuracy" in logs:  # A one-output model logs its metric unprefixed.
+        found["mlm_accuracy"] = float(logs["accuracy"])
+        found["mlm_loss"] = found["loss"]  # The masked LM is the whole loss.
+    return found
+
+
+def _report(args, directory, backup, start_step, schedule, preset_path, details):
+    """Prints the run's metrics and writes metrics.json and the training curve; returns the
+    metrics (the last epoch's means)."""
+    from kbert import tracking
+
+    steps_per_epoch = schedule["steps_per_epoch"]
     train_seconds = backup.seconds()
     history = backup  # step_loss and epochs of the whole run, resumed parts included.
-
-    # === Outputs ===
-    def scores(logs):
-        """The run's metrics from Keras' logs of one epoch (running means over its batches)."""
-        found = {
-            name: float(logs[name])
-            for name in ("mlm_accuracy", "mlm_loss", "nsp_accuracy", "nsp_loss", "loss")
-            if name in logs
-        }
-        if args.pack and "accuracy" in logs:  # A one-output model logs its metric unprefixed.
-            found["mlm_accuracy"] = float(logs["accuracy"])
-            found["mlm_loss"] = found["loss"]  # The masked LM is the whole loss.
-        return found
-
     # No dev set here: the figure's right panel shows the accuracies on the training batches of
     # every epoch (the losses are in its left panel).
     per_epoch = [
-        {"step": (k + 1) * steps_per_epoch, **scores(logs)} for k, logs in enumerate(history.epochs)
+        {"step": (k + 1) * steps_per_epoch, **_scores(args, logs)}
+        for k, logs in enumerate(history.epochs)
     ]
-    metrics = scores(history.epochs[-1]) if history.epochs else {}
+    metrics = _scores(args, history.epochs[-1]) if history.epochs else {}
     tracking.print_metrics("pretrain", metrics)
     print(
         f"{backup.step} steps in {train_seconds:.1f} s of training"
         + (f" (resumed at step {start_step})" if start_step else "")
-    )
-    # A fresh optimizer, so the preset holds no optimizer moments (three times the weights' size,
-    # and a mismatch warning when the preset is loaded again); the weights are unchanged.
-    model.compile()
-    if (
-        args.pack
-    ):  # An ordinary preset: the packing input is an option of the run, not of the model.
-        model = repack(model, packed=False)
-    if writer:
-        write_preset(model, tokenizer, preset_path, args.overwrite)
-    print(
-        f"Wrote the preset {preset_path} (BertBackbone/BertClassifier/BertPretrainer.from_preset)"
     )
     paths = tracking.write_run_report(
         directory,
@@ -753,21 +813,15 @@ def run(args, callbacks, num_processes, process_index):
         arguments=vars(args),
         extra={
             "train_seconds": train_seconds,
-            "total_steps": total_steps,
+            "total_steps": schedule["total_steps"],
             "steps_per_epoch": steps_per_epoch,
             "resumed_from_step": start_step,
-            "warmup_steps": warmup_steps,
+            "warmup_steps": schedule["warmup_steps"],
             "preset_dir": str(preset_path),
-            "model": model_source,
-            "parameters": int(backbone.count_params()),
-            "vocabulary": vocabulary_source,
-            "vocabulary_size": len(vocabulary),
-            "text_files": names,
+            **details,
         },
     )
     print("Wrote", *(path for path in paths if path))
-    if writer:
-        shutil.rmtree(backup_dir, ignore_errors=True)  # Only now: the preset is safely written.
     return metrics
 
 

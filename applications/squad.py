@@ -81,19 +81,10 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
-    args = common.parse_args(build_parser(), argv)
-    if args.squad_file is None:
-        common.check_data_dir(args, required=["squad/dev-v1.1.json"])
-    elif not Path(args.squad_file).is_file():
-        common.fail(f"--squad-file {args.squad_file} does not exist.")
-    args.preset = common.check_preset(args.preset)
-    common.quiet_startup()
-    common.seed_everything(args.seed)
-    from kbert import tracking
+def read_examples(args):
+    """`(examples, train_examples, evaluation, eval_examples)`: the SQuAD file's examples, the
+    shuffled training questions, the evaluation articles and their questions."""
     from kbert.data.readers import read_squad
-    from kbert.metrics import squad_scores
-    from kbert.models import BertQuestionAnswerer
 
     squad_file = args.squad_file or Path(args.data_dir) / "squad" / "dev-v1.1.json"
     examples = read_squad(squad_file, version=args.version)
@@ -115,6 +106,55 @@ def main(argv=None):
         f"questions (articles {args.eval_articles[0]}-{args.eval_articles[1] - 1}); "
         f"{examples.num_misaligned} misaligned answers left out"
     )
+    return examples, train_examples, evaluation, eval_examples
+
+
+def score(args, answers, null_diffs, evaluation, eval_examples):
+    """The SQuAD metrics of `answers` on the evaluated questions (v2.0: with the no-answer
+    probabilities from `null_diffs`)."""
+    from kbert.metrics import squad_scores
+
+    eval_ids = {e["id"] for e in eval_examples}
+    data = evaluation.data
+    if args.max_eval_examples is not None:  # Score only the questions that were answered.
+        data = [
+            {
+                **article,
+                "paragraphs": [
+                    {**p, "qas": [q for q in p["qas"] if q["id"] in eval_ids]}
+                    for p in article["paragraphs"]
+                ],
+            }
+            for article in data
+        ]
+    if args.version == "2.0":
+        import math
+
+        na_probs = {k: 1 / (1 + math.exp(-max(min(v, 50), -50))) for k, v in null_diffs.items()}
+        scores = squad_scores(answers, data, version="2.0", na_probs=na_probs)
+    else:
+        scores = squad_scores(answers, data, version="1.1")
+    metrics = {
+        k: (float(v) if isinstance(v, float) else v)
+        for k, v in scores.items()
+        if isinstance(v, (int, float))
+    }
+    return metrics
+
+
+def main(argv=None):
+    args = common.parse_args(build_parser(), argv)
+    if args.squad_file is None:
+        common.check_data_dir(args, required=["squad/dev-v1.1.json"])
+    elif not Path(args.squad_file).is_file():
+        common.fail(f"--squad-file {args.squad_file} does not exist.")
+    args.preset = common.check_preset(args.preset)
+    common.quiet_startup()
+    common.seed_everything(args.seed)
+    from kbert import tracking
+    from kbert.models import BertQuestionAnswerer
+
+    examples, train_examples, evaluation, eval_examples = read_examples(args)
 
     model = BertQuestionAnswerer.from_preset(
         args.preset,
@@ -145,31 +185,7 @@ def main(argv=None):
     answers, null_diffs, _ = model.predict_answers(
         eval_examples, batch_size=max(args.batch_size, 32), return_details=True
     )
-    eval_ids = {e["id"] for e in eval_examples}
-    data = evaluation.data
-    if args.max_eval_examples is not None:  # Score only the questions that were answered.
-        data = [
-            {
-                **article,
-                "paragraphs": [
-                    {**p, "qas": [q for q in p["qas"] if q["id"] in eval_ids]}
-                    for p in article["paragraphs"]
-                ],
-            }
-            for article in data
-        ]
-    if args.version == "2.0":
-        import math
-
-        na_probs = {k: 1 / (1 + math.exp(-max(min(v, 50), -50))) for k, v in null_diffs.items()}
-        scores = squad_scores(answers, data, version="2.0", na_probs=na_probs)
-    else:
-        scores = squad_scores(answers, data, version="1.1")
-    metrics = {
-        k: (float(v) if isinstance(v, float) else v)
-        for k, v in scores.items()
-        if isinstance(v, (int, float))
-    }
+    metrics = score(args, answers, null_diffs, evaluation, eval_examples)
     tracking.print_metrics(f"squad v{args.version}", metrics)
     directory = common.output_dir(args, f"squad_v{args.version}")
     paths = tracking.write_run_report(

@@ -8,7 +8,6 @@ Add a case: one `_case(id, callable, ExpectedError, "substring")` line. Callable
 
 import json
 import os
-import time
 from unittest import mock
 
 import keras
@@ -710,17 +709,15 @@ def test_bad_input(ctx, fn, error, substring):
     ids=["hidden-1e9", "layers-1e6"],
 )
 def test_hostile_configs_fail_fast(ctx, changes):
-    """A hostile config fails in well under a second, before anything is allocated."""
+    """A hostile config fails before anything is allocated (Python's allocations peak under
+    50 MiB; the weights of the config would take gigabytes)."""
     import tracemalloc
 
     name = "fast_" + "_".join(str(v) for v in changes.values())
     path = ctx.preset_with(name, **changes)
     tracemalloc.start()
-    start = time.perf_counter()
     with pytest.raises(ValueError):
         BertBackbone.from_preset(path)
-    elapsed = time.perf_counter() - start
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert elapsed < 1.0, elapsed
     assert peak < 50 * 2**20, peak

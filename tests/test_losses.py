@@ -73,49 +73,39 @@ def test_matryoshka_matches_numpy():
 
 
 def test_losses_equal_sentence_transformers():
-    """The same embeddings through sentence-transformers' own loss classes."""
-    st_losses = pytest.importorskip("sentence_transformers.sentence_transformer.losses")
+    """The same embeddings through sentence-transformers' own loss classes, built with their
+    public constructors (the model they take is only held; `compute_loss_from_embeddings`
+    reads the given embeddings)."""
+    pytest.importorskip("sentence_transformers")
     torch = pytest.importorskip("torch")
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import losses as st_losses
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
     e = _embeddings(columns=3)
     columns = [torch.tensor(e[:, c]) for c in range(3)]
     labels = torch.zeros(6)
-    mnrl = st_losses.MultipleNegativesRankingLoss.compute_loss_from_embeddings
+    model = SentenceTransformer(modules=[Pooling(e.shape[-1])], device="cpu")
 
-    def reference_mnrl(**settings):
-        cls = st_losses.MultipleNegativesRankingLoss
-        loss = cls.__new__(cls)
-        torch.nn.Module.__init__(loss)
-        defaults = dict(
-            scale=20.0,
-            gather_across_devices=False,
-            directions=("query_to_doc",),
-            partition_mode="joint",
-            hardness_mode=None,
-            hardness_strength=0.0,
-        )
-        defaults.update(settings)
-        for key, value in defaults.items():
-            setattr(loss, key, value)
-        from sentence_transformers.util import cos_sim
-
-        loss.similarity_fct = cos_sim
-        return float(mnrl(loss, columns, labels))
+    def reference(loss, embeddings, targets):
+        with torch.no_grad():
+            return float(loss.compute_loss_from_embeddings(embeddings, targets))
 
     np.testing.assert_allclose(
-        _value(MultipleNegativesRankingLoss(), np.zeros(6), e), reference_mnrl(), rtol=1e-5
+        _value(MultipleNegativesRankingLoss(), np.zeros(6), e),
+        reference(st_losses.MultipleNegativesRankingLoss(model), columns, labels),
+        rtol=1e-5,
+    )
+    symmetric = st_losses.MultipleNegativesRankingLoss(
+        model, directions=("query_to_doc", "doc_to_query"), partition_mode="per_direction"
     )
     np.testing.assert_allclose(
         _value(MultipleNegativesRankingLoss(symmetric=True), np.zeros(6), e),
-        reference_mnrl(directions=("query_to_doc", "doc_to_query"), partition_mode="per_direction"),
+        reference(symmetric, columns, labels),
         rtol=1e-5,
     )
     scores = np.array([0.1, 0.9, 0.5, 0.5, 0.0, 1.0], "float32")
-    cosent = st_losses.CoSENTLoss.__new__(st_losses.CoSENTLoss)
-    torch.nn.Module.__init__(cosent)
-    from sentence_transformers.util import pairwise_cos_sim
-
-    cosent.scale, cosent.similarity_fct = 20.0, pairwise_cos_sim
-    expected = float(cosent.compute_loss_from_embeddings(columns[:2], torch.tensor(scores)))
+    expected = reference(st_losses.CoSENTLoss(model), columns[:2], torch.tensor(scores))
     np.testing.assert_allclose(_value(CoSENTLoss(), scores, e[:, :2]), expected, rtol=1e-5)
 
 

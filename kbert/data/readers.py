@@ -503,6 +503,65 @@ class SquadExamples(list):
         )
 
 
+def _squad_articles(path_or_dict):
+    """`(source, articles)`: where the data comes from (for messages) and its `data` list."""
+    source = "the SQuAD data"
+    if isinstance(path_or_dict, (str, os.PathLike)):
+        source = os.fspath(path_or_dict)
+        try:
+            path_or_dict = json.loads(_decode_file(source, "utf-8"))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{source} is not valid JSON: {error}") from None
+    data = path_or_dict
+    if isinstance(data, dict):
+        if "data" not in data:
+            raise ValueError(
+                f"{source} has no 'data' key; expected SQuAD's "
+                "{'version', 'data': [articles]} layout."
+            )
+        data = data["data"]
+    if not isinstance(data, list):
+        raise ValueError(f"{source}: expected a list of articles. Received: {type(data).__name__}")
+    return source, data
+
+
+def _paragraph_context(where, paragraph):
+    """The context of a checked paragraph object (a string, with a list of `qas`)."""
+    missing = [key for key in ("context", "qas") if key not in paragraph]
+    if missing:
+        raise ValueError(
+            f"{where} has no {missing}; expected SQuAD's {{'context': str, 'qas': [...]}}."
+        )
+    context = paragraph["context"]
+    if not isinstance(context, str) or not isinstance(paragraph["qas"], list):
+        raise ValueError(
+            f"{where}: 'context' must be a string and 'qas' a list. Received: "
+            f"{type(context).__name__} and {type(paragraph['qas']).__name__}"
+        )
+    return context
+
+
+def _aligned_answers(where, raw_answers, context):
+    """`(answers, misaligned)`: the checked answers found in `context` at their
+    `answer_start`, and the others (`{"text", "answer_start"}` each)."""
+    if not isinstance(raw_answers, list):
+        raise ValueError(f"{where}: 'answers' must be a list. Received: {raw_answers!r:.80}")
+    answers, misaligned = [], []
+    for answer in raw_answers:
+        text = answer.get("text") if isinstance(answer, dict) else None
+        start = answer.get("answer_start") if isinstance(answer, dict) else None
+        if not isinstance(text, str) or isinstance(start, bool) or not isinstance(start, int):
+            raise ValueError(
+                f"{where}: an answer must be {{'text': str, 'answer_start': int}}. "
+                f"Received: {answer!r:.120}"
+            )
+        if 0 <= start and context[start : start + len(text)] == text:
+            answers.append({"text": text, "answer_start": start})
+        else:
+            misaligned.append({"text": text, "answer_start": start})
+    return answers, misaligned
+
+
 def read_squad(path_or_dict, version="1.1"):
     """Reads SQuAD v1.1 / v2.0 JSON into a list of question examples.
 
@@ -545,23 +604,7 @@ def read_squad(path_or_dict, version="1.1"):
     """
     if version not in ("1.1", "2.0"):
         raise ValueError(f"`version` must be '1.1' or '2.0'. Received: {version!r}")
-    source = "the SQuAD data"
-    if isinstance(path_or_dict, (str, os.PathLike)):
-        source = os.fspath(path_or_dict)
-        try:
-            path_or_dict = json.loads(_decode_file(source, "utf-8"))
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{source} is not valid JSON: {error}") from None
-    data = path_or_dict
-    if isinstance(data, dict):
-        if "data" not in data:
-            raise ValueError(
-                f"{source} has no 'data' key; expected SQuAD's "
-                "{'version', 'data': [articles]} layout."
-            )
-        data = data["data"]
-    if not isinstance(data, list):
-        raise ValueError(f"{source}: expected a list of articles. Received: {type(data).__name__}")
+    source, data = _squad_articles(path_or_dict)
 
     examples, misaligned, dropped = [], [], []
     for article_index, article in enumerate(data):
@@ -583,17 +626,7 @@ def read_squad(path_or_dict, version="1.1"):
                     f"{where}: expected an object with 'context' and 'qas'. Received: "
                     f"{paragraph!r:.80}"
                 )
-            missing = [key for key in ("context", "qas") if key not in paragraph]
-            if missing:
-                raise ValueError(
-                    f"{where} has no {missing}; expected SQuAD's {{'context': str, 'qas': [...]}}."
-                )
-            context = paragraph["context"]
-            if not isinstance(context, str) or not isinstance(paragraph["qas"], list):
-                raise ValueError(
-                    f"{where}: 'context' must be a string and 'qas' a list. Received: "
-                    f"{type(context).__name__} and {type(paragraph['qas']).__name__}"
-                )
+            context = _paragraph_context(where, paragraph)
             for qa_index, qa in enumerate(paragraph["qas"]):
                 if not isinstance(qa, dict) or "question" not in qa or "id" not in qa:
                     raise ValueError(
@@ -606,36 +639,12 @@ def read_squad(path_or_dict, version="1.1"):
                     raise ValueError(
                         f"{source}: question {qid!r} is marked is_impossible; use version='2.0'."
                     )
-                answers = []
                 raw_answers = [] if impossible else qa.get("answers", [])
-                if not isinstance(raw_answers, list):
-                    raise ValueError(
-                        f"{where}, question {qid!r}: 'answers' must be a list. Received: "
-                        f"{raw_answers!r:.80}"
-                    )
-                for answer in raw_answers:
-                    text = answer.get("text") if isinstance(answer, dict) else None
-                    start = answer.get("answer_start") if isinstance(answer, dict) else None
-                    if (
-                        not isinstance(text, str)
-                        or isinstance(start, bool)
-                        or not isinstance(start, int)
-                    ):
-                        raise ValueError(
-                            f"{where}, question {qid!r}: an answer must be {{'text': str, "
-                            f"'answer_start': int}}. Received: {answer!r:.120}"
-                        )
-                    if 0 <= start and context[start : start + len(text)] == text:
-                        answers.append({"text": text, "answer_start": start})
-                    else:
-                        misaligned.append(
-                            {
-                                "id": qid,
-                                "text": text,
-                                "answer_start": start,
-                                "article_index": article_index,
-                            }
-                        )
+                question = f"{where}, question {qid!r}"
+                answers, wrong = _aligned_answers(question, raw_answers, context)
+                misaligned.extend(
+                    {"id": qid, **answer, "article_index": article_index} for answer in wrong
+                )
                 if not impossible and not answers:
                     if raw_answers or version == "1.1":
                         dropped.append({"id": qid, "article_index": article_index})

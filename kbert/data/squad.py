@@ -171,6 +171,104 @@ def _as_lists(value):
     return value.to_list() if hasattr(value, "to_list") else value
 
 
+def _check_window_settings(max_sequence_length, doc_stride, max_query_length):
+    for name, value, minimum in (
+        ("max_sequence_length", max_sequence_length, 4),
+        ("doc_stride", doc_stride, 1),
+        ("max_query_length", max_query_length, 1),
+    ):
+        if not isinstance(value, (int, np.integer)) or value < minimum:
+            raise ValueError(
+                f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}"
+            )
+
+
+def _tokenize_examples(examples, tokenizer):
+    """The question pieces of every example, and each distinct context tokenized once
+    (contexts repeat across questions: about five questions per SQuAD paragraph) with its
+    pieces' character offsets: `(questions, context_index, ids, starts, ends)`."""
+    questions = _as_lists(tokenizer.tokenize([e.question for e in examples])) if examples else []
+    for example, question_ids in zip(examples, questions):
+        if not question_ids:
+            raise ValueError(
+                f"Example {example.id!r} has a question with no tokens: {example.question!r}. "
+                "Expected a non-empty question."
+            )
+    unique_contexts = list(dict.fromkeys(e.context for e in examples))
+    context_index = {c: i for i, c in enumerate(unique_contexts)}
+    tokenized = (
+        [_as_lists(part) for part in tokenizer.tokenize_with_offsets(unique_contexts)]
+        if unique_contexts
+        else [[], [], [], []]
+    )
+    return questions, context_index, tokenized[0], tokenized[1], tokenized[2]
+
+
+# `_answer_tokens` of an answer that does not match its context (the example is skipped).
+_UNMATCHED = object()
+# `_append_windows`' answer when no labels are computed.
+_NO_LABELS = object()
+
+
+def _answer_tokens(example, starts, ends):
+    """`(first, last)` context piece of the first answer, `None` for no answer, or
+    `_UNMATCHED` when the answer is not at `answer_start` or covers no piece."""
+    if example.is_impossible or not example.answers:
+        return None
+    answer = example.answers[0]
+    if not answer_matches_context(example.context, answer):
+        return _UNMATCHED
+    begin = answer["answer_start"]
+    finish = begin + len(answer["text"])
+    inside = np.nonzero((ends > begin) & (starts < finish))[0]
+    if len(inside) == 0:  # The answer is whitespace or deleted characters only.
+        return _UNMATCHED
+    return (int(inside[0]), int(inside[-1]))
+
+
+def _append_windows(
+    rows, index, query, context, spans, special_ids, max_sequence_length, answer_tokens
+):
+    """Appends the packed windows `[CLS] query [SEP] context[span] [SEP]` of example `index`
+    to `rows` (with start/end labels unless `answer_tokens` is `_NO_LABELS`)."""
+    doc_ids, starts, ends = context
+    cls_id, sep_id, pad_id = special_ids
+    best_window = _max_context_windows(spans, len(doc_ids))
+    offset = len(query) + 2
+    for w, (start, length) in enumerate(spans):
+        token_ids = np.full(max_sequence_length, pad_id, dtype=np.int32)
+        segment_ids = np.zeros(max_sequence_length, dtype=np.int32)
+        padding_mask = np.zeros(max_sequence_length, dtype=np.int32)
+        offsets = np.full((max_sequence_length, 2), -1, dtype=np.int32)
+        max_context = np.zeros(max_sequence_length, dtype=bool)
+        total = offset + length + 1
+        token_ids[0] = cls_id
+        token_ids[1 : offset - 1] = query
+        token_ids[offset - 1] = sep_id
+        token_ids[offset : offset + length] = doc_ids[start : start + length]
+        token_ids[offset + length] = sep_id
+        segment_ids[offset:total] = 1
+        padding_mask[:total] = 1
+        offsets[offset : offset + length, 0] = starts[start : start + length]
+        offsets[offset : offset + length, 1] = ends[start : start + length]
+        max_context[offset : offset + length] = best_window[start : start + length] == w
+        rows["token_ids"].append(token_ids)
+        rows["segment_ids"].append(segment_ids)
+        rows["padding_mask"].append(padding_mask)
+        rows["offsets"].append(offsets)
+        rows["max_context"].append(max_context)
+        rows["example_index"].append(index)
+        if answer_tokens is _NO_LABELS:
+            continue
+        first, last = 0, 0
+        if answer_tokens is not None:
+            a, b = answer_tokens
+            if start <= a and b < start + length:
+                first, last = a - start + offset, b - start + offset
+        rows["start"].append(first)
+        rows["end"].append(last)
+
+
 def prepare_squad_features(
     examples,
     tokenizer,
@@ -208,34 +306,12 @@ def prepare_squad_features(
     >>> features.start_positions, features.end_positions  # "ann", after [CLS] question [SEP]
     (array([10], dtype=int32), array([10], dtype=int32))
     """
-    for name, value, minimum in (
-        ("max_sequence_length", max_sequence_length, 4),
-        ("doc_stride", doc_stride, 1),
-        ("max_query_length", max_query_length, 1),
-    ):
-        if not isinstance(value, (int, np.integer)) or value < minimum:
-            raise ValueError(
-                f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}"
-            )
+    _check_window_settings(max_sequence_length, doc_stride, max_query_length)
     examples = as_squad_examples(examples)
-    questions = _as_lists(tokenizer.tokenize([e.question for e in examples])) if examples else []
-    for example, question_ids in zip(examples, questions):
-        if not question_ids:
-            raise ValueError(
-                f"Example {example.id!r} has a question with no tokens: {example.question!r}. "
-                "Expected a non-empty question."
-            )
-    # Contexts repeat across questions (about five questions per SQuAD paragraph).
-    unique_contexts = list(dict.fromkeys(e.context for e in examples))
-    context_index = {c: i for i, c in enumerate(unique_contexts)}
-    tokenized = (
-        [_as_lists(part) for part in tokenizer.tokenize_with_offsets(unique_contexts)]
-        if unique_contexts
-        else [[], [], [], []]
+    questions, context_index, context_ids, context_starts, context_ends = _tokenize_examples(
+        examples, tokenizer
     )
-    context_ids, context_starts, context_ends = tokenized[0], tokenized[1], tokenized[2]
-
-    cls_id, sep_id, pad_id = tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id
+    special_ids = (tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id)
     rows = collections.defaultdict(list)
     skipped = []
     progbar = None
@@ -254,20 +330,10 @@ def prepare_squad_features(
 
         answer_tokens = None  # (first, last) context piece of the answer, or None.
         if labels:
-            if example.is_impossible or not example.answers:
-                answer_tokens = None
-            else:
-                answer = example.answers[0]
-                if not answer_matches_context(example.context, answer):
-                    skipped.append(example.id)
-                    continue
-                begin = answer["answer_start"]
-                finish = begin + len(answer["text"])
-                inside = np.nonzero((ends > begin) & (starts < finish))[0]
-                if len(inside) == 0:  # The answer is whitespace or deleted characters only.
-                    skipped.append(example.id)
-                    continue
-                answer_tokens = (int(inside[0]), int(inside[-1]))
+            answer_tokens = _answer_tokens(example, starts, ends)
+            if answer_tokens is _UNMATCHED:
+                skipped.append(example.id)
+                continue
 
         max_tokens = max_sequence_length - len(query) - 3
         if max_tokens < 1:
@@ -278,39 +344,16 @@ def prepare_squad_features(
                 "max_sequence_length; lower max_query_length or raise max_sequence_length."
             )
         spans = _window_spans(len(doc_ids), max_tokens, doc_stride)
-        best_window = _max_context_windows(spans, len(doc_ids))
-        offset = len(query) + 2
-        for w, (start, length) in enumerate(spans):
-            token_ids = np.full(max_sequence_length, pad_id, dtype=np.int32)
-            segment_ids = np.zeros(max_sequence_length, dtype=np.int32)
-            padding_mask = np.zeros(max_sequence_length, dtype=np.int32)
-            offsets = np.full((max_sequence_length, 2), -1, dtype=np.int32)
-            max_context = np.zeros(max_sequence_length, dtype=bool)
-            total = offset + length + 1
-            token_ids[0] = cls_id
-            token_ids[1 : offset - 1] = query
-            token_ids[offset - 1] = sep_id
-            token_ids[offset : offset + length] = doc_ids[start : start + length]
-            token_ids[offset + length] = sep_id
-            segment_ids[offset:total] = 1
-            padding_mask[:total] = 1
-            offsets[offset : offset + length, 0] = starts[start : start + length]
-            offsets[offset : offset + length, 1] = ends[start : start + length]
-            max_context[offset : offset + length] = best_window[start : start + length] == w
-            rows["token_ids"].append(token_ids)
-            rows["segment_ids"].append(segment_ids)
-            rows["padding_mask"].append(padding_mask)
-            rows["offsets"].append(offsets)
-            rows["max_context"].append(max_context)
-            rows["example_index"].append(index)
-            if labels:
-                first, last = 0, 0
-                if answer_tokens is not None:
-                    a, b = answer_tokens
-                    if start <= a and b < start + length:
-                        first, last = a - start + offset, b - start + offset
-                rows["start"].append(first)
-                rows["end"].append(last)
+        _append_windows(
+            rows,
+            index,
+            query,
+            (doc_ids, starts, ends),
+            spans,
+            special_ids,
+            max_sequence_length,
+            answer_tokens if labels else _NO_LABELS,
+        )
     if progbar is not None:
         progbar.update(len(examples), finalize=True)
     if skipped:

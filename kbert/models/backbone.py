@@ -304,26 +304,25 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         attention_implementation="auto",
         **kwargs,
     ):
-        validate_backbone_config(
-            {
-                "vocabulary_size": vocabulary_size,
-                "num_layers": num_layers,
-                "num_heads": num_heads,
-                "hidden_dim": hidden_dim,
-                "intermediate_dim": intermediate_dim,
-                "max_sequence_length": max_sequence_length,
-                "num_segments": num_segments,
-                "dropout": dropout,
-                "attention_dropout": attention_dropout,
-                "activation": activation,
-                "layer_norm_epsilon": layer_norm_epsilon,
-                "pad_token_id": pad_token_id,
-                "flash_attention": flash_attention,
-                "attention_implementation": attention_implementation,
-                "remat": remat,
-                "packed": packed,
-            }
-        )
+        config = {
+            "vocabulary_size": vocabulary_size,
+            "num_layers": num_layers,
+            "num_heads": num_heads,
+            "hidden_dim": hidden_dim,
+            "intermediate_dim": intermediate_dim,
+            "max_sequence_length": max_sequence_length,
+            "num_segments": num_segments,
+            "dropout": dropout,
+            "attention_dropout": attention_dropout,
+            "activation": activation,
+            "layer_norm_epsilon": layer_norm_epsilon,
+            "pad_token_id": pad_token_id,
+            "flash_attention": flash_attention,
+            "attention_implementation": attention_implementation,
+            "remat": remat,
+            "packed": packed,
+        }
+        validate_backbone_config(config)
         unknown = sorted(set(kwargs) - {"name", "trainable"})
         if unknown:
             raise ValueError(
@@ -331,38 +330,57 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
                 f"{sorted(_BACKBONE_ARGUMENTS)}."
             )
         dtype = resolve_dtype_policy(dtype)
+        embeddings, transformer_layers, pooler = self._build_layers(config, dtype)
+        inputs, outputs = self._connect(embeddings, transformer_layers, pooler, packed)
+        super().__init__(inputs=inputs, outputs=outputs, dtype=dtype, **kwargs)
+        # A functional `keras.Model` drops `dtype`: keep the policy on the model itself, so
+        # that heads built from `backbone.dtype_policy` and the saved config follow it.
+        self.dtype_policy = dtype
+        # Layer attributes are set after `Model.__init__` (torch modules require it).
+        self.embeddings = embeddings
+        self.transformer_layers = transformer_layers
+        self.pooler = pooler
+        # The config, one attribute per argument.
+        for name, value in config.items():
+            setattr(self, name, value)
+        self.input_names = PACKED_BACKBONE_INPUTS if packed else BACKBONE_INPUTS
 
-        # === Layers ===
+    @staticmethod
+    def _build_layers(config, dtype):
+        """The embeddings, the `num_layers` encoder blocks and the pooler of `config`."""
         embeddings = BertEmbeddings(
-            vocabulary_size=vocabulary_size,
-            hidden_dim=hidden_dim,
-            max_sequence_length=max_sequence_length,
-            num_segments=num_segments,
-            layer_norm_epsilon=layer_norm_epsilon,
-            dropout=dropout,
-            pad_token_id=pad_token_id,
+            vocabulary_size=config["vocabulary_size"],
+            hidden_dim=config["hidden_dim"],
+            max_sequence_length=config["max_sequence_length"],
+            num_segments=config["num_segments"],
+            layer_norm_epsilon=config["layer_norm_epsilon"],
+            dropout=config["dropout"],
+            pad_token_id=config["pad_token_id"],
             dtype=dtype,
             name="embeddings",
         )
         transformer_layers = [
             TransformerEncoder(
-                num_heads=num_heads,
-                intermediate_dim=intermediate_dim,
-                activation=activation,
-                dropout=dropout,
-                attention_dropout=attention_dropout,
-                layer_norm_epsilon=layer_norm_epsilon,
-                flash_attention=flash_attention,
-                attention_implementation=attention_implementation,
-                remat=remat,
+                num_heads=config["num_heads"],
+                intermediate_dim=config["intermediate_dim"],
+                activation=config["activation"],
+                dropout=config["dropout"],
+                attention_dropout=config["attention_dropout"],
+                layer_norm_epsilon=config["layer_norm_epsilon"],
+                flash_attention=config["flash_attention"],
+                attention_implementation=config["attention_implementation"],
+                remat=config["remat"],
                 dtype=dtype,
                 name=f"transformer_layer_{i}",
             )
-            for i in range(num_layers)
+            for i in range(config["num_layers"])
         ]
-        pooler = BertPooler(hidden_dim, dtype=dtype, name="pooler")
+        pooler = BertPooler(config["hidden_dim"], dtype=dtype, name="pooler")
+        return embeddings, transformer_layers, pooler
 
-        # === Functional model ===
+    @staticmethod
+    def _connect(embeddings, transformer_layers, pooler, packed):
+        """The functional graph: the `keras.Input`s and the outputs of the layers on them."""
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
         segment_ids = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
         padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
@@ -384,38 +402,7 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
             x = embeddings(token_ids, segment_ids)  # (batch, seq, hidden)
         for layer in transformer_layers:
             x = layer(x, padding_mask=attention_mask)
-        super().__init__(
-            inputs=inputs,
-            outputs={"sequence_output": x, "pooled_output": pooler(x)},
-            dtype=dtype,
-            **kwargs,
-        )
-        # A functional `keras.Model` drops `dtype`: keep the policy on the model itself, so
-        # that heads built from `backbone.dtype_policy` and the saved config follow it.
-        self.dtype_policy = dtype
-        # Layer attributes are set after `Model.__init__` (torch modules require it).
-        self.embeddings = embeddings
-        self.transformer_layers = transformer_layers
-        self.pooler = pooler
-
-        # === Config ===
-        self.vocabulary_size = vocabulary_size
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.hidden_dim = hidden_dim
-        self.intermediate_dim = intermediate_dim
-        self.max_sequence_length = max_sequence_length
-        self.num_segments = num_segments
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.activation = activation
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.pad_token_id = pad_token_id
-        self.flash_attention = flash_attention
-        self.attention_implementation = attention_implementation
-        self.remat = remat
-        self.packed = packed
-        self.input_names = PACKED_BACKBONE_INPUTS if packed else BACKBONE_INPUTS
+        return inputs, {"sequence_output": x, "pooled_output": pooler(x)}
 
     @classmethod
     def get_layout_map(

@@ -132,7 +132,6 @@ class PreTokenizer:
         row_splits = tf.cast(decoded.row_splits, tf.int32)
         char_row = tf.cast(decoded.value_rowids(), tf.int32)
         n = tf.size(chars)
-        positions = tf.range(n)
         row_start = tf.gather(row_splits, char_row)
         row_end = tf.gather(row_splits, char_row + 1)
 
@@ -152,7 +151,14 @@ class PreTokenizer:
             chars = tf.where(final, _unicode.FINAL_SIGMA, chars)
             kind = tf.where(final, _unicode.WORD, kind)
 
-        # Expansion of every character into normalised code points.
+        normalized = self._expand(chars, kind, covered, special, special_start, char_row)
+        return self._words(texts, row_splits, special, *normalized)
+
+    def _expand(self, chars, kind, covered, special, special_start, char_row):
+        """Expansion of every character into normalised code points: their values and types,
+        and the character and row each comes from."""
+        n = tf.size(chars)
+        positions = tf.range(n)
         is_mapped = (kind == _unicode.MAPPED) & ~covered
         if self._mapped is not None:
             expansion = tf.maximum(self._mapped.lookup(chars), 0)
@@ -180,9 +186,11 @@ class PreTokenizer:
         norm_types = tf.gather(pool_types, sources.flat_values)
         norm_char = tf.cast(sources.value_rowids(), tf.int32)
         norm_row = tf.gather(char_row, norm_char)
+        return norm_values, norm_types, norm_char, norm_row
 
-        # Words: runs of word characters; punctuation, CJK and special tokens
-        # alone; whitespace separates.
+    def _words(self, texts, row_splits, special, norm_values, norm_types, norm_char, norm_row):
+        """Words: runs of word characters; punctuation, CJK and special tokens alone;
+        whitespace separates. Returns the `PreTokenized`."""
         is_word = norm_types == _unicode.TYPE_WORD
         previous_type = _shift_right(norm_types, _unicode.TYPE_SPACE)
         previous_row = _shift_right(norm_row, -1)

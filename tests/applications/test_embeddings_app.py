@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from applications import embeddings
@@ -80,7 +81,19 @@ def test_evaluate_and_train(tmp_path, preset):  # noqa: F811
         ]
     )
     metrics = results["kbert"]
-    assert -100 <= metrics["stsb_spearman"] <= 100
+    # STS-B: Spearman (x 100) of the pairs' cosines, computed here with SciPy from the
+    # embeddings of the same preset.
+    from scipy.stats import spearmanr
+
+    from kbert.models import BertTextEmbedder
+
+    embedder = BertTextEmbedder.from_preset(preset, sequence_length=32)
+    first, second, scores = embeddings.stsb_data(data, "dev")
+    a, b = embedder.encode(first), embedder.encode(second)
+    cosines = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    expected = 100 * spearmanr(cosines, scores).correlation
+    assert np.isfinite(expected)
+    assert metrics["stsb_spearman"] == pytest.approx(expected, abs=1e-3)
     assert 0 <= metrics["squad_recall@1"] <= metrics["squad_recall@10"] <= 100
     written = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert written["results"]["kbert"]["squad_mrr@10"] == pytest.approx(metrics["squad_mrr@10"])

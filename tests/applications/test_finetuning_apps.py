@@ -261,13 +261,31 @@ def test_mistakes_fail_at_once_in_one_line(preset, tmp_path):
         (("ner.py", "--preset", str(preset), *data), "conll2003/eng.train"),
         (("squad.py", "--preset", str(preset), *data), "squad/dev-v1.1.json"),
     ]
+    # A test-only sitecustomize records which frameworks the process had imported at its exit.
+    hooks, record = tmp_path / "hooks", tmp_path / "imported.txt"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(
+        "import atexit, os, sys\n"
+        "def _report():\n"
+        "    with open(os.environ['KBERT_TEST_IMPORTS'], 'w') as f:\n"
+        "        f.write(' '.join(m for m in ('keras', 'tensorflow', 'jax', 'torch')\n"
+        "                         if m in sys.modules))\n"
+        "atexit.register(_report)\n"
+    )
+    env = {
+        "KBERT_PRESETS_DIR": str(tmp_path / "presets"),
+        "PYTHONPATH": os.pathsep.join([str(hooks), str(REPO)]),
+        "KBERT_TEST_IMPORTS": str(record),
+    }
     for args, message in cases:
-        result, seconds = _run(*args, env_extra={"KBERT_PRESETS_DIR": str(tmp_path / "presets")})
+        record.unlink(missing_ok=True)
+        result, _ = _run(*args, env_extra=env)
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2, (args, result.stderr)
         assert len(lines) == 1 and message in lines[0], (args, result.stderr)
         assert "Traceback" not in result.stderr
-        assert seconds < 20, (args, seconds)  # no Keras/TensorFlow import before the check
+        # The check ran before any framework was imported (the seconds that would cost).
+        assert record.read_text() == "", (args, record.read_text())
 
 
 @pytest.mark.backend_independent  # The reader's error, before any model is built.

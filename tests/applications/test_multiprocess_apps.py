@@ -5,7 +5,11 @@ hosts"): torch under `python -m torch.distributed.run` (torchrun), JAX with Kera
 Both processes exit 0; a `sitecustomize` audit hook (test-only, on `PYTHONPATH`) records every
 file or folder each process creates, writes, renames or removes under the output folder: process
 1 touched none, process 0 wrote the run's files. The records show one run over the global
-batch (as many steps as one process takes with the same `--batch-size`). Every wait is bounded;
+batch (as many steps as one process takes with the same `--batch-size`), and the hook saves
+each process' weights at the start and end of `fit`: the two replicas end equal (1e-6) after
+moving 100 times more, which they would not without the gradients' sync (each process trains on
+its own slice of every global batch). That two processes equal one process on the same global
+batches is tested in tests/test_multiprocess.py. Every wait is bounded;
 the processes are killed on failure; ports are free ports of 127.0.0.1.
 """
 
@@ -69,6 +73,48 @@ AUDIT = textwrap.dedent(
 
     sys.addaudithook(_hook)
     atexit.register(_report)
+
+    # Each process' weights at the start of its first `fit` and at the end of its last, saved
+    # beside the records (outside the output folder): the replicas must end equal.
+    import importlib.abc, importlib.util
+
+    def _save_weights(model, stage, first_only=False):
+        if _rank() is None:
+            return
+        import keras, numpy as np
+
+        name = os.path.join(os.environ["KBERT_AUDIT_RECORDS"], f"{stage}_{_rank()}.npz")
+        if first_only and os.path.exists(name):
+            return
+        np.savez(name, *[keras.ops.convert_to_numpy(w) for w in model.trainable_weights])
+
+    def _patch(keras):
+        fit = keras.Model.fit
+
+        def recording_fit(self, *args, **kwargs):
+            _save_weights(self, "start", first_only=True)
+            result = fit(self, *args, **kwargs)
+            _save_weights(self, "end")
+            return result
+
+        keras.Model.fit = recording_fit
+
+    class _AfterKeras(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "keras":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            execute = spec.loader.exec_module
+
+            def execute_and_patch(module):
+                execute(module)
+                _patch(module)
+
+            spec.loader.exec_module = execute_and_patch
+            return spec
+
+    sys.meta_path.insert(0, _AfterKeras())
     '''
 )
 
@@ -154,7 +200,27 @@ def _run_two_processes(tmp_path, script_args, output):
     codes = [p.returncode for p in running]
     assert codes == [0] * len(running), "\n".join(out[-4000:] for out in outputs)
     writes = [json.loads((records / f"writes_{i}.json").read_text()) for i in range(2)]
+    _check_replicas_trained_together(records)
     return writes, "\n".join(outputs)
+
+
+def _check_replicas_trained_together(records):
+    """Both processes end `fit` with the same weights, far from where they started: each
+    trained on its own slice of every global batch, so without the gradients' sync over the
+    processes the replicas would drift apart."""
+    import numpy as np
+
+    def load(stage, index):
+        with np.load(records / f"{stage}_{index}.npz") as data:
+            return [data[f"arr_{i}"] for i in range(len(data.files))]
+
+    start, ends = load("start", 0), [load("end", i) for i in range(2)]
+    assert len(ends[0]) == len(ends[1]) == len(start) > 0
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(ends[0], start))
+    apart = max(float(np.abs(a - b).max()) for a, b in zip(ends[0], ends[1]))
+    assert moved > 1e-4, moved
+    # Replicas that each followed their own slice would differ by about as much as they moved.
+    assert apart <= min(1e-6, moved / 100), (apart, moved)
 
 
 @pytest.fixture(scope="module")

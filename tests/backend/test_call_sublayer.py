@@ -19,12 +19,37 @@ def _dense(dtype=None):
 
 
 def test_direct_call_equals_keras_call():
+    if keras.backend.backend() != "torch":
+        pytest.skip(
+            "the direct path exists on torch only; elsewhere call_sublayer is Keras' __call__ "
+            "(see test_other_backends_go_through_keras_call)"
+        )
     layer = _dense()
     x = np.random.default_rng(1).normal(size=(3, 6)).astype("float32")
     x = keras.ops.convert_to_tensor(x)
     expected = keras.ops.convert_to_numpy(layer(x))
     assert np.abs(expected).max() > 0.5
     np.testing.assert_allclose(keras.ops.convert_to_numpy(call_sublayer(layer, x)), expected)
+
+
+def test_other_backends_go_through_keras_call():
+    """On JAX and TensorFlow `call_sublayer` is Keras' `__call__`: under mixed precision it
+    casts the float32 input and kernel to bfloat16 (`layer.call` alone would compute in
+    float32)."""
+    if keras.backend.backend() == "torch":
+        pytest.skip("torch: see test_torch_skips_keras_call_only_where_it_changes_nothing")
+    layer = _dense(dtype="mixed_bfloat16")
+    x = keras.ops.convert_to_tensor(np.random.default_rng(1).normal(size=(3, 6)), "float32")
+    out = call_sublayer(layer, x)
+    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
+    direct = layer.call(x)
+    assert keras.backend.standardize_dtype(direct.dtype) == "float32"  # what it would skip
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(keras.ops.cast(out, "float32")),
+        keras.ops.convert_to_numpy(direct),
+        rtol=2e-2,
+        atol=2e-2,
+    )
 
 
 def test_torch_skips_keras_call_only_where_it_changes_nothing():

@@ -16,13 +16,17 @@ Only 127.0.0.1, an ephemeral port, one daemon thread per connection and socket t
 send half of it and close the connection, and `fail_after_drop` answers the later GETs (the
 client's resumption or restart) with 500;
 `stall` makes GETs of a file send half of it and wait (the test kills the client meanwhile);
-a file whose bytes are None is listed but answered with `EntryNotFound`.
+`metadata_status` (e.g. 503) answers every `/api/` request with that server error; a file
+whose bytes are None is listed but answered with `EntryNotFound`.
+
+`SilentServer` accepts connections on 127.0.0.1 and never answers (a Hub that hangs).
 """
 
 import hashlib
 import http.server
 import json
 import re
+import socket
 import threading
 from urllib.parse import unquote, urlsplit
 
@@ -64,6 +68,7 @@ class HubServer:
         self.stall = set()  # paths in repo whose GET sends half, then waits for `release`
         self.stalled = threading.Event()  # set once a stalled transfer has sent its half
         self.release = threading.Event()
+        self.metadata_status = None  # e.g. 503: every /api/ request fails with it
         self._lock = threading.Lock()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -93,6 +98,27 @@ class HubServer:
         self._thread.join(timeout=5)
 
 
+class SilentServer:
+    """`with SilentServer() as silent:` listens at `silent.endpoint`: the kernel completes
+    every connection (a backlog of 16) but nothing reads or answers a request."""
+
+    def __init__(self):
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.listen(16)
+
+    @property
+    def endpoint(self):
+        host, port = self._socket.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._socket.close()
+
+
 _INFO = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)(/revision/(?P<rev>[^/]+))?")
 _TREE = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/]+)(?P<path>/.*)?")
 _RESOLVE = re.compile(r"/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)")
@@ -120,6 +146,8 @@ def _handler(hub):
             path = unquote(urlsplit(self.path).path)
             with hub._lock:
                 hub.requests.append((self.command, path))
+            if hub.metadata_status and path.startswith("/api/"):
+                return self._error(hub.metadata_status, None, "Service Unavailable")
             for pattern, serve in ((_INFO, self._info), (_TREE, self._tree)):
                 match = pattern.fullmatch(path)
                 if match:

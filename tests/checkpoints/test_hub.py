@@ -15,14 +15,10 @@ import pytest
 from kbert import hub
 from kbert.models import BertBackbone, BertClassifier
 from kbert.text import BertPreprocessor, BertTokenizer
-from tests.checkpoints._hub_server import HubServer, Repository
+from tests.checkpoints._hub_server import HubServer, Repository, SilentServer
 from tests.test_case import REPO_ROOT, random_backbone_inputs, tiny_backbone_kwargs, to_numpy
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
-pytestmark = pytest.mark.skipif(
-    huggingface_hub.is_offline_mode(),
-    reason="huggingface_hub was imported with HF_HUB_OFFLINE set: it refuses every request",
-)
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 TINY = "kbert-test/tiny-classifier"
@@ -77,6 +73,11 @@ def hub_env(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     for name in ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_ETAG_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
+    # huggingface_hub reads HF_HUB_OFFLINE once, at its import: a caller's setting must not
+    # make it refuse the loopback requests (kbert itself reads the variable at call time).
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     return tmp_path
 
 
@@ -176,6 +177,10 @@ def test_revision_pins_a_commit(served, tiny_preset, tmp_path):
         loaded = BertBackbone.from_preset(f"hf://{TINY}@{revision}")
         np.testing.assert_array_equal(to_numpy(loaded(inputs))["sequence_output"], expected)
     assert hub.resolve_preset_source(f"hf://{TINY}").name != commit  # main is another commit
+    main = to_numpy(BertBackbone.from_preset(f"hf://{TINY}")(inputs))["sequence_output"]
+    reference = to_numpy(BertBackbone.from_preset(tiny_preset)(inputs))["sequence_output"]
+    np.testing.assert_array_equal(main, reference)
+    assert np.abs(main - expected).max() > 1e-3  # v2's weights are not main's
 
 
 def test_preset_name_resolves_to_its_repository_unless_installed(hub_env, monkeypatch, tmp_path):
@@ -250,6 +255,45 @@ def test_unreachable_hub_fails_fast_naming_the_handle(hub_env, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE is set.*does not hold it"):
         BertBackbone.from_preset("hf://kbert-test/x")
+
+
+def test_silent_hub_fails_within_the_etag_timeout_then_the_cache_answers(
+    served, hub_env, monkeypatch
+):
+    """A Hub that accepts the connection and never answers: the metadata request gives up
+    after HF_HUB_ETAG_TIMEOUT (not huggingface_hub's 10 s default), then the cache answers."""
+    handle = f"hf://{TINY}"
+    snapshot = hub.resolve_preset_source(handle)  # Cached from the served Hub.
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "0.5")
+    with SilentServer() as silent:
+        monkeypatch.setenv("HF_ENDPOINT", silent.endpoint)
+        start = time.monotonic()
+        assert hub.resolve_preset_source(handle) == snapshot
+        with pytest.raises(
+            ConnectionError, match=r"hf://kbert-test/x.*could not be reached within 0.5 s"
+        ):
+            BertBackbone.from_preset("hf://kbert-test/x")  # Not in the cache.
+        elapsed = time.monotonic() - start
+    assert elapsed < 8, elapsed  # Two waits of 0.5 s; the default would be 2 x 10 s.
+
+
+def test_server_error_on_metadata_falls_back_to_the_cache(served, hub_env, tiny_preset):
+    handle = f"hf://{TINY}"
+    snapshot = hub.resolve_preset_source(handle)
+    served.metadata_status = 503
+    seen, downloads = len(served.requests), len(served.file_requests("GET"))
+    assert hub.resolve_preset_source(handle) == snapshot
+    assert any(path.startswith("/api/") for _, path in served.requests[seen:])  # it was asked
+    assert len(served.file_requests("GET")) == downloads  # and the cache answered
+    classifier = BertClassifier.from_preset(handle)
+    reference = BertClassifier.from_preset(tiny_preset)
+    np.testing.assert_array_equal(
+        to_numpy(classifier.predict(TEXTS, verbose=0)),
+        to_numpy(reference.predict(TEXTS, verbose=0)),
+    )
+    # Not in the cache: the server error is named, not taken for a missing repository.
+    with pytest.raises(ConnectionError, match=r"hf://kbert-test/other.*could not be reached.*503"):
+        BertBackbone.from_preset("hf://kbert-test/other")
 
 
 def test_missing_huggingface_hub_names_the_extra(hub_env, monkeypatch):

@@ -171,40 +171,68 @@ def test_question_answerer_same_windows_same_answers():
 
 
 # ------------------------------------------------------------------- shapes and fit
+class _ComputedLengths(keras.callbacks.Callback):
+    """Records the (rows, length) of every per-token output the compiled predict function
+    returned: the length the backend really computed at, whatever shapes its trace saw."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def on_predict_batch_end(self, batch, logs=None):
+        outputs = keras.ops.convert_to_numpy(logs["outputs"])
+        self.batches.append(tuple(outputs.shape[:2]))
+
+
+def _expected_lengths(lengths, batch_size, buckets):
+    """Rows sorted longest first, cut into batches, each padded to the smallest bucket that
+    holds its longest row (computed here, not with the library's planner)."""
+    ordered = sorted(lengths, reverse=True)
+    result = []
+    for start in range(0, len(ordered), batch_size):
+        chunk = ordered[start : start + batch_size]
+        result.append((len(chunk), min(b for b in buckets if b >= chunk[0])))
+    return result
+
+
 def test_bounded_number_of_shapes():
-    """JAX and TensorFlow trace `call` once per input shape they compile: at most one per
-    bucket plus the one short batch. Eager torch pads each batch to its own longest row."""
-    preprocessor = toy_preprocessor(SEQUENCE_LENGTH)
-    model = BertClassifier(toy_backbone(), num_classes=2, preprocessor=preprocessor)
-    shapes = []
+    """Each batch is computed at the bucket of its longest row (read from the outputs the
+    compiled function returns), and JAX and TensorFlow trace `call` at most once per bucket
+    plus the one short batch. Eager torch pads each batch to its own longest row."""
+    tags = ["O", "B-PER", "I-PER"]
+    model = BertTagger(toy_backbone(), labels=tags, preprocessor=toy_preprocessor(SEQUENCE_LENGTH))
+    traced = []
     original = model.call
 
     def recording_call(inputs, *args, **kwargs):
-        shapes.append(tuple(inputs["token_ids"].shape))
+        traced.append(tuple(inputs["token_ids"].shape))
         return original(inputs, *args, **kwargs)
 
     model.call = recording_call
     texts = _sentences(44, seed=5)
-    packed = {k: keras.ops.convert_to_numpy(v) for k, v in model.preprocessor(texts).items()}
-    lengths = batching.row_lengths(packed["padding_mask"])
-    model.predict(packed, batch_size=8, verbose=0)
-    model.predict(packed, batch_size=8, verbose=0)
-    buckets = batching.model_buckets(model, SEQUENCE_LENGTH)
-    lengths_seen = {shape[1] for shape in shapes}
+    packed = {
+        k: keras.ops.convert_to_numpy(v)
+        for k, v in toy_preprocessor(SEQUENCE_LENGTH)(texts).items()
+    }
+    lengths = packed["padding_mask"].sum(axis=1).astype(int).tolist()
+    assert max(lengths) > 32 and min(lengths) < 12  # Several buckets are needed.
+    computed = _ComputedLengths()
+    model.predict(packed, batch_size=8, verbose=0, callbacks=[computed])
+    model.predict(packed, batch_size=8, verbose=0, callbacks=[computed])
     if keras.backend.backend() == "torch":
-        assert buckets == tuple(range(1, SEQUENCE_LENGTH + 1))
-        longest = [
-            int(lengths[rows].max()) for rows, _ in batching.plan_batches(lengths, 8, buckets)
-        ]
-        assert [s[1] for s in shapes] == longest * 2
-        return
-    assert buckets == tuple(range(4, 49, 4))
-    assert batching.model_buckets(model, SEQUENCE_LENGTH, training=True) == BUCKETS
-    if keras.backend.backend() == "tensorflow":  # reduce_retracing relaxes to (None, None)
-        assert lengths_seen - {None} <= set(buckets)
+        buckets = tuple(range(1, SEQUENCE_LENGTH + 1))
     else:
-        assert lengths_seen <= set(buckets) and len(lengths_seen) >= 4
-    assert len(shapes) <= len(buckets) + 1, shapes
+        buckets = tuple(range(4, 49, 4))
+        assert batching.model_buckets(model, SEQUENCE_LENGTH, training=True) == BUCKETS
+    assert batching.model_buckets(model, SEQUENCE_LENGTH) == buckets
+    expected = _expected_lengths(lengths, 8, buckets)
+    assert len({length for _, length in expected}) >= 4
+    # Full-length batches (length batching off) would give 48 for every batch.
+    assert computed.batches == expected * 2
+    if keras.backend.backend() != "torch":
+        # One trace per bucket at most (TensorFlow may relax a retrace to a `None` length).
+        assert len(traced) <= len(buckets) + 1, traced
+        assert {shape[1] for shape in traced} - {None} <= set(buckets)
 
 
 def test_fit_shuffles_every_epoch_and_trains():

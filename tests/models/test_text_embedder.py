@@ -97,8 +97,9 @@ class TestParity:
         assert np.abs(with_prompt[:3] - embedder.encode(TEXTS[:3])).max() > 1e-2
 
     def test_pooling_configs(self, tmp_path, minilm_embedder):
-        """Every pooling mode (edited copies of the directory) on one backbone pass: the
-        layer the embedder uses, on the backbone's outputs for TEXTS."""
+        """Every pooling mode (edited copies of the directory): `from_preset(dir).encode`
+        against sentence-transformers on the same directory, and the pooling layer alone on
+        one backbone pass."""
         from kbert.checkpoints.sentence_transformers import read_settings
         from kbert.models.text_embedder import EmbeddingPooling
 
@@ -118,10 +119,36 @@ class TestParity:
             assert settings["normalize"] is normalize
             layer = EmbeddingPooling(settings["pooling"], normalize=settings["normalize"])
             actual = keras.ops.convert_to_numpy(layer(sequence, packed["padding_mask"]))
-            _assert_close(actual, _reference(path).encode(TEXTS))
+            expected = _reference(path).encode(TEXTS)
+            _assert_close(actual, expected)
+            loaded = BertTextEmbedder.from_preset(path)
+            assert loaded.normalize is normalize
+            _assert_close(loaded.encode(TEXTS, batch_size=3), expected)
             # Each variant differs from the default model by far more than float error.
             if actual.shape == default.shape:
                 assert np.abs(actual - default).max() > 1e-2, mode
+
+    def test_encode_precision_equals_sentence_transformers(self, minilm_embedder, minilm_reference):
+        """`encode(precision=...)` against sentence-transformers' `encode(precision=...)`:
+        the int8/uint8 ranges come from the embeddings themselves, so a float difference of
+        1e-6 may move a value across a step boundary (one step), and a sign bit may flip only
+        for a value within float error of 0."""
+        texts = TEXTS + ["A woman plays the violin.", "Stocks fell sharply on Monday."]
+        floats = minilm_embedder.encode(texts)
+        for precision in ("float32", "int8", "uint8", "binary", "ubinary"):
+            actual = minilm_embedder.encode(texts, precision=precision)
+            expected = minilm_reference.encode(texts, precision=precision)
+            assert actual.dtype == expected.dtype and actual.shape == expected.shape, precision
+            if precision == "float32":
+                _assert_close(actual, expected)
+            elif precision in ("int8", "uint8"):
+                steps = np.abs(actual.astype("int64") - expected.astype("int64"))
+                assert steps.max() <= 1 and (steps == 0).mean() > 0.99, precision
+            else:
+                flipped = np.unpackbits(actual.view("uint8") ^ expected.view("uint8"))
+                near_zero = (np.abs(floats) < 1e-5).sum()
+                assert flipped.sum() <= near_zero, (precision, flipped.sum())
+            np.testing.assert_array_equal(actual, quantize_embeddings(floats, precision))
 
     def test_from_preset_reads_prompts_and_similarity(self, tmp_path):
         config = {
@@ -318,8 +345,37 @@ class TestFit:
             optimizer=keras.optimizers.Adam(1e-3),
             loss=MatryoshkaLoss(embedder._default_loss(), [32, 16]),
         )
+        # The loss of one batch of hard-negative triples equals sentence-transformers'
+        # MatryoshkaLoss(MultipleNegativesRankingLoss) on the same embeddings.
+        columns = [embedder.encode([row[c] for row in triples], normalize=False) for c in range(3)]
+        expected = _reference_matryoshka_loss(columns, [32, 16])
+        actual = embedder.evaluate(triples, batch_size=len(triples), verbose=0)
+        np.testing.assert_allclose(actual, expected, rtol=1e-4)
         history = embedder.fit(triples, batch_size=4, epochs=3, verbose=0)
-        assert np.isfinite(history.history["loss"]).all()
+        assert history.history["loss"][-1] < history.history["loss"][0], history.history
+
+
+def _reference_matryoshka_loss(columns, dimensions):
+    """sentence-transformers' MatryoshkaLoss over MultipleNegativesRankingLoss, built with
+    their public constructors, on given embeddings: the model is a lone mean Pooling module
+    fed one token per text, whose embedding is the text's."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import losses
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    dim = columns[0].shape[-1]
+    model = SentenceTransformer(modules=[Pooling(dim, pooling_mode="mean")], device="cpu")
+    loss = losses.MatryoshkaLoss(model, losses.MultipleNegativesRankingLoss(model), dimensions)
+    features = [
+        {
+            "token_embeddings": torch.tensor(column[:, None, :]),
+            "attention_mask": torch.ones(len(column), 1, dtype=torch.int64),
+        }
+        for column in columns
+    ]
+    with torch.no_grad():
+        return float(loss(features, torch.zeros(len(columns[0]))))
 
 
 @pytest.mark.skipif(
