@@ -258,6 +258,10 @@ class BertPacker:
             numpy array, a 1-D / 2-D int tensor or a `tf.RaggedTensor` of
             shape `(batch_size, None)`. A dense 2-D tensor is taken as rows of
             real tokens (no padding). Pairs must be given as a tuple.
+        sequence_length: int or `None`. Length of this call's packed rows
+            (e.g. the bucket of one batch, see `kbert.data.batching`): at
+            least 2 for one segment, 3 for pairs. Defaults to the packer's
+            `sequence_length`.
 
     Example:
 
@@ -303,19 +307,27 @@ class BertPacker:
         self.truncate = truncate
 
     @_tensorflow.do_not_convert
-    def __call__(self, inputs):
+    def __call__(self, inputs, sequence_length=None):
         segments = inputs if isinstance(inputs, tuple) else (inputs,)
         if len(segments) not in (1, 2):
             raise ValueError(
                 f"BertPacker takes one or two segments. Received a tuple of "
                 f"{len(segments)} segments."
             )
+        if sequence_length is None:
+            sequence_length = self.sequence_length
+        elif not _is_int(sequence_length) or sequence_length < len(segments) + 1:
+            raise ValueError(
+                f"`sequence_length` must be an integer >= {len(segments) + 1}, enough for "
+                f"the special tokens of {len(segments)} segment(s). Received: "
+                f"sequence_length={sequence_length!r}"
+            )
         if not any(_tensorflow.is_tensor(s) for s in segments):
             converted = [_python_segment(s, i) for i, s in enumerate(segments)]
             batched = self._check_batched(converted)
             outputs = _pack_numpy(
                 [rows for rows, _ in converted],
-                self.sequence_length,
+                int(sequence_length),
                 self.cls_token_id,
                 self.sep_token_id,
                 self.pad_token_id,
@@ -339,7 +351,7 @@ class BertPacker:
         segments = [s for s, _ in converted]
         settings = tf.constant(
             [
-                self.sequence_length,
+                int(sequence_length),
                 self.cls_token_id,
                 self.sep_token_id,
                 self.pad_token_id,
@@ -349,7 +361,7 @@ class BertPacker:
         )
         outputs = _pack_function(len(segments))(segments, settings)
         if not tf.executing_eagerly():
-            shape = [None, self.sequence_length]
+            shape = [None, int(sequence_length)]
             outputs = {k: tf.ensure_shape(v, shape) for k, v in outputs.items()}
         if not batched:
             outputs = {k: v[0] for k, v in outputs.items()}
