@@ -4,13 +4,21 @@ from kbert.layers.attention import BertSelfAttention
 from kbert.layers.dropout import HashDropout
 from kbert.layers.embeddings import BertEmbeddings, ReversibleEmbedding
 from kbert.layers.encoder import TransformerEncoder
-from kbert.layers.heads import BertPooler, MaskedLMHead, NextSentenceHead
+from kbert.layers.heads import (
+    BertPooler,
+    ContextSpanLogits,
+    EmbeddingPooling,
+    MaskedLMHead,
+    NextSentenceHead,
+)
 from kbert.layers.utils import get_activation
 
 __all__ = [
     "BertEmbeddings",
     "BertPooler",
     "BertSelfAttention",
+    "ContextSpanLogits",
+    "EmbeddingPooling",
     "HashDropout",
     "MaskedLMHead",
     "NextSentenceHead",

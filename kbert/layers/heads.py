@@ -1,4 +1,5 @@
-"""BERT's pooler and pretraining heads (masked LM and next-sentence prediction)."""
+"""BERT's pooler and heads: pretraining (masked LM, next-sentence prediction), the span logits
+of question answering and the pooling of sentence embeddings."""
 
 import keras
 from keras import ops
@@ -165,3 +166,155 @@ class NextSentenceHead(keras.layers.Dense):
         super().__init__(
             units=units, kernel_initializer=_default_initializer(kernel_initializer), **kwargs
         )
+
+
+# Logit given to positions outside the context: exp(-1e9 - max) is exactly 0 in float32.
+MASKED_LOGIT = -1e9
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class ContextSpanLogits(keras.layers.Layer):
+    """Splits `(batch, seq, 2)` span logits into start/end logits, masked to the context.
+
+    A position can start or end an answer when it is a real (unpadded) segment-1 piece other
+    than the final `[SEP]`, or when it is `[CLS]` (position 0, the "no answer" position of
+    SQuAD 2.0 and of windows that do not hold the answer). Other positions get a logit of
+    -1e9. Logits are returned in float32.
+
+    Args:
+        context_only: bool. Mask as above; `False` only splits and casts (the logits of
+            Hugging Face's question-answering model). Defaults to `True`.
+
+    Call arguments:
+        logits: float tensor `(batch_size, sequence_length, 2)`.
+        segment_ids: int tensor `(batch_size, sequence_length)`.
+        padding_mask: int/bool tensor `(batch_size, sequence_length)`.
+
+    Returns:
+        Tuple `(start_logits, end_logits)`, each `(batch_size, sequence_length)`.
+
+    Example:
+    >>> layer = ContextSpanLogits()
+    >>> start, end = layer(np.zeros((1, 5, 2)), np.array([[0, 0, 1, 1, 1]]), np.ones((1, 5)))
+    >>> np.asarray(start)[0]  # [CLS], question, [SEP] masked except [CLS]; last [SEP] masked
+    array([ 0.e+00, -1.e+09, ...
+    """
+
+    def __init__(self, context_only=True, **kwargs):
+        super().__init__(**kwargs)
+        self.context_only = bool(context_only)
+
+    def call(self, logits, segment_ids, padding_mask):
+        logits = ops.cast(logits, "float32")  # (batch, seq, 2)
+        if not self.context_only:
+            return logits[..., 0], logits[..., 1]
+        real = ops.cast(padding_mask, "int32") > 0  # (batch, seq)
+        positions = ops.expand_dims(ops.arange(ops.shape(logits)[1], dtype="int32"), 0)  # (1, seq)
+        last = ops.sum(ops.cast(real, "int32"), axis=1, keepdims=True) - 1  # (batch, 1)
+        context = real & (ops.cast(segment_ids, "int32") == 1) & (positions < last)
+        allowed = context | (positions == 0)  # (batch, seq)
+        masked = ops.where(ops.expand_dims(allowed, -1), logits, MASKED_LOGIT)
+        return masked[..., 0], masked[..., 1]
+
+    def compute_output_spec(self, logits, segment_ids, padding_mask):
+        shape = tuple(logits.shape[:-1])
+        return (
+            keras.KerasTensor(shape, dtype="float32"),
+            keras.KerasTensor(shape, dtype="float32"),
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config["context_only"] = self.context_only
+        return config
+
+
+# kbert's pooling names; sentence-transformers spells the last one `mean_sqrt_len_tokens`.
+POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len")
+_POOLING_ALIASES = {"mean_sqrt_len_tokens": "mean_sqrt_len"}
+
+
+def canonical_pooling(pooling):
+    """`pooling` (a mode name or a list of them) as a tuple of kbert mode names, checked."""
+    modes = (pooling,) if isinstance(pooling, str) else pooling
+    if not isinstance(modes, (list, tuple)) or not modes:
+        raise ValueError(
+            f"`pooling` must be one of {list(POOLING_MODES)} or a non-empty list of them. "
+            f"Received: pooling={pooling!r}"
+        )
+    out = []
+    for mode in modes:
+        mode = _POOLING_ALIASES.get(mode, mode)
+        if mode not in POOLING_MODES:
+            raise ValueError(
+                f"Unknown pooling mode {mode!r}. Expected one of {list(POOLING_MODES)} "
+                "(or a list of them, concatenated in that order)."
+            )
+        out.append(mode)
+    return tuple(out)
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class EmbeddingPooling(keras.layers.Layer):
+    """Pools token vectors into one vector per row, over the real positions only.
+
+    Modes (several are concatenated in the given order, as sentence-transformers does):
+    `mean` (sum of real vectors / their count), `cls` (the first position, `[CLS]`), `max`
+    (element-wise maximum over real positions), `mean_sqrt_len` (sum / sqrt(count)). Computes
+    in float32 whatever the input dtype; `normalize=True` divides each row by its L2 norm
+    (floored at 1e-12, as `torch.nn.functional.normalize`).
+
+    Args:
+        pooling: str or list of str. The mode(s). Defaults to `"mean"`.
+        normalize: bool. L2-normalise the pooled vector. Defaults to `False`.
+
+    Call arguments:
+        sequence_output: float tensor `(batch_size, sequence_length, hidden_dim)`.
+        padding_mask: int/bool tensor `(batch_size, sequence_length)`, 1 at real positions.
+
+    Returns:
+        float32 tensor `(batch_size, len(pooling) * hidden_dim)`.
+
+    Example:
+    >>> layer = EmbeddingPooling("mean")
+    >>> pooled = layer(np.array([[[1.0, 2.0], [3.0, 4.0], [9.0, 9.0]]]), np.array([[1, 1, 0]]))
+    >>> keras.ops.convert_to_numpy(pooled)  # the mean of the two unmasked tokens
+    array([[2., 3.]], dtype=float32)
+    """
+
+    def __init__(self, pooling="mean", normalize=False, **kwargs):
+        super().__init__(**kwargs)
+        self.pooling = list(canonical_pooling(pooling))
+        self.normalize = bool(normalize)
+
+    def call(self, sequence_output, padding_mask):
+        x = ops.cast(sequence_output, "float32")  # (batch, seq, hidden)
+        mask = ops.expand_dims(ops.cast(padding_mask, "float32"), -1)  # (batch, seq, 1)
+        outputs = []
+        for mode in self.pooling:
+            if mode == "cls":
+                outputs.append(x[:, 0, :])
+            elif mode == "max":
+                outputs.append(ops.max(ops.where(mask > 0, x, float("-inf")), axis=1))
+            else:
+                total = ops.sum(x * mask, axis=1)  # (batch, hidden)
+                count = ops.maximum(ops.sum(mask, axis=1), 1e-9)  # (batch, 1)
+                outputs.append(total / (count if mode == "mean" else ops.sqrt(count)))
+        pooled = outputs[0] if len(outputs) == 1 else ops.concatenate(outputs, axis=-1)
+        if self.normalize:
+            norm = ops.sqrt(ops.sum(ops.square(pooled), axis=-1, keepdims=True))
+            pooled = pooled / ops.maximum(norm, 1e-12)
+        return pooled
+
+    def compute_output_spec(self, sequence_output, padding_mask):
+        shape = tuple(sequence_output.shape[:-1][:1]) + (
+            None
+            if sequence_output.shape[-1] is None
+            else sequence_output.shape[-1] * len(self.pooling),
+        )
+        return keras.KerasTensor(shape, dtype="float32")
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"pooling": list(self.pooling), "normalize": self.normalize})
+        return config

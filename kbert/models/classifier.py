@@ -3,8 +3,8 @@
 import keras
 import numpy as np
 
-from kbert.backend.tensorflow import is_dataset
-from kbert.models.task import BertTask, check_class_ids
+from kbert.models.pipeline import check_class_ids
+from kbert.models.task import BertTask
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -157,6 +157,7 @@ class BertClassifier(BertTask):
         return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 
     def _check_labels(self, y):
+        """Checks the labels; class ids come back as int32."""
         labels = np.asarray(y)
         if self.is_regression:
             if labels.dtype.kind not in "biuf":
@@ -172,7 +173,7 @@ class BertClassifier(BertTask):
                     f"loss and then every weight NaN). Received {int((~finite).sum())} non-finite "
                     f"labels, e.g. {labels[~finite][:5].tolist()} at rows {where}"
                 )
-            return
+            return y
         if self.multi_label:
             if labels.ndim != 2 or labels.shape[1] != self.num_classes:
                 raise ValueError(
@@ -185,14 +186,9 @@ class BertClassifier(BertTask):
                     "Multi-label targets must be 0 or 1. "
                     f"Received values {sorted(set(np.unique(labels[bad]).tolist()))[:10]}"
                 )
-            return
+            return y
         check_class_ids(labels, self.num_classes, "labels")
-
-    def _prepare_inputs(self, x, y=None, sample_weight=None, mode="fit"):
-        if y is not None and not is_dataset(x) and not self.is_regression and not self.multi_label:
-            self._check_labels(y)
-            y = np.asarray(y).astype("int32")
-        return super()._prepare_inputs(x, y, sample_weight, mode)
+        return labels.astype("int32")
 
     def get_config(self):
         config = super().get_config()

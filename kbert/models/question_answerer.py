@@ -2,70 +2,11 @@
 
 import keras
 import numpy as np
-from keras import ops
 
 from kbert.backend.tensorflow import is_dataset
-from kbert.models.task import BertTask, check_class_ids
-
-# Logit given to positions outside the context: exp(-1e9 - max) is exactly 0 in float32.
-_MASKED_LOGIT = -1e9
-
-
-@keras.saving.register_keras_serializable(package="kbert")
-class ContextSpanLogits(keras.layers.Layer):
-    """Splits `(batch, seq, 2)` span logits into start/end logits, masked to the context.
-
-    A position can start or end an answer when it is a real (unpadded) segment-1 piece other
-    than the final `[SEP]`, or when it is `[CLS]` (position 0, the "no answer" position of
-    SQuAD 2.0 and of windows that do not hold the answer). Other positions get a logit of
-    -1e9. Logits are returned in float32.
-
-    Args:
-        context_only: bool. Mask as above; `False` only splits and casts (the logits of
-            Hugging Face's question-answering model). Defaults to `True`.
-
-    Call arguments:
-        logits: float tensor `(batch_size, sequence_length, 2)`.
-        segment_ids: int tensor `(batch_size, sequence_length)`.
-        padding_mask: int/bool tensor `(batch_size, sequence_length)`.
-
-    Returns:
-        Tuple `(start_logits, end_logits)`, each `(batch_size, sequence_length)`.
-
-    Example:
-    >>> layer = ContextSpanLogits()
-    >>> start, end = layer(np.zeros((1, 5, 2)), np.array([[0, 0, 1, 1, 1]]), np.ones((1, 5)))
-    >>> np.asarray(start)[0]  # [CLS], question, [SEP] masked except [CLS]; last [SEP] masked
-    array([ 0.e+00, -1.e+09, ...
-    """
-
-    def __init__(self, context_only=True, **kwargs):
-        super().__init__(**kwargs)
-        self.context_only = bool(context_only)
-
-    def call(self, logits, segment_ids, padding_mask):
-        logits = ops.cast(logits, "float32")  # (batch, seq, 2)
-        if not self.context_only:
-            return logits[..., 0], logits[..., 1]
-        real = ops.cast(padding_mask, "int32") > 0  # (batch, seq)
-        positions = ops.expand_dims(ops.arange(ops.shape(logits)[1], dtype="int32"), 0)  # (1, seq)
-        last = ops.sum(ops.cast(real, "int32"), axis=1, keepdims=True) - 1  # (batch, 1)
-        context = real & (ops.cast(segment_ids, "int32") == 1) & (positions < last)
-        allowed = context | (positions == 0)  # (batch, seq)
-        masked = ops.where(ops.expand_dims(allowed, -1), logits, _MASKED_LOGIT)
-        return masked[..., 0], masked[..., 1]
-
-    def compute_output_spec(self, logits, segment_ids, padding_mask):
-        shape = tuple(logits.shape[:-1])
-        return (
-            keras.KerasTensor(shape, dtype="float32"),
-            keras.KerasTensor(shape, dtype="float32"),
-        )
-
-    def get_config(self):
-        config = super().get_config()
-        config["context_only"] = self.context_only
-        return config
+from kbert.layers.heads import MASKED_LOGIT, ContextSpanLogits
+from kbert.models.pipeline import check_class_ids
+from kbert.models.task import BertTask
 
 
 def _is_example_list(x):
@@ -274,7 +215,7 @@ class BertQuestionAnswerer(BertTask):
     def prediction_fill_value(self):
         """Logit of positions past a batch's bucket in `predict`: the mask's -1e9 (what the
         full-length run gives there) with `context_only`, else 0."""
-        return _MASKED_LOGIT if self.context_only else 0.0
+        return MASKED_LOGIT if self.context_only else 0.0
 
     def _default_loss(self):
         return {
@@ -335,7 +276,9 @@ class BertQuestionAnswerer(BertTask):
             for i, (q, c, a) in enumerate(zip(questions, contexts, answers))
         ]
 
-    def _prepare_inputs(self, x, y=None, sample_weight=None, mode="fit"):
+    def preprocess_samples(self, x, y=None, sample_weight=None, mode="fit", batch_size=None):
+        """SQuAD examples or `(questions, contexts)` -> windows (`encode`) with their span
+        labels; packed inputs keep their labels, checked as positions."""
         if is_dataset(x):
             return x, y, sample_weight
         if _is_example_list(x) or _is_question_context_pair(x):

@@ -4,7 +4,8 @@ import keras
 import numpy as np
 
 from kbert.backend.tensorflow import is_dataset
-from kbert.models.task import BertTask, check_class_ids, is_raw_text
+from kbert.models.pipeline import check_class_ids, dataset_has_strings, is_raw_text
+from kbert.models.task import BertTask
 
 
 def _is_word_batch(x):
@@ -192,12 +193,11 @@ class BertTagger(BertTask):
             num_classes=self.num_classes,
         )
 
-    def _prepare_inputs(self, x, y=None, sample_weight=None, mode="fit"):
+    def preprocess_samples(self, x, y=None, sample_weight=None, mode="fit", batch_size=None):
+        """Words (and word labels) -> packed inputs with per-token labels and weights
+        (`encode`); packed inputs keep their labels, checked as class ids."""
         if is_dataset(x):
-            if self.preprocessor is not None and any(
-                getattr(getattr(s, "dtype", None), "name", None) == "string"
-                for s in keras.tree.flatten(x.element_spec)
-            ):
+            if self.preprocessor is not None and dataset_has_strings(x):
                 raise ValueError(
                     "BertTagger takes raw sentences as Python lists (words and word labels), not "
                     "as a tf.data.Dataset of strings. Give lists, or a dataset of packed inputs "

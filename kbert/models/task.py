@@ -14,17 +14,18 @@ head. On top of that every task:
 - may carry a `preprocessor` (a `kbert.text.BertPreprocessor`). With one attached, `fit`,
   `evaluate` and `predict` accept raw strings (and `(a, b)` pairs); without one, packed dicts of
   `token_ids`, `segment_ids` and `padding_mask`. `from_preset` attaches one whenever the source
-  has a vocabulary;
+  has a vocabulary. Inputs take one route, the pipeline of `kbert.models.pipeline`
+  (`PipelineModel`, the base class): validated once, packed once, batched by length, through
+  Keras' own loops, outputs in the caller's order;
 - round-trips through `save_to_preset` / `from_preset` (config, weights and vocabulary) and
   through `.keras` files. Foreign checkpoints (Hugging Face, Google, keras-hub) load and export
   through `kbert.checkpoints`, whose format modules name each task's head weights.
 
-This module uses keras.ops and NumPy only; the tf.data work of the text pipeline lives in
-`kbert.text` and `kbert.data`.
+This module uses keras.ops and NumPy only; the input pipeline lives in
+`kbert.models.pipeline`, its tf.data work in `kbert.text` and `kbert.data`.
 """
 
 import inspect
-import math
 import warnings
 from pathlib import Path
 
@@ -32,32 +33,11 @@ import keras
 import numpy as np
 
 from kbert import backend
-from kbert.backend.tensorflow import is_dataset
 from kbert.checkpoints import read_preprocessor_settings
-from kbert.models import batching
-from kbert.models.backbone import BACKBONE_INPUTS, BertBackbone, check_input_keys
-from kbert.models.input_checks import check_data, check_model_inputs
-from kbert.models.multiprocess import MultiProcessTraining
+from kbert.models.backbone import BertBackbone
+from kbert.models.pipeline import PipelineModel
 from kbert.models.presets import PresetMixin
 from kbert.optimizers.optimization import bert_optimizer, planned_schedule
-
-# Rows sent through the preprocessor at a time when raw Python text is converted.
-_PREPROCESS_CHUNK = 4096
-# Keras' own default when `fit`/`predict` get arrays and no `batch_size`.
-_KERAS_DEFAULT_BATCH_SIZE = 32
-
-
-def _is_text(value):
-    """True for one string or a batch of them (list, NumPy array, TensorFlow string tensor)."""
-    if isinstance(value, (str, bytes)):
-        return True
-    if isinstance(value, np.ndarray):
-        return value.dtype.kind in "US" or (
-            value.dtype.kind == "O" and any(isinstance(v, (str, bytes)) for v in value.flat)
-        )
-    if isinstance(value, list):  # Any string makes it text: other items get an error by index.
-        return any(isinstance(item, (str, bytes)) for item in value)
-    return getattr(getattr(value, "dtype", None), "name", None) == "string"
 
 
 def _user_stacklevel():
@@ -71,133 +51,6 @@ def _user_stacklevel():
         frame = frame.f_back
         level += 1
     return level
-
-
-def is_raw_text(x):
-    """True when `x` is text: a string, a batch of strings, an `(a, b)` pair of batches or a
-    list of `(a, b)` string pairs. `text_parts` turns such an `x` into lists of `str`."""
-    if isinstance(x, tuple) and len(x) in (1, 2):
-        return all(_is_text(part) for part in x)
-    if isinstance(x, list) and x and isinstance(x[0], tuple):  # [(a, b), ...]
-        return len(x[0]) == 2 and all(isinstance(part, (str, bytes)) for part in x[0])
-    return _is_text(x)
-
-
-def text_parts(x):
-    """Raw text (see `is_raw_text`) as a list of one or two equally long lists of `str`.
-
-    The one place where kbert reads the shapes raw text comes in: single strings, batches,
-    `(first, second)` batches and lists of `(first, second)` pairs; bytes are decoded as UTF-8.
-    """
-    if isinstance(x, list) and x and isinstance(x[0], tuple):
-        bad = [i for i, pair in enumerate(x) if not (isinstance(pair, tuple) and len(pair) == 2)]
-        if bad:
-            raise ValueError(
-                f"Expected every item to be a (first, second) pair of strings. Item {bad[0]} is "
-                f"{x[bad[0]]!r}"
-            )
-        x = ([pair[0] for pair in x], [pair[1] for pair in x])
-    parts = [_as_text_list(part) for part in (x if isinstance(x, tuple) else (x,))]
-    if len(parts) == 2 and len(parts[0]) != len(parts[1]):
-        raise ValueError(
-            "The two parts of a sentence pair must have the same number of rows. "
-            f"Received: {len(parts[0])} and {len(parts[1])}"
-        )
-    if not parts[0]:
-        raise ValueError("Received an empty batch of strings.")
-    return parts
-
-
-def _as_text_list(x):
-    """A batch of strings as a Python list of `str` (bytes are decoded as UTF-8)."""
-    if isinstance(x, (str, bytes)):
-        x = [x]
-    if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
-        x = x.numpy()
-    values = x.tolist() if isinstance(x, np.ndarray) else list(x)
-    out = []
-    for index, value in enumerate(values):
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", errors="replace")
-        if not isinstance(value, str):
-            raise ValueError(
-                f"Expected a batch of strings. The item at index {index} is of type "
-                f"{type(value).__name__}: {value!r}"
-            )
-        out.append(value)
-    return out
-
-
-def dataset_has_strings(dataset):
-    """True when the elements of a `tf.data.Dataset` hold a string tensor anywhere."""
-    leaves = keras.tree.flatten(dataset.element_spec)
-    return any(getattr(getattr(spec, "dtype", None), "name", None) == "string" for spec in leaves)
-
-
-def _num_rows(x):
-    """Number of examples in an array, a list, or a dict / tuple of arrays."""
-    if isinstance(x, dict):
-        x = next(iter(x.values()))
-    elif isinstance(x, (tuple, list)) and x and hasattr(x[0], "shape"):
-        x = x[0]
-    return len(x)
-
-
-def _is_empty_batch(x):
-    """True for an empty list/tuple/array, or a dict/tuple of them, given to `predict`."""
-    if isinstance(x, dict):
-        return len(x) > 0 and all(_is_empty_batch(v) for v in x.values())
-    if isinstance(x, (list, tuple)):
-        if len(x) == 0:
-            return True
-        return isinstance(x, tuple) and all(
-            isinstance(part, (list, tuple, np.ndarray)) and len(part) == 0 for part in x
-        )
-    if isinstance(x, np.ndarray):
-        return x.size == 0 or (x.ndim >= 1 and x.shape[0] == 0)
-    return False
-
-
-_UNKNOWN_CARDINALITY = -2  # tf.data.UNKNOWN_CARDINALITY (-1 is INFINITE)
-
-
-def _cardinality(dataset):
-    try:
-        return int(dataset.cardinality())
-    except (TypeError, ValueError):
-        return None
-
-
-def _count_batches(dataset):
-    """Number of elements of a `tf.data.Dataset` (one pass over it); `None` when it is empty."""
-    count = int(dataset.reduce(np.int64(0), lambda count, *_: count + 1))
-    return count or None
-
-
-def check_class_ids(labels, num_classes, name):
-    """Raises a ValueError unless every entry of `labels` is an integer in `[0, num_classes)`."""
-    labels = np.asarray(labels)
-    if labels.size == 0:
-        return
-    if labels.dtype.kind == "f":
-        if not np.all(np.isfinite(labels)) or np.any(labels != np.round(labels)):
-            raise ValueError(
-                f"`{name}` must be integer class ids in [0, {num_classes}). "
-                "Received non-integer values, e.g. "
-                f"{labels[labels != np.round(labels)][:5].tolist()}"
-            )
-    elif labels.dtype.kind not in "biu":
-        raise ValueError(
-            f"`{name}` must be integer class ids in [0, {num_classes}). "
-            f"Received dtype {labels.dtype} (e.g. {labels.ravel()[:3].tolist()})"
-        )
-    low, high = labels.min(), labels.max()
-    if low < 0 or high >= num_classes:
-        bad = np.unique(labels[(labels < 0) | (labels >= num_classes)])
-        raise ValueError(
-            f"`{name}` must lie in [0, num_classes) = [0, {num_classes}). "
-            f"Received out-of-range values {bad[:10].astype(int).tolist()}"
-        )
 
 
 # The settings of BERT's recipe that `BertTask.compile` takes, with their defaults (the
@@ -247,21 +100,35 @@ def _check_recipe(settings):
         )
 
 
-class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
+class BertTask(PresetMixin, PipelineModel):
     """Base class of kbert's task models: backbone + head + optional preprocessor.
 
     Subclasses build their functional graph, call `super().__init__(inputs=..., outputs=...,
     backbone=..., ...)`, set their head layers and config, then call `self.compile()`. They
-    implement `_default_loss` and `_default_metrics`, and may override `_prepare_inputs` to
-    turn their own raw input (words and word labels, questions and contexts) into packed
-    arrays. Checkpoint formats know the tasks' head names (`kbert.checkpoints`), not the tasks.
+    implement `_default_loss` and `_default_metrics`, and may override `preprocess_samples`
+    to turn their own raw input (words and word labels, questions and contexts) into packed
+    arrays and `_check_labels` to check their labels. Checkpoint formats know the tasks' head
+    names (`kbert.checkpoints`), not the tasks.
 
     Training settings belong to `compile` (see `compile`), as in keras-hub: a task is built
     without them and comes compiled with BERT's recipe, so `fit` works right away.
 
-    `fit`, `evaluate`, `predict` and the `*_on_batch` methods share one input route,
-    `_prepare_inputs`: raw text goes through the preprocessor, labels are checked, and the ids
-    are checked against the backbone's limits (`kbert.models.input_checks`).
+    `fit`, `evaluate`, `predict` and the `*_on_batch` methods share one input pipeline
+    (`kbert.models.pipeline.PipelineModel`): raw input is packed once, labels are checked, the
+    ids are checked once against the backbone's limits, packed NumPy data is batched by length
+    (`length_batching`, `bucket_granularity`) and `predict` returns rows in the caller's order.
+
+    **Schedule.** When the optimizer's schedule has no fixed length (the default recipe,
+    `compile(total_steps=None)`), each `fit` call sets it to the steps it is about to run -
+    `(epochs - initial_epoch) x steps per epoch` - with `warmup_ratio` of them warming up,
+    starting from the optimizer's current step: each `fit` call warms up and decays over its
+    own steps, as Hugging Face's `Trainer.train()` does. Steps per epoch come from
+    `steps_per_epoch`, the data's length and `batch_size`, or a `tf.data.Dataset`'s
+    cardinality. A dataset of unknown size (`cardinality() == -2`, e.g. one made with `filter`
+    or `kbert.data.pretraining_dataset`) is counted once, one pass over its input pipeline,
+    and every epoch then takes that many batches; give `steps_per_epoch` to skip the count.
+    Nothing is recompiled: the length lives in two optimizer variables
+    (`kbert.models.WarmupLinearDecay.plan`).
 
     Args (shared by every task):
         backbone: `kbert.models.BertBackbone`.
@@ -300,10 +167,9 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
                 DeprecationWarning,
                 stacklevel=_user_stacklevel(),
             )
-        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        super().__init__(inputs=inputs, outputs=outputs, preprocessor=preprocessor, **kwargs)
         self.dtype_policy = backbone.dtype_policy
         self.backbone = backbone
-        self.preprocessor = preprocessor
         # Recipe settings of the deprecated constructor arguments: the default `compile()`'s.
         self._constructor_recipe = recipe
         self.recipe = None
@@ -351,25 +217,6 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
                 f"Unknown arguments for {cls.__name__}: {unknown}. Expected some of {known}, "
                 "or (in from_preset) BertBackbone arguments such as `dtype`."
             )
-
-    # ------------------------------------------------------------------ calling
-    # Keys of the model's input dict.
-    input_names = BACKBONE_INPUTS
-    # Length-aware batching of packed NumPy data (raw text included) in `fit`, `evaluate` and
-    # `predict` (see `kbert.models.batching`); set `model.length_batching = False` to pad
-    # every batch to the full length instead. `bucket_granularity`: step between bucket
-    # lengths (`None`: by backend, see `kbert.models.batching.model_buckets`).
-    length_batching = True
-    bucket_granularity = None
-    # True when labels and sample weights are per token (cropped with the inputs).
-    sequence_targets = False
-    # Value of per-token `predict` outputs past a row's bucket (never at real positions).
-    prediction_fill_value = 0.0
-
-    def call(self, inputs, training=None, mask=None):
-        check_input_keys(inputs, self.input_names, type(self).__name__)
-        check_model_inputs(inputs, self.backbone)
-        return super().call(inputs, training=training, mask=mask)
 
     # ---------------------------------------------------------------- compiling
     def _default_loss(self):
@@ -548,178 +395,12 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
         if self.optimizer is not None and self.built:
             self.optimizer.build(self.trainable_variables)
 
-    # --------------------------------------------------------------- raw inputs
-    @property
-    def tokenizer(self):
-        """The attached preprocessor's tokenizer, or `None`."""
-        return getattr(self.preprocessor, "tokenizer", None)
-
-    def _require_preprocessor(self, what):
-        if self.preprocessor is None:
-            raise ValueError(
-                f"{type(self).__name__} received {what} but has no preprocessor to turn them into "
-                "token ids. Build the model with `from_preset(<directory with vocab.txt>)` or pass "
-                "`preprocessor=kbert.text.BertPreprocessor(...)`; otherwise give packed dicts with "
-                f"keys {list(BACKBONE_INPUTS)}."
-            )
-
-    def _preprocess_text(self, x):
-        """Raw strings or `(a, b)` pairs -> packed int32 NumPy arrays, via the preprocessor."""
-        self._require_preprocessor("raw strings")
-        parts = text_parts(x)
-        chunks = []
-        for start in range(0, len(parts[0]), _PREPROCESS_CHUNK):
-            batch = [part[start : start + _PREPROCESS_CHUNK] for part in parts]
-            packed = self.preprocessor(tuple(batch) if len(batch) == 2 else batch[0])
-            chunks.append({k: np.asarray(v).astype("int32") for k, v in packed.items()})
-        return {k: np.concatenate([c[k] for c in chunks]) for k in BACKBONE_INPUTS}
-
-    def _check_labels(self, y):
-        """Raises a ValueError for labels this task cannot train on (overridden by tasks)."""
-
-    def _prepare_inputs(self, x, y=None, sample_weight=None, mode="fit"):
-        """Maps what the user gave to `fit`/`evaluate`/`predict` onto packed model inputs.
-
-        The one input route of the task's `fit`, `evaluate`, `predict` and `*_on_batch`
-        methods: raw text goes through the preprocessor, labels are checked, and the ids are
-        checked against the backbone's limits (NumPy inputs now, a `tf.data.Dataset` in its
-        pipeline; see `kbert.models.input_checks`).
-
-        Returns `(x, y, sample_weight)`. `mode` is `"fit"`, `"evaluate"` or `"predict"`.
-        """
-        if is_dataset(x):
-            if self.preprocessor is not None and dataset_has_strings(x):
-                x, y, sample_weight = x.map(self.preprocessor, num_parallel_calls=-1), None, None
-        else:
-            if is_raw_text(x):
-                x = self._preprocess_text(x)
-            if y is not None and not is_dataset(y):
-                self._check_labels(y)
-        return check_data(x, self.backbone), y, sample_weight
-
-    def _prepare_validation_data(self, validation_data):
-        if validation_data is None:
-            return None
-        if is_dataset(validation_data):
-            return self._prepare_inputs(validation_data, mode="evaluate")[0]
-        if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
-            raise ValueError(
-                "`validation_data` must be a dataset or a tuple (x, y) or (x, y, sample_weight). "
-                f"Received: {type(validation_data).__name__}"
-            )
-        prepared = self._prepare_inputs(*validation_data, mode="evaluate")
-        return prepared if prepared[2] is not None else prepared[:2]
-
-    def _batch_by_length(
-        self, x, y, sample_weight, batch_size, validation_data, validation_split, fit_kwargs
-    ):
-        """`fit`'s NumPy data (and validation data) as length-planned batches, when it can be
-        (see `kbert.models.batching`); otherwise everything as given. Updates `fit_kwargs`."""
-        if isinstance(validation_data, tuple) and batching.can_batch_by_length(
-            self, *validation_data
-        ):
-            size = fit_kwargs.pop("validation_batch_size", None) or batch_size
-            validation_data = batching.length_batched(self, *validation_data, batch_size=size)
-        if not batching.can_batch_by_length(self, x, y, sample_weight):
-            return x, y, sample_weight, batch_size, validation_data, validation_split
-        if validation_split and validation_data is None:
-            (x, y, sample_weight), held_out = batching.split_validation_tail(
-                x, y, sample_weight, validation_split
-            )
-            size = fit_kwargs.pop("validation_batch_size", None) or batch_size
-            validation_data = batching.length_batched(self, *held_out, batch_size=size)
-        shuffle = bool(fit_kwargs.get("shuffle", True))
-        x = batching.length_batched(
-            self, x, y, sample_weight, batch_size, shuffle=shuffle, training=True
-        )
-        if is_dataset(x):
-            fit_kwargs["shuffle"] = False  # The plan shuffles; Keras ignores it for datasets.
-        return x, None, None, None, validation_data, 0.0
-
-    def _steps_per_epoch(self, x, batch_size, steps_per_epoch, validation_split):
-        """Batches one epoch of `fit` will run, or `None` when the input does not say."""
-        if steps_per_epoch is not None:
-            return steps_per_epoch
-        if is_dataset(x):
-            cardinality = _cardinality(x)
-            return cardinality if cardinality is not None and cardinality > 0 else None
-        if isinstance(x, keras.utils.PyDataset):
-            return len(x)
-        try:
-            rows = _num_rows(x)
-        except TypeError:  # A generator or another iterable without a length.
-            return None
-        if validation_split:
-            rows = int(math.ceil(rows * (1.0 - validation_split)))
-        return int(math.ceil(rows / (batch_size or _KERAS_DEFAULT_BATCH_SIZE)))
-
-    def fit(
-        self,
-        x=None,
-        y=None,
-        batch_size=None,
-        epochs=1,
-        sample_weight=None,
-        validation_data=None,
-        steps_per_epoch=None,
-        initial_epoch=0,
-        validation_split=0.0,
-        **kwargs,
-    ):
-        """`keras.Model.fit` that also takes raw text and plans the default schedule's length.
-
-        See `keras.Model.fit` for the arguments. Labels are checked before training. Raw
-        strings (or `(a, b)` pairs) go through the attached preprocessor (texts longer than
-        its `sequence_length` are truncated).
-
-        **Length batching.** Packed NumPy data (raw text included) is batched by length
-        (`kbert.models.batching`): each epoch draws rows in a new random order, groups rows of
-        similar length into batches (as Hugging Face's `group_by_length`), shuffles the
-        batches, and crops each batch to the smallest bucket length holding its longest row.
-        `validation_split` takes the last rows, as Keras does. `model.length_batching =
-        False` pads every batch to the full length instead; datasets and generators are
-        used as given (see `kbert.data.batch_by_length` for tf.data).
-
-        **Schedule.** When the optimizer's schedule has no fixed length (the default recipe,
-        `compile(total_steps=None)`), this call sets it to the steps it is about to run -
-        `(epochs - initial_epoch) x steps per epoch` - with `warmup_ratio` of them warming up,
-        starting from the optimizer's current step: each `fit` call warms up and decays over
-        its own steps, as Hugging Face's `Trainer.train()` does. Steps per epoch come from
-        `steps_per_epoch`, the data's length and `batch_size`, or a `tf.data.Dataset`'s
-        cardinality. A dataset of unknown size (`cardinality() == -2`, e.g. one made with
-        `filter` or `kbert.data.pretraining_dataset`) is counted once here, one pass over
-        its input pipeline, and every epoch then takes that many batches; give
-        `steps_per_epoch` to skip the count. Nothing is recompiled: the length lives in two
-        optimizer variables (`kbert.models.WarmupLinearDecay.plan`).
-        """
-        x, y, sample_weight = self._prepare_inputs(x, y, sample_weight, mode="fit")
-        validation_data = self._prepare_validation_data(validation_data)
-        x, y, sample_weight, batch_size, validation_data, validation_split = self._batch_by_length(
-            x, y, sample_weight, batch_size, validation_data, validation_split, kwargs
-        )
-        if is_dataset(x):
-            # Keras warns that `shuffle` (on by default) is ignored for datasets: say it is off.
-            kwargs.setdefault("shuffle", False)
-        x, steps_per_epoch = self._plan_schedule(
-            x, batch_size, epochs, steps_per_epoch, initial_epoch, validation_split
-        )
-        return self.fit_over_processes(
-            x=x,
-            y=y,
-            batch_size=batch_size,
-            epochs=epochs,
-            sample_weight=sample_weight,
-            validation_data=validation_data,
-            steps_per_epoch=steps_per_epoch,
-            initial_epoch=initial_epoch,
-            validation_split=validation_split,
-            **kwargs,
-        )
-
+    # ------------------------------------------------------------ fit's schedule
     def _plan_schedule(
         self, x, batch_size, epochs, steps_per_epoch, initial_epoch, validation_split
     ):
-        """Sets a planned schedule's length to the steps `fit` is about to run (see `fit`).
+        """Sets a planned schedule's length to the steps `fit` is about to run (see
+        "Schedule" in the class docstring); called by `fit` with its prepared data.
 
         Returns `(x, steps_per_epoch)` for `keras.Model.fit`: a dataset of unknown size is
         counted here and then repeated with `steps_per_epoch` set to its count.
@@ -727,13 +408,9 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
         schedule = planned_schedule(self.optimizer)
         if schedule is None:
             return x, steps_per_epoch
-        steps = self._steps_per_epoch(x, batch_size, steps_per_epoch, validation_split)
-        if steps is None and is_dataset(x) and _cardinality(x) == _UNKNOWN_CARDINALITY:
-            steps = _count_batches(x)
-            # Each epoch takes exactly `steps` batches of the repeated dataset: no
-            # "ran out of data" stop when a later pass yields fewer batches.
-            if steps is not None:
-                x, steps_per_epoch = x.repeat(), steps
+        x, steps_per_epoch, steps = self._count_fit_steps(
+            x, batch_size, steps_per_epoch, validation_split
+        )
         if steps is None:
             warnings.warn(
                 f"{type(self).__name__}.fit could not count the training steps (a generator, an "
@@ -745,62 +422,6 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
             start = int(keras.ops.convert_to_numpy(self.optimizer.iterations))
             schedule.plan(steps * max(epochs - initial_epoch, 1), start_step=start)
         return x, steps_per_epoch
-
-    def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None, **kwargs):
-        """`keras.Model.evaluate` that also takes raw text when a preprocessor is attached.
-
-        Packed NumPy data (raw text included) is batched by length, sorted and each batch
-        cropped to its bucket (see `fit`): accuracy-type metrics and row-averaged losses
-        equal those of full-length batches; a loss averaged per batch over weighted tokens
-        (`BertTagger`) depends, as in Keras, on which rows share a batch.
-        """
-        x, y, sample_weight = self._prepare_inputs(x, y, sample_weight, mode="evaluate")
-        if batching.can_batch_by_length(self, x, y, sample_weight):
-            x = batching.length_batched(self, x, y, sample_weight, batch_size)
-            y = sample_weight = batch_size = None
-        return super().evaluate(
-            x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, **kwargs
-        )
-
-    def predict(self, x, batch_size=None, **kwargs):
-        """`keras.Model.predict` that also takes raw text when a preprocessor is attached.
-
-        Packed NumPy data (raw text included; longer texts are truncated to the
-        preprocessor's `sequence_length`) is run in length order, each batch cropped to the
-        smallest bucket length holding its rows (`kbert.models.batching.predict_by_length`),
-        and returned in the caller's order: equal to full-length batches at real positions;
-        per-token outputs keep the full length, with `prediction_fill_value` past a row's
-        bucket. JAX and TensorFlow compile at most one shape per bucket plus one for the
-        short batch. `model.length_batching = False`, `steps`, datasets and generators take
-        Keras' own loop. An empty input (no row) raises a ValueError; a `None` or
-        non-string item in a list of texts raises a ValueError naming its index.
-        """
-        if _is_empty_batch(x):
-            raise ValueError(
-                f"{type(self).__name__}.predict received an empty batch ({type(x).__name__} with "
-                "0 rows). Expected at least one string, pair or packed row."
-            )
-        x, _, _ = self._prepare_inputs(x, mode="predict")
-        if kwargs.get("steps") is None and batching.can_batch_by_length(self, x):
-            return batching.predict_by_length(
-                self, x, batch_size, kwargs.get("verbose", "auto"), kwargs.get("callbacks")
-            )
-        return super().predict(x, batch_size=batch_size, **kwargs)
-
-    def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
-        """`keras.Model.train_on_batch` through the task's input route (`_prepare_inputs`)."""
-        x, y, sample_weight = self._prepare_inputs(x, y, sample_weight, mode="fit")
-        return super().train_on_batch(x, y, sample_weight=sample_weight, **kwargs)
-
-    def test_on_batch(self, x, y=None, sample_weight=None, **kwargs):
-        """`keras.Model.test_on_batch` through the task's input route (`_prepare_inputs`)."""
-        x, y, sample_weight = self._prepare_inputs(x, y, sample_weight, mode="evaluate")
-        return super().test_on_batch(x, y, sample_weight=sample_weight, **kwargs)
-
-    def predict_on_batch(self, x):
-        """`keras.Model.predict_on_batch` through the task's input route (`_prepare_inputs`)."""
-        x, _, _ = self._prepare_inputs(x, mode="predict")
-        return super().predict_on_batch(x)
 
     # LoRA: see `BertBackbone.enable_lora` and kbert/models/lora.py. The head stays trainable.
     def enable_lora(self, rank, alpha=None, feedforward=False):
@@ -898,8 +519,6 @@ class BertTask(PresetMixin, MultiProcessTraining, keras.Model):
 
     @classmethod
     def _constructor_arguments(cls):
-        import inspect
-
         return set(inspect.signature(cls.__init__).parameters)
 
     def save_to_preset(self, path, tokenizer=None, include_optimizer=False):

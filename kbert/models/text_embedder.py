@@ -11,101 +11,16 @@ import keras
 import numpy as np
 from keras import ops
 
-from kbert.models import batching
+from kbert.backend.tensorflow import is_dataset
+from kbert.data import batching
+from kbert.layers.heads import EmbeddingPooling, canonical_pooling
 from kbert.models.backbone import BACKBONE_INPUTS
-from kbert.models.task import BertTask, is_dataset, text_parts
+from kbert.models.input_checks import check_model_inputs
+from kbert.models.pipeline import text_parts
+from kbert.models.task import BertTask
 
-# kbert's pooling names; sentence-transformers spells the last one `mean_sqrt_len_tokens`.
-POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len")
-_POOLING_ALIASES = {"mean_sqrt_len_tokens": "mean_sqrt_len"}
 SIMILARITY_FUNCTIONS = ("cosine", "dot")
 PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
-
-
-def canonical_pooling(pooling):
-    """`pooling` (a mode name or a list of them) as a tuple of kbert mode names, checked."""
-    modes = (pooling,) if isinstance(pooling, str) else pooling
-    if not isinstance(modes, (list, tuple)) or not modes:
-        raise ValueError(
-            f"`pooling` must be one of {list(POOLING_MODES)} or a non-empty list of them. "
-            f"Received: pooling={pooling!r}"
-        )
-    out = []
-    for mode in modes:
-        mode = _POOLING_ALIASES.get(mode, mode)
-        if mode not in POOLING_MODES:
-            raise ValueError(
-                f"Unknown pooling mode {mode!r}. Expected one of {list(POOLING_MODES)} "
-                "(or a list of them, concatenated in that order)."
-            )
-        out.append(mode)
-    return tuple(out)
-
-
-@keras.saving.register_keras_serializable(package="kbert")
-class EmbeddingPooling(keras.layers.Layer):
-    """Pools token vectors into one vector per row, over the real positions only.
-
-    Modes (several are concatenated in the given order, as sentence-transformers does):
-    `mean` (sum of real vectors / their count), `cls` (the first position, `[CLS]`), `max`
-    (element-wise maximum over real positions), `mean_sqrt_len` (sum / sqrt(count)). Computes
-    in float32 whatever the input dtype; `normalize=True` divides each row by its L2 norm
-    (floored at 1e-12, as `torch.nn.functional.normalize`).
-
-    Args:
-        pooling: str or list of str. The mode(s). Defaults to `"mean"`.
-        normalize: bool. L2-normalise the pooled vector. Defaults to `False`.
-
-    Call arguments:
-        sequence_output: float tensor `(batch_size, sequence_length, hidden_dim)`.
-        padding_mask: int/bool tensor `(batch_size, sequence_length)`, 1 at real positions.
-
-    Returns:
-        float32 tensor `(batch_size, len(pooling) * hidden_dim)`.
-
-    Example:
-    >>> layer = EmbeddingPooling("mean")
-    >>> pooled = layer(np.array([[[1.0, 2.0], [3.0, 4.0], [9.0, 9.0]]]), np.array([[1, 1, 0]]))
-    >>> keras.ops.convert_to_numpy(pooled)  # the mean of the two unmasked tokens
-    array([[2., 3.]], dtype=float32)
-    """
-
-    def __init__(self, pooling="mean", normalize=False, **kwargs):
-        super().__init__(**kwargs)
-        self.pooling = list(canonical_pooling(pooling))
-        self.normalize = bool(normalize)
-
-    def call(self, sequence_output, padding_mask):
-        x = ops.cast(sequence_output, "float32")  # (batch, seq, hidden)
-        mask = ops.expand_dims(ops.cast(padding_mask, "float32"), -1)  # (batch, seq, 1)
-        outputs = []
-        for mode in self.pooling:
-            if mode == "cls":
-                outputs.append(x[:, 0, :])
-            elif mode == "max":
-                outputs.append(ops.max(ops.where(mask > 0, x, float("-inf")), axis=1))
-            else:
-                total = ops.sum(x * mask, axis=1)  # (batch, hidden)
-                count = ops.maximum(ops.sum(mask, axis=1), 1e-9)  # (batch, 1)
-                outputs.append(total / (count if mode == "mean" else ops.sqrt(count)))
-        pooled = outputs[0] if len(outputs) == 1 else ops.concatenate(outputs, axis=-1)
-        if self.normalize:
-            norm = ops.sqrt(ops.sum(ops.square(pooled), axis=-1, keepdims=True))
-            pooled = pooled / ops.maximum(norm, 1e-12)
-        return pooled
-
-    def compute_output_spec(self, sequence_output, padding_mask):
-        shape = tuple(sequence_output.shape[:-1][:1]) + (
-            None
-            if sequence_output.shape[-1] is None
-            else sequence_output.shape[-1] * len(self.pooling),
-        )
-        return keras.KerasTensor(shape, dtype="float32")
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({"pooling": list(self.pooling), "normalize": self.normalize})
-        return config
 
 
 def quantize_embeddings(embeddings, precision):
@@ -170,9 +85,10 @@ class BertTextEmbedder(BertTask):
     `save_to_preset` keeps all of these settings; `kbert.checkpoints.
     export_to_sentence_transformers` writes a directory sentence-transformers loads.
 
-    **Batching.** `encode` (and `predict` on strings) tokenizes in Python, sorts rows by
-    length, pads each batch only to the smallest bucket length that holds its longest row
-    (`kbert.models.batching`), and returns rows in the caller's order.
+    **Batching.** `encode` (and `predict` on strings) tokenizes in Python, packs with the
+    preprocessor's `kbert.text.BertPacker`, and runs the task pipeline's length-ordered
+    `predict` (`kbert.models.pipeline`): each batch padded only to the smallest bucket length
+    that holds its longest row, rows returned in the caller's order.
 
     **Training.** The default `compile()` uses BERT's recipe (AdamW, 10 % warm-up, linear
     decay) with `kbert.losses.MultipleNegativesRankingLoss` (scale 20). For scored pairs
@@ -305,7 +221,7 @@ class BertTextEmbedder(BertTask):
         if token_ids is None or len(token_ids.shape) != 3:
             return super().call(inputs, training=training, mask=mask)
         columns, length = token_ids.shape[1], token_ids.shape[2]
-        if batching.eager_torch(self):
+        if not batching.compiles_per_shape(self):
             outputs = []
             for column in range(columns):
                 part = {k: inputs[k][:, column] for k in BACKBONE_INPUTS}
@@ -370,46 +286,17 @@ class BertTextEmbedder(BertTask):
         return [ids[:budget] for ids in tokenizer.tokenize(texts)]
 
     def pack_token_ids(self, rows, length=None, training=False):
-        """Packs lists of token ids into `token_ids`, `segment_ids`, `padding_mask` int32
-        arrays `(len(rows), length)`; `length` defaults to the smallest bucket (see
-        `kbert.models.batching.model_buckets`; `training=True`: `fit`'s buckets) that holds
-        the longest row with `[CLS]` and `[SEP]`."""
-        tokenizer, _ = self._require_tokenizer()
+        """Packs lists of token ids (from `tokenize_texts`) with the preprocessor's
+        `kbert.text.BertPacker` into `token_ids`, `segment_ids`, `padding_mask` int32 arrays
+        `(len(rows), length)`; `length` defaults to the smallest bucket (see
+        `bucket_lengths`; `training=True`: `fit`'s buckets) that holds the longest row with
+        `[CLS]` and `[SEP]`."""
+        _, sequence_length = self._require_tokenizer()
         if length is None:
             longest = max(len(ids) for ids in rows) + 2
-            length = int(batching.bucket_for([longest], self._buckets(training))[0])
-        token_ids = np.full((len(rows), length), tokenizer.pad_token_id, dtype="int32")
-        padding_mask = np.zeros((len(rows), length), dtype="int32")
-        for i, ids in enumerate(rows):
-            token_ids[i, 0] = tokenizer.cls_token_id
-            token_ids[i, 1 : len(ids) + 1] = ids
-            token_ids[i, len(ids) + 1] = tokenizer.sep_token_id
-            padding_mask[i, : len(ids) + 2] = 1
-        return {
-            "token_ids": token_ids,
-            "segment_ids": np.zeros_like(token_ids),
-            "padding_mask": padding_mask,
-        }
-
-    def _buckets(self, training=False):
-        """Padded lengths of `encode`'s (or `fit`'s) batches
-        (`kbert.models.batching.model_buckets`)."""
-        _, sequence_length = self._require_tokenizer()
-        return batching.model_buckets(self, sequence_length, training=training)
-
-    def _embed_rows(self, rows, batch_size, verbose=False):
-        """Embeddings (float32 NumPy) of tokenized rows: batches of similar length, each
-        padded to its bucket, returned in the caller's order."""
-        lengths = [len(ids) + 2 for ids in rows]
-        plan = batching.plan_batches(lengths, batch_size, self._buckets())
-        out = np.empty((len(rows), self.embedding_dim), dtype=np.float32)
-        progress = keras.utils.Progbar(len(plan)) if verbose else None
-        for step, (indices, length) in enumerate(plan):
-            packed = self.pack_token_ids([rows[i] for i in indices], length)
-            out[indices] = keras.ops.convert_to_numpy(self.predict_on_batch(packed))
-            if progress is not None:
-                progress.update(step + 1)
-        return out
+            buckets = self.bucket_lengths(sequence_length, training=training)
+            length = int(batching.bucket_for([longest], buckets)[0])
+        return self.preprocessor.packer(list(rows), sequence_length=int(length))
 
     def encode(
         self,
@@ -474,8 +361,11 @@ class BertTextEmbedder(BertTask):
         if truncate_dim is not None:
             _check_truncate_dim(truncate_dim, self.embedding_dim)
         prompt = self.resolve_prompt(prompt, prompt_name)
-        rows = self.tokenize_texts(texts, prompt)
-        embeddings = self._embed_rows(rows, int(batch_size), verbose=verbose)
+        x = self.pack_token_ids(
+            self.tokenize_texts(texts, prompt), self.preprocessor.sequence_length
+        )
+        check_model_inputs(x, self.backbone)  # once, whole
+        embeddings = self._predict_by_length(x, int(batch_size), verbose=1 if verbose else 0)
         if truncate_dim is not None:
             embeddings = embeddings[:, :truncate_dim]
         if normalize:
@@ -506,10 +396,13 @@ class BertTextEmbedder(BertTask):
         return super().predict(x, batch_size=batch_size, **kwargs)
 
     # ---------------------------------------------------------------- training
-    def _prepare_inputs(self, x, y=None, sample_weight=None, mode="fit"):
+    def preprocess_samples(self, x, y=None, sample_weight=None, mode="fit", batch_size=None):
+        """Text columns (`fit`, `evaluate`, validation data) -> `_TextColumnBatches` of
+        `batch_size` (32 when `None`) rows; anything else as `BertTask` takes it."""
         if mode != "predict" and not is_dataset(x) and _is_text_columns(x):
-            return _text_column_batches(self, x, y, sample_weight), None, None
-        return super()._prepare_inputs(x, y, sample_weight, mode)
+            batches = _TextColumnBatches(self, text_columns(x), y, sample_weight, batch_size or 32)
+            return batches, None, None
+        return super().preprocess_samples(x, y, sample_weight, mode, batch_size)
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, sample_weight=None, **kwargs):
         """`BertTask.fit` that also takes text columns for contrastive training.
@@ -521,9 +414,7 @@ class BertTextEmbedder(BertTask):
         batch is padded to its own longest text. See `kbert.losses` for the losses.
         """
         if not is_dataset(x) and _is_text_columns(x):
-            self._fit_batch_size = batch_size or 32
-            kwargs.pop("shuffle", None)
-            batch_size = None
+            kwargs.pop("shuffle", None)  # The batches draw a new random order every epoch.
         return super().fit(
             x, y, batch_size=batch_size, epochs=epochs, sample_weight=sample_weight, **kwargs
         )
@@ -649,7 +540,7 @@ def text_columns(x):
 class _TextColumnBatches(keras.utils.PyDataset):
     """Batches of tokenized text columns `(batch, columns, seq)`, in a new random order each
     epoch (in-batch negatives stay random, as in sentence-transformers), each padded to the
-    smallest bucket that holds its longest text (see `kbert.models.batching`)."""
+    smallest bucket that holds its longest text (see `kbert.data.batching`)."""
 
     def __init__(self, embedder, columns, y, sample_weight, batch_size, shuffle=True, seed=0):
         super().__init__()
@@ -685,9 +576,3 @@ class _TextColumnBatches(keras.utils.PyDataset):
     def on_epoch_end(self):
         if self.shuffle:
             self.random.shuffle(self.order)
-
-
-def _text_column_batches(embedder, x, y, sample_weight):
-    columns = text_columns(x)
-    batch_size = getattr(embedder, "_fit_batch_size", None) or 32
-    return _TextColumnBatches(embedder, columns, y, sample_weight, batch_size)

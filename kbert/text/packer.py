@@ -56,7 +56,8 @@ def _is_int(value):
 
 
 def _python_segment(segment, index):
-    """A Python / numpy segment as (list of lists of int, batched)."""
+    """A Python / numpy segment as `((values, lengths), batched)`: all its ids in one 1-D
+    int64 array and the number of ids of each row."""
     if isinstance(segment, np.ndarray):
         if segment.dtype.kind not in "iu" and not (segment.dtype.kind == "O"):
             raise ValueError(
@@ -64,7 +65,7 @@ def _python_segment(segment, index):
                 f"array of dtype {segment.dtype}."
             )
         if segment.ndim == 1 and segment.dtype.kind != "O":
-            return [segment.tolist()], False
+            return (segment.astype(np.int64), np.array([len(segment)], np.int64)), False
         segment = list(segment)
     if not isinstance(segment, (list, tuple)):
         raise ValueError(
@@ -72,18 +73,29 @@ def _python_segment(segment, index):
             f"or an int tensor. Received an object of type {type(segment).__name__}."
         )
     if all(_is_int(x) for x in segment):
-        return [[int(x) for x in segment]], False
-    rows = []
-    for row in segment:
-        if isinstance(row, np.ndarray):
-            row = row.tolist()
-        if not isinstance(row, (list, tuple)) or not all(_is_int(x) for x in row):
-            raise ValueError(
-                f"Segment {index} must be a list of int or a list of lists of int. "
-                f"Received an element {row!r}."
-            )
-        rows.append([int(x) for x in row])
-    return rows, True
+        values = np.array([int(x) for x in segment], dtype=np.int64)
+        return (values, np.array([len(values)], np.int64)), False
+    rows = list(segment)
+    try:
+        lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+        values = np.asarray(list(itertools.chain.from_iterable(rows)))
+    except (TypeError, ValueError):  # A row without a length; nested rows of unequal lengths.
+        values = None
+    if values is None or values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
+        for row in rows:  # The first row that is not a flat row of ints names the error.
+            if not isinstance(row, (list, tuple, np.ndarray)):
+                _raise_bad_row(row, index)
+            if not all(_is_int(x) for x in row):
+                _raise_bad_row(row, index)
+        _raise_bad_row(segment, index)
+    return (values.astype(np.int64), lengths), True
+
+
+def _raise_bad_row(row, index):
+    raise ValueError(
+        f"Segment {index} must be a list of int or a list of lists of int. "
+        f"Received an element {row!r}."
+    )
 
 
 def _tensor_segment(segment, index):
@@ -197,31 +209,42 @@ def _trace_pack(tf, num_segments):
 
 
 def _pack_numpy(segments, sequence_length, cls_token_id, sep_token_id, pad_token_id, truncate):
-    """`_pack` in NumPy, for Python / NumPy segments (lists of lists of int)."""
-    if len(segments) == 2 and len(segments[0]) != len(segments[1]):
+    """`_pack` in NumPy, for Python / NumPy segments (`(values, lengths)` of
+    `_python_segment`), with whole-array operations only."""
+    if len(segments) == 2 and len(segments[0][1]) != len(segments[1][1]):
         raise ValueError(
             f"BertPacker: both segments must have the same batch size. Received "
-            f"{len(segments[0])} and {len(segments[1])} sequences."
+            f"{len(segments[0][1])} and {len(segments[1][1])} sequences."
         )
-    batch = len(segments[0])
+    batch = len(segments[0][1])
     budget = sequence_length - 1 - len(segments)
+    lengths = [row_lengths for _, row_lengths in segments]
+    if len(segments) == 1:
+        kept = [np.minimum(lengths[0], budget)]
+    else:
+        kept = list(truncated_lengths(lengths[0], lengths[1], budget, truncate))
+    # Scatter every kept token to its place: [CLS] A [SEP] B [SEP].
     token_ids = np.full((batch, sequence_length), pad_token_id, dtype=np.int32)
-    segment_ids = np.zeros((batch, sequence_length), dtype=np.int32)
-    padding_mask = np.zeros((batch, sequence_length), dtype=np.int32)
-    for row in range(batch):
-        rows = [segment[row] for segment in segments]
-        if len(rows) == 1:
-            kept = [min(len(rows[0]), budget)]
-        else:
-            kept = [int(k) for k in truncated_lengths(len(rows[0]), len(rows[1]), budget, truncate)]
-        packed = [cls_token_id]
-        types = [0]
-        for index, (ids, length) in enumerate(zip(rows, kept)):
-            packed += ids[:length] + [sep_token_id]
-            types += [index] * (length + 1)
-        token_ids[row, : len(packed)] = packed
-        segment_ids[row, : len(types)] = types
-        padding_mask[row, : len(packed)] = 1
+    token_ids[:, 0] = cls_token_id
+    rows = np.arange(batch)
+    offset = np.ones(batch, np.int64)  # (batch,) first free position.
+    for (values, row_lengths), kept_length in zip(segments, kept):
+        row = np.repeat(rows, row_lengths)
+        starts = np.cumsum(row_lengths) - row_lengths
+        position = np.arange(len(values)) - starts[row]
+        inside = position < kept_length[row]
+        token_ids[row[inside], position[inside] + offset[row[inside]]] = values[inside]
+        offset = offset + kept_length
+        token_ids[rows, offset] = sep_token_id
+        offset = offset + 1
+    positions = np.arange(sequence_length)[np.newaxis, :]
+    total = offset[:, np.newaxis]  # (batch, 1) packed length.
+    padding_mask = (positions < total).astype(np.int32)
+    if len(segments) == 2:
+        second_start = (kept[0] + 2)[:, np.newaxis]
+        segment_ids = ((positions >= second_start) & (positions < total)).astype(np.int32)
+    else:
+        segment_ids = np.zeros_like(token_ids)
     return {"token_ids": token_ids, "segment_ids": segment_ids, "padding_mask": padding_mask}
 
 
@@ -258,6 +281,10 @@ class BertPacker:
             numpy array, a 1-D / 2-D int tensor or a `tf.RaggedTensor` of
             shape `(batch_size, None)`. A dense 2-D tensor is taken as rows of
             real tokens (no padding). Pairs must be given as a tuple.
+        sequence_length: int or `None`. Length of this call's packed rows
+            (e.g. the bucket of one batch, see `kbert.data.batching`): at
+            least 2 for one segment, 3 for pairs. Defaults to the packer's
+            `sequence_length`.
 
     Example:
 
@@ -303,19 +330,27 @@ class BertPacker:
         self.truncate = truncate
 
     @tensorflow.do_not_convert
-    def __call__(self, inputs):
+    def __call__(self, inputs, sequence_length=None):
         segments = inputs if isinstance(inputs, tuple) else (inputs,)
         if len(segments) not in (1, 2):
             raise ValueError(
                 f"BertPacker takes one or two segments. Received a tuple of "
                 f"{len(segments)} segments."
             )
+        if sequence_length is None:
+            sequence_length = self.sequence_length
+        elif not _is_int(sequence_length) or sequence_length < len(segments) + 1:
+            raise ValueError(
+                f"`sequence_length` must be an integer >= {len(segments) + 1}, enough for "
+                f"the special tokens of {len(segments)} segment(s). Received: "
+                f"sequence_length={sequence_length!r}"
+            )
         if not any(tensorflow.is_tensor(s) for s in segments):
             converted = [_python_segment(s, i) for i, s in enumerate(segments)]
             batched = self._check_batched(converted)
             outputs = _pack_numpy(
-                [rows for rows, _ in converted],
-                self.sequence_length,
+                [values for values, _ in converted],
+                int(sequence_length),
                 self.cls_token_id,
                 self.sep_token_id,
                 self.pad_token_id,
@@ -330,16 +365,14 @@ class BertPacker:
             if tf.is_tensor(segment):
                 converted.append(_tensor_segment(segment, index))
             else:
-                rows, batched = _python_segment(segment, index)
-                flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32)
-                lengths = np.array([len(row) for row in rows], dtype=np.int64)
-                ragged = tf.RaggedTensor.from_row_lengths(flat, lengths)
+                (values, lengths), batched = _python_segment(segment, index)
+                ragged = tf.RaggedTensor.from_row_lengths(values.astype(np.int32), lengths)
                 converted.append((ragged, batched))
         batched = self._check_batched(converted)
         segments = [s for s, _ in converted]
         settings = tf.constant(
             [
-                self.sequence_length,
+                int(sequence_length),
                 self.cls_token_id,
                 self.sep_token_id,
                 self.pad_token_id,
@@ -349,7 +382,7 @@ class BertPacker:
         )
         outputs = _pack_function(len(segments))(segments, settings)
         if not tf.executing_eagerly():
-            shape = [None, self.sequence_length]
+            shape = [None, int(sequence_length)]
             outputs = {k: tf.ensure_shape(v, shape) for k, v in outputs.items()}
         if not batched:
             outputs = {k: v[0] for k, v in outputs.items()}

@@ -6,8 +6,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from kbert.data import batch_by_length  # noqa: E402
-from kbert.models import BertClassifier, BertTagger, batching  # noqa: E402
+from kbert.data import batch_by_length, batching  # noqa: E402
+from kbert.models import BertClassifier, BertTagger  # noqa: E402
 from tests.models.test_classifier import TOY_WORDS, toy_backbone, toy_preprocessor  # noqa: E402
 
 

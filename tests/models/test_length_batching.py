@@ -10,7 +10,8 @@ import keras
 import numpy as np
 import pytest
 
-from kbert.models import BertClassifier, BertQuestionAnswerer, BertTagger, batching
+from kbert.data import batching
+from kbert.models import BertClassifier, BertQuestionAnswerer, BertTagger
 from tests.models.test_classifier import TOY_WORDS, toy_backbone, toy_preprocessor
 from tests.test_case import assert_all_close
 

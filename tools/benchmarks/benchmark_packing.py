@@ -32,9 +32,9 @@ backend, in one process, taking turns each repetition:
 
 - `fixed`: every batch padded to the full `--sequence-length` (kbert before length batching);
 - `bucketed`: rows sorted by length, each batch cropped to its bucket
-  (`kbert.models.batching.plan_batches` with `model_buckets`, what the tasks' `predict` does;
+  (`kbert.data.batching.plan_batches` with `model_buckets`, what the tasks' `predict` does;
   on TensorFlow both backbones are compiled with XLA, as the tasks' `predict` is);
-- `packed`: several texts per row (`kbert.models.batching.pack_rows`) through
+- `packed`: several texts per row (`kbert.data.batching.pack_rows`) through
   `BertBackbone(packed=True)` (per-document attention mask, positions restarting), packed rows
   also sorted and cropped to buckets, with batches of about as many tokens as `bucketed`.
 
@@ -194,7 +194,8 @@ def inference(args):
     import keras
     import numpy as np
 
-    from kbert.models import BertBackbone, BertClassifier, batching
+    from kbert.data import batching
+    from kbert.models import BertBackbone, BertClassifier
 
     texts = _read_sentences(args.tsv, args.limit)
     preprocessor = BertClassifier.from_preset(
