@@ -60,8 +60,11 @@ LEG_TIMES := .test-leg-times
 timed = start=$$(date +%s); $(2); code=$$?; [ $$code -eq 0 ] || [ $$code -eq 5 ] || status=1; \
 	echo "$(1) $$(( $$(date +%s) - start ))" >> $(LEG_TIMES);
 
-test: install install-notf
+# The two environments install side by side (each is skipped when up to date).
+test:
 	@status=0; rm -f $(LEG_TIMES); \
+	$(call timed,install,$(MAKE) --no-print-directory -j2 install install-notf) \
+	[ $$status -eq 0 ] || exit 1; \
 	$(call timed,lint,$(MAKE) --no-print-directory lint) \
 	echo "===== backend-independent tests, once (KERAS_BACKEND=$(ONCE_BACKEND)) ====="; \
 	$(call timed,once,KERAS_BACKEND=$(ONCE_BACKEND) $(PY) -m pytest -q $(LEG_ARGS) $(PYTEST_ARGS) -m backend_independent $(TESTS)) \
