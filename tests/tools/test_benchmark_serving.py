@@ -81,6 +81,12 @@ def test_serving_table_gives_ratios_to_hf_and_sentence_transformers(tools):
     assert lines["kbert-jax"][1:] == ["500.0", "2.50x", "1.25x"]
     assert lines["hf"][1:] == ["200.0", "1.00x", "0.50x"]
     assert lines["onnx"][1] == "failed:"
+    # A failed system listed first, and a workload where every system failed, still give a table.
+    results.insert(0, {"system": "kbert-torch", "workload": "short", "error": "no data"})
+    results.append({"system": "hf", "workload": "long", "error": "no data"})
+    table = serving.format_table(results)
+    assert "short: 872 texts, truncated at 128 tokens" in table
+    assert "long: every system failed" in table
 
 
 def test_serving_rounds_keep_each_systems_fastest_round_and_list_every_round(tools):

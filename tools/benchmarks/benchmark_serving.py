@@ -233,10 +233,15 @@ def format_table(results):
         rows = [r for r in results if r["workload"] == workload]
         if not rows:
             continue
-        first = rows[0]
-        lines.append(
-            f"\n{workload}: {first['texts']} texts, truncated at {first['sequence_length']} tokens"
-        )
+        measured = [r for r in rows if "error" not in r]
+        if measured:
+            first = measured[0]
+            lines.append(
+                f"\n{workload}: {first['texts']} texts, truncated at "
+                f"{first['sequence_length']} tokens"
+            )
+        else:
+            lines.append(f"\n{workload}: every system failed")
         anchors = {r["system"]: r["texts_per_second"] for r in rows if "error" not in r}
         lines.append(
             f"  {'system':<22} {'texts/s':>9} {'vs HF':>7} {'vs sentence-transformers':>25}"
