@@ -24,6 +24,7 @@ from pathlib import Path
 from bench.charts import ratio_bars
 from bench.data import checkpoint_name, default_data_dir, resolve_checkpoint
 from bench.harness import (
+    check_positive_ints,
     command_line,
     emit,
     load_average,
@@ -129,12 +130,8 @@ def parse_args(argv=None):
     parser.add_argument("--chart", help="write a PNG bar chart to this path")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("questions", "paragraphs", "batch_size", "repeats", "rounds"):
-        if getattr(args, name) < 1:
-            parser.error(
-                f"--{name.replace('_', '-')} must be a positive integer. "
-                f"Received: {getattr(args, name)}"
-            )
+    names = ("questions", "paragraphs", "batch_size", "repeats", "rounds")
+    check_positive_ints(parser, args, names)
     return args
 
 

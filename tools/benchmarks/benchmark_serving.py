@@ -52,6 +52,7 @@ from pathlib import Path
 from bench.charts import ratio_bars
 from bench.data import checkpoint_name, default_data_dir, resolve_checkpoint
 from bench.harness import (
+    check_positive_ints,
     command_line,
     emit,
     load_average,
@@ -288,12 +289,8 @@ def parse_args(argv=None):
     parser.add_argument("--chart", help="write a PNG bar chart to this path")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("batch_size", "short_length", "long_length", "repeats", "rounds", "max_texts"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(
-                f"--{name.replace('_', '-')} must be a positive integer. Received: {value}"
-            )
+    names = ("batch_size", "short_length", "long_length", "repeats", "rounds", "max_texts")
+    check_positive_ints(parser, args, names)
     if args.device == "cpu" and args.dtype != "float32":
         parser.error(f"--dtype {args.dtype} is meant for --device gpu; on CPU use float32")
     return args

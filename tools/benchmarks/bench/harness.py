@@ -193,6 +193,16 @@ def interleave(runs, rounds):
     return measured
 
 
+def check_positive_ints(parser, args, names):
+    """`parser.error` for the first option of `names` set to an integer below 1 (None = unset)."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(
+                f"--{name.replace('_', '-')} must be a positive integer. Received: {value}"
+            )
+
+
 def command_line(script, argv=None):
     """The command of this run as a user types it: `python <script> <arguments>`."""
     arguments = sys.argv[1:] if argv is None else list(argv)
