@@ -29,19 +29,41 @@ class _GlueSpec:
     metrics: tuple
     splits: tuple = ("train", "dev")
     num_columns: object = None  # header-less files only
+    # Unlabelled test files: split -> file name, and their (index, sentence1, sentence2) headers.
+    test_files: tuple = (("test", "test.tsv"),)
+    test_columns: object = None  # None: ("index", sentence1, sentence2)
+    skip_malformed: bool = False  # QQP: skip rows with missing fields instead of failing
 
+
+_MNLI_LABELS = ("contradiction", "entailment", "neutral")
 
 # Label orders follow google-research/bert `run_classifier.py` and the Hugging
 # Face GLUE processors (note: the `datasets` hub copy orders MNLI differently).
 _GLUE_SPECS = types.MappingProxyType(
     {
-        "cola": _GlueSpec("CoLA", 3, None, 1, ("0", "1"), ("matthews_corrcoef",), num_columns=4),
+        "cola": _GlueSpec(
+            "CoLA",
+            3,
+            None,
+            1,
+            ("0", "1"),
+            ("matthews_corrcoef",),
+            num_columns=4,
+            test_columns=("index", "sentence", None),
+        ),
         "sst2": _GlueSpec("SST-2", "sentence", None, "label", ("0", "1"), ("accuracy",)),
         "mrpc": _GlueSpec(
             "MRPC", "#1 String", "#2 String", "Quality", ("0", "1"), ("accuracy", "f1")
         ),
         "qqp": _GlueSpec(
-            "QQP", "question1", "question2", "is_duplicate", ("0", "1"), ("accuracy", "f1")
+            "QQP",
+            "question1",
+            "question2",
+            "is_duplicate",
+            ("0", "1"),
+            ("accuracy", "f1"),
+            test_columns=("id", "question1", "question2"),
+            skip_malformed=True,
         ),
         "stsb": _GlueSpec(
             "STS-B",
@@ -56,9 +78,13 @@ _GLUE_SPECS = types.MappingProxyType(
             "sentence1",
             "sentence2",
             "gold_label",
-            ("contradiction", "entailment", "neutral"),
+            _MNLI_LABELS,
             ("accuracy",),
             splits=("train", "dev_matched", "dev_mismatched"),
+            test_files=(
+                ("test_matched", "test_matched.tsv"),
+                ("test_mismatched", "test_mismatched.tsv"),
+            ),
         ),
         "qnli": _GlueSpec(
             "QNLI",
@@ -77,6 +103,17 @@ _GLUE_SPECS = types.MappingProxyType(
             ("accuracy",),
         ),
         "wnli": _GlueSpec("WNLI", "sentence1", "sentence2", "label", ("0", "1"), ("accuracy",)),
+        # The diagnostic set (AX): a test file alone, predicted with an MNLI model.
+        "ax": _GlueSpec(
+            "diagnostic",
+            "sentence1",
+            "sentence2",
+            None,
+            _MNLI_LABELS,
+            (),
+            splits=(),
+            test_files=(("test", "diagnostic.tsv"),),
+        ),
     }
 )
 
@@ -92,25 +129,32 @@ class GlueData:
 
     Attributes:
         task: str. Task name (`"sst2"`, `"cola"`, ...).
-        split: str. Split name (`"train"`, `"dev"`, ...).
+        split: str. Split name (`"train"`, `"dev"`, `"test"`, ...).
         sentence1: list of str. First sentence (or the only one).
         sentence2: list of str, or None for single-sentence tasks.
-        label: numpy array: int32 class ids, or float32 scores for STS-B.
+        label: numpy array: int32 class ids, or float32 scores for STS-B;
+            None for the unlabelled test splits.
         num_classes: int. Number of classes; 1 for the STS-B regression.
         label_names: tuple of str (the file's label strings, index = class
             id), or None for STS-B.
         metrics: tuple of str. `kbert.metrics` functions GLUE reports for the
             task, e.g. `("accuracy", "f1")` for MRPC.
+        index: list of str. The test files' `index` column (QQP: `id`), the
+            row ids of a leaderboard submission; None for train and dev.
+        skipped_lines: tuple of int. Line numbers of malformed rows that were
+            skipped (QQP train and dev only); empty elsewhere.
     """
 
     task: str
     split: str
     sentence1: list
     sentence2: object
-    label: np.ndarray
+    label: object
     num_classes: int
     label_names: object
     metrics: tuple
+    index: object = None
+    skipped_lines: tuple = ()
 
     @property
     def is_regression(self):
@@ -154,18 +198,116 @@ def _decode_file(path, encoding):
         ) from None
 
 
-def _glue_path(task_spec, split, data_dir):
+def glue_file_candidates(task, split, data_dir):
+    """The paths `read_glue(task, split, data_dir)` looks for, in order.
+
+    `<data_dir>/<TASK>/<file>` and `<data_dir>/glue/<TASK>/<file>`, with `<file>`
+    `<split>.tsv`, or the diagnostic set's `diagnostic/diagnostic.tsv` for `"ax"`.
+
+    Example:
+
+    >>> [p.replace(os.sep, "/") for p in glue_file_candidates("mnli", "test_matched", "data")]
+    ['data/MNLI/test_matched.tsv', 'data/glue/MNLI/test_matched.tsv']
+    """
+    spec, split = _checked_task_split(task, split)
+    name = dict(spec.test_files).get(split, f"{split}.tsv")
     data_dir = os.fspath(data_dir)
-    candidates = [
-        os.path.join(data_dir, task_spec.folder, f"{split}.tsv"),
-        os.path.join(data_dir, "glue", task_spec.folder, f"{split}.tsv"),
+    return [
+        os.path.join(data_dir, spec.folder, name),
+        os.path.join(data_dir, "glue", spec.folder, name),
     ]
+
+
+def glue_test_splits(task):
+    """The unlabelled test splits of a GLUE task: `("test",)`, MNLI's
+    `("test_matched", "test_mismatched")`.
+
+    Example:
+
+    >>> glue_test_splits("mnli"), glue_test_splits("ax")
+    (('test_matched', 'test_mismatched'), ('test',))
+    """
+    return tuple(split for split, _ in _checked_task_split(task, None)[0].test_files)
+
+
+def _checked_task_split(task, split):
+    """`(spec, split)` of a known task and split (any split when `split` is None)."""
+    name = str(task).lower().replace("-", "")
+    if name not in _GLUE_SPECS:
+        raise ValueError(f"Unknown GLUE task {task!r}. Expected one of {GLUE_TASKS}.")
+    spec = _GLUE_SPECS[name]
+    known = spec.splits + tuple(split for split, _ in spec.test_files)
+    if split is not None and split not in known:
+        raise ValueError(
+            f"Unknown split {split!r} for GLUE task {name!r}. Expected one of {known}."
+        )
+    return spec, split
+
+
+def _glue_path(task, split, data_dir):
+    candidates = glue_file_candidates(task, split, data_dir)
     for path in candidates:
         if os.path.isfile(path):
             return path
     raise FileNotFoundError(
-        f"No {task_spec.folder} {split} file: looked for {candidates[0]} and {candidates[1]}."
+        f"No GLUE {task} {split} file: looked for {candidates[0]} and {candidates[1]}."
     )
+
+
+def _header_columns(path, lines, wanted):
+    """The header's column count and the positions of the `wanted` names (None stays None)."""
+    if not lines:
+        raise ValueError(f"{path} is empty; expected a header line.")
+    header = lines[0].split("\t")
+    missing = [c for c in wanted if c is not None and c not in header]
+    if missing:
+        raise ValueError(f"{path}:1: the header lacks the column(s) {missing}. Found: {header}")
+    return len(header), [None if c is None else header.index(c) for c in wanted]
+
+
+def _parse_label(spec, raw_label, where):
+    """The class id of a label string, or the float of an STS-B score."""
+    if spec.label_names is not None:
+        if raw_label not in spec.label_names:
+            raise ValueError(
+                f"{where}: unknown label {raw_label!r}; expected one of {spec.label_names}."
+            )
+        return spec.label_names.index(raw_label)
+    try:
+        label = float(raw_label)
+    except ValueError:
+        raise ValueError(f"{where}: the score {raw_label!r} is not a number.") from None
+    if not np.isfinite(label):
+        raise ValueError(
+            f"{where}: the score {raw_label!r} is not a finite number; expected a similarity "
+            "score such as 3.8 (a NaN label would make the training loss NaN)."
+        )
+    return label
+
+
+def _table_rows(path, lines, num_columns, first_line, skip_malformed):
+    """`(line_number, fields)` of every row with `num_columns` columns, and the skipped lines.
+
+    A row with another column count is a ValueError, or is skipped when `skip_malformed`."""
+    rows, skipped = [], []
+    for line_number, line in enumerate(lines, start=first_line):
+        fields = line.split("\t")
+        if len(fields) == num_columns:
+            rows.append((line_number, fields))
+        elif skip_malformed:
+            skipped.append(line_number)
+        else:
+            raise ValueError(
+                f"{path}:{line_number}: expected {num_columns} tab-separated "
+                f"columns, found {len(fields)}: {line[:80]!r}"
+            )
+    if skipped:
+        warnings.warn(
+            f"{path}: skipped {len(skipped)} malformed rows (not {num_columns} tab-separated "
+            f"columns) at lines {skipped[:10]}{' ...' if len(skipped) > 10 else ''}.",
+            stacklevel=3,
+        )
+    return rows, tuple(skipped)
 
 
 def read_glue(task, split, data_dir):
@@ -173,28 +315,39 @@ def read_glue(task, split, data_dir):
 
     Files are laid out as GLUE's `download_glue_data.py` writes them:
     `<data_dir>/<TASK>/<split>.tsv` with `TASK` one of `CoLA`, `SST-2`,
-    `MRPC`, `QQP`, `STS-B`, `MNLI`, `QNLI`, `RTE`, `WNLI` (a `data_dir` that
-    holds a `glue/` folder also works). Columns are split on tabs only: quote
-    characters are text, not CSV quoting. A UTF-8 byte-order mark (MRPC's
-    files) is dropped. CoLA has no header and 4 columns (source, label,
-    original mark, sentence); the other tasks' columns are found by their
-    header names, and every row must have as many columns as the header.
+    `MRPC`, `QQP`, `STS-B`, `MNLI`, `QNLI`, `RTE`, `WNLI`, and the
+    diagnostic set (task `"ax"`) at `<data_dir>/diagnostic/diagnostic.tsv`
+    (a `data_dir` that holds a `glue/` folder also works). Columns are split
+    on tabs only: quote characters are text, not CSV quoting. A UTF-8
+    byte-order mark (MRPC's files) is dropped. CoLA's train and dev files
+    have no header and 4 columns (source, label, original mark, sentence);
+    the other files' columns are found by their header names, and every row
+    must have as many columns as the header.
+
+    QQP's train file as GLUE distributes it has a few rows with missing
+    fields. As other GLUE readers do, QQP's train and dev rows with another
+    number of columns are skipped (with a warning; their line numbers are in
+    `GlueData.skipped_lines`) rather than failing the whole file.
 
     String labels become class ids in a fixed order, kept in
     `GlueData.label_names`: RTE / QNLI `("entailment", "not_entailment")`,
     MNLI `("contradiction", "entailment", "neutral")` (as BERT's
     `run_classifier.py`), 0/1 tasks `("0", "1")`. STS-B scores are float32.
+    Test splits have no labels: they come with their row ids in `index`.
 
     Args:
         task: str. One of `"cola"`, `"sst2"`, `"mrpc"`, `"qqp"`, `"stsb"`,
-            `"mnli"`, `"qnli"`, `"rte"`, `"wnli"` (case and `-` ignored).
-        split: str. `"train"` or `"dev"` (MNLI: `"train"`, `"dev_matched"`,
-            `"dev_mismatched"`). Test files have no labels and are not read.
+            `"mnli"`, `"qnli"`, `"rte"`, `"wnli"`, `"ax"` (case and `-`
+            ignored).
+        split: str. `"train"`, `"dev"` or `"test"` (MNLI: `"train"`,
+            `"dev_matched"`, `"dev_mismatched"`, `"test_matched"`,
+            `"test_mismatched"`; AX: `"test"` only).
         data_dir: path of the GLUE folder.
 
     Returns:
         `GlueData` with `sentence1`, `sentence2` (None for CoLA and SST-2),
-        `label` and the task's metadata.
+        `label` (None for test splits), `index` (test splits) and the task's
+        metadata.
 
     Raises:
         ValueError: an unknown task or split, a header without the expected
@@ -211,78 +364,42 @@ def read_glue(task, split, data_dir):
     >>> len(data), data.num_classes, data.metrics, data.label
     (2, 2, ('accuracy',), array([1, 0], dtype=int32))
     """
+    spec, split = _checked_task_split(task, split)
+    if split is None:
+        raise ValueError(f"`split` must be a split name. Received: split={split!r}")
     name = str(task).lower().replace("-", "")
-    if name not in _GLUE_SPECS:
-        raise ValueError(f"Unknown GLUE task {task!r}. Expected one of {GLUE_TASKS}.")
-    spec = _GLUE_SPECS[name]
-    if split not in spec.splits:
-        raise ValueError(
-            f"Unknown split {split!r} for GLUE task {name!r}. Expected one of {spec.splits}."
-        )
-    path = _glue_path(spec, split, data_dir)
+    path = _glue_path(name, split, data_dir)
     lines = _read_lines(path, "utf-8-sig")
-
-    if spec.num_columns is None:  # header: find the columns by name
-        if not lines:
-            raise ValueError(f"{path} is empty; expected a header line.")
-        header = lines[0].split("\t")
-        wanted = [spec.sentence1, spec.sentence2, spec.label]
-        missing = [c for c in wanted if c is not None and c not in header]
-        if missing:
-            raise ValueError(f"{path}:1: the header lacks the column(s) {missing}. Found: {header}")
-        index = {c: header.index(c) for c in wanted if c is not None}
-        s1_col, s2_col, label_col = (index.get(c) for c in wanted)
-        num_columns, first_line, rows = len(header), 2, lines[1:]
+    test = split in dict(spec.test_files)
+    if test:
+        wanted = spec.test_columns or ("index", spec.sentence1, spec.sentence2)
+        wanted = (*wanted, None)
     else:
-        s1_col, s2_col, label_col = spec.sentence1, spec.sentence2, spec.label
-        num_columns, first_line, rows = spec.num_columns, 1, lines
-
-    label_index = None
-    if spec.label_names is not None:
-        label_index = {label: i for i, label in enumerate(spec.label_names)}
-    sentence1, sentence2, labels = [], [], []
-    for line_number, line in enumerate(rows, start=first_line):
-        fields = line.split("\t")
-        if len(fields) != num_columns:
-            raise ValueError(
-                f"{path}:{line_number}: expected {num_columns} tab-separated "
-                f"columns, found {len(fields)}: {line[:80]!r}"
-            )
-        raw_label = fields[label_col]
-        if label_index is None:
-            try:
-                label = float(raw_label)
-            except ValueError:
-                raise ValueError(
-                    f"{path}:{line_number}: the score {raw_label!r} is not a number."
-                ) from None
-            if not np.isfinite(label):
-                raise ValueError(
-                    f"{path}:{line_number}: the score {raw_label!r} is not a finite number; "
-                    "expected a similarity score such as 3.8 (a NaN label would make the "
-                    "training loss NaN)."
-                )
-        else:
-            if raw_label not in label_index:
-                raise ValueError(
-                    f"{path}:{line_number}: unknown label {raw_label!r}; expected "
-                    f"one of {spec.label_names}."
-                )
-            label = label_index[raw_label]
-        sentence1.append(fields[s1_col])
-        if s2_col is not None:
-            sentence2.append(fields[s2_col])
-        labels.append(label)
-
+        wanted = (None, spec.sentence1, spec.sentence2, spec.label)
+    if test or spec.num_columns is None:  # header: find the columns by name
+        num_columns, columns = _header_columns(path, lines, wanted)
+        first_line, lines = 2, lines[1:]
+    else:
+        num_columns, columns, first_line = spec.num_columns, list(wanted), 1
+    index_col, s1_col, s2_col, label_col = columns
+    skip = spec.skip_malformed and not test  # a submission needs every test row
+    rows, skipped = _table_rows(path, lines, num_columns, first_line, skip)
+    labels = (
+        [_parse_label(spec, f[label_col], f"{path}:{n}") for n, f in rows] if not test else None
+    )
     return GlueData(
         task=name,
         split=split,
-        sentence1=sentence1,
-        sentence2=sentence2 if s2_col is not None else None,
-        label=np.asarray(labels, dtype="float32" if label_index is None else "int32"),
-        num_classes=1 if label_index is None else len(spec.label_names),
+        sentence1=[fields[s1_col] for _, fields in rows],
+        sentence2=None if s2_col is None else [fields[s2_col] for _, fields in rows],
+        label=None
+        if test
+        else np.asarray(labels, dtype="float32" if spec.label_names is None else "int32"),
+        num_classes=1 if spec.label_names is None else len(spec.label_names),
         label_names=spec.label_names,
         metrics=spec.metrics,
+        index=[fields[index_col] for _, fields in rows] if test else None,
+        skipped_lines=skipped,
     )
 
 

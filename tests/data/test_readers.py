@@ -11,6 +11,7 @@ import pytest
 
 from kbert.data.readers import (
     GLUE_TASKS,
+    glue_test_splits,
     iob1_to_iob2,
     label_list,
     read_conll,
@@ -138,10 +139,122 @@ def test_glue_errors_name_file_and_line(tmp_path):
         read_glue("stsb", "train", tmp_path)
     with pytest.raises(ValueError, match="Unknown GLUE task 'imdb'"):
         read_glue("imdb", "train", tmp_path)
-    with pytest.raises(ValueError, match="Unknown split 'test'"):
-        read_glue("sst2", "test", tmp_path)
+    with pytest.raises(ValueError, match="Unknown split .validation."):
+        read_glue("sst2", "validation", tmp_path)
     with pytest.raises(FileNotFoundError):
         read_glue("mrpc", "train", tmp_path)
+
+
+_MNLI_COLUMNS = (
+    "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+    "sentence1_parse\tsentence2_parse\tsentence1\tsentence2"
+)
+
+
+def _mnli_row(index, premise, hypothesis, *labels):
+    parses = ["( P )", "( H )", "(ROOT P)", "(ROOT H)"]
+    return "\t".join(
+        [str(index), "31193", f"{index}n", "fiction", *parses, premise, hypothesis, *labels]
+    )
+
+
+def test_glue_mnli_train_dev_and_test_splits(tmp_path):
+    folder = tmp_path / "MNLI"
+    _write(
+        folder / "train.tsv",
+        _MNLI_COLUMNS
+        + "\tlabel1\tgold_label\n"
+        + _mnli_row(0, "A man sleeps.", "Nobody sleeps.", "contradiction", "contradiction")
+        + "\n"
+        + _mnli_row(1, "A man sleeps.", "A person rests.", "entailment", "entailment")
+        + "\n",
+    )
+    labels = ["neutral"] * 5  # dev: five annotators' labels, then the gold one
+    header = _MNLI_COLUMNS + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label\n"
+    _write(folder / "dev_mismatched.tsv", header + _mnli_row(7, "P.", "H.", *labels, "neutral"))
+    _write(folder / "test_matched.tsv", _MNLI_COLUMNS + "\n" + _mnli_row(3, "Q.", "R.") + "\n")
+    train = read_glue("mnli", "train", tmp_path)
+    assert (train.sentence1, train.sentence2) == (
+        ["A man sleeps."] * 2,
+        ["Nobody sleeps.", "A person rests."],
+    )
+    np.testing.assert_array_equal(train.label, [0, 1])
+    assert train.label_names == ("contradiction", "entailment", "neutral")
+    assert train.index is None and train.skipped_lines == ()
+    dev = read_glue("mnli", "dev_mismatched", tmp_path)
+    np.testing.assert_array_equal(dev.label, [2])
+    test = read_glue("mnli", "test_matched", tmp_path)
+    assert (test.index, test.sentence1, test.sentence2, test.label) == (["3"], ["Q."], ["R."], None)
+    assert glue_test_splits("mnli") == ("test_matched", "test_mismatched")
+    with pytest.raises(FileNotFoundError, match=r"MNLI.test_mismatched\.tsv"):
+        read_glue("mnli", "test_mismatched", tmp_path)
+    _write(folder / "dev_matched.tsv", header + _mnli_row(0, "P.", "H.", *labels, "unknown") + "\n")
+    with pytest.raises(ValueError, match=r"dev_matched\.tsv:2: unknown label 'unknown'; expected"):
+        read_glue("mnli", "dev_matched", tmp_path)
+
+
+def test_glue_qqp_skips_malformed_rows_with_a_count(tmp_path):
+    header = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+    _write(
+        tmp_path / "QQP" / "train.tsv",
+        header
+        + "10\t1\t2\tHow do I cook rice?\tHow to cook rice?\t1\n"
+        + "11\t3\t4\tWhat is Keras?\n"  # a question and the label missing
+        + "12\t5\t6\tIs it raining?\tWhere is Paris?\t0\n"
+        + "13\t7\t8\tA?\tB?\t\t1\n",  # one field too many
+    )
+    with pytest.warns(UserWarning, match=r"skipped 2 malformed rows .* at lines \[3, 5\]"):
+        data = read_glue("qqp", "train", tmp_path)
+    assert data.sentence1 == ["How do I cook rice?", "Is it raining?"]
+    assert data.sentence2 == ["How to cook rice?", "Where is Paris?"]
+    np.testing.assert_array_equal(data.label, [1, 0])
+    assert data.skipped_lines == (3, 5) and data.metrics == ("accuracy", "f1")
+    _write(tmp_path / "QQP" / "dev.tsv", header + "1\t1\t2\tA?\tB?\tyes\n")
+    with pytest.raises(ValueError, match=r"QQP.dev\.tsv:2: unknown label 'yes'; expected one of"):
+        read_glue("qqp", "dev", tmp_path)
+    # A submission needs every test row: a malformed test row fails, naming file and line.
+    _write(tmp_path / "QQP" / "test.tsv", "id\tquestion1\tquestion2\n0\tA?\tB?\n1\tC?\n")
+    with pytest.raises(ValueError, match=r"test\.tsv:3: expected 3 tab-separated columns, found 2"):
+        read_glue("qqp", "test", tmp_path)
+    _write(tmp_path / "QQP" / "test.tsv", "id\tquestion1\tquestion2\n5\tA?\tB?\n")
+    test = read_glue("qqp", "test", tmp_path)
+    assert (test.index, test.sentence1, test.sentence2) == (["5"], ["A?"], ["B?"])
+
+
+def test_glue_wnli_ax_and_test_headers(tmp_path):
+    _write(
+        tmp_path / "WNLI" / "train.tsv",
+        "index\tsentence1\tsentence2\tlabel\n0\tI stuck a pin.\tThe pin had a hole.\t0\n"
+        "1\tJohn ran.\tJohn moved.\t1\n",
+    )
+    data = read_glue("wnli", "train", tmp_path)
+    np.testing.assert_array_equal(data.label, [0, 1])
+    assert (data.label_names, data.metrics) == (("0", "1"), ("accuracy",))
+    _write(tmp_path / "WNLI" / "dev.tsv", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\t2\n")
+    with pytest.raises(ValueError, match=r"WNLI.dev\.tsv:2: unknown label '2'; expected one of"):
+        read_glue("wnli", "dev", tmp_path)
+    _write(
+        tmp_path / "glue" / "diagnostic" / "diagnostic.tsv",
+        "index\tsentence1\tsentence2\n0\tThe cat sat.\tThe cat did not sit.\n1\tA.\tB.\n",
+    )
+    ax = read_glue("ax", "test", tmp_path)
+    assert (ax.index, ax.sentence2, ax.label) == (["0", "1"], ["The cat did not sit.", "B."], None)
+    assert ax.label_names == ("contradiction", "entailment", "neutral")
+    with pytest.raises(ValueError, match=r"Unknown split 'train' for GLUE task 'ax'"):
+        read_glue("ax", "train", tmp_path)
+    # CoLA's test file has a header, unlike its train and dev files.
+    _write(tmp_path / "CoLA" / "test.tsv", "index\tsentence\n0\tBill left.\n1\tLeft Bill.\n")
+    cola = read_glue("cola", "test", tmp_path)
+    assert (cola.index, cola.sentence1, cola.sentence2) == (
+        ["0", "1"],
+        ["Bill left.", "Left Bill."],
+        None,
+    )
+    _write(tmp_path / "RTE" / "test.tsv", "index\tsentence1\n0\ta\n")
+    with pytest.raises(
+        ValueError, match=r"RTE.test\.tsv:1: the header lacks the column\(s\) \['sentence2'\]"
+    ):
+        read_glue("rte", "test", tmp_path)
 
 
 _GLUE_COUNTS = [
