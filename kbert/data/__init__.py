@@ -7,6 +7,12 @@ without it raises one clear error.
 """
 
 from kbert.backend import tensorflow
+from kbert.data.glue_submission import (
+    GLUE_SUBMISSION_FILES,
+    glue_predictions,
+    glue_submission_splits,
+    write_glue_submission,
+)
 from kbert.data.readers import (
     GLUE_TASKS,
     GlueData,
@@ -28,6 +34,7 @@ from kbert.data.squad import (
 from kbert.data.tagging import TaggingFeatures, encode_tagging, words_from_token_predictions
 
 __all__ = [
+    "GLUE_SUBMISSION_FILES",
     "GLUE_TASKS",
     "GlueData",
     "SquadExample",
@@ -38,6 +45,8 @@ __all__ = [
     "decode_squad_predictions",
     "encode_tagging",
     "glue_file_candidates",
+    "glue_predictions",
+    "glue_submission_splits",
     "glue_test_splits",
     "iob1_to_iob2",
     "label_list",
@@ -52,6 +61,7 @@ __all__ = [
     "split_sentences",
     "vocabulary_digest",
     "words_from_token_predictions",
+    "write_glue_submission",
     "write_pretraining_shards",
 ]
 
