@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from applications import glue, ner, squad
-from kbert.models import BertBackbone
+from kbert.models import BertBackbone, BertClassifier
 from kbert.text import BertTokenizer
 from tests.test_case import tiny_backbone_kwargs
 
@@ -146,6 +146,70 @@ def test_glue_runs_on_tiny_data(preset, tmp_path):
     assert record["baseline"] == {"name": "majority class", "accuracy": 0.5}
 
 
+_MNLI_HEADER = (
+    "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+    "sentence1_parse\tsentence2_parse\tsentence1\tsentence2"
+)
+_PAIRS = [
+    ("the cat sat on the mat", "the cat sat", "entailment"),
+    ("the dog ran in paris", "the dog sat", "contradiction"),
+    ("john smith lives in paris", "john smith works at acme", "neutral"),
+]
+
+
+def _write_mnli(data):
+    """MNLI's train, dev and test files and the AX diagnostic file, in GLUE's layouts."""
+
+    def rows(count, labels, ids=None):
+        lines = []
+        for k in range(count):
+            premise, hypothesis, label = _PAIRS[k % len(_PAIRS)]
+            index = ids[k] if ids else str(k)
+            fields = [index, "1", f"{k}e", "fiction", "( a )", "( b )", "(A)", "(B)"]
+            lines.append("\t".join(fields + [premise, hypothesis] + [label] * labels) + "\n")
+        return "".join(lines)
+
+    folder = data / "glue" / "MNLI"
+    folder.mkdir(parents=True)
+    dev_header = _MNLI_HEADER + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label\n"
+    (folder / "train.tsv").write_text(_MNLI_HEADER + "\tlabel1\tgold_label\n" + rows(12, 2))
+    (folder / "dev_matched.tsv").write_text(dev_header + rows(3, 6))
+    (folder / "dev_mismatched.tsv").write_text(dev_header + rows(3, 6))
+    (folder / "test_matched.tsv").write_text(_MNLI_HEADER + "\n" + rows(4, 0, ["9", "2", "5", "0"]))
+    (folder / "test_mismatched.tsv").write_text(_MNLI_HEADER + "\n" + rows(3, 0))
+    (data / "glue" / "diagnostic").mkdir()
+    (data / "glue" / "diagnostic" / "diagnostic.tsv").write_text(
+        "index\tsentence1\tsentence2\n0\tthe cat sat\tthe dog sat\n1\tjohn ran\tjohn sat\n"
+    )
+
+
+def test_glue_mnli_predict_test_writes_what_the_model_predicts(preset, tmp_path):
+    data, out, saved = tmp_path / "data", tmp_path / "out", tmp_path / "model"
+    _write_mnli(data)
+    argv = ["--task", "mnli", "--preset", str(preset), "--data-dir", str(data), "--epochs", "1"]
+    argv += ["--batch-size", "8", "--max-length", "16", "--output-dir", str(out)]
+    metrics = glue.main([*argv, "--predict-test", "--save-model", str(saved)])
+    assert sorted(metrics) == ["accuracy_matched", "accuracy_mismatched"]
+    record = _check_outputs(out, "accuracy_mismatched")
+    assert record["dev_examples"] == {"dev_matched": 3, "dev_mismatched": 3}
+    folder = out / "glue_submission"
+    assert sorted(p.name for p in folder.iterdir()) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"]
+    model = BertClassifier.from_preset(saved)
+    labels = ("contradiction", "entailment", "neutral")  # the MNLI model's class order
+    for name, test_file in (
+        ("MNLI-m.tsv", data / "glue" / "MNLI" / "test_matched.tsv"),
+        ("MNLI-mm.tsv", data / "glue" / "MNLI" / "test_mismatched.tsv"),
+        ("AX.tsv", data / "glue" / "diagnostic" / "diagnostic.tsv"),
+    ):
+        rows = [line.split("\t") for line in test_file.read_text().splitlines()[1:]]
+        pairs = ([r[-2] for r in rows], [r[-1] for r in rows])
+        if name == "AX.tsv":
+            pairs = ([r[1] for r in rows], [r[2] for r in rows])
+        predicted = np.asarray(model.predict(pairs, batch_size=64, verbose=0)).argmax(-1)
+        expected = "".join(f"{r[0]}\t{labels[k]}\n" for r, k in zip(rows, predicted))
+        assert (folder / name).read_text() == "index\tprediction\n" + expected, name
+
+
 def test_ner_runs_on_tiny_data(preset, tmp_path):
     _write_conll(tmp_path / "data")
     out = tmp_path / "out"
@@ -258,6 +322,11 @@ def test_mistakes_fail_at_once_in_one_line(preset, tmp_path):
             ("glue.py", "--task", "sst2", "--preset", str(tmp_path / "no_weights"), *data),
             "no weights",
         ),
+        (("glue.py", "--task", "mnli", "--preset", str(preset), *data), "MNLI/dev_matched.tsv"),
+        (
+            ("glue.py", "--task", "sst2", "--preset", str(preset), *data, "--predict-test"),
+            f"--predict-test: no {tmp_path / 'data' / 'glue' / 'SST-2' / 'test.tsv'} (nor ",
+        ),
         (("ner.py", "--preset", str(preset), *data), "conll2003/eng.train"),
         (("squad.py", "--preset", str(preset), *data), "squad/dev-v1.1.json"),
     ]
@@ -299,6 +368,22 @@ def test_malformed_tsv_row_fails_in_one_line(preset, tmp_path):
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert "dev.tsv:8: expected 2 tab-separated columns, found 3" in lines[-1], result.stderr
+
+
+@pytest.mark.backend_independent  # Paths only: the app's checks match the library's reader.
+def test_glue_app_checks_the_files_the_readers_read(tmp_path):
+    from kbert.data import glue_file_candidates, glue_submission_splits
+
+    for task in glue.TASKS:
+        splits = glue_submission_splits(task)
+        read = [glue_file_candidates(name, split, tmp_path)[1] for name, split in splits]
+        checked = [str(tmp_path / "glue" / relative) for relative in glue.test_files(task)]
+        assert [os.path.normpath(p) for p in read] == [os.path.normpath(p) for p in checked]
+        dev = [glue_file_candidates(task, split, tmp_path)[1] for split, _ in glue.dev_splits(task)]
+        folder = glue.GLUE_FOLDERS[task]
+        assert dev == [
+            str(tmp_path / "glue" / folder / f"{s}.tsv") for s, _ in glue.dev_splits(task)
+        ]
 
 
 @pytest.mark.backend_independent
