@@ -158,7 +158,8 @@ _PAIRS = [
 
 
 def _write_mnli(data):
-    """MNLI's train, dev and test files and the AX diagnostic file, in GLUE's layouts."""
+    """MNLI's train, dev and test files and the AX diagnostic file, in GLUE's layouts. Every
+    evaluated file has 4 rows: one batch shape, one compiled predict step (JAX, TensorFlow)."""
 
     def rows(count, labels, ids=None):
         lines = []
@@ -172,14 +173,15 @@ def _write_mnli(data):
     folder = data / "glue" / "MNLI"
     folder.mkdir(parents=True)
     dev_header = _MNLI_HEADER + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label\n"
-    (folder / "train.tsv").write_text(_MNLI_HEADER + "\tlabel1\tgold_label\n" + rows(12, 2))
-    (folder / "dev_matched.tsv").write_text(dev_header + rows(3, 6))
-    (folder / "dev_mismatched.tsv").write_text(dev_header + rows(3, 6))
+    (folder / "train.tsv").write_text(_MNLI_HEADER + "\tlabel1\tgold_label\n" + rows(16, 2))
+    (folder / "dev_matched.tsv").write_text(dev_header + rows(4, 6))
+    (folder / "dev_mismatched.tsv").write_text(dev_header + rows(4, 6))
     (folder / "test_matched.tsv").write_text(_MNLI_HEADER + "\n" + rows(4, 0, ["9", "2", "5", "0"]))
-    (folder / "test_mismatched.tsv").write_text(_MNLI_HEADER + "\n" + rows(3, 0))
+    (folder / "test_mismatched.tsv").write_text(_MNLI_HEADER + "\n" + rows(4, 0))
     (data / "glue" / "diagnostic").mkdir()
     (data / "glue" / "diagnostic" / "diagnostic.tsv").write_text(
-        "index\tsentence1\tsentence2\n0\tthe cat sat\tthe dog sat\n1\tjohn ran\tjohn sat\n"
+        "index\tsentence1\tsentence2\n"
+        + "".join(f"{k}\t{p}\t{h}\n" for k, (p, h, _) in enumerate(_PAIRS + _PAIRS[:1]))
     )
 
 
@@ -187,11 +189,11 @@ def test_glue_mnli_predict_test_writes_what_the_model_predicts(preset, tmp_path)
     data, out, saved = tmp_path / "data", tmp_path / "out", tmp_path / "model"
     _write_mnli(data)
     argv = ["--task", "mnli", "--preset", str(preset), "--data-dir", str(data), "--epochs", "1"]
-    argv += ["--batch-size", "8", "--max-length", "16", "--output-dir", str(out)]
+    argv += ["--batch-size", "16", "--max-length", "16", "--output-dir", str(out)]
     metrics = glue.main([*argv, "--predict-test", "--save-model", str(saved)])
     assert sorted(metrics) == ["accuracy_matched", "accuracy_mismatched"]
     record = _check_outputs(out, "accuracy_mismatched")
-    assert record["dev_examples"] == {"dev_matched": 3, "dev_mismatched": 3}
+    assert record["dev_examples"] == {"dev_matched": 4, "dev_mismatched": 4}
     folder = out / "glue_submission"
     assert sorted(p.name for p in folder.iterdir()) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"]
     model = BertClassifier.from_preset(saved)
