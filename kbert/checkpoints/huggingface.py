@@ -91,6 +91,7 @@ ARCHITECTURES = {
     "BertClassifier": "BertForSequenceClassification",
     "BertTagger": "BertForTokenClassification",
     "BertQuestionAnswerer": "BertForQuestionAnswering",
+    "BertMultipleChoice": "BertForMultipleChoice",
 }
 # kbert class -> `(state-dict name, kbert variable's attribute path, transposed)` of every head
 # variable. Torch `Linear` weights are stored (out, in), so they are transposed. The masked-LM
@@ -118,6 +119,11 @@ HEAD_WEIGHTS = {
     "BertQuestionAnswerer": (
         ("qa_outputs.weight", "span_dense.kernel", True),
         ("qa_outputs.bias", "span_dense.bias", False),
+    ),
+    # One score per (context, choice) pair: `classifier` is (1, hidden) in the checkpoint.
+    "BertMultipleChoice": (
+        ("classifier.weight", "output_dense.kernel", True),
+        ("classifier.bias", "output_dense.bias", False),
     ),
 }
 
