@@ -570,7 +570,7 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None):
 
     Args:
         model: a kbert model: `BertBackbone`, `BertPretrainer`, `BertClassifier`,
-            `BertTagger` or `BertQuestionAnswerer` (or a subclass).
+            `BertTagger`, `BertQuestionAnswerer` or `BertMultipleChoice` (or a subclass).
         path: str or path. Output directory (created if needed).
         vocabulary: optional list of tokens or path of a `vocab.txt`. Defaults to the model's
             tokenizer / preprocessor vocabulary or `preset_vocabulary_path`, if any.
