@@ -9,6 +9,7 @@ import pytest
 from kbert.models import (
     BertBackbone,
     BertClassifier,
+    BertMultipleChoice,
     BertPretrainer,
     BertQuestionAnswerer,
     BertTagger,
@@ -45,6 +46,12 @@ MODELS = {
     ),
     "classifier": (lambda p: BertClassifier(_backbone(p), num_classes=3), INPUTS, "low"),
     "tagger": (lambda p: BertTagger(_backbone(p), num_classes=5), INPUTS, "low"),
+    # Choice logits are float32 (the -1e9 of padded choices does not fit float16).
+    "multiple_choice": (
+        lambda p: BertMultipleChoice(_backbone(p)),
+        {key: value.reshape(1, 2, 10) for key, value in INPUTS.items()},
+        "float32",
+    ),
     # Span logits are float32 (the -1e9 mask value does not fit float16).
     "question_answerer": (
         lambda p: BertQuestionAnswerer(_backbone(p), sequence_length=10),

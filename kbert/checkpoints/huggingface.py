@@ -91,6 +91,7 @@ ARCHITECTURES = {
     "BertClassifier": "BertForSequenceClassification",
     "BertTagger": "BertForTokenClassification",
     "BertQuestionAnswerer": "BertForQuestionAnswering",
+    "BertMultipleChoice": "BertForMultipleChoice",
 }
 # kbert class -> `(state-dict name, kbert variable's attribute path, transposed)` of every head
 # variable. Torch `Linear` weights are stored (out, in), so they are transposed. The masked-LM
@@ -118,6 +119,11 @@ HEAD_WEIGHTS = {
     "BertQuestionAnswerer": (
         ("qa_outputs.weight", "span_dense.kernel", True),
         ("qa_outputs.bias", "span_dense.bias", False),
+    ),
+    # One score per (context, choice) pair: `classifier` is (1, hidden) in the checkpoint.
+    "BertMultipleChoice": (
+        ("classifier.weight", "output_dense.kernel", True),
+        ("classifier.bias", "output_dense.bias", False),
     ),
 }
 
@@ -564,7 +570,7 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None):
 
     Args:
         model: a kbert model: `BertBackbone`, `BertPretrainer`, `BertClassifier`,
-            `BertTagger` or `BertQuestionAnswerer` (or a subclass).
+            `BertTagger`, `BertQuestionAnswerer` or `BertMultipleChoice` (or a subclass).
         path: str or path. Output directory (created if needed).
         vocabulary: optional list of tokens or path of a `vocab.txt`. Defaults to the model's
             tokenizer / preprocessor vocabulary or `preset_vocabulary_path`, if any.

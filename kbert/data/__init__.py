@@ -31,12 +31,14 @@ from kbert.data.squad import (
     decode_squad_predictions,
     prepare_squad_features,
 )
+from kbert.data.swag import MultipleChoiceData, read_hellaswag, read_swag
 from kbert.data.tagging import TaggingFeatures, encode_tagging, words_from_token_predictions
 
 __all__ = [
     "GLUE_SUBMISSION_FILES",
     "GLUE_TASKS",
     "GlueData",
+    "MultipleChoiceData",
     "SquadExample",
     "SquadExamples",
     "SquadFeatures",
@@ -56,8 +58,10 @@ __all__ = [
     "read_conll",
     "read_documents",
     "read_glue",
+    "read_hellaswag",
     "read_shard_metadata",
     "read_squad",
+    "read_swag",
     "split_sentences",
     "vocabulary_digest",
     "words_from_token_predictions",

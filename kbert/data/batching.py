@@ -146,12 +146,17 @@ def row_lengths(padding_mask):
     """Per row, the index of its last real (non-zero mask) position plus one; 0 for none.
 
     Cropping a row to this length keeps every real position, even when the mask has holes.
+    A mask `(batch_size, ..., sequence_length)` (e.g. `BertMultipleChoice`'s
+    `(batch_size, num_choices, sequence_length)`) gives each row the longest of its parts.
     """
     mask = np.asarray(padding_mask) != 0
-    if mask.ndim != 2:
+    if mask.ndim < 2:
         raise ValueError(
-            f"`padding_mask` must be (batch_size, sequence_length). Received shape {mask.shape}"
+            "`padding_mask` must be (batch_size, ..., sequence_length). "
+            f"Received shape {mask.shape}"
         )
+    if mask.ndim > 2:  # Each row's sequences are cropped together: the longest counts.
+        mask = mask.reshape(mask.shape[0], -1, mask.shape[-1]).any(axis=1)
     last = mask.shape[1] - np.argmax(mask[:, ::-1], axis=1)
     return np.where(mask.any(axis=1), last, 0).astype("int64")
 
@@ -221,28 +226,34 @@ def plan_batches(lengths, batch_size, buckets, shuffle=False, seed=None, group_s
     return [(rows.astype("int64"), int(padded[rows].max())) for rows in batches]
 
 
-def crop_batch(arrays, rows, length, sequence_keys=None):
+def crop_batch(arrays, rows, length, sequence_keys=None, axis=1):
     """Rows `rows` of packed arrays, cropped to `length` positions.
 
     Args:
         arrays: an array, or a (nested) dict / tuple / list of arrays, all with the rows on
             axis 0; `None` leaves stay `None`.
         rows: int array of row indices.
-        length: int. Positions kept on axis 1 of the sequence arrays.
+        length: int. Positions kept on the sequence axis of the sequence arrays.
         sequence_keys: `None` to crop every array of rank >= 2, or a structure of booleans
             matching `arrays` that says which to crop (e.g. per-token labels yes, multi-hot
             class labels no).
+        axis: `1` or `-1`. The sequence axis: `1` for per-token labels
+            `(batch, sequence, ...)`, `-1` for model inputs, whose last axis is the sequence
+            (`(batch, sequence)`, or `(batch, num_choices, sequence)` for
+            `BertMultipleChoice`). Defaults to `1`.
 
     Returns:
         The same structure of NumPy arrays.
     """
+    if axis not in (1, -1):
+        raise ValueError(f"`axis` must be 1 or -1. Received: axis={axis!r}")
 
     def take(array, crop=True):
         if array is None:
             return None
         array = np.asarray(array)[rows]
         if crop and array.ndim >= 2:
-            array = array[:, :length]
+            array = array[:, :length] if axis == 1 else array[..., :length]
         return array
 
     if sequence_keys is None:
@@ -320,7 +331,8 @@ class LengthBatches(keras.utils.PyDataset):
     `ceil(num_rows / batch_size)`.
 
     Args:
-        x: dict of packed arrays `(num_rows, sequence_length)` with a `padding_mask`.
+        x: dict of packed arrays `(num_rows, sequence_length)` (or `(num_rows, ...,
+            sequence_length)`: cropped on the last axis) with a `padding_mask`.
         y: labels or `None`; arrays or a dict of arrays with the rows on axis 0.
         sample_weight: `None` or an array with the rows on axis 0.
         batch_size: int.
@@ -376,7 +388,7 @@ class LengthBatches(keras.utils.PyDataset):
 
     def __getitem__(self, index):
         rows, length = self.plan[index]
-        x = crop_batch(self.x, rows, length)
+        x = crop_batch(self.x, rows, length, axis=-1)
         if self.y is None:
             return (x,)
         crop = self.sequence_targets
@@ -402,14 +414,15 @@ class LengthBatches(keras.utils.PyDataset):
 
         first = self[0]
 
-        def spec(value, is_sequence):
+        def spec(value, is_sequence, axis=1):
             value = np.asarray(value)
             shape = [None] + list(value.shape[1:])
             if is_sequence and value.ndim >= 2:
-                shape[1] = None
+                shape[axis] = None
             return tf.TensorSpec(shape, tf.as_dtype(value.dtype))
 
-        signature = [keras.tree.map_structure(lambda v: spec(v, True), first[0])]
+        # Inputs have the sequence last; per-token labels on axis 1 (see `crop_batch`).
+        signature = [keras.tree.map_structure(lambda v: spec(v, True, -1), first[0])]
         for part in first[1:]:
             signature.append(
                 keras.tree.map_structure(lambda v: spec(v, self.sequence_targets), part)

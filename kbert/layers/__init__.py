@@ -6,8 +6,10 @@ from kbert.layers.embeddings import BertEmbeddings, ReversibleEmbedding
 from kbert.layers.encoder import TransformerEncoder
 from kbert.layers.heads import (
     BertPooler,
+    ChoiceLogits,
     ContextSpanLogits,
     EmbeddingPooling,
+    FlattenChoices,
     MaskedLMHead,
     NextSentenceHead,
 )
@@ -17,8 +19,10 @@ __all__ = [
     "BertEmbeddings",
     "BertPooler",
     "BertSelfAttention",
+    "ChoiceLogits",
     "ContextSpanLogits",
     "EmbeddingPooling",
+    "FlattenChoices",
     "HashDropout",
     "MaskedLMHead",
     "NextSentenceHead",

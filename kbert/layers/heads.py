@@ -1,5 +1,6 @@
 """BERT's pooler and heads: pretraining (masked LM, next-sentence prediction), the span logits
-of question answering and the pooling of sentence embeddings."""
+of question answering, the choice logits of multiple choice and the pooling of sentence
+embeddings."""
 
 import keras
 from keras import ops
@@ -227,6 +228,82 @@ class ContextSpanLogits(keras.layers.Layer):
         config = super().get_config()
         config["context_only"] = self.context_only
         return config
+
+
+_CHOICE_INPUTS = ("token_ids", "segment_ids", "padding_mask")
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class FlattenChoices(keras.layers.Layer):
+    """Flattens multiple-choice inputs `(batch, choices, seq)` into one sequence per choice.
+
+    Each of `token_ids`, `segment_ids` and `padding_mask` becomes `(batch * choices, seq)`,
+    choice by choice within each row, so a backbone encodes every (context, choice) pair on
+    its own. A padded choice (no real position) gets a real position 0 in the flattened mask,
+    so its attention is never over an empty set of keys (whatever it computes is masked later
+    by `ChoiceLogits`).
+
+    Call arguments:
+        inputs: dict of int tensors `(batch_size, num_choices, sequence_length)`.
+
+    Returns:
+        Dict of int32 tensors `(batch_size * num_choices, sequence_length)`.
+
+    Example:
+    >>> x = {k: np.ones((2, 3, 4), "int32") for k in ("token_ids", "segment_ids", "padding_mask")}
+    >>> tuple(FlattenChoices()(x)["token_ids"].shape)
+    (6, 4)
+    """
+
+    def call(self, inputs):
+        length = ops.shape(inputs["token_ids"])[-1]
+        flat = {
+            key: ops.reshape(ops.cast(inputs[key], "int32"), (-1, length))  # (batch*choices, seq)
+            for key in _CHOICE_INPUTS
+        }
+        mask = flat["padding_mask"]
+        empty = ops.logical_not(ops.any(mask > 0, axis=1, keepdims=True))  # (batch*choices, 1)
+        first = ops.expand_dims(ops.arange(length, dtype="int32"), 0) == 0  # (1, seq)
+        flat["padding_mask"] = ops.where(ops.logical_and(empty, first), 1, mask)
+        return flat
+
+    def compute_output_spec(self, inputs):
+        spec = inputs["token_ids"]
+        choices = spec.shape[1]
+        rows = None if spec.shape[0] is None or choices is None else spec.shape[0] * choices
+        return {key: keras.KerasTensor((rows, spec.shape[-1]), "int32") for key in _CHOICE_INPUTS}
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class ChoiceLogits(keras.layers.Layer):
+    """Reshapes one score per (context, choice) pair into `(batch, choices)` logits and masks
+    padded choices.
+
+    A choice whose `padding_mask` has no real position is padding: its logit is -1e9
+    (`MASKED_LOGIT`), so a softmax gives it probability 0 (exactly, in float32) and argmax never
+    picks it while a row has a real choice. Logits are returned in float32.
+
+    Call arguments:
+        scores: float tensor `(batch_size * num_choices, 1)`, one score per pair in the
+            order of `FlattenChoices`.
+        padding_mask: int/bool tensor `(batch_size, num_choices, sequence_length)`.
+
+    Returns:
+        float32 tensor `(batch_size, num_choices)`.
+
+    Example:
+    >>> mask = np.array([[[1, 1], [1, 0], [0, 0]]])  # the third choice is padding
+    >>> np.asarray(ChoiceLogits()(np.array([[0.5], [2.0], [9.0]]), mask))
+    array([[ 5.e-01,  2.e+00, -1.e+09]], dtype=float32)
+    """
+
+    def call(self, scores, padding_mask):
+        real = ops.any(ops.cast(padding_mask, "int32") > 0, axis=-1)  # (batch, choices)
+        logits = ops.reshape(ops.cast(scores, "float32"), ops.shape(real))  # (batch, choices)
+        return ops.where(real, logits, MASKED_LOGIT)
+
+    def compute_output_spec(self, scores, padding_mask):
+        return keras.KerasTensor(tuple(padding_mask.shape[:2]), dtype="float32")
 
 
 # kbert's pooling names; sentence-transformers spells the last one `mean_sqrt_len_tokens`.

@@ -9,6 +9,7 @@ import warnings
 
 from kbert.models.backbone import BertBackbone
 from kbert.models.classifier import BertClassifier
+from kbert.models.multiple_choice import BertMultipleChoice
 from kbert.models.presets import BACKBONE_PRESETS
 from kbert.models.pretrainer import BertPretrainer
 from kbert.models.question_answerer import BertQuestionAnswerer
@@ -20,6 +21,7 @@ __all__ = [
     "BACKBONE_PRESETS",
     "BertBackbone",
     "BertClassifier",
+    "BertMultipleChoice",
     "BertPretrainer",
     "BertQuestionAnswerer",
     "BertTagger",

@@ -213,6 +213,9 @@ class PipelineModel(MultiProcessTraining, keras.Model):
 
     # Keys of the model's input dict.
     input_names = BACKBONE_INPUTS
+    # Rank of each packed input array: `(batch, sequence)`; `BertMultipleChoice` packs
+    # `(batch, num_choices, sequence)`. Length batching crops the last axis.
+    packed_input_ndim = 2
     length_batching = True
     bucket_granularity = None
     sequence_targets = False
@@ -322,7 +325,8 @@ class PipelineModel(MultiProcessTraining, keras.Model):
     def _can_batch_by_length(self, x, y=None, sample_weight=None):
         """True when `fit`/`evaluate`/`predict` input can be batched by length.
 
-        That is: `length_batching` is on, `x` is a dict of 2-D NumPy arrays with exactly the
+        That is: `length_batching` is on, `x` is a dict of NumPy arrays of rank
+        `packed_input_ndim` (2: `(batch, sequence)`) with exactly the
         model's inputs (`token_ids`, `segment_ids`, `padding_mask`; a packed backbone's
         `document_ids` are left alone), `y` and `sample_weight` are `None` or NumPy arrays (or
         dicts of them) with as many rows, and no distribution splits the batches.
@@ -334,7 +338,7 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         ):
             return False
         arrays = list(x.values())
-        if not all(isinstance(a, np.ndarray) and a.ndim == 2 for a in arrays):
+        if not all(isinstance(a, np.ndarray) and a.ndim == self.packed_input_ndim for a in arrays):
             return False
         if len({a.shape for a in arrays}) != 1 or arrays[0].shape[0] == 0:
             return False
@@ -361,7 +365,7 @@ class PipelineModel(MultiProcessTraining, keras.Model):
             None if y is None else batching.as_arrays(y),
             None if sample_weight is None else batching.as_arrays(sample_weight),
             batch_size=batch_size or KERAS_DEFAULT_BATCH_SIZE,
-            buckets=self.bucket_lengths(x["padding_mask"].shape[1], training=training),
+            buckets=self.bucket_lengths(x["padding_mask"].shape[-1], training=training),
             shuffle=shuffle,
             sequence_targets=self.sequence_targets,
         )
@@ -408,7 +412,7 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         `prediction_fill_value`. Callbacks and the progress bar behave as in
         `keras.Model.predict` (a `keras.callbacks.CallbackList`, `on_predict_*` hooks).
         """
-        num_rows, sequence_length = x["token_ids"].shape
+        num_rows, sequence_length = x["token_ids"].shape[0], x["token_ids"].shape[-1]
         plan = batching.plan_batches(
             batching.row_lengths(x["padding_mask"]),
             batch_size or KERAS_DEFAULT_BATCH_SIZE,
@@ -433,7 +437,7 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         callbacks.on_predict_begin()
         for step, (rows, length) in enumerate(plan):
             callbacks.on_predict_batch_begin(step)
-            batch = _as_tensors(batching.crop_batch(x, rows, length))
+            batch = _as_tensors(batching.crop_batch(x, rows, length, axis=-1))
             outputs = keras.Model.predict_on_batch(self, batch)
             collected.add(rows, length, outputs)
             callbacks.on_predict_batch_end(step, {"outputs": outputs})

@@ -1,0 +1,104 @@
+"""The SWAG / HellaSwag readers (once) and a smoke run of applications/swag.py on tiny files."""
+
+import json
+
+import numpy as np
+import pytest
+
+from applications import swag
+from kbert.data import read_hellaswag, read_swag
+from kbert.models import BertBackbone
+from kbert.text import BertTokenizer
+from tests.applications.test_finetuning_apps import VOCABULARY
+from tests.test_case import tiny_backbone_kwargs
+
+SWAG_HEADER = (
+    "video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3"
+)
+
+
+def _write_swag(path, rows):
+    """`rows`: (sent1, sent2, four endings, label) tuples, written as SWAG's CSV."""
+    lines = [SWAG_HEADER + ",label"]
+    for i, (sent1, sent2, endings, label) in enumerate(rows):
+        fields = [f"v{i}", str(i), f'"{sent1} {sent2}"', f'"{sent1}"', sent2, "gold"]
+        lines.append(",".join(fields + list(endings) + [str(label)]))
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.backend_independent
+def test_readers_follow_the_swag_and_hellaswag_layouts(tmp_path):
+    _write_swag(
+        tmp_path / "val.csv",
+        [("The cat, tired, sat", "It", ("slept.", "ran.", "sang.", "flew."), 2)],
+    )
+    data = read_swag(tmp_path / "val.csv")
+    assert data.contexts == ["The cat, tired, sat"]  # a quoted comma stays in the field
+    assert data.choices == [["It slept.", "It ran.", "It sang.", "It flew."]]
+    assert data.labels.tolist() == [2] and data.labels.dtype == np.int32
+    lines = [
+        {"ctx": "A man sits.", "endings": ["He eats.", "He sings."], "label": 1},
+        {"ctx_a": "A dog runs.", "ctx_b": "it", "endings": ["stops.", "a", "b"], "label": "0"},
+    ]
+    (tmp_path / "val.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    data = read_hellaswag(tmp_path / "val.jsonl")
+    assert data.contexts == ["A man sits.", "A dog runs. it"]
+    assert data.choices == [["He eats.", "He sings."], ["stops.", "a", "b"]]
+    assert data.labels.tolist() == [1, 0]
+    # Errors name the file and the line.
+    _write_swag(tmp_path / "bad.csv", [("A", "B", ("c", "d", "e", "f"), 4)])
+    with pytest.raises(ValueError, match=r"bad\.csv: data row 1: label '4' is not a choice"):
+        read_swag(tmp_path / "bad.csv")
+    (tmp_path / "cols.csv").write_text("sent1,sent2,label\nA,B,0\n")
+    with pytest.raises(ValueError, match=r"missing SWAG columns \['ending0'"):
+        read_swag(tmp_path / "cols.csv")
+    (tmp_path / "bad.jsonl").write_text(json.dumps(lines[0]) + "\n" + '{"ctx": "x", "endings": []}')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: .*non-empty list"):
+        read_hellaswag(tmp_path / "bad.jsonl")
+
+
+def test_swag_app_reports_the_accuracy_of_its_saved_predictions(tmp_path):
+    preset = tmp_path / "preset"
+    BertBackbone(
+        **tiny_backbone_kwargs(
+            vocabulary_size=len(VOCABULARY), num_layers=1, max_sequence_length=64
+        )
+    ).save_to_preset(preset)
+    BertTokenizer(VOCABULARY).save_to_preset(preset)
+    endings = ("on the mat .", "in paris .", "at acme .", "is dull .")
+    rows = [("the cat sat", "it sat", endings, 0), ("john smith lives", "he lives", endings, 1)]
+    _write_swag(tmp_path / "train.csv", rows * 4)
+    dev = [  # HellaSwag layout, 2 to 4 choices a row: the dev file may have either.
+        {"ctx": "the dog sat", "endings": ["on the mat .", "in paris ."], "label": 0},
+        {"ctx": "mary lives", "endings": ["in paris .", "on the mat .", "at acme ."], "label": 0},
+        {"ctx": "a cat ran", "endings": list(endings), "label": 3},
+    ]
+    (tmp_path / "dev.jsonl").write_text("\n".join(json.dumps(d) for d in dev) + "\n")
+    out = tmp_path / "out"
+    metrics = swag.main(
+        [
+            "--preset",
+            str(preset),
+            "--train-file",
+            str(tmp_path / "train.csv"),
+            "--dev-file",
+            str(tmp_path / "dev.jsonl"),
+            "--epochs",
+            "2",
+            "--batch-size",
+            "4",
+            "--max-length",
+            "16",
+            "--output-dir",
+            str(out),
+        ]
+    )
+    record = json.loads((out / "metrics.json").read_text())
+    predictions = np.array(record["dev_predictions"])
+    assert predictions.shape == (3,)
+    assert all(p < len(d["endings"]) for p, d in zip(predictions, dev))  # never a padded choice
+    recomputed = float(np.mean(predictions == np.array([d["label"] for d in dev])))
+    assert metrics["accuracy"] == record["metrics"]["accuracy"] == recomputed
+    assert len(record["evaluations"]) == 2 and record["train_steps"] == 4
+    assert record["baseline"]["accuracy"] == pytest.approx((1 / 2 + 1 / 3 + 1 / 4) / 3)
+    assert (out / "training_curve.png").read_bytes().startswith(b"\x89PNG")
