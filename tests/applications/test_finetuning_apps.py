@@ -169,6 +169,55 @@ def test_ner_runs_on_tiny_data(preset, tmp_path):
     _check_outputs(out, "entity_f1")
 
 
+def test_ner_feature_based_last4_learns_the_tiny_data(tmp_path):
+    """--features last4: the frozen 4-layer backbone's last four hidden states, concatenated,
+    train a BiLSTM that tags the one training sentence (also the dev sentence) exactly."""
+    from applications import feature_tagging
+
+    assert tuple(feature_tagging.FEATURES) == ner.FEATURE_VARIANTS
+    folder = tmp_path / "preset"
+    backbone = BertBackbone(
+        **tiny_backbone_kwargs(
+            vocabulary_size=len(VOCABULARY), num_layers=4, hidden_dim=16, intermediate_dim=32
+        )
+    )
+    backbone.save_to_preset(folder)
+    BertTokenizer(VOCABULARY).save_to_preset(folder)
+    weights = [np.array(w) for w in backbone.get_weights()]
+    _write_conll(tmp_path / "data")
+    out = tmp_path / "out"
+    epochs, batch_size = 10, 8
+    metrics = ner.main(
+        ["--preset", str(folder), "--data-dir", str(tmp_path / "data"), "--features", "last4"]
+        + ["--lstm-units", "16", "--lstm-learning-rate", "0.05", "--max-length", "16"]
+        + ["--epochs", str(epochs), "--batch-size", str(batch_size), "--output-dir", str(out)]
+    )
+    record = _check_outputs(out, "entity_f1")
+    assert record["features"] == "last4" and record["feature_layers"] == [1, 2, 3, 4]
+    assert record["feature_row"] == "Concat Last Four Hidden"
+    assert record["train_steps"] == epochs * (8 // batch_size)  # eight training sentences
+    assert record["metrics"] == metrics and record["evaluations"][-1]["entity_f1"] == 1.0
+    assert {k: v["f1"] for k, v in record["per_type"].items()} == {"PER": 1, "ORG": 1, "LOC": 1}
+    assert record["step_loss"][-1] < record["step_loss"][0] / 3
+    # The preset on disk is unchanged: the backbone stayed frozen (it is only read).
+    restored = BertBackbone.from_preset(folder)
+    for before, after in zip(weights, restored.get_weights()):
+        np.testing.assert_array_equal(before, after)
+
+
+def test_ner_features_need_enough_layers(preset, tmp_path, capsys):
+    _write_conll(tmp_path / "data")
+    with pytest.raises(SystemExit):
+        ner.main(
+            ["--preset", str(preset), "--data-dir", str(tmp_path / "data"), "--features", "last4"]
+        )
+    expected = (
+        "--features last4 needs a backbone with at least 4 transformer layers. Received a "
+        "backbone with num_layers=1."
+    )
+    assert expected in capsys.readouterr().err
+
+
 def test_squad_runs_on_tiny_data(preset, tmp_path):
     _write_squad(tmp_path / "data")
     out = tmp_path / "out"
