@@ -135,9 +135,3 @@ def test_mixed_precision_outputs_are_in_compute_dtype():
     dtypes |= {keras.backend.standardize_dtype(t.dtype) for t in outputs["attentions"]}
     assert dtypes == {keras.backend.standardize_dtype(outputs["sequence_output"].dtype)}
     assert dtypes == {"bfloat16"}
-
-
-@pytest.mark.parametrize("name", ["output_hidden_states", "output_attentions"])
-def test_output_flags_must_be_bool(name):
-    with pytest.raises(ValueError, match=rf"`{name}` must be True or False.*{name}='yes'"):
-        BertBackbone(**tiny_backbone_kwargs(**{name: "yes"}))
