@@ -205,6 +205,49 @@ def test_ner_feature_based_last4_learns_the_tiny_data(tmp_path):
         np.testing.assert_array_equal(before, after)
 
 
+def test_feature_variants_are_table_7_rows():
+    from applications.feature_tagging import FEATURES, feature_layers
+
+    assert {name: feature_layers(name, 12) for name in FEATURES} == {
+        "embeddings": [0],
+        "second-to-last": [11],
+        "last": [12],
+        "sum-last4": [9, 10, 11, 12],
+        "last4": [9, 10, 11, 12],
+        "weighted": list(range(1, 13)),  # "Weighted Sum All 12 Layers"
+    }
+    assert FEATURES["weighted"][0] == "Weighted Sum All Layers"
+
+
+def test_word_features_are_each_words_first_piece_and_scalar_mix_weights():
+    """`word_features` holds, for every word, the chosen hidden states at its first piece;
+    `ScalarMix` sums layers with softmax weights times gamma."""
+    from applications.feature_tagging import ScalarMix, word_features
+    from kbert.data.tagging import encode_tagging
+
+    tokenizer = BertTokenizer(VOCABULARY + ["##s"])
+    sentences = [["cats", "sat", "on", "mats"], ["john", "ran"]]  # cat ##s, mat ##s
+    encoded = encode_tagging(sentences, tokenizer, sequence_length=12)
+    backbone = BertBackbone(
+        **tiny_backbone_kwargs(vocabulary_size=len(VOCABULARY) + 1, output_hidden_states=True)
+    )
+    features = word_features(backbone, encoded, layers=[2, 0], batch_size=1)
+    hidden = backbone.predict_on_batch(encoded.inputs)["hidden_states"]
+    first_pieces = [[1, 3, 4, 5], [1, 2]]  # [CLS] cat ##s sat on mat ##s [SEP]
+    for row, positions in enumerate(first_pieces):
+        assert features[row].shape == (len(positions), 2, 32)
+        for word, position in enumerate(positions):
+            np.testing.assert_allclose(features[row][word, 0], hidden[2][row, position], atol=1e-5)
+            np.testing.assert_allclose(features[row][word, 1], hidden[0][row, position], atol=1e-5)
+
+    mix = ScalarMix(3)
+    x = np.arange(24, dtype="float32").reshape(1, 2, 3, 4)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(mix(x)), x.mean(axis=2), atol=1e-5)
+    mix.set_weights([np.log(np.array([1.0, 2.0, 1.0], "float32")), np.array(2.0, "float32")])
+    expected = 2.0 * (0.25 * x[:, :, 0] + 0.5 * x[:, :, 1] + 0.25 * x[:, :, 2])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(mix(x)), expected, atol=1e-4)
+
+
 def test_ner_features_need_enough_layers(preset, tmp_path, capsys):
     _write_conll(tmp_path / "data")
     with pytest.raises(SystemExit):

@@ -66,7 +66,7 @@ def test_hidden_states_and_attentions_match_transformers(hf_directory):
     assert backbone.get_config()["output_hidden_states"] is True
     inputs = R.backbone_inputs(R.random_inputs(hf_model.config))
     mask = inputs["padding_mask"]
-    outputs = backbone(inputs)
+    outputs = backbone.predict_on_batch(inputs)  # Compiled: faster than eager on JAX.
     hidden_states, attentions = _hf_layers(hf_model, inputs)
 
     assert isinstance(outputs["hidden_states"], tuple) and isinstance(outputs["attentions"], tuple)
@@ -97,8 +97,8 @@ def test_flags_change_only_the_outputs(tmp_path):
     assert [w.path for w in full.weights] == [w.path for w in plain.weights]
     full.set_weights(plain.get_weights())
     # One document per row: a packed row computes what the unpacked one does.
-    outputs = full(dict(inputs, document_ids=inputs["padding_mask"]))
-    reference = to_numpy(plain(inputs))
+    outputs = full.predict_on_batch(dict(inputs, document_ids=inputs["padding_mask"]))
+    reference = plain.predict_on_batch(inputs)
     real = inputs["padding_mask"].astype(bool)  # Packed padding attends elsewhere: not compared.
     np.testing.assert_allclose(
         to_numpy(outputs["sequence_output"])[real], reference["sequence_output"][real], atol=1e-6
@@ -110,7 +110,7 @@ def test_flags_change_only_the_outputs(tmp_path):
     full.save(tmp_path / "model.keras")
     restored = keras.saving.load_model(tmp_path / "model.keras")
     assert restored.output_hidden_states and restored.output_attentions and restored.packed
-    again = restored(dict(inputs, document_ids=inputs["padding_mask"]))
+    again = restored.predict_on_batch(dict(inputs, document_ids=inputs["padding_mask"]))
     for key in ("hidden_states", "attentions"):
         for actual, expected in zip(again[key], outputs[key]):
             np.testing.assert_allclose(to_numpy(actual), to_numpy(expected), atol=1e-6)
