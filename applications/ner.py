@@ -18,11 +18,24 @@ That short run compares kbert with Hugging Face; it is far from what the task re
 (cased) gets about 96.4 dev F1 in the paper (section 5.3) on the full set over 3 epochs. The
 full-data run was not made here (2-core CPU).
 
+Feature-based approach (the paper's section 5.3, Table 7): `--features VARIANT` keeps the
+backbone frozen, computes its hidden states once for the training and dev sentences (each word's
+first WordPiece) and trains a two-layer bidirectional LSTM tagger (`--lstm-units` per direction,
+Adam at `--lstm-learning-rate`) on them; the same entity F1 is reported. VARIANT is one of the
+paper's rows: embeddings, second-to-last, last, sum-last4 (weighted sum of the last four),
+last4 (concatenation of the last four), weighted (weighted sum of all transformer layers); see
+applications/feature_tagging.py.
+
+    python applications/ner.py --preset CHECKPOINT_DIR --data-dir DATA_DIR --features last4
+
 Writes `metrics.json` and `training_curve.png` to `--output-dir`.
 """
 
 import time
 from pathlib import Path
+
+# The `--features` variants: the rows of the paper's Table 7 (see feature_tagging.py).
+FEATURE_VARIANTS = ("embeddings", "second-to-last", "last", "sum-last4", "last4", "weighted")
 
 if __package__:  # Imported as applications.ner (the tests).
     from applications import common
@@ -40,11 +53,34 @@ def build_parser():
         default=None,
         help="Score only the first N eng.testa sentences. Default: all 3,250.",
     )
+    parser.add_argument(
+        "--features",
+        choices=FEATURE_VARIANTS,
+        default=None,
+        help="Feature-based approach instead of fine-tuning: the frozen backbone's hidden "
+        "states of this variant feed a BiLSTM tagger (paper section 5.3). Default: fine-tune.",
+    )
+    parser.add_argument(
+        "--lstm-units",
+        type=int,
+        default=768,
+        help="With --features: units per direction of each of the two BiLSTM layers (the "
+        "paper's 768). Default: %(default)s.",
+    )
+    parser.add_argument(
+        "--lstm-learning-rate",
+        type=float,
+        default=1e-3,
+        help="With --features: Adam's learning rate for the BiLSTM tagger. Default: %(default)s.",
+    )
     return parser
 
 
 def main(argv=None):
-    args = common.parse_args(build_parser(), argv)
+    parser = build_parser()
+    args = common.parse_args(parser, argv)
+    if args.lstm_units < 1:
+        parser.error("--lstm-units must be >= 1")
     common.check_data_dir(args, required=["conll2003/eng.train", "conll2003/eng.testa"])
     args.preset = common.check_preset(args.preset)
     common.quiet_startup()
@@ -52,7 +88,6 @@ def main(argv=None):
     from kbert import tracking
     from kbert.data.readers import label_list, read_conll
     from kbert.metrics import entity_f1
-    from kbert.models import BertTagger
 
     folder = Path(args.data_dir) / "conll2003"
     train = read_conll(folder / "eng.train", to_iob2=True)
@@ -67,28 +102,9 @@ def main(argv=None):
         f"tags {labels}"
     )
 
-    model = BertTagger.from_preset(
-        args.preset,
-        labels=labels,
-        sequence_length=args.max_length,
-        fresh_heads=True,
-    )
-    if model.preprocessor is None:
-        common.fail(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
-    model.compile(learning_rate=args.learning_rate)
     history = tracking.StepLossHistory()
-    start = time.time()
-    model.fit(
-        [words for words, _ in train],
-        [tags for _, tags in train],
-        batch_size=args.batch_size,
-        epochs=args.epochs,
-        callbacks=[history],
-    )
-    train_seconds = time.time() - start
-    predicted = model.predict_words(
-        [words for words, _ in dev], batch_size=max(args.batch_size, 64)
-    )
+    run = feature_based if args.features else fine_tune
+    predicted, extra = run(args, train, dev, labels, history)
     scores = entity_f1([tags for _, tags in dev], predicted, scheme="IOB2")
     metrics = {
         "entity_precision": float(scores["precision"]),
@@ -107,13 +123,102 @@ def main(argv=None):
         extra={
             "train_sentences": len(train),
             "eval_sentences": len(dev),
-            "train_seconds": train_seconds,
+            **extra,
             "per_type": scores.get("per_type"),
         },
         baseline=("no entity found", {"entity_f1": 0.0}),
     )
     print("Wrote", *(path for path in paths if path))
     return metrics
+
+
+def fine_tune(args, train, dev, labels, history):
+    """Fine-tunes `BertTagger` on the training sentences; returns the dev tags and facts."""
+    from kbert.models import BertTagger
+
+    model = BertTagger.from_preset(
+        args.preset,
+        labels=labels,
+        sequence_length=args.max_length,
+        fresh_heads=True,
+    )
+    if model.preprocessor is None:
+        common.fail(f"--preset {args.preset} has no vocabulary (vocab.txt); cannot read raw text.")
+    model.compile(learning_rate=args.learning_rate)
+    start = time.time()
+    model.fit(
+        [words for words, _ in train],
+        [tags for _, tags in train],
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        callbacks=[history],
+    )
+    train_seconds = time.time() - start
+    predicted = model.predict_words(
+        [words for words, _ in dev], batch_size=max(args.batch_size, 64)
+    )
+    return predicted, {"train_seconds": train_seconds}
+
+
+def feature_based(args, train, dev, labels, history):
+    """Trains a BiLSTM tagger on the frozen backbone's word features (`--features`); returns
+    the dev tags and facts (feature layers, seconds spent on features and on training)."""
+    import keras
+
+    from kbert.data.tagging import encode_tagging
+    from kbert.models import BertBackbone
+    from kbert.text import BertTokenizer
+
+    if __package__:
+        from applications import feature_tagging
+    else:
+        import feature_tagging
+
+    backbone = BertBackbone.from_preset(args.preset, output_hidden_states=True)
+    backbone.trainable = False
+    try:
+        layers = feature_tagging.feature_layers(args.features, backbone.num_layers)
+    except ValueError as error:
+        common.fail(str(error))
+    tokenizer = BertTokenizer.from_preset(args.preset)
+    start = time.time()
+    features = {}  # Computed once, before training: the backbone never runs in an epoch.
+    for name, sentences in (("train", train), ("dev", dev)):
+        encoded = encode_tagging([words for words, _ in sentences], tokenizer, args.max_length)
+        features[name] = feature_tagging.word_features(
+            backbone, encoded, layers, batch_size=max(args.batch_size, 64)
+        )
+    feature_seconds = time.time() - start
+    label_to_id = {label: index for index, label in enumerate(labels)}
+    train_ids = [[label_to_id[tag] for tag in tags] for _, tags in train]
+    model = feature_tagging.build_lstm_tagger(
+        args.features, len(layers), backbone.hidden_dim, len(labels), args.lstm_units
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(args.lstm_learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        weighted_metrics=["accuracy"],
+    )
+    start = time.time()
+    model.fit(
+        feature_tagging.word_batches(
+            features["train"], train_ids, args.batch_size, shuffle=True, seed=args.seed
+        ),
+        epochs=args.epochs,
+        callbacks=[history],
+    )
+    train_seconds = time.time() - start
+    dev_batches = feature_tagging.word_batches(features["dev"], batch_size=max(args.batch_size, 64))
+    predicted = feature_tagging.predict_tags(
+        model, dev_batches, [len(words) for words, _ in dev], labels
+    )
+    return predicted, {
+        "features": args.features,
+        "feature_row": feature_tagging.FEATURES[args.features][0],
+        "feature_layers": layers,
+        "feature_seconds": feature_seconds,
+        "train_seconds": train_seconds,
+    }
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@
 
 Each returns the model's outputs as a dict: `logits` for `BertClassifier` / `BertTagger`,
 `start_logits` / `end_logits` for `BertQuestionAnswerer`, `sequence_output` /
-`pooled_output` for `BertBackbone`. The model may come from any backend: on JAX and PyTorch
+`pooled_output` for `BertBackbone` (with `output_hidden_states=True` also `hidden_states_0`
+... `hidden_states_<num_layers>`, with `output_attentions=True` `attentions_0` ...: one named
+output per tensor of those tuples). The model may come from any backend: on JAX and PyTorch
 its config and weights are handed to a TensorFlow-backend subprocess that rebuilds and
 exports it. A LoRA model is exported with the adapter merged.
 
@@ -36,6 +38,19 @@ from kbert.backend import tensorflow
 from kbert.checkpoints import atomic
 
 _PACKED_INPUTS = ("token_ids", "segment_ids", "padding_mask")
+
+
+def flat_outputs(outputs):
+    """A model's dict of outputs with every tuple (a backbone's `hidden_states` and
+    `attentions`) spread into one entry per tensor, `<name>_0`, `<name>_1`, ...: serving
+    signatures and ONNX outputs name single tensors."""
+    flat = {}
+    for name, value in outputs.items():
+        if isinstance(value, (tuple, list)):
+            flat.update({f"{name}_{index}": tensor for index, tensor in enumerate(value)})
+        else:
+            flat[name] = value
+    return flat
 
 
 def _check_exportable(model, what):
@@ -196,7 +211,7 @@ def _write_saved_model(model, preprocessor, target):
         outputs = model(packed, training=False)
         if not isinstance(outputs, dict):  # `embeddings` for a BertTextEmbedder
             outputs = {getattr(model, "export_output_name", "logits"): outputs}
-        return {name: tf.convert_to_tensor(value) for name, value in outputs.items()}
+        return {name: tf.convert_to_tensor(value) for name, value in flat_outputs(outputs).items()}
 
     def packed_of(segments):
         return {
@@ -327,7 +342,7 @@ class _PackedInputs:
         self.batch_size, self.sequence_length = batch_size, sequence_length
         outputs = model(dict(zip(_PACKED_INPUTS, self.sample)), training=False)
         # As the SavedModel's signatures: a task's one tensor is `logits`.
-        self.output_names = list(outputs) if isinstance(outputs, dict) else ["logits"]
+        self.output_names = list(flat_outputs(outputs)) if isinstance(outputs, dict) else ["logits"]
 
         class Packed(torch.nn.Module):
             def __init__(self, wrapped, names):
@@ -339,6 +354,7 @@ class _PackedInputs:
                 packed = {"token_ids": token_ids, "segment_ids": segment_ids}
                 outputs = self.wrapped(dict(packed, padding_mask=padding_mask), training=False)
                 if isinstance(outputs, dict):
+                    outputs = flat_outputs(outputs)
                     return tuple(outputs[name] for name in self.names)
                 return outputs
 

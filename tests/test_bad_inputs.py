@@ -248,6 +248,18 @@ CASES = [
         "flash_attention='yes'",
     ),
     _case("backbone-remat-str", lambda c: _backbone(remat="no"), ValueError, "remat='no'"),
+    _case(
+        "backbone-hidden-states-str",
+        lambda c: _backbone(output_hidden_states="yes"),
+        ValueError,
+        "`output_hidden_states` must be True or False. Received: output_hidden_states='yes'",
+    ),
+    _case(
+        "backbone-attentions-int",
+        lambda c: _backbone(output_attentions=1),
+        ValueError,
+        "`output_attentions` must be True or False. Received: output_attentions=1 (int)",
+    ),
     _case("backbone-unknown-kwarg", lambda c: _backbone(hidden_size=32), ValueError, "hidden_size"),
     _case(
         "backbone-hidden-1e9",

@@ -149,3 +149,34 @@ def test_onnx_dynamic_axes_serve_every_batch_size_and_length(tmp_path):
         outputs.append(actual)
     # The rows really differ by length and content (not a constant the export baked in).
     assert not np.allclose(outputs[0][0, :11], outputs[1][0, :11], atol=1e-3)
+
+
+@pytest.mark.large
+def test_onnx_names_every_hidden_state_and_attention(tmp_path):
+    """A backbone's `hidden_states` and `attentions` tuples leave as one output per tensor."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    backbone = BertBackbone(
+        **tiny_backbone_kwargs(output_hidden_states=True, output_attentions=True)
+    )
+    inputs = random_backbone_inputs(batch_size=2, sequence_length=8)
+    expected = export.flat_outputs(backbone(inputs))
+    export.export_onnx(backbone, tmp_path / "model.onnx")
+    session = onnxruntime.InferenceSession(
+        str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    names = [o.name for o in session.get_outputs()]
+    assert (
+        sorted(names)
+        == sorted(expected)
+        == sorted(
+            ["sequence_output", "pooled_output", "attentions_0", "attentions_1"]
+            + ["hidden_states_0", "hidden_states_1", "hidden_states_2"]
+        )
+    )
+    real = inputs["padding_mask"].astype(bool)
+    for name, actual in zip(names, session.run(None, inputs)):
+        reference = keras.ops.convert_to_numpy(expected[name])
+        if name.startswith(("hidden_states", "sequence")):  # Real positions only.
+            actual, reference = actual[real], reference[real]
+        np.testing.assert_allclose(actual, reference, atol=1e-5, rtol=1e-5, err_msg=name)

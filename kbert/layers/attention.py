@@ -64,6 +64,15 @@ class BertSelfAttention(keras.layers.Layer):
         training: bool.
         dropout_seed: optional int tensor `(2,)`: the key of the attention-dropout mask
             (see `HashDropout`); drawn from the layer's seed generator when omitted.
+        return_attention_scores: bool. Also return the attention probabilities, a tensor
+            `(batch_size, num_heads, sequence_length, sequence_length)` in the compute dtype
+            (after attention dropout, as Hugging Face's eager attention returns them). The
+            fused routes never form them, so such a call takes the explicit softmax route
+            (`"plain"`), with the same outputs up to float rounding. Defaults to `False`.
+
+    Returns:
+        The attended values `(batch_size, sequence_length, hidden_dim)`, or the pair
+        `(values, probabilities)` with `return_attention_scores=True`.
 
     Example:
     >>> attention = BertSelfAttention(num_heads=2, hidden_dim=8)
@@ -135,7 +144,14 @@ class BertSelfAttention(keras.layers.Layer):
     # Reasons already warned about, so that a fallback is reported once per process.
     _flash_fallback_warned = set()
 
-    def call(self, inputs, padding_mask=None, training=None, dropout_seed=None):
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        training=None,
+        dropout_seed=None,
+        return_attention_scores=False,
+    ):
         x = inputs
         # (batch, seq, heads, head_dim) each
         query = self._split_heads(backend.call_sublayer(self.query_dense, x))
@@ -158,7 +174,9 @@ class BertSelfAttention(keras.layers.Layer):
             empty = ops.logical_not(ops.any(keys, axis=-1, keepdims=True))  # (batch, 1)
             keys = ops.logical_or(keys, empty)
 
-        if self._attention_path == "torch":
+        probabilities = None  # (batch, heads, seq, seq), formed by the explicit route only
+        explicit = return_attention_scores or self._attention_path == "explicit"
+        if self._attention_path == "torch" and not return_attention_scores:
             # torch's SDPA kernels broadcast a (batch, 1, 1, seq) boolean mask themselves.
             mask = pairs if keys is None else keys[:, None, None, :]
             rate = self.dropout if dropout_active else 0.0
@@ -174,7 +192,7 @@ class BertSelfAttention(keras.layers.Layer):
                     keys[:, None, None, :], (ops.shape(keys)[0], 1, length, length)
                 )
             context = None  # (batch, seq, heads, head_dim) once computed
-            if dropout_active and self._attention_path != "explicit":
+            if dropout_active and not explicit:
                 # torch's fused attention takes the dropout itself (and picks flash where it can).
                 context = backend.attention_with_dropout(query, key, value, mask, self.dropout)
                 if context is None and self.flash_attention:
@@ -182,13 +200,16 @@ class BertSelfAttention(keras.layers.Layer):
                         "the fused attention op has no attention dropout; training with "
                         f"attention dropout {self.dropout} uses the explicit softmax path"
                     )
-            if context is None and (dropout_active or self._attention_path == "explicit"):
-                context = self._explicit_attention(query, key, value, mask, training, dropout_seed)
+            if context is None and (dropout_active or explicit):
+                context, probabilities = self._explicit_attention(
+                    query, key, value, mask, training, dropout_seed
+                )
             elif context is None:
                 context = self._fused_attention(query, key, value, mask)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         context = ops.reshape(context, (batch, length, self.hidden_dim))
-        return backend.call_sublayer(self.output_dense, context)
+        outputs = backend.call_sublayer(self.output_dense, context)  # (batch, seq, hidden)
+        return (outputs, probabilities) if return_attention_scores else outputs
 
     def _fused_attention(self, query, key, value, mask):
         """`keras.ops.dot_product_attention`, falling back from a flash kernel the backend lacks."""
@@ -227,6 +248,7 @@ class BertSelfAttention(keras.layers.Layer):
         )
 
     def _explicit_attention(self, query, key, value, mask, training, dropout_seed=None):
+        """`(context, probabilities)` of `softmax(q k^T / sqrt(d) + mask)` in `keras.ops`."""
         scale = 1.0 / math.sqrt(self.head_dim)
         scores = ops.einsum("bqhd,bkhd->bhqk", query * ops.cast(scale, query.dtype), key)
         scores = ops.cast(scores, "float32")  # (batch, heads, seq, seq), softmax in float32
@@ -236,10 +258,19 @@ class BertSelfAttention(keras.layers.Layer):
         probabilities = self.probability_dropout(
             probabilities, training=training, seed=dropout_seed
         )
-        return ops.einsum("bhqk,bkhd->bqhd", probabilities, value)  # (batch, seq, heads, head_dim)
+        context = ops.einsum("bhqk,bkhd->bqhd", probabilities, value)  # (batch, seq, heads, hd)
+        return context, probabilities
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape
+
+    def compute_output_spec(self, inputs, *args, return_attention_scores=False, **kwargs):
+        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return outputs
+        batch, length = inputs.shape[0], inputs.shape[1]
+        scores_shape = (batch, self.num_heads, length, length)
+        return outputs, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()

@@ -45,6 +45,13 @@ class TransformerEncoder(keras.layers.Layer):
         inputs: float tensor `(batch_size, sequence_length, hidden_dim)`.
         padding_mask: bool/int tensor `(batch_size, sequence_length)`.
         training: bool.
+        return_attention_scores: bool. Also return the block's attention probabilities
+            `(batch_size, num_heads, sequence_length, sequence_length)`; the attention then
+            takes its explicit softmax route (see `BertSelfAttention`). Defaults to `False`.
+
+    Returns:
+        The block's output `(batch_size, sequence_length, hidden_dim)`, or the pair
+        `(output, attention_probabilities)` with `return_attention_scores=True`.
 
     Example:
     >>> block = TransformerEncoder(num_heads=2, intermediate_dim=32)
@@ -131,9 +138,10 @@ class TransformerEncoder(keras.layers.Layer):
         self.output_layer_norm.build(input_shape)
         self.built = True
 
-    def call(self, inputs, padding_mask=None, training=None):
+    def call(self, inputs, padding_mask=None, training=None, return_attention_scores=False):
+        scores = bool(return_attention_scores)
         if not (self.remat and training):
-            return self._block(inputs, padding_mask, training)
+            return self._block(inputs, padding_mask, training, return_attention_scores=scores)
         # Keys drawn here, outside the recomputed function, so that its two runs agree.
         dropouts = (
             self.self_attention.probability_dropout,
@@ -148,12 +156,19 @@ class TransformerEncoder(keras.layers.Layer):
             tensors = list(tensors)
             mask = tensors.pop(0) if has_mask else None
             block_seeds = [tensors.pop(0) if use else None for use in used]
-            return self._block(x, mask, True, block_seeds)
+            return self._block(x, mask, True, block_seeds, return_attention_scores=scores)
 
         tensors = ([padding_mask] if has_mask else []) + [s for s in seeds if s is not None]
         return keras.remat(block)(inputs, *tensors)
 
-    def _block(self, inputs, padding_mask, training, seeds=(None, None, None)):
+    def _block(
+        self,
+        inputs,
+        padding_mask,
+        training,
+        seeds=(None, None, None),
+        return_attention_scores=False,
+    ):
         x = inputs
         attended = backend.call_sublayer(
             self.self_attention,
@@ -161,7 +176,11 @@ class TransformerEncoder(keras.layers.Layer):
             padding_mask=padding_mask,
             training=training,
             dropout_seed=seeds[0],
+            return_attention_scores=return_attention_scores,
         )
+        probabilities = None  # (batch, heads, seq, seq) when asked for
+        if return_attention_scores:
+            attended, probabilities = attended
         if training:  # Dropout is the identity at inference: no call at all.
             attended = self.attention_dropout_layer(attended, training=training, seed=seeds[1])
         x = ops.cast(
@@ -173,12 +192,21 @@ class TransformerEncoder(keras.layers.Layer):
         hidden = backend.call_sublayer(self.output_dense, self.activation_fn(hidden))
         if training:
             hidden = self.output_dropout_layer(hidden, training=training, seed=seeds[2])
-        return ops.cast(
+        outputs = ops.cast(
             backend.call_sublayer(self.output_layer_norm, x + hidden), self.compute_dtype
         )
+        return (outputs, probabilities) if return_attention_scores else outputs
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape
+
+    def compute_output_spec(self, inputs, *args, return_attention_scores=False, **kwargs):
+        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return outputs
+        batch, length = inputs.shape[0], inputs.shape[1]
+        scores_shape = (batch, self.num_heads, length, length)
+        return outputs, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()

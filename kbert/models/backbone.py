@@ -71,6 +71,8 @@ _BACKBONE_ARGUMENTS = _SIZE_ARGUMENTS + (
     "attention_implementation",
     "remat",
     "packed",
+    "output_hidden_states",
+    "output_attentions",
     "dtype",
     "name",
     "trainable",
@@ -199,10 +201,12 @@ def validate_backbone_config(config, source=None):
         raise ValueError(
             f"`remat` must be True or False. Received: remat={config['remat']!r}{where}"
         )
-    if not isinstance(config.get("packed", False), bool):
-        raise ValueError(
-            f"`packed` must be True or False. Received: packed={config['packed']!r}{where}"
-        )
+    for name in ("packed", "output_hidden_states", "output_attentions"):
+        if not isinstance(config.get(name, False), bool):
+            raise ValueError(
+                f"`{name}` must be True or False. Received: {name}={config[name]!r} "
+                f"({type(config[name]).__name__}){where}"
+            )
     count = backbone_parameter_count(**{k: config[k] for k in config if k in _SIZE_ARGUMENTS})
     memory = _host_memory_bytes()
     if memory and count * 4 > memory:
@@ -222,7 +226,9 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
     dict of `token_ids`, `segment_ids` and `padding_mask` (1/True for real tokens), each of
     shape `(batch_size, sequence_length)` with `sequence_length <= max_sequence_length`.
     Outputs are a dict of `sequence_output` `(batch_size, sequence_length, hidden_dim)` and
-    `pooled_output` `(batch_size, hidden_dim)` (dense + tanh on [CLS]).
+    `pooled_output` `(batch_size, hidden_dim)` (dense + tanh on [CLS]); with
+    `output_hidden_states=True` also `hidden_states`, and with `output_attentions=True`
+    also `attentions` (see Args), as Hugging Face's `BertModel` returns them.
 
     Token ids outside `[0, vocabulary_size)`, segment ids outside `[0, num_segments)`, float
     ids and sequences longer than `max_sequence_length` raise a `ValueError` on every backend.
@@ -266,6 +272,19 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
             document, so each document's outputs equal those it gets alone in its own row.
             Adds no weights: a preset loads with `packed=True` or `False` alike. Defaults to
             `False`.
+        output_hidden_states: bool. Add `"hidden_states"` to the outputs: a tuple of
+            `num_layers + 1` tensors `(batch_size, sequence_length, hidden_dim)`, the
+            embeddings' output and then every transformer block's output (the last is
+            `sequence_output`), in the compute dtype; Hugging Face's `hidden_states`, in its
+            order. For feature-based use (the paper's section 5.3). Adds no weights.
+            Defaults to `False`.
+        output_attentions: bool. Add `"attentions"` to the outputs: a tuple of `num_layers`
+            tensors `(batch_size, num_heads, sequence_length, sequence_length)`, every
+            block's attention probabilities (keys that are padding, or in another document
+            of a packed row, get 0), in the compute dtype; Hugging Face's `attentions`. The
+            attention then takes its explicit softmax route (see
+            `kbert.layers.BertSelfAttention`), which is slower than the fused kernels.
+            Adds no weights. Defaults to `False`.
         dtype: dtype policy, e.g. `"float32"`, `"mixed_bfloat16"`. Defaults to the global policy.
 
     Example:
@@ -278,6 +297,18 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
     ... })
     >>> tuple(outputs["sequence_output"].shape), tuple(outputs["pooled_output"].shape)
     ((1, 5, 64), (1, 64))
+
+    Every layer's output and attention probabilities, e.g. for feature-based tagging:
+    >>> backbone = BertBackbone(vocabulary_size=1000, num_layers=2, num_heads=2,
+    ...                         hidden_dim=64, intermediate_dim=128,
+    ...                         output_hidden_states=True, output_attentions=True)
+    >>> outputs = backbone({
+    ...     "token_ids": np.array([[101, 7, 8, 102, 0]]),
+    ...     "segment_ids": np.zeros((1, 5), "int32"),
+    ...     "padding_mask": np.array([[1, 1, 1, 1, 0]]),
+    ... })
+    >>> len(outputs["hidden_states"]), tuple(outputs["attentions"][0].shape)
+    (3, (1, 2, 5, 5))
 
     Reference: Devlin et al., 2018, "BERT: Pre-training of Deep Bidirectional Transformers
     for Language Understanding", arXiv:1810.04805.
@@ -302,6 +333,8 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         packed=False,
         dtype=None,
         attention_implementation="auto",
+        output_hidden_states=False,
+        output_attentions=False,
         **kwargs,
     ):
         config = {
@@ -321,6 +354,8 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
             "attention_implementation": attention_implementation,
             "remat": remat,
             "packed": packed,
+            "output_hidden_states": output_hidden_states,
+            "output_attentions": output_attentions,
         }
         validate_backbone_config(config)
         unknown = sorted(set(kwargs) - {"name", "trainable"})
@@ -331,7 +366,9 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
             )
         dtype = resolve_dtype_policy(dtype)
         embeddings, transformer_layers, pooler = self._build_layers(config, dtype)
-        inputs, outputs = self._connect(embeddings, transformer_layers, pooler, packed)
+        inputs, outputs = self._connect(
+            embeddings, transformer_layers, pooler, packed, output_hidden_states, output_attentions
+        )
         super().__init__(inputs=inputs, outputs=outputs, dtype=dtype, **kwargs)
         # A functional `keras.Model` drops `dtype`: keep the policy on the model itself, so
         # that heads built from `backbone.dtype_policy` and the saved config follow it.
@@ -379,7 +416,14 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         return embeddings, transformer_layers, pooler
 
     @staticmethod
-    def _connect(embeddings, transformer_layers, pooler, packed):
+    def _connect(
+        embeddings,
+        transformer_layers,
+        pooler,
+        packed,
+        output_hidden_states=False,
+        output_attentions=False,
+    ):
         """The functional graph: the `keras.Input`s and the outputs of the layers on them."""
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
         segment_ids = keras.Input(shape=(None,), dtype="int32", name="segment_ids")
@@ -400,9 +444,22 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
         else:
             attention_mask = padding_mask
             x = embeddings(token_ids, segment_ids)  # (batch, seq, hidden)
+        hidden_states, attentions = [x], []
         for layer in transformer_layers:
-            x = layer(x, padding_mask=attention_mask)
-        return inputs, {"sequence_output": x, "pooled_output": pooler(x)}
+            if output_attentions:
+                x, probabilities = layer(
+                    x, padding_mask=attention_mask, return_attention_scores=True
+                )
+                attentions.append(probabilities)  # (batch, heads, seq, seq)
+            else:
+                x = layer(x, padding_mask=attention_mask)
+            hidden_states.append(x)
+        outputs = {"sequence_output": x, "pooled_output": pooler(x)}
+        if output_hidden_states:
+            outputs["hidden_states"] = tuple(hidden_states)
+        if output_attentions:
+            outputs["attentions"] = tuple(attentions)
+        return inputs, outputs
 
     @classmethod
     def get_layout_map(
@@ -526,6 +583,8 @@ class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
             "attention_implementation": self.attention_implementation,
             "remat": self.remat,
             "packed": self.packed,
+            "output_hidden_states": self.output_hidden_states,
+            "output_attentions": self.output_attentions,
         }
 
     @classmethod

@@ -235,6 +235,98 @@ def test_ner_runs_on_tiny_data(preset, tmp_path):
     _check_outputs(out, "entity_f1")
 
 
+def test_ner_feature_based_last4_learns_the_tiny_data(tmp_path):
+    """--features last4: the frozen 4-layer backbone's last four hidden states, concatenated,
+    train a BiLSTM that tags the one training sentence (also the dev sentence) exactly."""
+    from applications import feature_tagging
+
+    assert tuple(feature_tagging.FEATURES) == ner.FEATURE_VARIANTS
+    folder = tmp_path / "preset"
+    backbone = BertBackbone(
+        **tiny_backbone_kwargs(
+            vocabulary_size=len(VOCABULARY), num_layers=4, hidden_dim=16, intermediate_dim=32
+        )
+    )
+    backbone.save_to_preset(folder)
+    BertTokenizer(VOCABULARY).save_to_preset(folder)
+    weights = [np.array(w) for w in backbone.get_weights()]
+    _write_conll(tmp_path / "data")
+    out = tmp_path / "out"
+    epochs, batch_size = 10, 8
+    metrics = ner.main(
+        ["--preset", str(folder), "--data-dir", str(tmp_path / "data"), "--features", "last4"]
+        + ["--lstm-units", "16", "--lstm-learning-rate", "0.05", "--max-length", "16"]
+        + ["--epochs", str(epochs), "--batch-size", str(batch_size), "--output-dir", str(out)]
+    )
+    record = _check_outputs(out, "entity_f1")
+    assert record["features"] == "last4" and record["feature_layers"] == [1, 2, 3, 4]
+    assert record["feature_row"] == "Concat Last Four Hidden"
+    assert record["train_steps"] == epochs * (8 // batch_size)  # eight training sentences
+    assert record["metrics"] == metrics and record["evaluations"][-1]["entity_f1"] == 1.0
+    assert {k: v["f1"] for k, v in record["per_type"].items()} == {"PER": 1, "ORG": 1, "LOC": 1}
+    assert record["step_loss"][-1] < record["step_loss"][0] / 3
+    # The preset on disk is unchanged: the backbone stayed frozen (it is only read).
+    restored = BertBackbone.from_preset(folder)
+    for before, after in zip(weights, restored.get_weights()):
+        np.testing.assert_array_equal(before, after)
+
+
+def test_feature_variants_are_table_7_rows():
+    from applications.feature_tagging import FEATURES, feature_layers
+
+    assert {name: feature_layers(name, 12) for name in FEATURES} == {
+        "embeddings": [0],
+        "second-to-last": [11],
+        "last": [12],
+        "sum-last4": [9, 10, 11, 12],
+        "last4": [9, 10, 11, 12],
+        "weighted": list(range(1, 13)),  # "Weighted Sum All 12 Layers"
+    }
+    assert FEATURES["weighted"][0] == "Weighted Sum All Layers"
+
+
+def test_word_features_are_each_words_first_piece_and_scalar_mix_weights():
+    """`word_features` holds, for every word, the chosen hidden states at its first piece;
+    `ScalarMix` sums layers with softmax weights times gamma."""
+    from applications.feature_tagging import ScalarMix, word_features
+    from kbert.data.tagging import encode_tagging
+
+    tokenizer = BertTokenizer(VOCABULARY + ["##s"])
+    sentences = [["cats", "sat", "on", "mats"], ["john", "ran"]]  # cat ##s, mat ##s
+    encoded = encode_tagging(sentences, tokenizer, sequence_length=12)
+    backbone = BertBackbone(
+        **tiny_backbone_kwargs(vocabulary_size=len(VOCABULARY) + 1, output_hidden_states=True)
+    )
+    features = word_features(backbone, encoded, layers=[2, 0], batch_size=1)
+    hidden = backbone.predict_on_batch(encoded.inputs)["hidden_states"]
+    first_pieces = [[1, 3, 4, 5], [1, 2]]  # [CLS] cat ##s sat on mat ##s [SEP]
+    for row, positions in enumerate(first_pieces):
+        assert features[row].shape == (len(positions), 2, 32)
+        for word, position in enumerate(positions):
+            np.testing.assert_allclose(features[row][word, 0], hidden[2][row, position], atol=1e-5)
+            np.testing.assert_allclose(features[row][word, 1], hidden[0][row, position], atol=1e-5)
+
+    mix = ScalarMix(3)
+    x = np.arange(24, dtype="float32").reshape(1, 2, 3, 4)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(mix(x)), x.mean(axis=2), atol=1e-5)
+    mix.set_weights([np.log(np.array([1.0, 2.0, 1.0], "float32")), np.array(2.0, "float32")])
+    expected = 2.0 * (0.25 * x[:, :, 0] + 0.5 * x[:, :, 1] + 0.25 * x[:, :, 2])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(mix(x)), expected, atol=1e-4)
+
+
+def test_ner_features_need_enough_layers(preset, tmp_path, capsys):
+    _write_conll(tmp_path / "data")
+    with pytest.raises(SystemExit):
+        ner.main(
+            ["--preset", str(preset), "--data-dir", str(tmp_path / "data"), "--features", "last4"]
+        )
+    expected = (
+        "--features last4 needs a backbone with at least 4 transformer layers. Received a "
+        "backbone with num_layers=1."
+    )
+    assert expected in capsys.readouterr().err
+
+
 def test_squad_runs_on_tiny_data(preset, tmp_path):
     _write_squad(tmp_path / "data")
     out = tmp_path / "out"

@@ -54,8 +54,9 @@ def _layer(weights=None, **kwargs):
     return layer
 
 
-def _numpy_attention(weights, x, mask):
-    """Multi-head softmax attention written out in NumPy (float64) from the layer's weights."""
+def _numpy_attention(weights, x, mask, return_probabilities=False):
+    """Multi-head softmax attention written out in NumPy (float64) from the layer's weights;
+    with `return_probabilities`, also the `(batch, heads, query, key)` probabilities."""
     (wq, bq), (wk, bk), (wv, bv), (wo, bo) = [weights[i : i + 2] for i in range(0, 8, 2)]
     x = x.astype("float64")
 
@@ -69,7 +70,7 @@ def _numpy_attention(weights, x, mask):
     probabilities = np.exp(scores - scores.max(-1, keepdims=True))
     probabilities /= probabilities.sum(-1, keepdims=True)
     context = (probabilities @ v).transpose(0, 2, 1, 3).reshape(x.shape)
-    return context @ wo + bo
+    return (context @ wo + bo, probabilities) if return_probabilities else context @ wo + bo
 
 
 def _real(output, mask):
@@ -128,6 +129,28 @@ class TestAttentionRoutes(TestCase):
             assert used != (0, 0), f"{name} ran no fused attention"
             np.testing.assert_allclose(
                 _real(output, mask), _real(expected, mask), err_msg=name, **TOLERANCE
+            )
+
+    @pytest.mark.parametrize("mask", [KEY_MASK, PAIR_MASK], ids=["key_mask", "pairwise_mask"])
+    def test_attention_scores_on_every_route(self, mask, monkeypatch):
+        """`return_attention_scores=True` gives NumPy's probabilities and the route's outputs,
+        on the explicit route whatever the layer's route is."""
+        weights = _layer().get_weights()
+        expected, probabilities = _numpy_attention(weights, X, mask, return_probabilities=True)
+        queries = (mask if mask.ndim == 2 else mask.any(-1)).astype(bool)
+        calls = _Calls(monkeypatch)
+        for name, kwargs in [("plain", {"attention_implementation": "plain"}), *_routes()]:
+            layer = _layer(weights, **kwargs)
+            output, scores = layer(X, padding_mask=mask, return_attention_scores=True)
+            assert (calls.keras_op, calls.torch_sdpa) == (0, 0), name
+            np.testing.assert_allclose(
+                _real(to_numpy(output), mask), _real(expected, mask), err_msg=name, **TOLERANCE
+            )
+            np.testing.assert_allclose(
+                to_numpy(scores).transpose(0, 2, 1, 3)[queries],
+                probabilities.transpose(0, 2, 1, 3)[queries],
+                err_msg=name,
+                **TOLERANCE,
             )
 
     def test_backbone_switch_gives_the_same_outputs_and_round_trips(self):

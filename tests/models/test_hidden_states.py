@@ -1,0 +1,137 @@
+"""`BertBackbone(output_hidden_states=True, output_attentions=True)`: every layer's output and
+attention probabilities, against Hugging Face's `BertModel` (eager attention).
+
+The reference is a random `transformers` model with every parameter drawn at scale 0.5
+(`tests/checkpoints/_reference.py`), so consecutive layers differ by far more than the
+tolerance and a shifted or reordered layer fails the comparison.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from kbert.models import BertBackbone, BertClassifier
+from tests.checkpoints import _reference as R
+from tests.test_case import random_backbone_inputs, tiny_backbone_kwargs, to_numpy
+
+# float32 on every backend; TensorFlow's oneDNN kernels sum in another order than torch.
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def hf_directory(tmp_path_factory):
+    """A saved random `transformers.BertModel` (2 layers, 4 heads) and the model itself."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    config = R.hf_config(attn_implementation="eager")
+    model = R.make_hf_model(config, kind="model")
+    path = tmp_path_factory.mktemp("hf_bert")
+    model.save_pretrained(path)
+    return path, model
+
+
+def _hf_layers(model, inputs):
+    import torch
+
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(inputs["token_ids"], dtype=torch.long),
+            token_type_ids=torch.tensor(inputs["segment_ids"], dtype=torch.long),
+            attention_mask=torch.tensor(inputs["padding_mask"], dtype=torch.long),
+            output_hidden_states=True,
+            output_attentions=True,
+        )
+    return (
+        [h.double().numpy() for h in out.hidden_states],
+        [a.double().numpy() for a in out.attentions],
+    )
+
+
+def _max_diff(actual, expected, padding_mask):
+    """max |actual - expected| over real positions (real queries and keys for attentions)."""
+    actual = np.asarray(to_numpy(actual), "float64")
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    keep = padding_mask.astype(bool)
+    if actual.ndim == 4:  # (batch, heads, query, key): rows of real queries, real keys.
+        pairs = keep[:, None, :, None] & keep[:, None, None, :]
+        pairs = np.broadcast_to(pairs, actual.shape)
+        return float(np.abs(actual[pairs] - expected[pairs]).max())
+    return float(np.abs(actual[keep] - expected[keep]).max())
+
+
+def test_hidden_states_and_attentions_match_transformers(hf_directory):
+    path, hf_model = hf_directory
+    backbone = BertBackbone.from_preset(path, output_hidden_states=True, output_attentions=True)
+    assert backbone.output_hidden_states and backbone.output_attentions
+    assert backbone.get_config()["output_hidden_states"] is True
+    inputs = R.backbone_inputs(R.random_inputs(hf_model.config))
+    mask = inputs["padding_mask"]
+    outputs = backbone.predict_on_batch(inputs)  # Compiled: faster than eager on JAX.
+    hidden_states, attentions = _hf_layers(hf_model, inputs)
+
+    assert isinstance(outputs["hidden_states"], tuple) and isinstance(outputs["attentions"], tuple)
+    assert len(outputs["hidden_states"]) == backbone.num_layers + 1 == len(hidden_states)
+    assert len(outputs["attentions"]) == backbone.num_layers == len(attentions)
+    for index, (actual, expected) in enumerate(zip(outputs["hidden_states"], hidden_states)):
+        assert _max_diff(actual, expected, mask) < TOLERANCE, ("hidden state", index)
+    for index, (actual, expected) in enumerate(zip(outputs["attentions"], attentions)):
+        assert _max_diff(actual, expected, mask) < TOLERANCE, ("attention", index)
+    # The comparison can fail: the layers differ from one another far beyond the tolerance.
+    assert _max_diff(outputs["hidden_states"][1], hidden_states[2], mask) > 0.1
+    assert _max_diff(outputs["attentions"][0], attentions[1], mask) > 0.01
+    # Padding keys get no probability; the last hidden state is `sequence_output`.
+    padded_keys = ~mask.astype(bool)[:, None, None, :]
+    assert np.all(np.where(padded_keys, to_numpy(outputs["attentions"][0]), 0.0) == 0.0)
+    np.testing.assert_array_equal(
+        to_numpy(outputs["hidden_states"][-1]), to_numpy(outputs["sequence_output"])
+    )
+
+
+def test_flags_change_only_the_outputs(tmp_path):
+    """Same weights and outputs with and without the flags; `.keras` and packed rows keep them."""
+    inputs = random_backbone_inputs(batch_size=2, sequence_length=8)
+    plain = BertBackbone(**tiny_backbone_kwargs())
+    full = BertBackbone(
+        **tiny_backbone_kwargs(output_hidden_states=True, output_attentions=True, packed=True)
+    )
+    assert [w.path for w in full.weights] == [w.path for w in plain.weights]
+    full.set_weights(plain.get_weights())
+    # One document per row: a packed row computes what the unpacked one does.
+    outputs = full.predict_on_batch(dict(inputs, document_ids=inputs["padding_mask"]))
+    reference = plain.predict_on_batch(inputs)
+    real = inputs["padding_mask"].astype(bool)  # Packed padding attends elsewhere: not compared.
+    np.testing.assert_allclose(
+        to_numpy(outputs["sequence_output"])[real], reference["sequence_output"][real], atol=1e-6
+    )
+    np.testing.assert_allclose(
+        to_numpy(outputs["pooled_output"]), reference["pooled_output"], atol=1e-6
+    )
+
+    full.save(tmp_path / "model.keras")
+    restored = keras.saving.load_model(tmp_path / "model.keras")
+    assert restored.output_hidden_states and restored.output_attentions and restored.packed
+    again = restored.predict_on_batch(dict(inputs, document_ids=inputs["padding_mask"]))
+    for key in ("hidden_states", "attentions"):
+        for actual, expected in zip(again[key], outputs[key]):
+            np.testing.assert_allclose(to_numpy(actual), to_numpy(expected), atol=1e-6)
+
+    # A task on such a backbone reads `pooled_output` as usual.
+    classifier = BertClassifier(
+        BertBackbone(**tiny_backbone_kwargs(output_hidden_states=True)), num_classes=3
+    )
+    classifier.backbone.set_weights(plain.get_weights())
+    logits = to_numpy(classifier.predict_on_batch(inputs))
+    assert logits.shape == (2, 3) and np.isfinite(logits).all()
+
+
+def test_mixed_precision_outputs_are_in_compute_dtype():
+    backbone = BertBackbone(
+        **tiny_backbone_kwargs(
+            output_hidden_states=True, output_attentions=True, dtype="mixed_bfloat16"
+        )
+    )
+    outputs = backbone(random_backbone_inputs(batch_size=2, sequence_length=8))
+    dtypes = {keras.backend.standardize_dtype(t.dtype) for t in outputs["hidden_states"]}
+    dtypes |= {keras.backend.standardize_dtype(t.dtype) for t in outputs["attentions"]}
+    assert dtypes == {keras.backend.standardize_dtype(outputs["sequence_output"].dtype)}
+    assert dtypes == {"bfloat16"}
