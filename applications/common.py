@@ -180,6 +180,26 @@ def base_parser(description, *, epochs, batch_size, learning_rate, max_length):
     return parser
 
 
+def add_save_model_flag(parser, what):
+    """Adds `--save-model DIR`: also write the fine-tuned `what` as a kbert preset there."""
+    parser.add_argument(
+        "--save-model",
+        default=None,
+        help=f"Also write the fine-tuned {what} as a kbert preset directory here "
+        "(atomically; `from_preset(DIR)` loads it). Default: not written.",
+    )
+
+
+def save_model(args, model):
+    """Writes `model` to `--save-model` as a kbert preset (in the writing process only);
+    returns the directory written, or `None`."""
+    if not args.save_model or not is_writer():
+        return None
+    model.save_to_preset(args.save_model)
+    print("Saved the fine-tuned model to", args.save_model)
+    return args.save_model
+
+
 def add_tune_allocator_flag(parser):
     """Adds `--tune-allocator`: call `kbert.tune_allocator()` before the backend computes."""
     parser.add_argument(

@@ -98,11 +98,7 @@ def build_parser():
         "the AX diagnostic set) and write the leaderboard files into "
         f"<output-dir>/{SUBMISSION_FOLDER}/.",
     )
-    parser.add_argument(
-        "--save-model",
-        default=None,
-        help="Also write the fine-tuned classifier as a kbert preset directory here.",
-    )
+    common.add_save_model_flag(parser, "classifier")
     return parser
 
 
@@ -297,8 +293,7 @@ def main(argv=None):
     print(f"{reference[0]:>24s}: " + ", ".join(f"{k} {v:.4f}" for k, v in reference[1].items()))
     directory = common.output_dir(args, f"glue_{args.task}")
     submission = write_submission(model, test_sets, directory / SUBMISSION_FOLDER, batch)
-    if args.save_model and common.is_writer():
-        model.save_to_preset(args.save_model)
+    common.save_model(args, model)
     paths = tracking.write_run_report(
         directory,
         application,

@@ -73,6 +73,7 @@ def build_parser():
         default=1e-3,
         help="With --features: Adam's learning rate for the BiLSTM tagger. Default: %(default)s.",
     )
+    common.add_save_model_flag(parser, "tagger (fine-tuning only)")
     return parser
 
 
@@ -81,6 +82,11 @@ def main(argv=None):
     args = common.parse_args(parser, argv)
     if args.lstm_units < 1:
         parser.error("--lstm-units must be >= 1")
+    if args.features and args.save_model:
+        parser.error(
+            "--save-model writes a fine-tuned kbert preset; with --features the "
+            "backbone is frozen and the BiLSTM tagger is not a kbert model"
+        )
     common.check_data_dir(args, required=["conll2003/eng.train", "conll2003/eng.testa"])
     args.preset = common.check_preset(args.preset)
     common.quiet_startup()
@@ -113,6 +119,7 @@ def main(argv=None):
     }
     tracking.print_metrics("conll2003", metrics)
     directory = common.output_dir(args, "ner_conll2003")
+    predictions = write_predictions(directory / "eng.testa.predictions.txt", dev, predicted)
     paths = tracking.write_run_report(
         directory,
         "conll2003",
@@ -128,8 +135,21 @@ def main(argv=None):
         },
         baseline=("no entity found", {"entity_f1": 0.0}),
     )
-    print("Wrote", *(path for path in paths if path))
+    print("Wrote", *(path for path in [*paths, predictions] if path))
     return metrics
+
+
+def write_predictions(path, sentences, predicted):
+    """Writes the dev predictions as conlleval reads them: `word gold predicted` per line, a
+    blank line after each sentence (atomically); returns `path`."""
+    from kbert.checkpoints.atomic import atomic_file
+
+    lines = []
+    for (words, tags), guesses in zip(sentences, predicted):
+        lines += [f"{w} {t} {g}" for w, t, g in zip(words, tags, guesses)] + [""]
+    with atomic_file(path) as temporary:
+        Path(temporary).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 def fine_tune(args, train, dev, labels, history):
@@ -154,6 +174,7 @@ def fine_tune(args, train, dev, labels, history):
         callbacks=[history],
     )
     train_seconds = time.time() - start
+    common.save_model(args, model)
     predicted = model.predict_words(
         [words for words, _ in dev], batch_size=max(args.batch_size, 64)
     )

@@ -78,6 +78,7 @@ def build_parser():
         default=None,
         help="Score only the first N questions. Default: all.",
     )
+    common.add_save_model_flag(parser, "question answerer")
     return parser
 
 
@@ -182,12 +183,14 @@ def main(argv=None):
         callbacks=[history],
     )
     train_seconds = time.time() - start
+    common.save_model(args, model)
     answers, null_diffs, _ = model.predict_answers(
         eval_examples, batch_size=max(args.batch_size, 32), return_details=True
     )
     metrics = score(args, answers, null_diffs, evaluation, eval_examples)
     tracking.print_metrics(f"squad v{args.version}", metrics)
     directory = common.output_dir(args, f"squad_v{args.version}")
+    predictions = write_predictions(directory / "predictions.json", answers)
     paths = tracking.write_run_report(
         directory,
         f"squad v{args.version}",
@@ -204,8 +207,20 @@ def main(argv=None):
         },
         baseline=("chance", {"f1": 0.0}),
     )
-    print("Wrote", *(path for path in paths if path))
+    print("Wrote", *(path for path in [*paths, predictions] if path))
     return metrics
+
+
+def write_predictions(path, answers):
+    """Writes `{question id: answer text}` as the official evaluation script reads it
+    (atomically); returns `path`."""
+    import json
+
+    from kbert.checkpoints.atomic import atomic_file
+
+    with atomic_file(path) as temporary:
+        Path(temporary).write_text(json.dumps(answers, ensure_ascii=False, indent=1), "utf-8")
+    return path
 
 
 if __name__ == "__main__":

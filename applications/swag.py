@@ -55,6 +55,7 @@ def build_parser():
         default=None,
         help="Score the first this many dev rows. Default: all.",
     )
+    common.add_save_model_flag(parser, "multiple-choice model")
     return parser
 
 
@@ -146,6 +147,7 @@ def main(argv=None):
             callbacks=[history, evaluation],
         )
     train_seconds = time.time() - start
+    common.save_model(args, model)
     metrics = {"accuracy": evaluation.evaluations[-1]["accuracy"]}
     application = f"multiple_choice/{args.dataset}"
     tracking.print_metrics(application, metrics)

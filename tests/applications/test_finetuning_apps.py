@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from applications import glue, ner, squad
-from kbert.models import BertBackbone, BertClassifier
+from kbert.data.readers import read_conll, read_squad
+from kbert.metrics import entity_f1, squad_scores
+from kbert.models import BertBackbone, BertClassifier, BertQuestionAnswerer, BertTagger
 from kbert.text import BertTokenizer
 from tests.test_case import tiny_backbone_kwargs
 
@@ -121,29 +123,27 @@ def _check_outputs(output_dir, metric):
 
 def test_glue_runs_on_tiny_data(preset, tmp_path):
     _write_glue(tmp_path / "data")
-    out = tmp_path / "out"
-    metrics = glue.main(
-        [
-            "--task",
-            "sst2",
-            "--preset",
-            str(preset),
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--epochs",
-            "2",
-            "--batch-size",
-            "8",
-            "--max-length",
-            "16",
-            "--output-dir",
-            str(out),
-        ]
-    )
-    assert 0.0 <= metrics["accuracy"] <= 1.0
+    out, saved = tmp_path / "out", tmp_path / "model"
+    argv = ["--task", "sst2", "--preset", str(preset), "--data-dir", str(tmp_path / "data")]
+    argv += ["--epochs", "2", "--batch-size", "8", "--max-length", "16", "--output-dir", str(out)]
+    metrics = glue.main([*argv, "--save-model", str(saved)])
     record = _check_outputs(out, "accuracy")
     assert len(record["evaluations"]) == 2  # one per epoch
     assert record["baseline"] == {"name": "majority class", "accuracy": 0.5}
+    # The reported accuracy is the trained model's on dev: the saved model, reloaded, scores
+    # the dev rows to the same value, and it did not stay at its initial weights.
+    dev = (tmp_path / "data" / "glue" / "SST-2" / "dev.tsv").read_text().splitlines()[1:]
+    rows = [line.split("\t") for line in dev]
+    model = BertClassifier.from_preset(saved)
+    logits = np.asarray(model.predict([r[0] for r in rows], verbose=0))
+    accuracy = float(np.mean(logits.argmax(-1) == np.array([int(r[1]) for r in rows])))
+    assert (
+        metrics
+        == {"accuracy": accuracy}
+        == {k: v for k, v in record["evaluations"][-1].items() if k != "step"}
+    )
+    initial = BertBackbone.from_preset(preset).pooler.weights[0]
+    assert not np.allclose(model.backbone.pooler.weights[0], initial, atol=1e-6)
 
 
 _MNLI_HEADER = (
@@ -214,25 +214,26 @@ def test_glue_mnli_predict_test_writes_what_the_model_predicts(preset, tmp_path)
 
 def test_ner_runs_on_tiny_data(preset, tmp_path):
     _write_conll(tmp_path / "data")
-    out = tmp_path / "out"
-    metrics = ner.main(
-        [
-            "--preset",
-            str(preset),
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--epochs",
-            "1",
-            "--batch-size",
-            "4",
-            "--max-length",
-            "16",
-            "--output-dir",
-            str(out),
-        ]
-    )
-    assert 0.0 <= metrics["entity_f1"] <= 1.0
+    out, saved = tmp_path / "out", tmp_path / "model"
+    argv = ["--preset", str(preset), "--data-dir", str(tmp_path / "data"), "--epochs", "1"]
+    argv += ["--batch-size", "4", "--max-length", "16", "--output-dir", str(out)]
+    metrics = ner.main([*argv, "--save-model", str(saved)])
     _check_outputs(out, "entity_f1")
+    # The conlleval file holds the saved model's tags for every dev word, and the reported
+    # scores are those of that file.
+    dev = read_conll(tmp_path / "data" / "conll2003" / "eng.testa", to_iob2=True)
+    predicted = BertTagger.from_preset(saved).predict_words([w for w, _ in dev], verbose=0)
+    lines = [f"{w} {t} {g}" for (ws, ts), gs in zip(dev, predicted) for w, t, g in zip(ws, ts, gs)]
+    written = (out / "eng.testa.predictions.txt").read_text().split("\n")
+    assert [line for line in written if line] == lines and written.count("") == len(dev) + 1
+    scores = entity_f1([t for _, t in dev], predicted, scheme="IOB2")
+    assert metrics == {
+        "entity_precision": scores["precision"],
+        "entity_recall": scores["recall"],
+        "entity_f1": scores["f1"],
+    }
+    with pytest.raises(SystemExit):
+        ner.main([*argv, "--features", "last", "--save-model", str(saved)])
 
 
 def test_ner_feature_based_last4_learns_the_tiny_data(tmp_path):
@@ -329,7 +330,7 @@ def test_ner_features_need_enough_layers(preset, tmp_path, capsys):
 
 def test_squad_runs_on_tiny_data(preset, tmp_path):
     _write_squad(tmp_path / "data")
-    out = tmp_path / "out"
+    out, saved = tmp_path / "out", tmp_path / "model"
     metrics = squad.main(
         [
             "--preset",
@@ -352,10 +353,21 @@ def test_squad_runs_on_tiny_data(preset, tmp_path):
             "2:3",
             "--output-dir",
             str(out),
+            "--save-model",
+            str(saved),
         ]
     )
-    assert 0.0 <= metrics["f1"] <= 100.0
     _check_outputs(out, "f1")
+    # predictions.json holds the saved model's answers to the evaluated questions, and the
+    # reported scores are the official ones of that file.
+    predictions = json.loads((out / "predictions.json").read_text())
+    evaluation = read_squad(tmp_path / "data" / "squad" / "dev-v1.1.json").articles(2, 3)
+    questions = list(evaluation)
+    assert sorted(predictions) == sorted(q["id"] for q in questions)
+    assert predictions == BertQuestionAnswerer.from_preset(saved).predict_answers(questions)
+    data = evaluation.data
+    scores = squad_scores(predictions, data, version="1.1")
+    assert metrics == {k: float(v) for k, v in scores.items() if isinstance(v, (int, float))}
 
 
 def _run(script, *args, env_extra=None, cwd=None):
