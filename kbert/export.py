@@ -7,6 +7,13 @@
 - `serve_pairs(text, text_pair)`: sentence pairs (two string batches of the same size);
 - `serve_ids(token_ids, segment_ids, padding_mask)`: packed int32 inputs.
 
+`BertMultipleChoice` takes rows of a context and its choices instead, so its text signatures
+are `serving_default(context, choices)` (`context` `(rows,)`, `choices` `(rows, choices)`
+strings, every choice real) and `serve_padded(context, choices, choice_counts)` (rows with
+fewer choices padded with any strings, `choice_counts` `(rows,)` int32 the number of real ones:
+the padded choices get the logit -1e9 as in `predict`); its `serve_ids` takes packed inputs
+`(rows, choices, sequence)` (`choices` fixed when the model's `num_choices` is).
+
 Each returns the model's outputs as a dict: `logits` for `BertClassifier` / `BertTagger`,
 `start_logits` / `end_logits` for `BertQuestionAnswerer`, `sequence_output` /
 `pooled_output` for `BertBackbone` (with `output_hidden_states=True` also `hidden_states_0`
@@ -22,6 +29,10 @@ example of `export_saved_model`.
 `export_onnx(model, path)` writes ONNX through torch's exporter on the PyTorch backend: packed
 int32 ids in, with dynamic batch and sequence axes by default (one file serves every batch size
 and every padded length up to the model's maximum), the model's outputs out (no tokenizer).
+`BertMultipleChoice`'s inputs are `(rows, choices, sequence)`, its choices axis dynamic too
+unless `num_choices` fixes it.
+
+A model describes its packed inputs' axes in `packed_input_axes` (see `_packed_axes`).
 """
 
 import json
@@ -78,7 +89,7 @@ def export_saved_model(model, path, preprocessor=None):
 
     Args:
         model: a kbert model (`BertClassifier`, `BertTagger`, `BertQuestionAnswerer`,
-            `BertBackbone`), built, on any backend.
+            `BertMultipleChoice`, `BertBackbone`, ...), built, on any backend.
         path: str or path. Directory to write; written beside it first and renamed into
             place, so an interrupted export leaves any earlier export at `path` intact.
         preprocessor: `kbert.text.BertPreprocessor` or `None`. Defaults to the model's own
@@ -335,16 +346,18 @@ def _write_saved_model(model, preprocessor, target):
 def export_onnx(model, path, batch_size=None, sequence_length=None):
     """Writes the model as ONNX, traced with torch's dynamo exporter on PyTorch.
 
-    Inputs are the packed int32 `token_ids`, `segment_ids` and `padding_mask` of shape
-    `(batch, sequence)`; outputs are the model's, named as in the module docstring (`logits`,
-    ...). By default both axes are dynamic: one file serves every batch size and every padded
-    length from 1 up to the backbone's `max_sequence_length` (for example each length bucket
-    of a length-sorted stream), with the same results as the model at real positions. An int
-    `batch_size` or `sequence_length` fixes that axis instead. The graph is traced on the
-    PyTorch backend - in process on PyTorch, in a PyTorch-backend subprocess on TensorFlow and
-    JAX - through `torch.onnx.export(..., dynamo=True, dynamic_shapes=...)`. (Other routes fail
-    on BERT: tf2onnx cannot convert the `Erfc` op of TensorFlow's exact GELU, and torch's
-    TorchScript exporter cannot convert `LayerNormalization`.) Needs `onnx` and `onnxscript`.
+    Inputs are the packed int32 `token_ids`, `segment_ids` and `padding_mask` of shape `(batch,
+    sequence)` (`(batch, choices, sequence)` for `BertMultipleChoice`, the choices axis dynamic,
+    or fixed by its `num_choices`; padded choices get the logit -1e9); outputs are the model's,
+    named as in the module docstring (`logits`, ...). By default both axes are dynamic: one file
+    serves every batch size and every padded length from 1 up to the backbone's
+    `max_sequence_length` (for example each length bucket of a length-sorted stream), with the
+    same results as the model at real positions. An int `batch_size` or `sequence_length` fixes
+    that axis instead. The graph is traced on the PyTorch backend - in process on PyTorch, in a
+    PyTorch-backend subprocess on TensorFlow and JAX - through `torch.onnx.export(...,
+    dynamo=True, dynamic_shapes=...)`. (Other routes fail on BERT: tf2onnx cannot convert the
+    `Erfc` op of TensorFlow's exact GELU, and torch's TorchScript exporter cannot convert
+    `LayerNormalization`.) Needs `onnx` and `onnxscript`.
 
     Args:
         model: a built kbert model whose inputs are the packed dict (a backbone or a task).

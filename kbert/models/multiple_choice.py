@@ -134,7 +134,11 @@ class BertMultipleChoice(BertTask):
     batching over the longest choice of each row, outputs in the caller's order).
 
     The head loads from and exports to Hugging Face `BertForMultipleChoice` directories
-    (`kbert.checkpoints` names its weights).
+    (`kbert.checkpoints` names its weights). `export(path)` writes a SavedModel whose
+    signatures take rows of strings, `serving_default(context, choices)` and
+    `serve_padded(context, choices, choice_counts)` for rows with fewer choices, or packed
+    `serve_ids`; `export(path, format="onnx")` ONNX with packed `(rows, choices, sequence)`
+    inputs, dynamic axes (choices fixed by `num_choices`). See `kbert.export`.
 
     Args:
         backbone: `kbert.models.BertBackbone`.
