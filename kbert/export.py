@@ -7,6 +7,13 @@
 - `serve_pairs(text, text_pair)`: sentence pairs (two string batches of the same size);
 - `serve_ids(token_ids, segment_ids, padding_mask)`: packed int32 inputs.
 
+`BertMultipleChoice` takes rows of a context and its choices instead, so its text signatures
+are `serving_default(context, choices)` (`context` `(rows,)`, `choices` `(rows, choices)`
+strings, every choice real) and `serve_padded(context, choices, choice_counts)` (rows with
+fewer choices padded with any strings, `choice_counts` `(rows,)` int32 the number of real ones:
+the padded choices get the logit -1e9 as in `predict`); its `serve_ids` takes packed inputs
+`(rows, choices, sequence)` (`choices` fixed when the model's `num_choices` is).
+
 Each returns the model's outputs as a dict: `logits` for `BertClassifier` / `BertTagger`,
 `start_logits` / `end_logits` for `BertQuestionAnswerer`, `sequence_output` /
 `pooled_output` for `BertBackbone` (with `output_hidden_states=True` also `hidden_states_0`
@@ -22,6 +29,10 @@ example of `export_saved_model`.
 `export_onnx(model, path)` writes ONNX through torch's exporter on the PyTorch backend: packed
 int32 ids in, with dynamic batch and sequence axes by default (one file serves every batch size
 and every padded length up to the model's maximum), the model's outputs out (no tokenizer).
+`BertMultipleChoice`'s inputs are `(rows, choices, sequence)`, its choices axis dynamic too
+unless `num_choices` fixes it.
+
+A model describes its packed inputs' axes in `packed_input_axes` (see `_packed_axes`).
 """
 
 import json
@@ -38,6 +49,9 @@ from kbert.backend import tensorflow
 from kbert.checkpoints import atomic
 
 _PACKED_INPUTS = ("token_ids", "segment_ids", "padding_mask")
+# Axes of the packed inputs, `(name, fixed size or None)`, unless a model names its own
+# (`packed_input_axes`; see `_packed_axes`).
+_DEFAULT_AXES = (("batch", None), ("sequence", None))
 
 
 def flat_outputs(outputs):
@@ -75,7 +89,7 @@ def export_saved_model(model, path, preprocessor=None):
 
     Args:
         model: a kbert model (`BertClassifier`, `BertTagger`, `BertQuestionAnswerer`,
-            `BertBackbone`), built, on any backend.
+            `BertMultipleChoice`, `BertBackbone`, ...), built, on any backend.
         path: str or path. Directory to write; written beside it first and renamed into
             place, so an interrupted export leaves any earlier export at `path` intact.
         preprocessor: `kbert.text.BertPreprocessor` or `None`. Defaults to the model's own
@@ -204,25 +218,35 @@ def _tokenizer_resources(preprocessor):
     return preprocessor.tokenizer.graph_resources()
 
 
-def _write_saved_model(model, preprocessor, target):
-    tf = tensorflow.tensorflow("Exporting a SavedModel")
+def _packed_axes(model, batch_size=None, sequence_length=None):
+    """The axes of `model`'s packed inputs, `[(name, size), ...]`: `size` an int for a fixed
+    axis, `None` for a dynamic one.
 
-    def outputs_of(packed):
-        outputs = model(packed, training=False)
-        if not isinstance(outputs, dict):  # `embeddings` for a BertTextEmbedder
-            outputs = {getattr(model, "export_output_name", "logits"): outputs}
-        return {name: tf.convert_to_tensor(value) for name, value in flat_outputs(outputs).items()}
+    A model describes its own axes in `packed_input_axes` (default `(("batch", None),
+    ("sequence", None))`; `BertMultipleChoice`: `("batch", None), ("choices", num_choices),
+    ("sequence", None)`); `batch_size` and `sequence_length` fix the first and last axes.
+    """
+    axes = [tuple(axis) for axis in getattr(model, "packed_input_axes", _DEFAULT_AXES)]
+    axes[0] = (axes[0][0], batch_size if batch_size is not None else axes[0][1])
+    axes[-1] = (axes[-1][0], sequence_length if sequence_length is not None else axes[-1][1])
+    return axes
 
-    def packed_of(segments):
-        return {
-            name: tf.cast(value, "int32")
-            for name, value in preprocessor.packer(
-                tuple(preprocessor.tokenizer.tokenize(s) for s in segments)
-            ).items()
-        }
+
+def _packed_of(tf, preprocessor, segments):
+    """In the SavedModel graph: string batches (one per segment) -> the packed int32 dict."""
+    return {
+        name: tf.cast(value, "int32")
+        for name, value in preprocessor.packer(
+            tuple(preprocessor.tokenizer.tokenize(s) for s in segments)
+        ).items()
+    }
+
+
+def _text_endpoints(tf, preprocessor, outputs_of):
+    """`serve(text)` and `serve_pairs(text, text_pair)`: `(name, function, signature)` each."""
 
     def serve(text):
-        return outputs_of(packed_of((text,)))
+        return outputs_of(_packed_of(tf, preprocessor, (text,)))
 
     def serve_pairs(text, text_pair):
         tf.debugging.assert_equal(
@@ -230,7 +254,70 @@ def _write_saved_model(model, preprocessor, target):
             tf.shape(text_pair),
             message="`text` and `text_pair` must have the same size",
         )
-        return outputs_of(packed_of((text, text_pair)))
+        return outputs_of(_packed_of(tf, preprocessor, (text, text_pair)))
+
+    strings = tf.TensorSpec([None], tf.string, name="text")
+    return [
+        ("serve", serve, [strings]),
+        ("serve_pairs", serve_pairs, [strings, tf.TensorSpec([None], tf.string, name="text_pair")]),
+    ]
+
+
+def _choice_endpoints(tf, preprocessor, outputs_of, num_choices):
+    """`serve(context, choices)` (every choice real) and `serve_padded(context, choices,
+    choice_counts)` (the first `choice_counts[i]` choices of row `i` real, the rest padding
+    whatever the strings) for multiple choice: `choices` is `(rows, choices)`, each pair packed
+    as `[CLS] context [SEP] choice [SEP]` and padded choices zeroed as `predict` pads them."""
+
+    def serve_padded(context, choices, choice_counts):
+        rows, width = tf.shape(choices)[0], tf.shape(choices)[1]
+        checks = [
+            tf.debugging.assert_equal(
+                tf.shape(context)[0], rows, message="`context` needs one string per row"
+            ),
+            tf.debugging.assert_equal(
+                tf.shape(choice_counts)[0], rows, message="`choice_counts` needs one per row"
+            ),
+            tf.debugging.assert_greater_equal(
+                choice_counts, 1, message="every row needs at least one real choice"
+            ),
+            tf.debugging.assert_less_equal(
+                choice_counts, width, message="`choice_counts` exceeds the number of choices"
+            ),
+        ]
+        with tf.control_dependencies(checks):
+            firsts = tf.repeat(context, width)  # the context of each pair, row by row
+        pairs = _packed_of(tf, preprocessor, (firsts, tf.reshape(choices, [-1])))
+        real = tf.sequence_mask(choice_counts, width, dtype=tf.int32)[:, :, None]
+        return outputs_of(
+            {
+                name: tf.reshape(value, tf.stack([rows, width, tf.shape(value)[-1]])) * real
+                for name, value in pairs.items()
+            }
+        )
+
+    def serve(context, choices):
+        shape = tf.shape(choices)
+        return serve_padded(context, choices, tf.fill(shape[:1], shape[1]))
+
+    contexts = tf.TensorSpec([None], tf.string, name="context")
+    choices = tf.TensorSpec([None, num_choices], tf.string, name="choices")
+    counts = tf.TensorSpec([None], tf.int32, name="choice_counts")
+    return [
+        ("serve", serve, [contexts, choices]),
+        ("serve_padded", serve_padded, [contexts, choices, counts]),
+    ]
+
+
+def _write_saved_model(model, preprocessor, target):
+    tf = tensorflow.tensorflow("Exporting a SavedModel")
+    axes = _packed_axes(model)
+
+    def outputs_of(packed):
+        outputs = model(packed, training=False)
+        if not isinstance(outputs, dict):  # `embeddings` for a BertTextEmbedder
+            outputs = {getattr(model, "export_output_name", "logits"): outputs}
+        return {name: tf.convert_to_tensor(value) for name, value in flat_outputs(outputs).items()}
 
     def serve_ids(token_ids, segment_ids, padding_mask):
         return outputs_of(
@@ -241,19 +328,17 @@ def _write_saved_model(model, preprocessor, target):
     archive.track(model)
     for resource in _tokenizer_resources(preprocessor):
         archive.track(resource)
-    strings = tf.TensorSpec([None], tf.string, name="text")
-    archive.add_endpoint("serve", serve, input_signature=[strings])
-    archive.add_endpoint(
-        "serve_pairs",
-        serve_pairs,
-        input_signature=[strings, tf.TensorSpec([None], tf.string, name="text_pair")],
-    )
+    if "choices" in dict(axes):  # (context, choices) rows instead of strings or pairs
+        raw = _choice_endpoints(tf, preprocessor, outputs_of, dict(axes)["choices"])
+    else:
+        raw = _text_endpoints(tf, preprocessor, outputs_of)
+    for name, function, signature in raw:
+        archive.add_endpoint(name, function, input_signature=signature)
+    shape = [size for _, size in axes]
     archive.add_endpoint(
         "serve_ids",
         serve_ids,
-        input_signature=[
-            tf.TensorSpec([None, None], tf.int32, name=name) for name in _PACKED_INPUTS
-        ],
+        input_signature=[tf.TensorSpec(shape, tf.int32, name=name) for name in _PACKED_INPUTS],
     )
     archive.write_out(str(target), verbose=False)
 
@@ -261,16 +346,18 @@ def _write_saved_model(model, preprocessor, target):
 def export_onnx(model, path, batch_size=None, sequence_length=None):
     """Writes the model as ONNX, traced with torch's dynamo exporter on PyTorch.
 
-    Inputs are the packed int32 `token_ids`, `segment_ids` and `padding_mask` of shape
-    `(batch, sequence)`; outputs are the model's, named as in the module docstring (`logits`,
-    ...). By default both axes are dynamic: one file serves every batch size and every padded
-    length from 1 up to the backbone's `max_sequence_length` (for example each length bucket
-    of a length-sorted stream), with the same results as the model at real positions. An int
-    `batch_size` or `sequence_length` fixes that axis instead. The graph is traced on the
-    PyTorch backend - in process on PyTorch, in a PyTorch-backend subprocess on TensorFlow and
-    JAX - through `torch.onnx.export(..., dynamo=True, dynamic_shapes=...)`. (Other routes fail
-    on BERT: tf2onnx cannot convert the `Erfc` op of TensorFlow's exact GELU, and torch's
-    TorchScript exporter cannot convert `LayerNormalization`.) Needs `onnx` and `onnxscript`.
+    Inputs are the packed int32 `token_ids`, `segment_ids` and `padding_mask` of shape `(batch,
+    sequence)` (`(batch, choices, sequence)` for `BertMultipleChoice`, the choices axis dynamic,
+    or fixed by its `num_choices`; padded choices get the logit -1e9); outputs are the model's,
+    named as in the module docstring (`logits`, ...). By default both axes are dynamic: one file
+    serves every batch size and every padded length from 1 up to the backbone's
+    `max_sequence_length` (for example each length bucket of a length-sorted stream), with the
+    same results as the model at real positions. An int `batch_size` or `sequence_length` fixes
+    that axis instead. The graph is traced on the PyTorch backend - in process on PyTorch, in a
+    PyTorch-backend subprocess on TensorFlow and JAX - through `torch.onnx.export(...,
+    dynamo=True, dynamic_shapes=...)`. (Other routes fail on BERT: tf2onnx cannot convert the
+    `Erfc` op of TensorFlow's exact GELU, and torch's TorchScript exporter cannot convert
+    `LayerNormalization`.) Needs `onnx` and `onnxscript`.
 
     Args:
         model: a built kbert model whose inputs are the packed dict (a backbone or a task).
@@ -331,15 +418,19 @@ class _PackedInputs:
         import torch
 
         self.longest = _max_sequence_length(model) or 512
-        # Sample inputs of sizes other than 0 and 1 (which torch.export would specialise on),
-        # with padding in one row so the masked path is traced.
-        rows, length = batch_size or 2, sequence_length or min(8, self.longest)
-        mask = np.ones((rows, length), "int32")
-        mask[-1, max(1, length // 2) :] = 0
-        ids = np.full((rows, length), 1, "int32") * mask
+        self.axes = _packed_axes(model, batch_size, sequence_length)
+        # Sample inputs of sizes other than 0 and 1 (which torch.export would specialise on):
+        # 2 rows, 3 of each middle axis (choices), 8 positions; padding in one row so the
+        # masked path is traced, and with a choices axis, one padded choice.
+        default = {"batch": 2, "sequence": min(8, self.longest)}
+        shape = tuple(size or default.get(name, 3) for name, size in self.axes)
+        mask = np.ones(shape, "int32")
+        mask[-1, ..., max(1, shape[-1] // 2) :] = 0
+        if mask.ndim > 2 and shape[1] > 1:
+            mask[(0,) + (-1,) * (mask.ndim - 2)] = 0
+        ids = np.full(shape, 1, "int32") * mask
         # On the backend's device (a GPU when torch has one), as the weights are.
         self.sample = tuple(keras.ops.convert_to_tensor(a) for a in (ids, np.zeros_like(ids), mask))
-        self.batch_size, self.sequence_length = batch_size, sequence_length
         outputs = model(dict(zip(_PACKED_INPUTS, self.sample)), training=False)
         # As the SavedModel's signatures: a task's one tensor is `logits`.
         self.output_names = list(flat_outputs(outputs)) if isinstance(outputs, dict) else ["logits"]
@@ -361,14 +452,15 @@ class _PackedInputs:
         self.module = Packed(model, self.output_names).eval()
 
     def dynamic_shapes(self):
-        """torch.export's axes spec: a `Dim` for each dynamic axis, `None` for a fixed one."""
+        """torch.export's axes spec: a `Dim` for each dynamic axis, `None` for a fixed one; the
+        sequence axis is bounded by the backbone's `max_sequence_length`."""
         import torch
 
         axes = {}
-        if self.batch_size is None:
-            axes[0] = torch.export.Dim("batch")
-        if self.sequence_length is None:
-            axes[1] = torch.export.Dim("sequence", max=self.longest)
+        for index, (name, size) in enumerate(self.axes):
+            if size is None:
+                bound = {"max": self.longest} if name == "sequence" else {}
+                axes[index] = torch.export.Dim(name, **bound)
         return {name: dict(axes) for name in _PACKED_INPUTS} if axes else None
 
 

@@ -180,3 +180,112 @@ def test_onnx_names_every_hidden_state_and_attention(tmp_path):
         if name.startswith(("hidden_states", "sequence")):  # Real positions only.
             actual, reference = actual[real], reference[real]
         np.testing.assert_allclose(actual, reference, atol=1e-5, rtol=1e-5, err_msg=name)
+
+
+def choice_inputs(rows, choices, sequence_length, seed):
+    """Packed multiple-choice inputs `(rows, choices, sequence)`: rows of different lengths,
+    and (with more than one choice) the last choice of rows 0 and 2 padding (all zeros)."""
+    flat = random_backbone_inputs(rows * choices, sequence_length, seed=seed)
+    packed = {k: v.reshape(rows, choices, sequence_length) for k, v in flat.items()}
+    if choices > 1:
+        for value in packed.values():
+            value[::2, -1] = 0
+    return packed
+
+
+def spread_weights(model, seed=0):
+    """Every matrix redrawn with a larger spread than the initializer's, so that the scores of
+    a row's choices lie far enough apart for a wrong pairing or order of choices to show."""
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        if len(variable.shape) == 2:
+            variable.assign(rng.normal(0, 0.3, variable.shape).astype("float32"))
+
+
+@pytest.mark.large
+def test_onnx_multiple_choice_dynamic_rows_choices_and_sequence(tmp_path):
+    """`BertMultipleChoice` (rows, choices, seq) inputs: one file, every axis dynamic, equal to
+    `predict` for two shapes, padded choices masked (-1e9) as `predict` masks them."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from kbert.layers.heads import MASKED_LOGIT
+    from kbert.models import BertMultipleChoice
+
+    backbone = BertBackbone(**tiny_backbone_kwargs(max_sequence_length=32, num_layers=1))
+    model = BertMultipleChoice(backbone, dropout=0.0)
+    model(choice_inputs(2, 3, 8, seed=0))
+    spread_weights(model)
+    model.export(tmp_path / "model.onnx", format="onnx")
+    session = onnxruntime.InferenceSession(
+        str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    assert [i.shape for i in session.get_inputs()] == [["batch", "choices", "sequence"]] * 3
+    assert [o.shape for o in session.get_outputs()] == [["batch", "choices"]]
+    for rows, choices, sequence_length, seed in ((3, 4, 11, 1), (5, 2, 32, 2)):
+        inputs = choice_inputs(rows, choices, sequence_length, seed=seed)
+        expected = model.predict(inputs, verbose=0)
+        (actual,) = session.run(["logits"], inputs)
+        assert actual.shape == (rows, choices)
+        np.testing.assert_allclose(actual, expected, atol=1e-5, rtol=1e-5)
+        assert np.all(actual[::2, -1] == MASKED_LOGIT) and np.all(actual[1::2] > MASKED_LOGIT)
+        assert np.ptp(actual[1]) > 1e-3  # The choices of a row really score differently.
+
+
+CHOICE_LOADER = """
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  registers the FastWordpieceTokenizer op
+served = tf.saved_model.load(sys.argv[1])
+contexts, choices, counts, packed = json.loads(sys.argv[2])
+rows = {"context": tf.constant(contexts), "choices": tf.constant(choices)}
+full = served.signatures["serving_default"](**rows)
+padded = served.signatures["serve_padded"](**rows, choice_counts=tf.constant(counts))
+ids = served.signatures["serve_ids"](**{k: tf.constant(v, tf.int32) for k, v in packed.items()})
+print(json.dumps({
+    "full": full["logits"].numpy().tolist(),
+    "padded": padded["logits"].numpy().tolist(),
+    "ids": ids["logits"].numpy().tolist(),
+    "kbert_imported": any(name == "kbert" or name.startswith("kbert.") for name in sys.modules),
+}))
+"""
+
+
+@pytest.mark.large
+def test_saved_model_multiple_choice_answers_context_and_choices_without_kbert(tmp_path):
+    """`BertMultipleChoice`: rows of (context, choices) strings in, served by plain TF, equal to
+    `predict` on the raw rows; `serve_padded` masks the padding of rows with fewer choices
+    whatever its strings, and `serve_ids` takes packed (rows, choices, seq) inputs."""
+    pytest.importorskip(
+        "tensorflow_text", reason="the SavedModel export and its loader need TensorFlow"
+    )
+    from kbert.models import BertMultipleChoice
+    from tests.models.test_classifier import toy_backbone
+
+    model = BertMultipleChoice(toy_backbone(), dropout=0.0, preprocessor=toy_preprocessor(16))
+    spread_weights(model)
+    contexts = ["the cat sat", "john smith lives in", "a dog ran"]
+    rows = [["on the mat", "in paris", "very dull"], ["paris", "london"], ["by the cat", "it"]]
+    expected = model.predict((contexts, rows), verbose=0)  # (3, 3), row 1 and 2 padded
+    counts = [len(row) for row in rows]
+    padded = [row + ["a good film"] * (3 - len(row)) for row in rows]  # Padding: any strings.
+    packed = model.preprocess_samples((contexts, rows), mode="predict")[0]
+
+    model.export(tmp_path / "served")
+    environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KERAS_BACKEND")}
+    arguments = [contexts, padded, counts, {k: v.tolist() for k, v in packed.items()}]
+    result = subprocess.run(
+        [sys.executable, "-c", CHOICE_LOADER, str(tmp_path / "served"), json.dumps(arguments)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,  # Not the repository: `import kbert` could not find the worktree here.
+        env=environment,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    served = json.loads(result.stdout.strip().splitlines()[-1])
+    assert served["kbert_imported"] is False
+    np.testing.assert_allclose(served["padded"], expected, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(served["ids"], expected, atol=1e-4, rtol=1e-4)
+    # Every choice of `serving_default` is real: the padding strings are scored as choices.
+    np.testing.assert_allclose(served["full"][0], expected[0], atol=1e-4, rtol=1e-4)
+    assert np.all(np.asarray(served["full"])[1:, 2] > -1e8)
+    assert np.ptp(expected[0]) > 1e-3  # The choices of a row really score differently.

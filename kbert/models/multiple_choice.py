@@ -134,7 +134,11 @@ class BertMultipleChoice(BertTask):
     batching over the longest choice of each row, outputs in the caller's order).
 
     The head loads from and exports to Hugging Face `BertForMultipleChoice` directories
-    (`kbert.checkpoints` names its weights).
+    (`kbert.checkpoints` names its weights). `export(path)` writes a SavedModel whose
+    signatures take rows of strings, `serving_default(context, choices)` and
+    `serve_padded(context, choices, choice_counts)` for rows with fewer choices, or packed
+    `serve_ids`; `export(path, format="onnx")` ONNX with packed `(rows, choices, sequence)`
+    inputs, dynamic axes (choices fixed by `num_choices`). See `kbert.export`.
 
     Args:
         backbone: `kbert.models.BertBackbone`.
@@ -294,17 +298,11 @@ class BertMultipleChoice(BertTask):
         return x, y, sample_weight
 
     # ------------------------------------------------------------------ export
-    def export(self, filepath, format="tf_saved_model", verbose=None, **kwargs):
-        """Not available yet for `"tf_saved_model"` and `"onnx"`: kbert's serving signatures
-        take `(batch, sequence)` inputs (see `BertTask.export`); other formats go to
-        `keras.Model.export`."""
-        if format in ("tf_saved_model", "onnx"):
-            raise ValueError(
-                f"BertMultipleChoice cannot be exported as {format!r} yet: kbert's serving "
-                "signatures take (batch_size, sequence_length) inputs and this model takes "
-                "(batch_size, num_choices, sequence_length)."
-            )
-        return keras.Model.export(self, filepath, format=format, verbose=verbose, **kwargs)
+    @property
+    def packed_input_axes(self):
+        """The packed inputs' axes, `(name, fixed size or None)` each, for `kbert.export`'s
+        serving signatures and ONNX axes: rows, choices (fixed with `num_choices`), sequence."""
+        return (("batch", None), ("choices", self.num_choices), ("sequence", None))
 
     def get_config(self):
         config = super().get_config()

@@ -451,9 +451,10 @@ class BertTask(PresetMixin, PipelineModel):
         """Exports for serving (see `kbert.export`), from any backend.
 
         `format="tf_saved_model"` (default) writes a SavedModel whose signatures take raw
-        strings and sentence pairs (the tokenizer in the graph); `format="onnx"` writes ONNX
-        with packed ids of a fixed shape in (`batch_size`, `sequence_length` keyword
-        arguments). Other formats go to `keras.Model.export`.
+        strings and sentence pairs (the tokenizer in the graph; `BertMultipleChoice`:
+        context and choices rows); `format="onnx"` writes ONNX with packed ids in, dynamic
+        axes unless the `batch_size` / `sequence_length` keyword arguments fix them. Other
+        formats go to `keras.Model.export`.
         """
         from kbert import export
 

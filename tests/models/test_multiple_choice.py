@@ -174,5 +174,3 @@ class TestBertMultipleChoice(TestCase):
             BertMultipleChoice(model.backbone).predict((CONTEXTS, CHOICES), verbose=0)
         with pytest.raises(ValueError, match="num_choices"):
             BertMultipleChoice(model.backbone, num_choices=0)
-        with pytest.raises(ValueError, match="cannot be exported as 'onnx' yet"):
-            model.export("model.onnx", format="onnx")
