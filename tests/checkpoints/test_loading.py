@@ -12,6 +12,7 @@ from kbert.checkpoints import google, huggingface
 from kbert.models import (
     BertBackbone,
     BertClassifier,
+    BertMultipleChoice,
     BertPretrainer,
     BertQuestionAnswerer,
     BertTagger,
@@ -111,6 +112,7 @@ def test_every_head_row_names_a_variable_of_its_model():
         "BertClassifier": BertClassifier(backbone, num_classes=2),
         "BertTagger": BertTagger(backbone, num_classes=3),
         "BertQuestionAnswerer": BertQuestionAnswerer(backbone),
+        "BertMultipleChoice": BertMultipleChoice(backbone),
     }
     for table in (huggingface.HEAD_WEIGHTS, google.HEAD_WEIGHTS):
         for class_name, rows in table.items():
