@@ -155,6 +155,9 @@ def data_parallel(devices=None):
     After `initialize()` in several processes the distribution spans them all: on JAX a
     `DataParallel` over every process' devices; on TensorFlow and torch a
     `ProcessDataParallel` (the run's `MultiWorkerMirroredStrategy`, or torch.distributed).
+    On torch in one process (no `initialize()`, or torchrun with one process) it is a
+    `ProcessDataParallel` of that one process: Keras has no distribution API on torch, and
+    the script written for several processes runs unchanged.
 
     Returns:
         `kbert.distribution.DataParallel` or `kbert.distribution.ProcessDataParallel`.
@@ -162,12 +165,30 @@ def data_parallel(devices=None):
     group = processes.process_group()
     if group is not None and group.num_processes > 1 and group.backend != "jax":
         return ProcessDataParallel(group)
+    if not _keras_distributes():
+        # One torch process (plain `python`, or torchrun with one process): its one device,
+        # so the script that runs over several processes runs unchanged in one.
+        return ProcessDataParallel(group)
     distribution = DataParallel(devices=devices or keras.distribution.list_devices())
     if group is not None and group.num_processes > 1:
         # kbert gives each process its own rows (kbert.models.multiprocess); Keras must not
         # split a tf.data input again.
         distribution.auto_shard_dataset = False
     return distribution
+
+
+def _keras_distributes():
+    """True where `keras.distribution` (device meshes, layouts) exists: JAX and TensorFlow.
+    Keras has none on torch, where kbert splits work over processes itself."""
+    return keras.backend.backend() != "torch"
+
+
+def _no_model_parallel():
+    raise ValueError(
+        "model_parallel() splits weights with keras.distribution, which Keras offers on JAX "
+        f"and TensorFlow only. Received: KERAS_BACKEND={keras.backend.backend()!r}. On torch, "
+        "use data_parallel() (one process per device, started with torchrun)."
+    )
 
 
 def _backbone_config(config):
@@ -254,6 +275,8 @@ def model_parallel(
         with distribution.scope():
             backbone = BertBackbone.from_preset("bert_base_en_uncased", load_weights=False)
     """
+    if devices is None and not _keras_distributes():
+        _no_model_parallel()
     devices = list(devices or keras.distribution.list_devices())
     if (
         not isinstance(model_parallel_size, int)
@@ -269,6 +292,8 @@ def model_parallel(
         check_model_parallel_config(
             config, model_parallel_size, data_size if shard_weights_over_batch else 1
         )
+    if not _keras_distributes():
+        _no_model_parallel()
     mesh = keras.distribution.DeviceMesh(
         shape=(data_size, model_parallel_size),
         axis_names=[data_parallel_dim_name, model_parallel_dim_name],
@@ -293,8 +318,12 @@ class ProcessDataParallel:
     inside `scope()` and call `fit` with the global batch: each process trains a replica on
     its slice of every batch (`kbert.models.multiprocess`).
 
+    Also what `data_parallel()` returns on torch in a single process (`group` is then `None`
+    or a group of one): Keras has no distribution API on torch, and one process trains on its
+    one device as without a distribution.
+
     Args:
-        group: the `kbert.processes.ProcessGroup` started by `initialize`.
+        group: the `kbert.processes.ProcessGroup` started by `initialize`, or `None`.
 
     Attributes:
         num_processes: int.
@@ -304,9 +333,9 @@ class ProcessDataParallel:
 
     def __init__(self, group):
         self.group = group
-        self.num_processes = group.num_processes
-        self.process_id = group.process_id
-        self.strategy = group.strategy
+        self.num_processes = group.num_processes if group is not None else 1
+        self.process_id = group.process_id if group is not None else 0
+        self.strategy = group.strategy if group is not None else None
 
     def check_batch_size(self, batch_size):
         """Raises a ValueError unless the global `batch_size` splits over the processes."""

@@ -198,12 +198,29 @@ def test_model_parallel_and_batch_checks():
     with pytest.raises(ValueError, match="Unknown preset"):
         kd.model_parallel(2, devices=devices, config="bert_huge")
     kd.check_model_parallel_config("bert_base_en_uncased", 4, 2)  # 12 heads, 768, 3072: fine.
+    if BACKEND == "torch":  # Keras has no keras.distribution on torch: one clear error.
+        with pytest.raises(ValueError, match="JAX and TensorFlow only.*use data_parallel"):
+            kd.model_parallel(2, devices=devices)
     distribution = kd.DataParallel(
         device_mesh=keras.distribution.DeviceMesh((8,), ["batch"], devices=devices)
     )
     kd.check_batch_size(16, distribution)
     with pytest.raises(ValueError, match="divisible by the 8 devices.*batch_size=12"):
         kd.check_batch_size(12, distribution)
+
+
+def test_data_parallel_in_one_process_trains_as_without_it():
+    """The script written for several processes runs unchanged in one, on every backend
+    (torch: Keras has no distribution API there), and trains the same weights."""
+    keras.utils.set_random_seed(0)
+    weights = _classifier().get_weights()
+    with kd.data_parallel().scope():
+        model = _classifier()
+    trained = _train(model, weights)
+    reference = _train(_classifier(), weights)
+    assert max(_differences(trained, reference).values()) < 1e-6
+    moved = max(np.abs(a - b).max() for a, b in zip(trained["weights"], weights))
+    assert moved > 1e-3  # the epoch moved the weights
 
 
 # === JAX: 8 virtual CPU devices ===
