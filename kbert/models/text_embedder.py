@@ -337,6 +337,11 @@ class BertTextEmbedder(BertTask):
             pack 8 dimensions per byte.
         """
         single = isinstance(texts, (str, bytes))
+        if not single and not isinstance(texts, (list, tuple, np.ndarray)):
+            raise ValueError(
+                "`encode` takes a string or a list of strings. Received "
+                f"{type(texts).__name__}: {texts!r:.80}"
+            )
         if isinstance(texts, (list, tuple, np.ndarray)) and len(texts) == 0:
             raise ValueError(
                 "`encode` received an empty list of texts. Expected at least one string."
@@ -415,6 +420,13 @@ class BertTextEmbedder(BertTask):
         """
         if not is_dataset(x) and _is_text_columns(x):
             kwargs.pop("shuffle", None)  # The batches draw a new random order every epoch.
+        elif isinstance(x, (tuple, list)) and len(x) == 1 and _is_string_list(x[0]):
+            raise ValueError(
+                "Contrastive training takes at least two text columns: (anchors, positives) "
+                "or (anchors, positives, negatives), with `y` for scored pairs. Received one "
+                f"column of {len(x[0])} texts. For an unsupervised objective, pass each text "
+                "twice: (texts, texts)."
+            )
         return super().fit(
             x, y, batch_size=batch_size, epochs=epochs, sample_weight=sample_weight, **kwargs
         )

@@ -257,6 +257,13 @@ class TestBadInput:
             tiny.encode(["a cat"], precision="int4")
         with pytest.raises(ValueError, match="empty list"):
             tiny.encode([])
+        for bad in (None, 3, {"text": "a cat"}):
+            with pytest.raises(
+                ValueError, match=f"string or a list of strings. Received {type(bad).__name__}"
+            ):
+                tiny.encode(bad)
+        with pytest.raises(ValueError, match="at least two text columns.*one column of 2 texts"):
+            tiny.fit((["a cat", "a dog"],), epochs=1, verbose=0)
         with pytest.raises(ValueError, match=r"same number of rows.*\[2, 1\]"):
             tiny.fit((["a cat", "a dog"], ["the mat"]), epochs=1, verbose=0)
         with pytest.raises(ValueError, match="similarity_function"):
