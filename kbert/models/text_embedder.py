@@ -409,6 +409,34 @@ class BertTextEmbedder(BertTask):
             return batches, None, None
         return super().preprocess_samples(x, y, sample_weight, mode, batch_size)
 
+    def encode_query(self, texts, prompt=None, prompt_name=None, **kwargs):
+        """`encode` for search queries, as sentence-transformers' `encode_query`.
+
+        Without `prompt` or `prompt_name` it applies the model's `"query"` prompt, and `""`
+        when the model has none: never the default prompt (sentence-transformers' models
+        always hold a `"query"` prompt, empty unless the checkpoint sets it). Other arguments
+        as `encode`.
+        """
+        if prompt is None and prompt_name is None:
+            prompt = self.prompts.get("query", "")
+        return self.encode(texts, prompt=prompt, prompt_name=prompt_name, **kwargs)
+
+    def encode_document(self, texts, prompt=None, prompt_name=None, **kwargs):
+        """`encode` for the documents searched, as sentence-transformers' `encode_document`.
+
+        Without `prompt` or `prompt_name` it applies the first of the `"document"`,
+        `"passage"` and `"corpus"` prompts that exists, where, as in every
+        sentence-transformers model, a `"document"` prompt always exists (empty unless the
+        checkpoint sets one): a model with only a `"passage"` prompt encodes documents
+        without it, as sentence-transformers does (pass `prompt_name="passage"` to use it).
+        Never the default prompt. Other arguments as `encode`.
+        """
+        if prompt is None and prompt_name is None:
+            prompts = {"document": "", **self.prompts}
+            name = next(n for n in ("document", "passage", "corpus") if n in prompts)
+            prompt = prompts[name]
+        return self.encode(texts, prompt=prompt, prompt_name=prompt_name, **kwargs)
+
     def fit(self, x=None, y=None, batch_size=None, epochs=1, sample_weight=None, **kwargs):
         """`BertTask.fit` that also takes text columns for contrastive training.
 

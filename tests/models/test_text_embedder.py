@@ -58,6 +58,26 @@ def _reference(path):
     return st.SentenceTransformer(str(path), device="cpu")
 
 
+def _check_query_and_document_prompts(folder, mode, normalize):
+    """`encode_query` / `encode_document` against sentence-transformers' on directories whose
+    prompts are (a) query and passage with a default prompt, (b) query and document."""
+    settings = [
+        {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "query"},
+        {"prompts": {"query": "find: ", "document": "doc: "}, "default_prompt_name": None},
+    ]
+    for index, st_config in enumerate(settings):
+        path = _copy_minilm(folder / str(index), mode, normalize, st_config=st_config)
+        embedder, reference = BertTextEmbedder.from_preset(path), _reference(path)
+        queries, documents = embedder.encode_query(TEXTS), embedder.encode_document(TEXTS)
+        _assert_close(queries, reference.encode_query(TEXTS))
+        _assert_close(documents, reference.encode_document(TEXTS))
+        assert np.abs(queries - documents).max() > 1e-2  # the prompts differ
+        _assert_close(
+            embedder.encode_document(TEXTS, prompt_name="passage" if index == 0 else "query"),
+            reference.encode_document(TEXTS, prompt_name="passage" if index == 0 else "query"),
+        )
+
+
 @pytest.fixture(scope="module")
 def minilm_embedder():
     return BertTextEmbedder.from_preset(minilm.get_model_path())
@@ -124,6 +144,8 @@ class TestParity:
             loaded = BertTextEmbedder.from_preset(path)
             assert loaded.normalize is normalize
             _assert_close(loaded.encode(TEXTS, batch_size=3), expected)
+            if index == len(variants) - 1:  # With prompts: encode_query / encode_document.
+                _check_query_and_document_prompts(tmp_path / "prompts", mode, normalize)
             # Each variant differs from the default model by far more than float error.
             if actual.shape == default.shape:
                 assert np.abs(actual - default).max() > 1e-2, mode
