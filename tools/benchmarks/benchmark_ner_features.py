@@ -114,8 +114,8 @@ def plot(rows, path):
     axis.set_xlim(0, max(values) * 1.15)
     axis.set_xlabel(f"entity F1 (first {rows[0]['eval_sentences']} eng.testa sentences)")
     axis.set_title(
-        f"CoNLL-2003, {rows[0]['checkpoint']}, {rows[0]['train_sentences']} training sentences "
-        f"({backend}): fine-tuning vs frozen features + BiLSTM",
+        f"CoNLL-2003, {rows[0]['checkpoint']} ({backend}), {rows[0]['train_sentences']} "
+        "training sentences:\nfine-tuning (gray) vs frozen features + BiLSTM (blue)",
         fontsize=9,
     )
     save(figure, path, dpi=100)
