@@ -138,9 +138,11 @@ def word_batches(word_features_list, label_ids=None, batch_size=32, shuffle=Fals
     return dataset
 
 
-def build_lstm_tagger(name, num_layers_used, hidden_dim, num_labels, units):
+def build_lstm_tagger(name, num_layers_used, hidden_dim, num_labels, units, dropout=0.0):
     """The tagger on word features: combine the hidden states (per `name`), then a 2-layer
-    bidirectional LSTM of `units` per direction, then a linear layer to the tag logits."""
+    bidirectional LSTM of `units` per direction, then a linear layer to the tag logits.
+    `dropout` > 0 adds dropout (training only) before each BiLSTM layer and before the linear
+    layer."""
     features = keras.Input((None, num_layers_used, hidden_dim), name="features")
     word_mask = keras.Input((None,), dtype="bool", name="word_mask")
     combine = FEATURES[name][1]
@@ -151,8 +153,12 @@ def build_lstm_tagger(name, num_layers_used, hidden_dim, num_labels, units):
     else:
         x = keras.layers.Reshape((-1, hidden_dim), name="select")(features)
     for index in range(2):
+        if dropout:
+            x = keras.layers.Dropout(dropout, name=f"dropout_{index}")(x)
         lstm = keras.layers.LSTM(units, return_sequences=True)
         x = keras.layers.Bidirectional(lstm, name=f"bilstm_{index}")(x, mask=word_mask)
+    if dropout:
+        x = keras.layers.Dropout(dropout, name="dropout_2")(x)
     logits = keras.layers.Dense(num_labels, name="tag_logits")(x)
     return keras.Model({"features": features, "word_mask": word_mask}, logits)
 

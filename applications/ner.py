@@ -21,10 +21,11 @@ full-data run was not made here (2-core CPU).
 Feature-based approach (the paper's section 5.3, Table 7): `--features VARIANT` keeps the
 backbone frozen, computes its hidden states once for the training and dev sentences (each word's
 first WordPiece) and trains a two-layer bidirectional LSTM tagger (`--lstm-units` per direction,
-Adam at `--lstm-learning-rate`) on them; the same entity F1 is reported. VARIANT is one of the
-paper's rows: embeddings, second-to-last, last, sum-last4 (weighted sum of the last four),
-last4 (concatenation of the last four), weighted (weighted sum of all transformer layers); see
-applications/feature_tagging.py.
+Adam at `--lstm-learning-rate`, `--lstm-dropout` before each BiLSTM layer and the tag layer) on
+them; the same entity F1 is reported. VARIANT is one of the paper's rows: embeddings,
+second-to-last, last, sum-last4 (weighted sum of the last four), last4 (concatenation of the last
+four), weighted (weighted sum of all transformer layers); see applications/feature_tagging.py.
+Measured against fine-tuning in BENCHMARKS.md, "Feature-based NER (paper Table 7)".
 
     python applications/ner.py --preset CHECKPOINT_DIR --data-dir DATA_DIR --features last4
 
@@ -73,6 +74,13 @@ def build_parser():
         default=1e-3,
         help="With --features: Adam's learning rate for the BiLSTM tagger. Default: %(default)s.",
     )
+    parser.add_argument(
+        "--lstm-dropout",
+        type=float,
+        default=0.0,
+        help="With --features: dropout rate before each BiLSTM layer and before the tag layer "
+        "(training only). Default: %(default)s.",
+    )
     common.add_save_model_flag(parser, "tagger (fine-tuning only)")
     return parser
 
@@ -82,6 +90,8 @@ def main(argv=None):
     args = common.parse_args(parser, argv)
     if args.lstm_units < 1:
         parser.error("--lstm-units must be >= 1")
+    if not 0.0 <= args.lstm_dropout < 1.0:
+        parser.error("--lstm-dropout must be in [0, 1)")
     if args.features and args.save_model:
         parser.error(
             "--save-model writes a fine-tuned kbert preset; with --features the "
@@ -213,7 +223,12 @@ def feature_based(args, train, dev, labels, history):
     label_to_id = {label: index for index, label in enumerate(labels)}
     train_ids = [[label_to_id[tag] for tag in tags] for _, tags in train]
     model = feature_tagging.build_lstm_tagger(
-        args.features, len(layers), backbone.hidden_dim, len(labels), args.lstm_units
+        args.features,
+        len(layers),
+        backbone.hidden_dim,
+        len(labels),
+        args.lstm_units,
+        dropout=args.lstm_dropout,
     )
     model.compile(
         optimizer=keras.optimizers.Adam(args.lstm_learning_rate),

@@ -315,6 +315,31 @@ def test_word_features_are_each_words_first_piece_and_scalar_mix_weights():
     np.testing.assert_allclose(keras.ops.convert_to_numpy(mix(x)), expected, atol=1e-4)
 
 
+def test_lstm_tagger_dropout_acts_in_training_only():
+    """`--lstm-dropout`: dropout before each BiLSTM layer and before the tag layer; inference
+    is deterministic and padded words stay masked; 0 builds the tagger without dropout."""
+    from applications.feature_tagging import build_lstm_tagger
+
+    plain = build_lstm_tagger("last4", 4, 8, 5, units=6)
+    assert not [layer for layer in plain.layers if isinstance(layer, keras.layers.Dropout)]
+    model = build_lstm_tagger("last4", 4, 8, 5, units=6, dropout=0.5)
+    names = [layer.name for layer in model.layers if isinstance(layer, keras.layers.Dropout)]
+    assert names == ["dropout_0", "dropout_1", "dropout_2"]
+    inputs = {
+        "features": np.random.default_rng(0).normal(size=(2, 8, 4, 8)).astype("float32"),
+        "word_mask": np.arange(8)[None, :] < np.array([[8], [3]]),
+    }
+    first = keras.ops.convert_to_numpy(model(inputs, training=False))
+    np.testing.assert_allclose(first, keras.ops.convert_to_numpy(model(inputs)), atol=1e-6)
+    assert not np.allclose(first, keras.ops.convert_to_numpy(model(inputs, training=True)))
+    # Padded words do not change the real words' logits.
+    changed = {**inputs, "features": inputs["features"].copy()}
+    changed["features"][1, 3:] = 100.0
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(model(changed))[1, :3], first[1, :3], atol=1e-5
+    )
+
+
 def test_ner_features_need_enough_layers(preset, tmp_path, capsys):
     _write_conll(tmp_path / "data")
     with pytest.raises(SystemExit):
