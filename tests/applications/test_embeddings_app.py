@@ -12,6 +12,7 @@ from applications import embeddings
 from tests.applications.test_finetuning_apps import REPO, preset  # noqa: F401  (fixture)
 
 PLACES = ["paris", "london", "acme"]
+ADJECTIVES = ["good", "great", "fine", "bad", "awful", "dull"]
 
 
 def _write_data(data):
@@ -20,7 +21,11 @@ def _write_data(data):
     articles = []
     for index in range(34):
         place = PLACES[index % 3]
-        context = f"john smith lives in {place} . the cat sat on the mat ."
+        # 34 distinct paragraphs (no ties in the ranking), each with both answers.
+        first, second = ADJECTIVES[index % 6], ADJECTIVES[index // 6]
+        context = (
+            f"john smith lives in {place} . a {first} {second} film . the cat sat on the mat ."
+        )
         articles.append(
             {
                 "title": str(index),
@@ -94,7 +99,20 @@ def test_evaluate_and_train(tmp_path, preset):  # noqa: F811
     expected = 100 * spearmanr(cosines, scores).correlation
     assert np.isfinite(expected)
     assert metrics["stsb_spearman"] == pytest.approx(expected, abs=1e-3)
-    assert 0 <= metrics["squad_recall@1"] <= metrics["squad_recall@10"] <= 100
+    # SQuAD retrieval: each question's paragraph ranked by cosine among all, computed here in
+    # NumPy (ranks counted by hand), against the application's kbert.retrieval figures.
+    questions, paragraphs, relevant = embeddings.squad_retrieval_data(data)
+    q, p = embedder.encode(questions), embedder.encode(paragraphs)
+    q, p = (
+        q / np.linalg.norm(q, axis=-1, keepdims=True),
+        p / np.linalg.norm(p, axis=-1, keepdims=True),
+    )
+    rank = np.array([(row > row[r]).sum() for row, r in zip(q @ p.T, relevant)])
+    assert len(p) > 2 and len(set(relevant)) > 1  # rankings that can be wrong
+    assert metrics["squad_recall@1"] == pytest.approx(100 * np.mean(rank < 1), abs=1e-6)
+    assert metrics["squad_recall@10"] == pytest.approx(100 * np.mean(rank < 10), abs=1e-6)
+    mrr = 100 * np.mean(np.where(rank < 10, 1 / (rank + 1), 0.0))
+    assert metrics["squad_mrr@10"] == pytest.approx(mrr, abs=1e-6)
     written = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert written["results"]["kbert"]["squad_mrr@10"] == pytest.approx(metrics["squad_mrr@10"])
     trained = embeddings.main(
