@@ -1,13 +1,14 @@
 """applications/demo.py (`make demo`): a short run of the whole job on the shipped data.
 
-Five pretraining steps and one fine-tuning epoch, in the torch session: the vocabulary,
-the pretrained preset and metrics.json are written, and the preset loads back.
+Five pretraining steps and the demo's eight fine-tuning epochs, in the torch session: the
+vocabulary, the pretrained preset and metrics.json are written, the preset loads back, and
+the held-out sentiment accuracy is well above the majority class (51.75 % of the 400
+held-out reviews; `make demo`'s 300 pretraining steps reach >= 0.90).
 """
 
 import json
 
 import keras
-import numpy as np
 import pytest
 
 from applications import demo
@@ -24,13 +25,15 @@ pytest.importorskip("tensorflow", reason="the demo's pretraining data is a tf.da
 def test_demo_runs_end_to_end_on_the_shipped_data(tmp_path):
     out = tmp_path / "demo"
     metrics = demo.main([
-        "--pretrain-steps", "5", "--finetune-epochs", "1", "--batch-size", "64",
+        "--pretrain-steps", "5", "--finetune-epochs", "8", "--batch-size", "64",
         "--sequence-length", "32", "--output-dir", str(out),
     ])  # fmt: skip
     assert json.loads((out / "metrics.json").read_text()) == metrics
     assert metrics["backend"] == keras.backend.backend()
-    for name in ("mlm_accuracy", "nsp_accuracy", "sentiment_accuracy"):
-        assert 0.0 <= metrics[name] <= 1.0 and np.isfinite(metrics[name])
+    # Fine-tuning on raw reviews learns the task (0.76 measured with these settings, seed 0).
+    assert metrics["sentiment_accuracy"] >= 0.65
+    # Five masked-LM steps learn the frequent tokens: far above 1 / vocabulary size.
+    assert metrics["mlm_accuracy"] >= 0.05
 
     vocabulary = (out / "vocab.txt").read_text(encoding="utf-8").splitlines()
     assert vocabulary[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
