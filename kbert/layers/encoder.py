@@ -201,12 +201,10 @@ class TransformerEncoder(keras.layers.Layer):
         return inputs_shape
 
     def compute_output_spec(self, inputs, *args, return_attention_scores=False, **kwargs):
-        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
-        if not return_attention_scores:
-            return outputs
-        batch, length = inputs.shape[0], inputs.shape[1]
-        scores_shape = (batch, self.num_heads, length, length)
-        return outputs, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
+        # The block's output has its input's shape, as the attention's: the same specs.
+        return self.self_attention.compute_output_spec(
+            inputs, return_attention_scores=return_attention_scores
+        )
 
     def get_config(self):
         config = super().get_config()
