@@ -82,8 +82,11 @@ def random_inputs(config, batch_size=3, sequence_length=11, num_predictions=4, s
     }
 
 
-def hf_outputs(model, inputs):
-    """Reference outputs of a transformers model on kbert-style inputs (numpy, float64)."""
+def hf_outputs(model, inputs, attentions=False):
+    """Reference outputs of a transformers model on kbert-style inputs (numpy, float64):
+    `sequence_output`, every layer's `hidden_states` (HF's order), `pooled_output` and the
+    pretraining heads' logits where the model has them, and (`attentions=True`, an eager-
+    attention model) every layer's attention probabilities."""
     import torch
 
     with torch.no_grad():
@@ -92,8 +95,14 @@ def hf_outputs(model, inputs):
             token_type_ids=torch.tensor(inputs["segment_ids"], dtype=torch.long),
             attention_mask=torch.tensor(inputs["padding_mask"], dtype=torch.long),
             output_hidden_states=True,
+            output_attentions=attentions,
         )
-    result = {"sequence_output": out.hidden_states[-1].double().numpy()}
+    result = {
+        "sequence_output": out.hidden_states[-1].double().numpy(),
+        "hidden_states": [h.double().numpy() for h in out.hidden_states],
+    }
+    if attentions:
+        result["attentions"] = [a.double().numpy() for a in out.attentions]
     if hasattr(out, "pooler_output"):
         result["pooled_output"] = out.pooler_output.double().numpy()
     if hasattr(out, "prediction_logits"):
@@ -108,12 +117,17 @@ def backbone_inputs(inputs):
 
 
 def max_diff(actual, expected, padding_mask=None):
-    """max |actual - expected|; for (batch, seq, ...) arrays only the real positions count."""
+    """max |actual - expected|; for (batch, seq, ...) arrays only the real positions count,
+    for (batch, heads, query, key) attention probabilities only real queries' real keys."""
     actual, expected = to_numpy(actual), np.asarray(expected, np.float64)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     if padding_mask is not None and actual.ndim == 3:
         keep = np.asarray(padding_mask).astype(bool)
         actual, expected = actual[keep], expected[keep]
+    elif padding_mask is not None and actual.ndim == 4:
+        keep = np.asarray(padding_mask).astype(bool)
+        pairs = np.broadcast_to(keep[:, None, :, None] & keep[:, None, None, :], actual.shape)
+        actual, expected = actual[pairs], expected[pairs]
     return float(np.max(np.abs(actual - expected)))
 
 

@@ -30,35 +30,6 @@ def hf_directory(tmp_path_factory):
     return path, model
 
 
-def _hf_layers(model, inputs):
-    import torch
-
-    with torch.no_grad():
-        out = model(
-            input_ids=torch.tensor(inputs["token_ids"], dtype=torch.long),
-            token_type_ids=torch.tensor(inputs["segment_ids"], dtype=torch.long),
-            attention_mask=torch.tensor(inputs["padding_mask"], dtype=torch.long),
-            output_hidden_states=True,
-            output_attentions=True,
-        )
-    return (
-        [h.double().numpy() for h in out.hidden_states],
-        [a.double().numpy() for a in out.attentions],
-    )
-
-
-def _max_diff(actual, expected, padding_mask):
-    """max |actual - expected| over real positions (real queries and keys for attentions)."""
-    actual = np.asarray(to_numpy(actual), "float64")
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    keep = padding_mask.astype(bool)
-    if actual.ndim == 4:  # (batch, heads, query, key): rows of real queries, real keys.
-        pairs = keep[:, None, :, None] & keep[:, None, None, :]
-        pairs = np.broadcast_to(pairs, actual.shape)
-        return float(np.abs(actual[pairs] - expected[pairs]).max())
-    return float(np.abs(actual[keep] - expected[keep]).max())
-
-
 def test_hidden_states_and_attentions_match_transformers(hf_directory):
     path, hf_model = hf_directory
     backbone = BertBackbone.from_preset(path, output_hidden_states=True, output_attentions=True)
@@ -67,18 +38,19 @@ def test_hidden_states_and_attentions_match_transformers(hf_directory):
     inputs = R.backbone_inputs(R.random_inputs(hf_model.config))
     mask = inputs["padding_mask"]
     outputs = backbone.predict_on_batch(inputs)  # Compiled: faster than eager on JAX.
-    hidden_states, attentions = _hf_layers(hf_model, inputs)
+    expected = R.hf_outputs(hf_model, inputs, attentions=True)
+    hidden_states, attentions = expected["hidden_states"], expected["attentions"]
 
     assert isinstance(outputs["hidden_states"], tuple) and isinstance(outputs["attentions"], tuple)
     assert len(outputs["hidden_states"]) == backbone.num_layers + 1 == len(hidden_states)
     assert len(outputs["attentions"]) == backbone.num_layers == len(attentions)
     for index, (actual, expected) in enumerate(zip(outputs["hidden_states"], hidden_states)):
-        assert _max_diff(actual, expected, mask) < TOLERANCE, ("hidden state", index)
+        assert R.max_diff(actual, expected, mask) < TOLERANCE, ("hidden state", index)
     for index, (actual, expected) in enumerate(zip(outputs["attentions"], attentions)):
-        assert _max_diff(actual, expected, mask) < TOLERANCE, ("attention", index)
+        assert R.max_diff(actual, expected, mask) < TOLERANCE, ("attention", index)
     # The comparison can fail: the layers differ from one another far beyond the tolerance.
-    assert _max_diff(outputs["hidden_states"][1], hidden_states[2], mask) > 0.1
-    assert _max_diff(outputs["attentions"][0], attentions[1], mask) > 0.01
+    assert R.max_diff(outputs["hidden_states"][1], hidden_states[2], mask) > 0.1
+    assert R.max_diff(outputs["attentions"][0], attentions[1], mask) > 0.01
     # Padding keys get no probability; the last hidden state is `sequence_output`.
     padded_keys = ~mask.astype(bool)[:, None, None, :]
     assert np.all(np.where(padded_keys, to_numpy(outputs["attentions"][0]), 0.0) == 0.0)
