@@ -13,6 +13,7 @@ Modules:
 
 The speed paths:
     fused_dense             torch: matmul and bias in one BLAS call (`kbert.layers.Dense`).
+    int8_dense              torch: an int8 `Dense` through torch's dynamic int8 linear kernel.
     call_sublayer           eager torch: a built sublayer's `call` without Keras' `__call__`
                             bookkeeping, where `__call__` would change nothing.
     native_dropout, hash_dropout_backend
@@ -39,6 +40,7 @@ from kbert.backend.paths import (
     fused_dense,
     has_multi_tensor_adamw,
     hash_dropout_backend,
+    int8_dense,
     native_dropout,
     needs_dense_embedding_gradient,
     torch_attention,
@@ -54,6 +56,7 @@ __all__ = [
     "flash_unavailable_reason",
     "fused_attention_unsupported",
     "fused_dense",
+    "int8_dense",
     "has_multi_tensor_adamw",
     "hash_dropout_backend",
     "native_dropout",

@@ -35,7 +35,9 @@ def call_sublayer(layer, inputs, **kwargs):
     ):
         dtype = keras.backend.standardize_dtype(inputs.dtype)
         if "float" not in dtype or dtype == layer.compute_dtype:
-            return layer.call(inputs, **kwargs)
+            # A quantized layer computes with its `quantized_call`, as `__call__` would.
+            call = layer.quantized_call if layer.quantization_mode else layer.call
+            return call(inputs, **kwargs)
     return layer(inputs, **kwargs)
 
 
@@ -58,6 +60,36 @@ def fused_dense(layer, inputs):
     if layer.activation is not None:
         x = layer.activation(x)
     return x
+
+
+def int8_dense(layer, inputs, training=None):
+    """The output of the int8-quantized `layer` (a `keras.layers.Dense`) from the backend's own
+    int8 kernel, or `None` where Keras' int8 path is used.
+
+    On torch, at inference (no `training`, no gradient needed), for a layer without LoRA whose
+    inputs are quantised too (Keras' default int8 config), `kbert.backend.torch.int8_linear`
+    runs torch's dynamic int8 linear (fbgemm / oneDNN). Keras' own int8 `Dense` multiplies the
+    int8 tensors with a generic integer matmul, slower than float32 on the CPU on every
+    backend; JAX and TensorFlow have no int8 CPU kernel reachable from a public API (figures in
+    BENCHMARKS.md, "int8 on the CPU"), so there Keras' path is kept.
+    """
+    if (
+        keras.backend.backend() != "torch"
+        or layer.quantization_mode != "int8"
+        or training
+        or layer.lora_enabled
+        or getattr(layer, "inputs_quantizer", None) is None
+        or not ops.is_tensor(inputs)
+        or isinstance(inputs, keras.KerasTensor)
+    ):
+        return None
+    import torch
+
+    if torch.is_grad_enabled() and inputs.requires_grad:
+        return None
+    from kbert.backend import torch as torch_paths
+
+    return torch_paths.int8_linear(layer, inputs)
 
 
 def needs_dense_embedding_gradient():

@@ -10,7 +10,9 @@ Each function is the torch answer to one hook there:
   `attention_with_dropout`);
 - `adamw_update`: `BertAdamW`'s update for all variables at once by `torch.optim.AdamW`'s fused
   kernel (`adamw_update`);
-- `cuda_available`: whether a flash kernel can exist (`flash_unavailable_reason`).
+- `cuda_available`: whether a flash kernel can exist (`flash_unavailable_reason`);
+- `int8_linear`: an int8 `Dense` through torch's dynamically quantized linear kernel
+  (fbgemm / oneDNN on x86, QNNPACK on ARM) (`int8_dense`).
 """
 
 import functools
@@ -179,3 +181,92 @@ def _build_torch_adamw(optimizer, variables, params):
             "exp_avg_sq": v.value,
         }
     return torch_optimizer, steps
+
+
+# ------------------------------------------------------------------------------ int8 linear
+# The packed torch layer of each int8 `Dense`, with the scales it was packed from.
+_INT8_LINEARS = weakref.WeakKeyDictionary()
+
+
+def int8_linear(layer, inputs):
+    """The output of the int8 `Dense` `layer` from torch's dynamic int8 linear kernel
+    (`torch.ops.quantized.linear_dynamic`).
+
+    Keras' int8 `Dense` keeps the kernel as int8 with one scale per output unit
+    (`kernel_scale`: `kernel ~= int8 / scale`) and, at every call, quantises the inputs per
+    row and runs an int8 matmul that no CPU backend turns into a VNNI kernel. This path hands
+    the same int8 kernel and scales, with the bias, to torch's dynamic int8 linear operator
+    (what `torch.ao.quantization.quantize_dynamic`'s layers call): the inputs are quantised to
+    uint8 per call with one scale per tensor (8 bits where the CPU has VNNI, see
+    `_reduce_range`) and the product runs on the quantized engine's int8
+    kernel (fbgemm / oneDNN with VNNI on x86), the bias and the de-scaling fused in. The
+    weights are exactly the layer's; the outputs differ from Keras' int8 path only by the
+    inputs' quantisation (per tensor instead of per row).
+
+    The packed layer is built on the first call and again whenever the layer's scales or its
+    variables change identity (`quantize`, `load_weights`, `set_weights` and preset loading
+    assign the int8 kernel and its scales together). `None` when the quantized engine cannot
+    take the layer (no engine, not float32): the caller then uses Keras' own int8 path.
+    """
+    engine = torch.backends.quantized.engine
+    if engine == "none" or inputs.dtype != torch.float32 or inputs.device.type != "cpu":
+        return None
+    kernel = ops.convert_to_tensor(layer.kernel)  # (in, out) int8
+    scale = ops.convert_to_tensor(layer.kernel_scale)  # (out,)
+    bias = None if layer.bias is None else ops.convert_to_tensor(layer.bias)
+    cached = _INT8_LINEARS.get(layer)
+    if (
+        cached is None
+        or cached[0] is not kernel
+        or cached[2] is not bias
+        or not torch.equal(cached[1], scale)
+    ):
+        cached = (kernel, scale.clone(), bias, _packed_int8_linear(kernel, scale, bias))
+        _INT8_LINEARS[layer] = cached
+    with torch.no_grad():
+        outputs = torch.ops.quantized.linear_dynamic(
+            inputs, cached[3], reduce_range=_reduce_range()
+        )
+    if layer.activation is not None:
+        outputs = layer.activation(outputs)
+    return outputs
+
+
+def _packed_int8_linear(kernel, scale, bias):
+    """torch's packed int8 weight (`torch.ops.quantized.linear_prepack`) of `kernel / scale`
+    as per-channel qint8, with the bias.
+
+    The int8 values are Keras' own: quantising the float kernel `kernel / scale` with the steps
+    `1 / scale` per output channel gives them back exactly (each is an integer times its
+    channel's step).
+    """
+    weight = kernel.detach().t().float()  # (out, in), integers
+    steps = (1.0 / scale.detach().double()).float()
+    quantized = torch.quantize_per_channel(
+        weight * steps[:, None],
+        steps.double(),
+        torch.zeros(weight.shape[0], dtype=torch.int64),
+        axis=0,
+        dtype=torch.qint8,
+    )
+    return torch.ops.quantized.linear_prepack(
+        quantized, None if bias is None else bias.detach().float()
+    )
+
+
+@functools.cache
+def _reduce_range():
+    """Whether the inputs are quantised to 7 bits instead of 8.
+
+    x86 CPUs without VNNI multiply uint8 by int8 with an instruction (`vpmaddubsw`) whose int16
+    sums saturate at 8 bits, so torch's quantized modules always take 7 (`reduce_range=True`).
+    With VNNI (`avx512_vnni`, `avx_vnni`) the sums are int32 and the eighth bit is exact:
+    measured on all-MiniLM-L6-v2, it moves the int8 embeddings' mean cosine to float32 from
+    0.980 to 0.994. ARM's QNNPACK ignores the setting.
+    """
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = f.read()
+    except OSError:
+        return True
+    return not (" avx512_vnni" in flags or " avx_vnni" in flags)

@@ -140,6 +140,9 @@ def save_preset(model, path, tokenizer=None, include_optimizer=False):
             include_optimizer and getattr(model, "optimizer", None) is not None
         ),
     }
+    quantization = getattr(model, "quantization_record", None)
+    if quantization:  # Rebuilt quantized before the weights load (`kbert.models.quantization`).
+        config["quantization"] = quantization
     if config["task"] is not None:
         config["task"] = dict(config["task"])
         config["task"].pop("backbone", None)
@@ -347,7 +350,8 @@ def load_kbert_preset(
     backbone_class.validate_config(backbone_config, source=f'{path / CONFIG_FILE} "backbone"')
     saved_class = config.get("class_name")
     same_task = saved_class == cls.__name__ and config.get("task") is not None and not fresh_heads
-    if load_weights:
+    quantization = config.get("quantization")
+    if load_weights and not quantization:  # (Quantized tensors have other shapes, e.g. int4.)
         if same_task:
             _require_file(path / TASK_WEIGHTS_FILE)
             check_weights_header(
@@ -357,6 +361,8 @@ def load_kbert_preset(
             _require_file(path / BACKBONE_WEIGHTS_FILE)
             check_weights_header(path / BACKBONE_WEIGHTS_FILE, backbone_config)
     backbone = backbone_class(**backbone_config)
+    if quantization and not same_task:
+        backbone.apply_quantization_record(quantization)  # Its layers among the record's.
     arguments = dict(model_arguments or {})
     recipe = None
     if same_task:
@@ -378,6 +384,8 @@ def load_kbert_preset(
     model = cls.from_backbone(backbone, **arguments)
     if recipe:
         model.compile(**recipe)
+    if quantization and same_task:
+        model.apply_quantization_record(quantization)
     if load_weights and same_task:
         _load_weights(model, path / TASK_WEIGHTS_FILE, bool(config.get("optimizer_state")))
     if (path / VOCABULARY_FILE).is_file():

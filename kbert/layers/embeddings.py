@@ -6,6 +6,7 @@ from keras import ops
 from kbert import backend
 from kbert.layers.dropout import HashDropout
 from kbert.layers.utils import (
+    KerasQuantization,
     check_index_range,
     clone_initializer,
     float32_policy,
@@ -13,7 +14,7 @@ from kbert.layers.utils import (
 
 
 @keras.saving.register_keras_serializable(package="kbert")
-class DenseGradientEmbedding(keras.layers.Embedding):
+class DenseGradientEmbedding(KerasQuantization, keras.layers.Embedding):
     """`keras.layers.Embedding` whose table gets a dense gradient on every backend.
 
     On TensorFlow a gather's gradient is an `IndexedSlices` with one row per looked-up id,
@@ -23,6 +24,7 @@ class DenseGradientEmbedding(keras.layers.Embedding):
     `MirroredStrategy`, which concatenates the replicas' slices, moves even the position
     table differently from one device). Summing the rows into a dense gradient first, as
     JAX and PyTorch do, gives the same update on all three backends. Outputs are unchanged.
+    `quantize` takes the modes Keras' `Embedding` takes (int8, int4).
 
     Args:
         input_dim, output_dim, **kwargs: as `keras.layers.Embedding`.
@@ -64,6 +66,13 @@ class ReversibleEmbedding(DenseGradientEmbedding):
             return super().call(inputs)  # (..., output_dim)
         table = ops.cast(self.embeddings, self.compute_dtype)
         return ops.matmul(inputs, ops.transpose(table))  # (..., vocabulary_size)
+
+    def quantized_call(self, inputs, reverse=False):
+        if not reverse:
+            return super().quantized_call(inputs)
+        # The quantized table, de-quantized row by row by the layer's own lookup.
+        table = super().quantized_call(ops.arange(self.input_dim, dtype="int32"))
+        return ops.matmul(inputs, ops.transpose(ops.cast(table, self.compute_dtype)))
 
     def compute_output_spec(self, inputs, reverse=False):
         if not reverse:

@@ -6,7 +6,13 @@ import keras
 from keras import ops
 
 from kbert.layers.dense import Dense
-from kbert.layers.utils import check_index_range, clone_initializer, float32_policy, get_activation
+from kbert.layers.utils import (
+    KerasQuantization,
+    check_index_range,
+    clone_initializer,
+    float32_policy,
+    get_activation,
+)
 
 
 def _default_initializer(initializer):
@@ -151,7 +157,7 @@ class MaskedLMHead(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="kbert")
-class NextSentenceHead(keras.layers.Dense):
+class NextSentenceHead(KerasQuantization, keras.layers.Dense):
     """Two-way next-sentence classifier on the pooled output (0 = IsNext, 1 = NotNext).
 
     Args:

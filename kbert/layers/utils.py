@@ -106,3 +106,18 @@ def index_range_message(ids_name, upper_name, upper, low, high):
         f"`{ids_name}` must lie in [0, {upper_name}) = [0, {upper}). "
         f"Received values in [{low}, {high}]."
     )
+
+
+class KerasQuantization:
+    """Mixin for kbert's subclasses of Keras' `Dense` and `Embedding`: `quantize` as the base.
+
+    Keras' `Dense.quantize` and `Embedding.quantize` refuse subclasses (a type check: a
+    subclass may compute something else from the weights), so `model.quantize("int8")` would
+    skip every such layer with a warning. kbert's subclasses compute their base's function
+    (faster, or with another gradient form), so they take every mode their base takes, with
+    the base's weights, variables and quantized call. Put it first among the bases.
+    """
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        del type_check  # The base's check is for subclasses that compute differently.
+        return super().quantize(mode, type_check=False, config=config)

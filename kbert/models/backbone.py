@@ -7,6 +7,7 @@ from kbert.layers import BertEmbeddings, BertPooler, TransformerEncoder
 from kbert.layers.embeddings import PackedDocumentMasks
 from kbert.models.input_checks import HostInputChecks, check_model_inputs
 from kbert.models.presets import PresetMixin
+from kbert.models.quantization import QuantizationMixin
 
 BACKBONE_INPUTS = ("token_ids", "segment_ids", "padding_mask")
 # Inputs of a backbone built with `packed=True` (several documents per row).
@@ -219,7 +220,7 @@ def validate_backbone_config(config, source=None):
 
 
 @keras.saving.register_keras_serializable(package="kbert")
-class BertBackbone(PresetMixin, HostInputChecks, keras.Model):
+class BertBackbone(PresetMixin, QuantizationMixin, HostInputChecks, keras.Model):
     """The BERT encoder: embeddings, `num_layers` post-LayerNorm transformer blocks, pooler.
 
     A functional `keras.Model` that runs unchanged on TensorFlow, JAX and PyTorch. Inputs are a

@@ -37,6 +37,7 @@ from kbert.checkpoints import read_preprocessor_settings
 from kbert.models.backbone import BertBackbone
 from kbert.models.pipeline import PipelineModel
 from kbert.models.presets import PresetMixin
+from kbert.models.quantization import QuantizationMixin
 from kbert.optimizers.optimization import bert_optimizer, planned_schedule
 
 
@@ -100,7 +101,7 @@ def _check_recipe(settings):
         )
 
 
-class BertTask(PresetMixin, PipelineModel):
+class BertTask(PresetMixin, QuantizationMixin, PipelineModel):
     """Base class of kbert's task models: backbone + head + optional preprocessor.
 
     Subclasses build their functional graph, call `super().__init__(inputs=..., outputs=...,

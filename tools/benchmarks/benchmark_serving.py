@@ -11,7 +11,8 @@ user's plain script serves a list of strings at `--batch-size`:
 
 * `kbert-torch`, `kbert-jax`, `kbert-tensorflow`: `BertClassifier.from_preset(checkpoint,
   num_classes=2, sequence_length=L).predict(texts, batch_size=B)` (its default length-aware
-  batching);
+  batching); `kbert-<backend>-int8`: the same model after `model.quantize("int8")` (on torch,
+  torch's int8 linear kernel; elsewhere Keras' int8 layers);
 * `hf`: `AutoTokenizer` with `padding=True, truncation=True` per batch of the texts in their
   order, `AutoModelForSequenceClassification` under `torch.inference_mode()`;
 * `sentence-transformers`: `SentenceTransformer(checkpoint).encode(texts, batch_size=B)` with
@@ -62,7 +63,15 @@ from bench.harness import (
     write_results,
 )
 
-SYSTEMS = ("kbert-torch", "kbert-jax", "kbert-tensorflow", "hf", "sentence-transformers", "onnx")
+INT8_SYSTEMS = ("kbert-torch-int8", "kbert-jax-int8", "kbert-tensorflow-int8")
+SYSTEMS = (
+    "kbert-torch",
+    "kbert-jax",
+    "kbert-tensorflow",
+    "hf",
+    "sentence-transformers",
+    "onnx",
+) + INT8_SYSTEMS
 WORKLOADS = ("short", "long")
 
 
@@ -95,6 +104,8 @@ def _kbert(spec):
     if spec["dtype"] != "float32":
         kwargs["dtype"] = spec["dtype"]
     model = BertClassifier.from_preset(spec["checkpoint"], **kwargs)
+    if spec["system"].endswith("-int8"):
+        model.quantize("int8")
     batch_size = spec["batch_size"]
 
     def serve(texts):
@@ -200,6 +211,7 @@ BUILDERS = {
     "kbert-torch": _kbert,
     "kbert-jax": _kbert,
     "kbert-tensorflow": _kbert,
+    **{name: _kbert for name in INT8_SYSTEMS},
     "hf": _hf,
     "sentence-transformers": _sentence_transformers,
     "onnx": _onnx,

@@ -107,7 +107,8 @@ def system_environment(spec):
     torch library): its Keras backend (torch for the others), no GPU visible where
     `spec["device"]` is "cpu", no tokenizer thread pool unless the caller asks for one."""
     system = spec["system"]
-    backend = system.split("-", 1)[1] if system.startswith("kbert-") else "torch"
+    # "kbert-<backend>" or "kbert-<backend>-<variant>" (e.g. kbert-torch-int8).
+    backend = system.split("-")[1] if system.startswith("kbert-") else "torch"
     defaults = {"TOKENIZERS_PARALLELISM": "false"}
     return worker_environment(backend, device=spec.get("device"), defaults=defaults)
 
