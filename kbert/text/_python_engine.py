@@ -8,9 +8,35 @@ Every normalised code point remembers the input character it came from, so the c
 offsets are exact, as in the graph.
 """
 
+import collections
 import re
 
 from kbert.text import _unicode
+
+# A special token as Hugging Face's `AddedToken` describes it (see `BertTokenizer`).
+SpecialToken = collections.namedtuple(
+    "SpecialToken", ["content", "lstrip", "rstrip", "normalized", "single_word"]
+)
+
+
+def _is_space(char):
+    """Rust's `char::is_whitespace` (the White_Space property), which Hugging Face's
+    `lstrip` / `rstrip` use; Python's `isspace` also counts U+001C..U+001F."""
+    return char.isspace() and not "\x1c" <= char <= "\x1f"
+
+
+def _is_word_char(char):
+    """A character that joins a `single_word` token to a word (letters, digits, `_`)."""
+    return char.isalnum() or char == "_"
+
+
+def _pattern(contents):
+    """Leftmost match first and, at one position, the longest (Python tries alternatives in
+    order)."""
+    if not contents:
+        return None
+    ordered = sorted(set(contents), key=lambda c: (-len(c), c))
+    return re.compile("|".join(re.escape(c) for c in ordered))
 
 _WORD = _unicode.TYPE_WORD
 _SINGLE = _unicode.TYPE_SINGLE
@@ -25,7 +51,11 @@ class PythonEngine:
         token_to_id: dict str -> int, the vocabulary.
         lowercase: bool.
         strip_accents: bool.
-        special_tokens: list of str matched verbatim in the raw text (empty: none).
+        special_tokens: list of `SpecialToken`s found in the text (empty: none), as Hugging
+            Face's added tokens are: the verbatim ones first, in the raw text, then the
+            `normalized` ones in the normalised rest; leftmost match first, the longest at a
+            position; `single_word` ones only between non-word characters; `lstrip` / `rstrip`
+            ones take the whitespace on their left / right into their span.
         special_ids: list of int, the id of each special token.
         unknown_id: int.
         max_chars_per_word: int.
@@ -43,18 +73,102 @@ class PythonEngine:
     ):
         self.token_to_id = token_to_id
         self.lowercase = bool(lowercase)
-        self.special_tokens = list(special_tokens)
+        self.special_tokens = [SpecialToken(*t) for t in special_tokens]
         self.special_ids = list(special_ids)
         self.unknown_id = unknown_id
         self.max_chars_per_word = max_chars_per_word
         self.max_token_length = max(len(t) for t in token_to_id)
         self._chars = _unicode.char_classifier(lowercase, strip_accents)
-        self._special_index = {t: i for i, t in enumerate(self.special_tokens)}
-        self._special_pattern = (
-            re.compile("|".join(re.escape(t) for t in self.special_tokens))
-            if self.special_tokens
-            else None
-        )
+        verbatim = [t.content for t in self.special_tokens if not t.normalized]
+        # Normalised tokens are looked for in normalised text, in their normalised form.
+        normalized = [self._normalize(t.content)[0] for t in self.special_tokens if t.normalized]
+        self._special_index = {
+            t.content: i for i, t in enumerate(self.special_tokens) if not t.normalized
+        }
+        self._normalized_index = {
+            self._normalize(t.content)[0]: i
+            for i, t in enumerate(self.special_tokens)
+            if t.normalized
+        }
+        self._verbatim_pattern = _pattern(verbatim)
+        self._normalized_pattern = _pattern([c for c in normalized if c])
+
+    def _normalize(self, text, start=0, end=None):
+        """`text[start:end]` as the normaliser sees it when it looks for `normalized` special
+        tokens (cleaned, lower-cased, accents stripped, whitespace as spaces): the string and
+        the input character each of its code points comes from."""
+        chars, sources = [], []
+        for i in range(start, len(text) if end is None else end):
+            info, expansion = self._chars[text[i]]
+            kind = info & _unicode.KIND_MASK
+            if kind == _unicode.DELETE:
+                continue
+            if kind == _unicode.SPACE:
+                values = " "
+            elif kind == _unicode.MAPPED:
+                values = "".join(chr(cp) for cp, _ in expansion)
+            else:
+                values = text[i]
+            chars.append(values)
+            sources.extend([i] * len(values))
+        return "".join(chars), sources
+
+    def _matches(self, text, pattern, index, low, high, sources=None, string=None):
+        """Special-token matches of `pattern` in `string` (default `text[low:high]`): a list
+        of `(start, end, token index)` in `text`, the whitespace a token strips included."""
+        string = text[low:high] if string is None else string
+        sources = range(low, high) if sources is None else sources
+        found = []
+        for match in pattern.finditer(string):
+            token_index = index[match.group()]
+            token = self.special_tokens[token_index]
+            start, end = sources[match.start()], sources[match.end() - 1] + 1
+            if token.single_word and (
+                (start > low and _is_word_char(text[start - 1]))
+                or (end < high and _is_word_char(text[end]))
+            ):
+                continue
+            if token.lstrip:
+                floor = found[-1][1] if found else low
+                while start > floor and _is_space(text[start - 1]):
+                    start -= 1
+            if token.rstrip:
+                while end < high and _is_space(text[end]):
+                    end += 1
+            if found and start < found[-1][1]:
+                continue  # Inside the whitespace the previous token took.
+            found.append((start, end, token_index))
+        return found
+
+    def _special_spans(self, text):
+        """The special tokens written in `text`: a list of `(start, end, token index)` in order.
+        Verbatim tokens are found in the raw text; `normalized` ones in the normalised text
+        between them (as Hugging Face's added vocabulary does)."""
+        spans = []
+        if self._verbatim_pattern is not None:
+            spans = self._matches(text, self._verbatim_pattern, self._special_index, 0, len(text))
+        if self._normalized_pattern is None:
+            return spans
+        found, low = [], 0
+        for start, end, token_index in spans + [(len(text), len(text), -1)]:
+            if start > low:
+                string, sources = self._normalize(text, low, start)
+                if string:
+                    found.extend(
+                        self._matches(
+                            text,
+                            self._normalized_pattern,
+                            self._normalized_index,
+                            low,
+                            start,
+                            sources,
+                            string,
+                        )
+                    )
+            if token_index >= 0:
+                found.append((start, end, token_index))
+            low = end
+        return found
 
     # ------------------------------------------------------------------ #
     def _final_sigmas(self, text, infos, covered):
@@ -109,10 +223,10 @@ class PythonEngine:
         infos = [pair[0] for pair in infos_and_expansions]
         specials = {}
         covered = set()
-        if self._special_pattern is not None:
-            for match in self._special_pattern.finditer(text):
-                specials[match.start()] = self._special_index[match.group()]
-                covered.update(range(match.start(), match.end()))
+        if self.special_tokens:
+            for start, end, token_index in self._special_spans(text):
+                specials[start] = (token_index, end)
+                covered.update(range(start, end))
         finals = (
             self._final_sigmas(text, infos, covered) if self.lowercase and _SIGMA in text else ()
         )
@@ -122,9 +236,9 @@ class PythonEngine:
         for i, char in enumerate(text):
             if covered and i in covered:
                 if i in specials:
-                    index = specials[i]
-                    token = self.special_tokens[index]
-                    words.append(([token], [i], index, i, i + len(token)))
+                    index, end = specials[i]
+                    token = self.special_tokens[index].content
+                    words.append(([token], [i], index, i, end))
                     in_word = False
                 continue
             info, expansion = infos_and_expansions[i]
