@@ -94,9 +94,10 @@ class PythonEngine:
         self._normalized_pattern = _pattern([c for c in normalized if c])
 
     def _normalize(self, text, start=0, end=None):
-        """`text[start:end]` as the normaliser sees it when it looks for `normalized` special
-        tokens (cleaned, lower-cased, accents stripped, whitespace as spaces): the string and
-        the input character each of its code points comes from."""
+        """`text[start:end]` as Hugging Face's normaliser writes it before it looks for
+        `normalized` special tokens (cleaned, CJK ideographs between spaces, lower-cased,
+        accents stripped, whitespace as spaces): the string and the input character each of
+        its code points comes from."""
         chars, sources = [], []
         for i in range(start, len(text) if end is None else end):
             info, expansion = self._chars[text[i]]
@@ -107,67 +108,67 @@ class PythonEngine:
                 values = " "
             elif kind == _unicode.MAPPED:
                 values = "".join(chr(cp) for cp, _ in expansion)
+            elif kind == _unicode.SINGLE and _unicode.is_cjk(ord(text[i])):
+                values = f" {text[i]} "
             else:
                 values = text[i]
             chars.append(values)
             sources.extend([i] * len(values))
         return "".join(chars), sources
 
-    def _matches(self, text, pattern, index, low, high, sources=None, string=None):
-        """Special-token matches of `pattern` in `string` (default `text[low:high]`): a list
-        of `(start, end, token index)` in `text`, the whitespace a token strips included."""
-        string = text[low:high] if string is None else string
-        sources = range(low, high) if sources is None else sources
-        found = []
+    def _matches(self, pattern, index, string, sources):
+        """Special-token matches of `pattern` in `string`, whose code points come from the
+        input characters `sources`: a list of `(start, end, token index, first, last)`.
+        `[start, end)` are the input characters of the match, the whitespace a token strips
+        included (its offsets); `[first, last)` those it consumes: not a character whose
+        normalised form is only partly inside (a CJK ideograph whose padding space it
+        stripped)."""
+        found, previous_end = [], 0
         for match in pattern.finditer(string):
             token_index = index[match.group()]
             token = self.special_tokens[token_index]
-            start, end = sources[match.start()], sources[match.end() - 1] + 1
+            start, end = match.start(), match.end()
+            if start < previous_end:
+                continue  # Inside the whitespace the previous token took.
             if token.single_word and (
-                (start > low and _is_word_char(text[start - 1]))
-                or (end < high and _is_word_char(text[end]))
+                (start > 0 and _is_word_char(string[start - 1]))
+                or (end < len(string) and _is_word_char(string[end]))
             ):
                 continue
             if token.lstrip:
-                floor = found[-1][1] if found else low
-                while start > floor and _is_space(text[start - 1]):
+                while start > previous_end and _is_space(string[start - 1]):
                     start -= 1
             if token.rstrip:
-                while end < high and _is_space(text[end]):
+                while end < len(string) and _is_space(string[end]):
                     end += 1
-            if found and start < found[-1][1]:
-                continue  # Inside the whitespace the previous token took.
-            found.append((start, end, token_index))
+            first, last = sources[start], sources[end - 1] + 1
+            consumed_first = first + (start > 0 and sources[start - 1] == first)
+            consumed_last = last - (end < len(string) and sources[end] == last - 1)
+            found.append((first, last, token_index, consumed_first, consumed_last))
+            previous_end = end
         return found
 
     def _special_spans(self, text):
-        """The special tokens written in `text`: a list of `(start, end, token index)` in order.
+        """The special tokens written in `text`: `_matches`' tuples, in order.
         Verbatim tokens are found in the raw text; `normalized` ones in the normalised text
         between them (as Hugging Face's added vocabulary does)."""
         spans = []
         if self._verbatim_pattern is not None:
-            spans = self._matches(text, self._verbatim_pattern, self._special_index, 0, len(text))
+            spans = self._matches(
+                self._verbatim_pattern, self._special_index, text, range(len(text))
+            )
         if self._normalized_pattern is None:
             return spans
         found, low = [], 0
-        for start, end, token_index in spans + [(len(text), len(text), -1)]:
-            if start > low:
-                string, sources = self._normalize(text, low, start)
-                if string:
-                    found.extend(
-                        self._matches(
-                            text,
-                            self._normalized_pattern,
-                            self._normalized_index,
-                            low,
-                            start,
-                            sources,
-                            string,
-                        )
-                    )
-            if token_index >= 0:
-                found.append((start, end, token_index))
-            low = end
+        for span in spans + [(len(text), len(text), -1, len(text), len(text))]:
+            string, sources = self._normalize(text, low, span[0])
+            if string:
+                found.extend(
+                    self._matches(self._normalized_pattern, self._normalized_index, string, sources)
+                )
+            if span[2] >= 0:
+                found.append(span)
+            low = span[1]
         return found
 
     # ------------------------------------------------------------------ #
@@ -224,9 +225,9 @@ class PythonEngine:
         specials = {}
         covered = set()
         if self.special_tokens:
-            for start, end, token_index in self._special_spans(text):
-                specials[start] = (token_index, end)
-                covered.update(range(start, end))
+            for start, end, token_index, first, last in self._special_spans(text):
+                specials[first] = (token_index, start, end)
+                covered.update(range(first, last))
         finals = (
             self._final_sigmas(text, infos, covered) if self.lowercase and _SIGMA in text else ()
         )
@@ -236,9 +237,9 @@ class PythonEngine:
         for i, char in enumerate(text):
             if covered and i in covered:
                 if i in specials:
-                    index, end = specials[i]
+                    index, start, end = specials[i]
                     token = self.special_tokens[index].content
-                    words.append(([token], [i], index, i, end))
+                    words.append(([token], [i], index, start, end))
                     in_word = False
                 continue
             info, expansion = infos_and_expansions[i]
