@@ -397,9 +397,7 @@ class BertTokenizer:
         engine, lookup tables): what a `tf.Module` must track to save it in a SavedModel.
         Needs TensorFlow and tensorflow-text."""
         graph = self._graph_state()
-        resources = [graph["engine"]]
-        if graph["plain_engine"] is not None:
-            resources.append(graph["plain_engine"])
+        resources = [graph["engine"], graph["plain_engine"]]
         table = getattr(graph["pretokenizer"], "_mapped", None)
         if table is not None:
             resources.append(table)
@@ -438,18 +436,23 @@ class BertTokenizer:
             unknown_token=self.unknown_token,
             no_pretokenization=True,
         )
-        # Ids of plain-ASCII strings in one fused op (see `_PLAIN_ASCII`); not used when
-        # special tokens written in strings are honoured.
-        graph["plain_engine"] = None
-        if not self.special_tokens_in_strings:
-            graph["plain_engine"] = tf_text.FastBertTokenizer(
-                vocab=self._vocabulary,
-                suffix_indicator="##",
-                max_bytes_per_word=self.max_chars_per_word,
-                token_out_type=tf.int32,
-                unknown_token=self.unknown_token,
-                lower_case_nfd_strip_accents=self.lowercase,
+        # Ids of plain-ASCII strings in one fused op (see `_PLAIN_ASCII`); with special tokens
+        # honoured in text, only for strings that contain none of them.
+        graph["plain_engine"] = tf_text.FastBertTokenizer(
+            vocab=self._vocabulary,
+            suffix_indicator="##",
+            max_bytes_per_word=self.max_chars_per_word,
+            token_out_type=tf.int32,
+            unknown_token=self.unknown_token,
+            lower_case_nfd_strip_accents=self.lowercase,
+        )
+        graph["has_special"] = None
+        if self._special_tokens:
+            alternatives = "|".join(
+                "".join(c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):x}}}" for c in t)
+                for t in self._special_tokens
             )
+            graph["has_special"] = f"(?s).*(?:{alternatives}).*"
         graph["vocabulary"] = tf.constant(self._vocabulary, dtype=tf.string)
         graph["too_long_word"] = tf.constant("a" * (max_bytes + 1))
         self._graph = graph
@@ -596,9 +599,9 @@ class BertTokenizer:
         graph; rows come back in input order."""
         tf = tensorflow.tensorflow()
         plain_engine = self._graph["plain_engine"]
-        if plain_engine is None:
-            return self._tokenize_graph(texts)[:1]
         plain = tf.strings.regex_full_match(texts, _PLAIN_ASCII)
+        if self._graph["has_special"] is not None:
+            plain &= ~tf.strings.regex_full_match(texts, self._graph["has_special"])
         plain_rows = tf.reshape(tf.where(plain), [-1])
         other_rows = tf.reshape(tf.where(~plain), [-1])
         fast = plain_engine.tokenize(tf.gather(texts, plain_rows))  # [P, None]
