@@ -280,3 +280,10 @@ def test_sentence_transformers_embedder_embeds_special_token_strings_alike(tmp_p
     again = BertTextEmbedder.from_preset(tmp_path / "preset")
     assert again.preprocessor.tokenizer.special_tokens_in_strings
     np.testing.assert_allclose(again.encode(texts), expected, rtol=0, atol=1e-5)
+    # The sentence-transformers writer records the choice for sentence-transformers itself.
+    from kbert.checkpoints import export_to_sentence_transformers
+
+    for model, name in ((embedder, "honoured"), (plain, "plain")):
+        out = export_to_sentence_transformers(model, tmp_path / name)
+        exported = st.SentenceTransformer(str(out), device="cpu")
+        np.testing.assert_allclose(model.encode(texts), exported.encode(texts), rtol=0, atol=1e-5)
