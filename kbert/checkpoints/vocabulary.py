@@ -219,9 +219,10 @@ def read_tokenizer_settings(directory):
         special = _declared_special_tokens(directory, config or {}, tokenizer_json)
         default = {(t, False, False, False, False) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]")}
         default.add((unknown, False, False, False, False))
-        if special is not None and {
-            (t["content"], *(t[f] for f in _ADDED_TOKEN_FLAGS)) for t in special
-        } != default:
+        if (
+            special is not None
+            and {(t["content"], *(t[f] for f in _ADDED_TOKEN_FLAGS)) for t in special} != default
+        ):
             settings["special_tokens"] = special
     return settings
 

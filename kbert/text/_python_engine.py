@@ -38,6 +38,7 @@ def _pattern(contents):
     ordered = sorted(set(contents), key=lambda c: (-len(c), c))
     return re.compile("|".join(re.escape(c) for c in ordered))
 
+
 _WORD = _unicode.TYPE_WORD
 _SINGLE = _unicode.TYPE_SINGLE
 _SIGMA = chr(_unicode.CAPITAL_SIGMA)

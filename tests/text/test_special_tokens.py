@@ -70,9 +70,7 @@ def _hf_pieces(hf, texts):
     result = []
     for text in texts:
         encoded = hf(text, add_special_tokens=False, return_offsets_mapping=True)
-        result.append(
-            (list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]])
-        )
+        result.append((list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]]))
     return result
 
 
