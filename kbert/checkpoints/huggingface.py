@@ -558,7 +558,7 @@ def huggingface_config(model):
     return config
 
 
-def export_to_huggingface(model, path, vocabulary=None, lowercase=None):
+def export_to_huggingface(model, path, vocabulary=None, lowercase=None, tokenizer=None):
     """Writes a kbert model as a Hugging Face BERT directory that `transformers` loads.
 
     Writes `config.json` (`model_type: bert`, `architectures` from the model's
@@ -576,6 +576,9 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None):
             tokenizer / preprocessor vocabulary or `preset_vocabulary_path`, if any.
         lowercase: optional bool written as `do_lower_case` into `tokenizer_config.json`.
             Defaults to the tokenizer's `lowercase` attribute when there is one.
+        tokenizer: optional `kbert.text.BertTokenizer` whose settings (casing, special
+            tokens written in text as `split_special_tokens`) `tokenizer_config.json`
+            records. Defaults to the model's own, if any.
 
     Returns:
         The output directory as a `Path`.
@@ -614,7 +617,7 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None):
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
         if tokens is not None:
-            settings = tokenizer_file_settings(model_tokenizer(model))
+            settings = tokenizer_file_settings(tokenizer or model_tokenizer(model))
             if lowercase is not None:
                 settings["lowercase"] = bool(lowercase)
             write_tokenizer_files(

@@ -292,7 +292,8 @@ def export_to_sentence_transformers(embedder, path):
         "tokenizer_config.json",
         "tokenizer.json",
     )
-    lowercase = getattr(getattr(embedder.preprocessor, "tokenizer", None), "lowercase", None)
+    tokenizer = getattr(embedder.preprocessor, "tokenizer", None)
+    lowercase = getattr(tokenizer, "lowercase", None)
     vocabulary = None
     if embedder.preprocessor is None:
         vocabulary = getattr(embedder, "preset_vocabulary_path", None)
@@ -303,6 +304,7 @@ def export_to_sentence_transformers(embedder, path):
             model_dir,
             vocabulary=vocabulary or _tokens(embedder),
             lowercase=lowercase,
+            tokenizer=tokenizer,
         )
         for item in model_dir.iterdir():
             shutil.move(str(item), str(staging / item.name))

@@ -10,6 +10,13 @@ sentence-transformers exporter).
 - `tokenizer_config.json` (Hugging Face keys): `do_lower_case`, `strip_accents`, `unk_token`;
   or, without it, `tokenizer.json` (a keras-hub tokenizer config, or a Hugging Face fast
   tokenizer's `BertNormalizer`).
+- Special tokens written in text: a Hugging Face directory (`tokenizer_config.json` or a Hugging
+  Face `tokenizer.json`) honours them unless `split_special_tokens` is true, with the special
+  tokens and `AddedToken` settings of `tokenizer.json`'s `added_tokens`, else of
+  `tokenizer_config.json`'s `added_tokens_decoder`, else the named tokens of
+  `tokenizer_config.json` / `special_tokens_map.json`. A Google directory (`vocab.txt` alone), a
+  keras-hub preset (its `special_tokens_in_strings`) and a kbert preset written before kbert
+  recorded `split_special_tokens` keep them plain text.
 
 Every file is written atomically (`kbert.checkpoints.atomic`).
 """
@@ -24,6 +31,7 @@ VOCABULARY_FILE = "vocab.txt"
 KERAS_HUB_VOCABULARY_FILE = "assets/tokenizer/vocabulary.txt"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 TOKENIZER_JSON_FILE = "tokenizer.json"
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 # BERT's special tokens, as Hugging Face's BertTokenizer names them in tokenizer_config.json.
 _SPECIAL_TOKENS = {
     "cls_token": "[CLS]",
@@ -31,6 +39,8 @@ _SPECIAL_TOKENS = {
     "pad_token": "[PAD]",
     "mask_token": "[MASK]",
 }
+_SPECIAL_TOKEN_NAMES = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+_ADDED_TOKEN_FLAGS = ("lstrip", "rstrip", "normalized", "single_word")
 
 
 def read_vocabulary(path):
@@ -158,24 +168,29 @@ def _read_json_object(path):
 
 def read_tokenizer_settings(directory):
     """The tokenizer arguments a checkpoint directory's files set: a dict with any of
-    `lowercase`, `strip_accents` and `unknown_token` (empty when no file says anything).
+    `lowercase`, `strip_accents`, `unknown_token`, `special_tokens_in_strings` and
+    `special_tokens` (empty when no file says anything).
 
     Read from `tokenizer_config.json` (`do_lower_case`, `strip_accents`, `unk_token`), else
     from `tokenizer.json` (keras-hub's `{"config": {"lowercase": ...}}` or a Hugging Face fast
-    tokenizer's `{"normalizer": {"type": "BertNormalizer", ...}}`).
+    tokenizer's `{"normalizer": {"type": "BertNormalizer", ...}}`). Special tokens: see the
+    module's docstring.
     """
     directory = Path(directory)
     settings = {}
+    config = tokenizer_json = None
     if (directory / TOKENIZER_CONFIG_FILE).is_file():
-        data = _read_json_object(directory / TOKENIZER_CONFIG_FILE)
+        config = data = _read_json_object(directory / TOKENIZER_CONFIG_FILE)
         if "do_lower_case" in data:
             settings["lowercase"] = bool(data["do_lower_case"])
         if data.get("strip_accents") is not None:
             settings["strip_accents"] = bool(data["strip_accents"])
         if isinstance(data.get("unk_token"), str):
             settings["unknown_token"] = data["unk_token"]
-    elif (directory / TOKENIZER_JSON_FILE).is_file():
-        data = _read_json_object(directory / TOKENIZER_JSON_FILE)
+    if (directory / TOKENIZER_JSON_FILE).is_file():
+        tokenizer_json = _read_json_object(directory / TOKENIZER_JSON_FILE)
+    if config is None and tokenizer_json is not None:
+        data = tokenizer_json
         inner = data.get("config") or {}
         normalizer = data.get("normalizer") or {}
         if "lowercase" in inner:
@@ -184,14 +199,107 @@ def read_tokenizer_settings(directory):
             settings["lowercase"] = bool(normalizer.get("lowercase", True))
             if normalizer.get("strip_accents") is not None:
                 settings["strip_accents"] = bool(normalizer["strip_accents"])
+        if "special_tokens_in_strings" in inner:  # keras-hub's own setting.
+            settings["special_tokens_in_strings"] = bool(inner["special_tokens_in_strings"])
+            return settings
+    if tokenizer_json is not None and not isinstance(tokenizer_json.get("config"), dict):
+        tokenizer_json_is_hf = True
+    else:
+        tokenizer_json, tokenizer_json_is_hf = None, False
+    if config is None and not tokenizer_json_is_hf:
+        return settings  # A Google or keras-hub directory: special tokens are plain text.
+    split = (config or {}).get("split_special_tokens")
+    if split is None:
+        # Hugging Face's default is to honour them; kbert presets written before kbert
+        # recorded `split_special_tokens` kept them plain text.
+        split = _is_kbert_preset(directory)
+    settings["special_tokens_in_strings"] = not bool(split)
+    if not split:
+        unknown = settings.get("unknown_token", "[UNK]")
+        special = _declared_special_tokens(directory, config or {}, tokenizer_json)
+        default = {(t, False, False, False, False) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]")}
+        default.add((unknown, False, False, False, False))
+        if (
+            special is not None
+            and {(t["content"], *(t[f] for f in _ADDED_TOKEN_FLAGS)) for t in special} != default
+        ):
+            settings["special_tokens"] = special
     return settings
+
+
+def _is_kbert_preset(directory):
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        return False
+    try:
+        return _read_json_object(path).get("format") == "kbert"
+    except (ValueError, UnicodeDecodeError):
+        return False
+
+
+def _added_token(value):
+    """A special token of a Hugging Face file (a str, or an `AddedToken` dict) as a dict with
+    `content` and every flag, or None."""
+    if isinstance(value, str):
+        return {"content": value, **{f: False for f in _ADDED_TOKEN_FLAGS}}
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return {"content": value["content"], **{f: bool(value.get(f)) for f in _ADDED_TOKEN_FLAGS}}
+    return None
+
+
+def _declared_special_tokens(directory, config, tokenizer_json):
+    """The special tokens a Hugging Face directory declares, as `_added_token` dicts in a list
+    (None when no file lists any)."""
+    if tokenizer_json is not None and isinstance(tokenizer_json.get("added_tokens"), list):
+        return [
+            _added_token(entry)
+            for entry in tokenizer_json["added_tokens"]
+            if isinstance(entry, dict) and entry.get("special") and _added_token(entry)
+        ]
+    decoder = config.get("added_tokens_decoder")
+    if isinstance(decoder, dict) and decoder:
+        return [
+            _added_token(entry)
+            for entry in decoder.values()
+            if isinstance(entry, dict) and entry.get("special") and _added_token(entry)
+        ]
+    sources = [config]
+    if (Path(directory) / SPECIAL_TOKENS_MAP_FILE).is_file():
+        sources.insert(0, _read_json_object(Path(directory) / SPECIAL_TOKENS_MAP_FILE))
+    found = {}
+    for source in sources:  # tokenizer_config.json's entries win.
+        for name in _SPECIAL_TOKEN_NAMES:
+            token = _added_token(source.get(name))
+            if token is not None:
+                found[name] = token
+        extra = source.get("additional_special_tokens") or source.get("extra_special_tokens")
+        if isinstance(extra, list):
+            for value in extra:
+                token = _added_token(value)
+                if token is not None:
+                    found[f"additional_{token['content']}"] = token
+    if not found:
+        return None
+    for name, content in (("unk_token", "[UNK]"), *_SPECIAL_TOKENS.items()):
+        found.setdefault(name, _added_token(content))  # BertTokenizer's defaults.
+    unique = {}
+    for token in found.values():
+        unique.setdefault(token["content"], token)
+    return list(unique.values())
 
 
 def tokenizer_file_settings(tokenizer):
     """The settings of `tokenizer` that `tokenizer_config.json` records: `lowercase`,
-    `strip_accents` and `unknown_token`, each when the tokenizer has it (bools, a str)."""
+    `strip_accents`, `unknown_token`, `special_tokens_in_strings` and `special_tokens`, each
+    when the tokenizer has it."""
     settings = {}
-    for name, kind in (("lowercase", bool), ("strip_accents", bool), ("unknown_token", str)):
+    for name, kind in (
+        ("lowercase", bool),
+        ("strip_accents", bool),
+        ("unknown_token", str),
+        ("special_tokens_in_strings", bool),
+        ("special_tokens", list),
+    ):
         value = getattr(tokenizer, name, None)
         if isinstance(value, kind):
             settings[name] = value
@@ -205,6 +313,8 @@ def write_tokenizer_files(
     strip_accents=None,
     unknown_token=None,
     model_max_length=None,
+    special_tokens_in_strings=None,
+    special_tokens=None,
 ):
     """Writes `vocab.txt` and `tokenizer_config.json` (Hugging Face keys) into `directory`.
 
@@ -218,6 +328,11 @@ def write_tokenizer_files(
         strip_accents: bool or None.
         unknown_token: str or None. Written as `unk_token`.
         model_max_length: int or None. The longest input the model takes.
+        special_tokens_in_strings: bool or None. Written as `split_special_tokens` (its
+            negation).
+        special_tokens: list of dicts or None (`BertTokenizer`'s). Written as
+            `added_tokens_decoder` (with their `AddedToken` settings) and, beyond BERT's
+            five, `additional_special_tokens`.
     """
     directory = Path(directory)
     config = {"tokenizer_class": "BertTokenizer"}
@@ -230,6 +345,18 @@ def write_tokenizer_files(
     config.update(_SPECIAL_TOKENS)
     if model_max_length is not None:
         config["model_max_length"] = int(model_max_length)
+    if special_tokens_in_strings is not None:
+        config["split_special_tokens"] = not special_tokens_in_strings
+    if special_tokens is not None:
+        ids = {token: i for i, token in enumerate(tokens)}
+        named = {config.get("unk_token", "[UNK]"), *_SPECIAL_TOKENS.values()}
+        entries = [_added_token(t) for t in special_tokens]
+        config["added_tokens_decoder"] = {
+            str(ids[t["content"]]): {**t, "special": True} for t in entries
+        }
+        extra = [t["content"] for t in entries if t["content"] not in named]
+        if extra:
+            config["additional_special_tokens"] = extra
     write_vocabulary(tokens, directory / VOCABULARY_FILE)
     atomic_write_text(directory / TOKENIZER_CONFIG_FILE, json.dumps(config, indent=2) + "\n")
 

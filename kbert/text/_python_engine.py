@@ -8,9 +8,36 @@ Every normalised code point remembers the input character it came from, so the c
 offsets are exact, as in the graph.
 """
 
+import collections
 import re
 
 from kbert.text import _unicode
+
+# A special token as Hugging Face's `AddedToken` describes it (see `BertTokenizer`).
+SpecialToken = collections.namedtuple(
+    "SpecialToken", ["content", "lstrip", "rstrip", "normalized", "single_word"]
+)
+
+
+def _is_space(char):
+    """Rust's `char::is_whitespace` (the White_Space property), which Hugging Face's
+    `lstrip` / `rstrip` use; Python's `isspace` also counts U+001C..U+001F."""
+    return char.isspace() and not "\x1c" <= char <= "\x1f"
+
+
+def _is_word_char(char):
+    """A character that joins a `single_word` token to a word (letters, digits, `_`)."""
+    return char.isalnum() or char == "_"
+
+
+def _pattern(contents):
+    """Leftmost match first and, at one position, the longest (Python tries alternatives in
+    order)."""
+    if not contents:
+        return None
+    ordered = sorted(set(contents), key=lambda c: (-len(c), c))
+    return re.compile("|".join(re.escape(c) for c in ordered))
+
 
 _WORD = _unicode.TYPE_WORD
 _SINGLE = _unicode.TYPE_SINGLE
@@ -25,7 +52,11 @@ class PythonEngine:
         token_to_id: dict str -> int, the vocabulary.
         lowercase: bool.
         strip_accents: bool.
-        special_tokens: list of str matched verbatim in the raw text (empty: none).
+        special_tokens: list of `SpecialToken`s found in the text (empty: none), as Hugging
+            Face's added tokens are: the verbatim ones first, in the raw text, then the
+            `normalized` ones in the normalised rest; leftmost match first, the longest at a
+            position; `single_word` ones only between non-word characters; `lstrip` / `rstrip`
+            ones take the whitespace on their left / right into their span.
         special_ids: list of int, the id of each special token.
         unknown_id: int.
         max_chars_per_word: int.
@@ -43,18 +74,103 @@ class PythonEngine:
     ):
         self.token_to_id = token_to_id
         self.lowercase = bool(lowercase)
-        self.special_tokens = list(special_tokens)
+        self.special_tokens = [SpecialToken(*t) for t in special_tokens]
         self.special_ids = list(special_ids)
         self.unknown_id = unknown_id
         self.max_chars_per_word = max_chars_per_word
         self.max_token_length = max(len(t) for t in token_to_id)
         self._chars = _unicode.char_classifier(lowercase, strip_accents)
-        self._special_index = {t: i for i, t in enumerate(self.special_tokens)}
-        self._special_pattern = (
-            re.compile("|".join(re.escape(t) for t in self.special_tokens))
-            if self.special_tokens
-            else None
-        )
+        verbatim = [t.content for t in self.special_tokens if not t.normalized]
+        # Normalised tokens are looked for in normalised text, in their normalised form.
+        normalized = [self._normalize(t.content)[0] for t in self.special_tokens if t.normalized]
+        self._special_index = {
+            t.content: i for i, t in enumerate(self.special_tokens) if not t.normalized
+        }
+        self._normalized_index = {
+            self._normalize(t.content)[0]: i
+            for i, t in enumerate(self.special_tokens)
+            if t.normalized
+        }
+        self._verbatim_pattern = _pattern(verbatim)
+        self._normalized_pattern = _pattern([c for c in normalized if c])
+
+    def _normalize(self, text, start=0, end=None):
+        """`text[start:end]` as Hugging Face's normaliser writes it before it looks for
+        `normalized` special tokens (cleaned, CJK ideographs between spaces, lower-cased,
+        accents stripped, whitespace as spaces): the string and the input character each of
+        its code points comes from."""
+        chars, sources = [], []
+        for i in range(start, len(text) if end is None else end):
+            info, expansion = self._chars[text[i]]
+            kind = info & _unicode.KIND_MASK
+            if kind == _unicode.DELETE:
+                continue
+            if kind == _unicode.SPACE:
+                values = " "
+            elif kind == _unicode.MAPPED:
+                values = "".join(chr(cp) for cp, _ in expansion)
+            elif kind == _unicode.SINGLE and _unicode.is_cjk(ord(text[i])):
+                values = f" {text[i]} "
+            else:
+                values = text[i]
+            chars.append(values)
+            sources.extend([i] * len(values))
+        return "".join(chars), sources
+
+    def _matches(self, pattern, index, string, sources):
+        """Special-token matches of `pattern` in `string`, whose code points come from the
+        input characters `sources`: a list of `(start, end, token index, first, last)`.
+        `[start, end)` are the input characters of the match, the whitespace a token strips
+        included (its offsets); `[first, last)` those it consumes: not a character whose
+        normalised form is only partly inside (a CJK ideograph whose padding space it
+        stripped)."""
+        found, previous_end = [], 0
+        for match in pattern.finditer(string):
+            token_index = index[match.group()]
+            token = self.special_tokens[token_index]
+            start, end = match.start(), match.end()
+            if start < previous_end:
+                continue  # Inside the whitespace the previous token took.
+            if token.single_word and (
+                (start > 0 and _is_word_char(string[start - 1]))
+                or (end < len(string) and _is_word_char(string[end]))
+            ):
+                continue
+            if token.lstrip:
+                while start > previous_end and _is_space(string[start - 1]):
+                    start -= 1
+            if token.rstrip:
+                while end < len(string) and _is_space(string[end]):
+                    end += 1
+            first, last = sources[start], sources[end - 1] + 1
+            consumed_first = first + (start > 0 and sources[start - 1] == first)
+            consumed_last = last - (end < len(string) and sources[end] == last - 1)
+            found.append((first, last, token_index, consumed_first, consumed_last))
+            previous_end = end
+        return found
+
+    def _special_spans(self, text):
+        """The special tokens written in `text`: `_matches`' tuples, in order.
+        Verbatim tokens are found in the raw text; `normalized` ones in the normalised text
+        between them (as Hugging Face's added vocabulary does)."""
+        spans = []
+        if self._verbatim_pattern is not None:
+            spans = self._matches(
+                self._verbatim_pattern, self._special_index, text, range(len(text))
+            )
+        if self._normalized_pattern is None:
+            return spans
+        found, low = [], 0
+        for span in spans + [(len(text), len(text), -1, len(text), len(text))]:
+            string, sources = self._normalize(text, low, span[0])
+            if string:
+                found.extend(
+                    self._matches(self._normalized_pattern, self._normalized_index, string, sources)
+                )
+            if span[2] >= 0:
+                found.append(span)
+            low = span[1]
+        return found
 
     # ------------------------------------------------------------------ #
     def _final_sigmas(self, text, infos, covered):
@@ -109,10 +225,10 @@ class PythonEngine:
         infos = [pair[0] for pair in infos_and_expansions]
         specials = {}
         covered = set()
-        if self._special_pattern is not None:
-            for match in self._special_pattern.finditer(text):
-                specials[match.start()] = self._special_index[match.group()]
-                covered.update(range(match.start(), match.end()))
+        if self.special_tokens:
+            for start, end, token_index, first, last in self._special_spans(text):
+                specials[first] = (token_index, start, end)
+                covered.update(range(first, last))
         finals = (
             self._final_sigmas(text, infos, covered) if self.lowercase and _SIGMA in text else ()
         )
@@ -122,9 +238,9 @@ class PythonEngine:
         for i, char in enumerate(text):
             if covered and i in covered:
                 if i in specials:
-                    index = specials[i]
-                    token = self.special_tokens[index]
-                    words.append(([token], [i], index, i, i + len(token)))
+                    index, start, end = specials[i]
+                    token = self.special_tokens[index].content
+                    words.append(([token], [i], index, start, end))
                     in_word = False
                 continue
             info, expansion = infos_and_expansions[i]

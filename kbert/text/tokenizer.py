@@ -13,7 +13,7 @@ from kbert.checkpoints.vocabulary import (
     vocabulary_is_uncased,
     write_tokenizer_files,
 )
-from kbert.text._python_engine import PythonEngine
+from kbert.text._python_engine import PythonEngine, SpecialToken
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
@@ -56,22 +56,63 @@ def _check_vocabulary(vocabulary, required):
 
 
 def _check_specials_do_not_overlap(tokens):
-    """Special tokens in text are matched in parallel; two matches must never
-    overlap, so no token may contain another, nor end with a prefix of one."""
+    """The graph matches special tokens in parallel; two matches must never overlap, so no
+    token may contain another, nor end with a prefix of one."""
     for a in tokens:
         for b in tokens:
             if a != b and b in a:
                 raise ValueError(
-                    f"With `special_tokens_in_strings=True`, no special token may "
-                    f"contain another. Received {a!r} containing {b!r}."
+                    f"The in-graph tokenizer (string tensors, tf.data) cannot honour special "
+                    f"tokens that contain one another. Received {a!r} containing {b!r}. "
+                    f"Tokenize Python strings instead, or pass special_tokens_in_strings=False."
                 )
             for k in range(1, min(len(a), len(b))):
                 if a[-k:] == b[:k]:
                     raise ValueError(
-                        f"With `special_tokens_in_strings=True`, special tokens "
-                        f"must not be able to overlap in text. Received {a!r} and "
-                        f"{b!r}."
+                        f"The in-graph tokenizer (string tensors, tf.data) cannot honour special "
+                        f"tokens that can overlap in text. Received {a!r} and {b!r}. Tokenize "
+                        f"Python strings instead, or pass special_tokens_in_strings=False."
                     )
+
+
+_SPECIAL_TOKEN_FLAGS = ("lstrip", "rstrip", "normalized", "single_word")
+
+
+def _check_special_tokens(special_tokens, token_to_id):
+    """`special_tokens` as a list of dicts with `content` and every flag (None stays None)."""
+    if special_tokens is None:
+        return None
+    if not isinstance(special_tokens, (list, tuple)):
+        raise ValueError(
+            f"`special_tokens` must be None or a list of str or dicts. Received an object of "
+            f"type {type(special_tokens).__name__}."
+        )
+    result = []
+    for position, token in enumerate(special_tokens):
+        if isinstance(token, str):
+            token = {"content": token}
+        if not isinstance(token, dict) or not isinstance(token.get("content"), str):
+            raise ValueError(
+                f"Each entry of `special_tokens` must be a str or a dict with a str `content` "
+                f"(and optional bool {', '.join(_SPECIAL_TOKEN_FLAGS)}). Received at index "
+                f"{position}: {token!r}."
+            )
+        unknown = sorted(set(token) - {"content", *_SPECIAL_TOKEN_FLAGS})
+        bad = [f for f in _SPECIAL_TOKEN_FLAGS if not isinstance(token.get(f, False), bool)]
+        if unknown or bad:
+            raise ValueError(
+                f"`special_tokens[{position}]` may only have the keys content, "
+                f"{', '.join(_SPECIAL_TOKEN_FLAGS)} (flags bool). Received: {token!r}."
+            )
+        if token["content"] not in token_to_id:
+            raise ValueError(
+                f"Special token {token['content']!r} (`special_tokens[{position}]`) is not in "
+                f"the vocabulary. Expected every special token to be a vocabulary token."
+            )
+        result.append(
+            {"content": token["content"], **{f: token.get(f, False) for f in _SPECIAL_TOKEN_FLAGS}}
+        )
+    return result
 
 
 def _as_python_text(value, name):
@@ -197,10 +238,25 @@ class BertTokenizer:
     then deleted like in the reference; offsets then count those U+FFFD.
     Lone surrogates in Python strings are treated the same way.
 
-    Special tokens written in text (`"[MASK]"`) are plain text by default, as
-    in the original; `special_tokens_in_strings=True` maps `[CLS]`, `[SEP]`,
-    `[MASK]`, `[PAD]` and the unknown token written verbatim (case-sensitive)
-    in the raw text to their ids, like Hugging Face's default behaviour.
+    Special tokens written in text (`"a [MASK] b"`): with
+    `special_tokens_in_strings=False` (the default, and what a Google
+    checkpoint or a kbert preset without other settings gives) they are plain
+    text, as in the original (`[`, `mask`, `]`). With `True` each becomes its
+    single id, as Hugging Face's tokenizers do: also inside words and next to
+    punctuation (`"a[MASK]b"` is `a`, `[MASK]`, `b`), its offsets covering
+    the string as written. `from_preset` of a Hugging Face or
+    sentence-transformers directory turns this on unless its
+    `tokenizer_config.json` says `split_special_tokens: true`, and takes the
+    special tokens its files declare (`tokenizer.json`'s `added_tokens` with
+    `special: true`, else `tokenizer_config.json` / `special_tokens_map.json`)
+    with their `AddedToken` settings: `normalized` tokens are found in the
+    lower-cased, accent-stripped text (`[mask]` matches), the others
+    verbatim (case-sensitive); `lstrip` / `rstrip` take the whitespace on
+    their left / right into the token, `single_word` ones only stand between
+    non-word characters. String tensors (tf.data, SavedModel) honour
+    verbatim tokens without these settings and raise a `ValueError` for the
+    others. `save_to_preset` records the choice (`split_special_tokens` in
+    `tokenizer_config.json`), so Hugging Face and kbert read it back alike.
 
     Where Hugging Face departs from the original, kbert follows the original:
     Python's `str.lower()` turns a word-final capital sigma into `ς` (the
@@ -226,6 +282,12 @@ class BertTokenizer:
             normalisation) become the unknown token. Defaults to `100` (the
             value of Hugging Face's tokenizers; the 2018 reference used 200).
         unknown_token: str. The unknown token. Defaults to `"[UNK]"`.
+        special_tokens: list or None. The special tokens honoured in text with
+            `special_tokens_in_strings`: each a str, or a dict with `content`
+            and the optional bools `lstrip`, `rstrip`, `normalized` and
+            `single_word` (Hugging Face's `AddedToken` settings, all `False`
+            by default). Each must be in the vocabulary. `None` means `[CLS]`,
+            `[SEP]`, `[MASK]`, `[PAD]` and `unknown_token`. Defaults to `None`.
 
     Example:
 
@@ -255,6 +317,7 @@ class BertTokenizer:
         special_tokens_in_strings=False,
         max_chars_per_word=100,
         unknown_token="[UNK]",
+        special_tokens=None,
     ):
         if isinstance(vocabulary, (str, os.PathLike)):
             tokens = read_vocabulary(vocabulary)
@@ -291,18 +354,26 @@ class BertTokenizer:
         self.max_chars_per_word = max_chars_per_word
         self.unknown_token = unknown_token
 
-        special_tokens = []
+        self.special_tokens = _check_special_tokens(special_tokens, self._token_to_id)
+        specs = []
         if self.special_tokens_in_strings:
-            special_tokens = ["[CLS]", "[SEP]", "[MASK]", "[PAD]", unknown_token]
-            _check_specials_do_not_overlap(special_tokens)
-        self._special_tokens = special_tokens
+            specs = self.special_tokens
+            if specs is None:
+                specs = [{"content": t} for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]")]
+                specs.append({"content": unknown_token})
+            specs = [
+                SpecialToken(t["content"], *(t.get(f, False) for f in _SPECIAL_TOKEN_FLAGS))
+                for t in specs
+            ]
+        self._special_specs = specs
+        self._special_tokens = [t.content for t in specs]
         self._strip = self.lowercase if strip_accents is None else bool(strip_accents)
         self._python_engine = PythonEngine(
             self._token_to_id,
             lowercase=self.lowercase,
             strip_accents=self._strip,
-            special_tokens=special_tokens,
-            special_ids=[self._token_to_id[t] for t in special_tokens],
+            special_tokens=specs,
+            special_ids=[self._token_to_id[t] for t in self._special_tokens],
             unknown_id=self._token_to_id[unknown_token],
             max_chars_per_word=max_chars_per_word,
         )
@@ -326,9 +397,7 @@ class BertTokenizer:
         engine, lookup tables): what a `tf.Module` must track to save it in a SavedModel.
         Needs TensorFlow and tensorflow-text."""
         graph = self._graph_state()
-        resources = [graph["engine"]]
-        if graph["plain_engine"] is not None:
-            resources.append(graph["plain_engine"])
+        resources = [graph["engine"], graph["plain_engine"]]
         table = getattr(graph["pretokenizer"], "_mapped", None)
         if table is not None:
             resources.append(table)
@@ -337,6 +406,18 @@ class BertTokenizer:
     def _build_graph_state(self, tf):
         tf_text = tensorflow.tensorflow_text()
         from kbert.text._pretokenizer import PreTokenizer
+
+        for token in self._special_specs:
+            flags = [f for f in _SPECIAL_TOKEN_FLAGS if getattr(token, f)]
+            if flags:
+                raise ValueError(
+                    f"The in-graph tokenizer (string tensors, tf.data, SavedModel) finds "
+                    f"special tokens written verbatim only. Received the special token "
+                    f"{token.content!r} with {', '.join(f + '=True' for f in flags)}. Tokenize "
+                    f"Python strings instead (the Python engine honours these settings), or "
+                    f"pass special_tokens_in_strings=False."
+                )
+        _check_specials_do_not_overlap(self._special_tokens)
 
         graph = {}
         graph["special_ids"] = tf.constant(
@@ -355,18 +436,23 @@ class BertTokenizer:
             unknown_token=self.unknown_token,
             no_pretokenization=True,
         )
-        # Ids of plain-ASCII strings in one fused op (see `_PLAIN_ASCII`); not used when
-        # special tokens written in strings are honoured.
-        graph["plain_engine"] = None
-        if not self.special_tokens_in_strings:
-            graph["plain_engine"] = tf_text.FastBertTokenizer(
-                vocab=self._vocabulary,
-                suffix_indicator="##",
-                max_bytes_per_word=self.max_chars_per_word,
-                token_out_type=tf.int32,
-                unknown_token=self.unknown_token,
-                lower_case_nfd_strip_accents=self.lowercase,
+        # Ids of plain-ASCII strings in one fused op (see `_PLAIN_ASCII`); with special tokens
+        # honoured in text, only for strings that contain none of them.
+        graph["plain_engine"] = tf_text.FastBertTokenizer(
+            vocab=self._vocabulary,
+            suffix_indicator="##",
+            max_bytes_per_word=self.max_chars_per_word,
+            token_out_type=tf.int32,
+            unknown_token=self.unknown_token,
+            lower_case_nfd_strip_accents=self.lowercase,
+        )
+        graph["has_special"] = None
+        if self._special_tokens:
+            alternatives = "|".join(
+                "".join(c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):x}}}" for c in t)
+                for t in self._special_tokens
             )
+            graph["has_special"] = f"(?s).*(?:{alternatives}).*"
         graph["vocabulary"] = tf.constant(self._vocabulary, dtype=tf.string)
         graph["too_long_word"] = tf.constant("a" * (max_bytes + 1))
         self._graph = graph
@@ -513,9 +599,9 @@ class BertTokenizer:
         graph; rows come back in input order."""
         tf = tensorflow.tensorflow()
         plain_engine = self._graph["plain_engine"]
-        if plain_engine is None:
-            return self._tokenize_graph(texts)[:1]
         plain = tf.strings.regex_full_match(texts, _PLAIN_ASCII)
+        if self._graph["has_special"] is not None:
+            plain &= ~tf.strings.regex_full_match(texts, self._graph["has_special"])
         plain_rows = tf.reshape(tf.where(plain), [-1])
         other_rows = tf.reshape(tf.where(~plain), [-1])
         fast = plain_engine.tokenize(tf.gather(texts, plain_rows))  # [P, None]
@@ -721,6 +807,7 @@ class BertTokenizer:
             "special_tokens_in_strings": self.special_tokens_in_strings,
             "max_chars_per_word": self.max_chars_per_word,
             "unknown_token": self.unknown_token,
+            "special_tokens": self.special_tokens,
         }
 
     @classmethod
@@ -767,11 +854,15 @@ class BertTokenizer:
 
     def save_to_preset(self, preset_dir):
         """Writes `vocab.txt` and a `tokenizer_config.json` (Hugging Face
-        keys) into `preset_dir`, readable by `from_preset`."""
+        keys: casing, `split_special_tokens` and the special tokens) into
+        `preset_dir`, readable by `from_preset` and Hugging Face's
+        `AutoTokenizer` alike."""
         write_tokenizer_files(
             preset_dir,
             self._vocabulary,
             lowercase=self.lowercase,
             strip_accents=self.strip_accents,
             unknown_token=self.unknown_token,
+            special_tokens_in_strings=self.special_tokens_in_strings,
+            special_tokens=self.special_tokens,
         )
