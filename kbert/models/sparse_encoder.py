@@ -5,7 +5,7 @@ embedding, with its own bias) at every real token, then `log(1 + relu(logits))` 
 (or sum) over the tokens: one non-negative weight per vocabulary entry, most of them 0. On a
 sentence-transformers SparseEncoder directory (`MLMTransformer` -> `SpladePooling`) `encode`
 returns the vectors sentence-transformers' `encode` returns; it also starts from any BERT
-checkpoint with a masked-LM head (Hugging Face `BertForMaskedLM` / `BertForPreTraining`,
+checkpoint with a masked-LM head (a Hugging Face masked-LM or pretraining model,
 Google BERT, a kbert `BertPretrainer` preset). It trains with `fit` on (query, document)
 columns and `kbert.losses_sparse.SpladeLoss`.
 """
@@ -117,8 +117,8 @@ class BertSparseEncoder(BertTask):
     (`modules.json` with `MLMTransformer` -> `SpladePooling`: its pooling strategy and
     activation, `max_seq_length`, `do_lower_case`, `prompts`, `default_prompt_name`,
     `similarity_fn_name`, `max_active_dims`; see `kbert.checkpoints.sparse_encoder`), and
-    any checkpoint with BERT's masked-LM head: a Hugging Face `BertForMaskedLM` or
-    `BertForPreTraining` directory, an original Google BERT checkpoint, a kbert preset of a
+    any checkpoint with BERT's masked-LM head: a Hugging Face masked-LM or pretraining
+    directory, an original Google BERT checkpoint, a kbert preset of a
     `BertPretrainer` or of a `BertSparseEncoder`. A checkpoint without the head is an error
     (`fresh_heads=True` starts from a fresh head instead). `save_to_preset` keeps every
     setting; `kbert.checkpoints.export_to_sparse_encoder` writes a directory
@@ -497,7 +497,7 @@ class BertSparseEncoder(BertTask):
         (the preprocessor's `sequence_length`), `do_lower_case`, `prompts`,
         `default_prompt_name`, `similarity_fn_name` and `max_active_dims` come from its
         files. On other sources the masked-LM head comes from the checkpoint: a Hugging Face
-        `BertForMaskedLM` / `BertForPreTraining` or Google BERT directory, a kbert preset
+        masked-LM / pretraining or Google BERT directory, a kbert preset
         saved from a `BertPretrainer` or a `BertSparseEncoder`. A source without that head
         is a ValueError unless `fresh_heads=True` (a fresh head, e.g. to train from a plain
         `BertModel`). Arguments given here override what the directory says.
@@ -550,8 +550,8 @@ class BertSparseEncoder(BertTask):
             if fresh_heads is False and "head" in str(error).lower():
                 raise ValueError(
                     f"{source} has no masked-LM head, and a sparse encoder needs one (SPLADE "
-                    "weighs the vocabulary with it). Expected a BertForMaskedLM / "
-                    "BertForPreTraining checkpoint, a SparseEncoder directory or a kbert "
+                    "weighs the vocabulary with it). Expected a Hugging Face masked-LM or "
+                    "pretraining checkpoint, a SparseEncoder directory or a kbert "
                     "BertPretrainer preset. Pass fresh_heads=True to start from a fresh head. "
                     f"({error})"
                 ) from None
@@ -572,8 +572,8 @@ class BertSparseEncoder(BertTask):
             raise ValueError(
                 f"{path} holds a kbert {saved}, which has no masked-LM head, and a sparse "
                 "encoder needs one (SPLADE weighs the vocabulary with it). Expected a kbert "
-                "BertPretrainer or BertSparseEncoder preset, a BertForMaskedLM / "
-                "BertForPreTraining checkpoint or a SparseEncoder directory. Pass "
+                "BertPretrainer or BertSparseEncoder preset, a Hugging Face masked-LM or "
+                "pretraining checkpoint or a SparseEncoder directory. Pass "
                 "fresh_heads=True to start from a fresh head."
             )
         pretrainer = BertPretrainer.from_preset(path)
