@@ -40,7 +40,7 @@ def _require_scipy():
     return scipy.sparse
 
 
-def _check_max_active_dims(value, vocabulary_size=None):
+def _check_max_active_dims(value):
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -547,7 +547,7 @@ class BertSparseEncoder(BertTask):
                 **kwargs,
             )
         except ValueError as error:
-            if fresh_heads is False and "head" in str(error).lower():
+            if fresh_heads is False and "missing head weights" in str(error):
                 raise ValueError(
                     f"{source} has no masked-LM head, and a sparse encoder needs one (SPLADE "
                     "weighs the vocabulary with it). Expected a Hugging Face masked-LM or "

@@ -250,9 +250,9 @@ class BertTextEmbedder(BertTask):
     def _require_tokenizer(self):
         if self.preprocessor is None:
             raise ValueError(
-                "BertTextEmbedder needs a preprocessor (a kbert.text.BertPreprocessor) to take "
-                "raw strings. Build it with `from_preset` on a source that has a vocabulary, "
-                "or pass `preprocessor=`."
+                f"{type(self).__name__} needs a preprocessor (a kbert.text.BertPreprocessor) "
+                "to take raw strings. Build it with `from_preset` on a source that has a "
+                "vocabulary, or pass `preprocessor=`."
             )
         return self.preprocessor.tokenizer, self.preprocessor.sequence_length
 

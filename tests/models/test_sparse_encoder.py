@@ -260,7 +260,7 @@ def test_splade_loss_matches_sentence_transformers(splade):
     np.testing.assert_array_equal(keep_top_dims(vectors[0], 3).astype(bool).sum(-1), 3)
 
 
-def test_fit_on_query_document_columns_lowers_the_loss(splade):
+def test_fit_on_query_document_columns_lowers_the_loss(splade, tmp_path):
     encoder = BertSparseEncoder.from_preset(
         splade["masked_lm"], sequence_length=16, dropout=0.0, attention_dropout=0.0
     )
@@ -278,3 +278,9 @@ def test_fit_on_query_document_columns_lowers_the_loss(splade):
     vectors = encoder.encode(documents)
     assert after["document_active_dims"] == pytest.approx(active_dimensions(vectors).mean())
     assert history.history["query_active_dims"][0] == pytest.approx(before["query_active_dims"])
+    # A `.keras` file keeps the trained model and its settings.
+    encoder.save(tmp_path / "encoder.keras")
+    loaded = keras.saving.load_model(tmp_path / "encoder.keras")
+    assert isinstance(loaded, BertSparseEncoder) and loaded.prompts == encoder.prompts
+    packed = encoder.pack_token_ids(encoder.tokenize_texts(documents))
+    np.testing.assert_allclose(loaded.predict(packed, verbose=0), _dense(vectors), atol=1e-5)
