@@ -197,6 +197,22 @@ def test_bad_input_gets_one_clear_error(splade, tmp_path):
         encoder.decode(np.ones((1, 5), np.float32))
     with pytest.raises(ValueError, match="`pooling_strategy` must be one of"):
         BertSparseEncoder(encoder.backbone, pooling_strategy="mean")
+    # Newer saves name a fill-mask `Transformer` instead of `MLMTransformer`; another task
+    # of that module gives no logits to pool.
+    renamed = tmp_path / "renamed"
+    shutil.copytree(splade["st"], renamed)
+    modules = json.loads((renamed / "modules.json").read_text())
+    modules[0]["type"] = "sentence_transformers.base.modules.Transformer"
+    (renamed / "modules.json").write_text(json.dumps(modules))
+    _assert_close(
+        BertSparseEncoder.from_preset(renamed).encode(TEXTS[:2]), encoder.encode(TEXTS[:2])
+    )
+    sbert = json.loads((renamed / "sentence_bert_config.json").read_text())
+    (renamed / "sentence_bert_config.json").write_text(
+        json.dumps(dict(sbert, transformer_task="feature-extraction"))
+    )
+    with pytest.raises(ValueError, match="transformer_task='feature-extraction'"):
+        BertSparseEncoder.from_preset(renamed)
     # Directories kbert cannot read exactly are refused, naming the file.
     broken = tmp_path / "broken"
     shutil.copytree(splade["st"], broken)
