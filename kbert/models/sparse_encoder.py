@@ -96,9 +96,8 @@ def active_dimensions(embeddings):
     array([2, 0])
     """
     rows, _ = _rows(embeddings)
-    if hasattr(rows, "indptr"):
-        rows.eliminate_zeros()
-        return np.diff(rows.indptr).astype(np.int64)
+    if hasattr(rows, "indptr"):  # stored entries that are not 0, without touching `rows`
+        return np.asarray((rows != 0).sum(axis=1)).ravel().astype(np.int64)
     return np.count_nonzero(rows, axis=-1).astype(np.int64)
 
 
@@ -370,7 +369,9 @@ class BertSparseEncoder(BertTask):
                 int(batch_size),
                 verbose=1 if verbose else 0,
             )
-            block = keep_top_dims(np.asarray(block, np.float32), max_active_dims)
+            block = np.asarray(block, np.float32)
+            if max_active_dims is not None:
+                block = keep_top_dims(block, max_active_dims)
             blocks.append(sparse.csr_matrix(block) if sparse is not None else block)
         inverse = np.argsort(order)
         if sparse is not None:
