@@ -9,7 +9,9 @@ Subpackages:
     kbert.data         Dataset readers, SQuAD / tagging features, tf.data pretraining pipeline.
     kbert.metrics      MCC, Pearson/Spearman, entity F1, SQuAD EM/F1.
     kbert.losses       Contrastive embedding losses: in-batch negatives, CoSENT, Matryoshka.
-    kbert.retrieval    Exact chunked top-k search; recall@k, MRR@k, nDCG@k, Spearman of cosine.
+    kbert.losses_sparse  SPLADE training: in-batch negatives + FLOPS regularisers, active dims.
+    kbert.retrieval    Exact chunked top-k search (dense, sparse); recall@k, MRR@k, nDCG@k,
+                       Spearman of cosine.
     kbert.checkpoints  Readers/writers for HF, Google TF and keras-hub checkpoints.
     kbert.hub          `hf://` handles and preset names: download, cache, offline (huggingface_hub).
     kbert.callbacks    Resumable training: atomic backups every N steps, exact resume.
@@ -45,6 +47,7 @@ _SUBMODULES = (
     "hub",
     "layers",
     "losses",
+    "losses_sparse",
     "metrics",
     "models",
     "optimizers",

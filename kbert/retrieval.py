@@ -3,13 +3,15 @@
 - `search(queries, corpus, top_k)`: exact top-k by cosine or dot product. The corpus is
   scored in chunks and a running top-k is kept, so no `(num_queries, corpus_size)` matrix is
   ever held for a large corpus (memory: `query_chunk_size x corpus_chunk_size` scores).
+- `sparse_search(queries, corpus, top_k)`: the same for sparse (SPLADE) vectors, by dot
+  product on SciPy sparse matrices.
 - `recall_at_k`, `mrr_at_k`, `ndcg_at_k`: retrieval metrics of ranked results, with one or
   several relevant documents per query (binary relevance), as sentence-transformers'
   `InformationRetrievalEvaluator` computes them.
 - `spearman_cosine`: Spearman correlation between the cosine similarity of embedding pairs
   and gold scores (STS benchmarks), ties ranked by their average rank.
 
-NumPy only; inputs may be NumPy arrays or backend tensors.
+NumPy only (and SciPy for `sparse_search`); inputs may be NumPy arrays or backend tensors.
 """
 
 import numpy as np
@@ -92,17 +94,98 @@ def search(
         best_indices = np.zeros((len(block), 0), np.int64)
         for c_start in range(0, corpus.shape[0], corpus_chunk_size):
             chunk_scores = block @ corpus[c_start : c_start + corpus_chunk_size].T
-            chunk_indices = np.broadcast_to(
-                np.arange(c_start, c_start + chunk_scores.shape[1]), chunk_scores.shape
+            best_scores, best_indices = _merge_top_k(
+                best_scores, best_indices, chunk_scores, c_start, top_k
             )
-            scores = np.concatenate([best_scores, chunk_scores], axis=1)
-            indices = np.concatenate([best_indices, chunk_indices], axis=1)
-            # Order by score descending, then by index ascending; keep the top k.
-            order = np.lexsort((indices, -scores), axis=1)[:, :top_k]
-            best_scores = np.take_along_axis(scores, order, axis=1)
-            best_indices = np.take_along_axis(indices, order, axis=1)
         all_scores[q_start : q_start + len(block)] = best_scores
         all_indices[q_start : q_start + len(block)] = best_indices
+    return all_scores, all_indices
+
+
+def _merge_top_k(best_scores, best_indices, chunk_scores, start, top_k):
+    """The running top-k `(scores, indices)` after a chunk of scores for corpus rows
+    `start, start + 1, ...`: by score descending, then index ascending."""
+    chunk_indices = np.broadcast_to(
+        np.arange(start, start + chunk_scores.shape[1]), chunk_scores.shape
+    )
+    scores = np.concatenate([best_scores, chunk_scores], axis=1)
+    indices = np.concatenate([best_indices, chunk_indices], axis=1)
+    order = np.lexsort((indices, -scores), axis=1)[:, :top_k]
+    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(indices, order, axis=1)
+
+
+def _as_sparse_rows(x, name):
+    """`x` (SciPy sparse, NumPy or a tensor; one vector or rows) as a float32 CSR matrix."""
+    import scipy.sparse
+
+    if scipy.sparse.issparse(x):
+        x = scipy.sparse.csr_matrix(x)
+        if x.ndim != 2 or x.shape[0] == 0 or x.dtype.kind not in "fiu":
+            raise ValueError(
+                f"`{name}` must be a non-empty (rows, dim) matrix of numbers. "
+                f"Received shape {x.shape} and dtype {x.dtype}"
+            )
+        return x.astype(np.float32)
+    return scipy.sparse.csr_matrix(_as_matrix(x, name))
+
+
+def sparse_search(queries, corpus, top_k=10, query_chunk_size=1024, corpus_chunk_size=65536):
+    """Exact top-k search of sparse vectors by dot product (SPLADE retrieval).
+
+    Scores are sparse dot products (`queries @ corpus.T` on SciPy CSR matrices: only the
+    vocabulary entries active in both texts cost anything), taken a block of queries and a
+    chunk of the corpus at a time; a running top-k is kept, as `search` does.
+
+    Args:
+        queries: `(num_queries, vocabulary_size)` SciPy sparse matrix (what
+            `kbert.models.BertSparseEncoder.encode` returns) or dense array.
+        corpus: `(corpus_size, vocabulary_size)` SciPy sparse matrix or dense array.
+        top_k: int. Results per query (at most `corpus_size`). Defaults to `10`.
+        query_chunk_size: int. Queries scored at once. Defaults to `1024`.
+        corpus_chunk_size: int. Corpus rows scored at once. Defaults to `65536`.
+
+    Returns:
+        `(scores, indices)`: float32 and int64 arrays `(num_queries, top_k)`, best first;
+        ties go to the lower corpus index.
+
+    Example:
+    >>> import scipy.sparse
+    >>> corpus = scipy.sparse.csr_matrix([[0.0, 2.0, 0.0, 1.0], [1.5, 0.0, 0.0, 0.0],
+    ...                                   [0.0, 0.5, 3.0, 0.0]])
+    >>> scores, indices = sparse_search(scipy.sparse.csr_matrix([[0.0, 1.0, 1.0, 0.0]]),
+    ...                                 corpus, top_k=2)
+    >>> indices, scores  # row 2: 0.5 + 3.0; row 0: 2.0
+    (array([[2, 0]]), array([[3.5, 2. ]], dtype=float32))
+    """
+    queries, corpus = _as_sparse_rows(queries, "queries"), _as_sparse_rows(corpus, "corpus")
+    if queries.shape[1] != corpus.shape[1]:
+        raise ValueError(
+            f"Queries and corpus must have the same dimension. Received {queries.shape[1]} "
+            f"and {corpus.shape[1]}"
+        )
+    for name, value in (
+        ("top_k", top_k),
+        ("query_chunk_size", query_chunk_size),
+        ("corpus_chunk_size", corpus_chunk_size),
+    ):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    top_k = min(int(top_k), corpus.shape[0])
+    corpus_t = corpus.T.tocsc()  # (dim, corpus): column slices are cheap
+    all_scores = np.empty((queries.shape[0], top_k), np.float32)
+    all_indices = np.empty((queries.shape[0], top_k), np.int64)
+    for q_start in range(0, queries.shape[0], query_chunk_size):
+        block = queries[q_start : q_start + query_chunk_size]
+        best_scores = np.full((block.shape[0], 0), -np.inf, np.float32)
+        best_indices = np.zeros((block.shape[0], 0), np.int64)
+        for c_start in range(0, corpus.shape[0], corpus_chunk_size):
+            chunk = corpus_t[:, c_start : c_start + corpus_chunk_size]
+            chunk_scores = np.asarray((block @ chunk).toarray(), np.float32)
+            best_scores, best_indices = _merge_top_k(
+                best_scores, best_indices, chunk_scores, c_start, top_k
+            )
+        all_scores[q_start : q_start + block.shape[0]] = best_scores
+        all_indices[q_start : q_start + block.shape[0]] = best_indices
     return all_scores, all_indices
 
 

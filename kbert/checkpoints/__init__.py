@@ -15,6 +15,7 @@ from kbert.checkpoints.loading import (
 )
 from kbert.checkpoints.safetensors_io import read_safetensors
 from kbert.checkpoints.sentence_transformers import export_to_sentence_transformers
+from kbert.checkpoints.sparse_encoder import export_to_sparse_encoder
 from kbert.checkpoints.vocabulary import read_vocabulary
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "detect_format",
     "export_to_huggingface",
     "export_to_sentence_transformers",
+    "export_to_sparse_encoder",
     "installed_presets_dir",
     "load_checkpoint",
     "load_google_weights",

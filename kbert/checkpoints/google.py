@@ -53,6 +53,13 @@ HEAD_WEIGHTS = {
         ("cls/seq_relationship/output_weights", "next_sentence_head.kernel", True),
         ("cls/seq_relationship/output_bias", "next_sentence_head.bias", False),
     ),
+    "BertSparseEncoder": (
+        ("cls/predictions/transform/dense/kernel", "masked_lm_head.transform_dense.kernel", False),
+        ("cls/predictions/transform/dense/bias", "masked_lm_head.transform_dense.bias", False),
+        ("cls/predictions/transform/LayerNorm/gamma", "masked_lm_head.layer_norm.gamma", False),
+        ("cls/predictions/transform/LayerNorm/beta", "masked_lm_head.layer_norm.beta", False),
+        ("cls/predictions/output_bias", "masked_lm_head.output_bias", False),
+    ),
     "BertClassifier": (
         ("output_weights", "output_dense.kernel", True),
         ("output_bias", "output_dense.bias", False),

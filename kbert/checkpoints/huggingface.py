@@ -88,6 +88,7 @@ _DEFAULT_LABEL_PREFIX = "LABEL_"
 ARCHITECTURES = {
     "BertBackbone": "BertModel",
     "BertPretrainer": "BertForPreTraining",
+    "BertSparseEncoder": "BertForMaskedLM",
     "BertClassifier": "BertForSequenceClassification",
     "BertTagger": "BertForTokenClassification",
     "BertQuestionAnswerer": "BertForQuestionAnswering",
@@ -107,6 +108,14 @@ HEAD_WEIGHTS = {
         ("cls.predictions.bias", "masked_lm_head.output_bias", False),
         ("cls.seq_relationship.weight", "next_sentence_head.kernel", True),
         ("cls.seq_relationship.bias", "next_sentence_head.bias", False),
+    ),
+    # SPLADE: the masked-LM head alone (a `BertForMaskedLM`, or the MLM part of pretraining).
+    "BertSparseEncoder": (
+        ("cls.predictions.transform.dense.weight", "masked_lm_head.transform_dense.kernel", True),
+        ("cls.predictions.transform.dense.bias", "masked_lm_head.transform_dense.bias", False),
+        ("cls.predictions.transform.LayerNorm.weight", "masked_lm_head.layer_norm.gamma", False),
+        ("cls.predictions.transform.LayerNorm.bias", "masked_lm_head.layer_norm.beta", False),
+        ("cls.predictions.bias", "masked_lm_head.output_bias", False),
     ),
     "BertClassifier": (
         ("classifier.weight", "output_dense.kernel", True),

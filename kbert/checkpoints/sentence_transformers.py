@@ -58,9 +58,12 @@ def _module_kind(entry, file):
         raise ValueError(f'{file} must list modules as objects with a "type". Received: {entry!r}')
     kind = entry["type"].rsplit(".", 1)[-1]
     if kind not in _SUPPORTED_MODULES:
+        hint = ""
+        if kind in ("MLMTransformer", "SpladePooling"):
+            hint = " A SparseEncoder (SPLADE) directory loads as kbert.models.BertSparseEncoder."
         raise ValueError(
             f"{file} names the module {entry['type']!r}, which kbert does not implement. "
-            f"kbert reads sentence-transformers models made of {list(_SUPPORTED_MODULES)}."
+            f"kbert reads sentence-transformers models made of {list(_SUPPORTED_MODULES)}." + hint
         )
     return kind
 
@@ -123,21 +126,16 @@ def _optional_json(file):
     return read_json(file) if Path(file).is_file() else {}
 
 
-def read_settings(path):
-    """`BertTextEmbedder` arguments stored in a sentence-transformers directory.
+def read_transformer_settings(transformer_dir):
+    """`max_seq_length` (when known) and `lowercase_input` of a Transformer module directory.
 
-    Returns a dict with `pooling`, `normalize`, `prompts`, `default_prompt_name`,
-    `similarity_function`, `lowercase_input`, `max_seq_length` and, when set, `truncate_dim`.
     `max_seq_length` comes from `sentence_bert_config.json`, else from the tokenizer's
-    `model_max_length` when that is at most the model's `max_position_embeddings`.
+    `model_max_length` when that is at most the model's `max_position_embeddings`, else from
+    `max_position_embeddings`; `lowercase_input` is `sentence_bert_config.json`'s
+    `do_lower_case`.
     """
-    path = Path(path)
-    modules = read_modules(path)
-    transformer_dir = modules[0][1]
-    settings = {
-        "pooling": read_pooling(modules[1][1]),
-        "normalize": len(modules) == 3,
-    }
+    transformer_dir = Path(transformer_dir)
+    settings = {}
     sbert_file = transformer_dir / SENTENCE_BERT_CONFIG_FILE
     sbert = _optional_json(sbert_file)
     if not isinstance(sbert, dict):
@@ -161,6 +159,25 @@ def read_settings(path):
             )
         settings["max_seq_length"] = max_length
     settings["lowercase_input"] = bool(sbert.get("do_lower_case", False))
+    return settings
+
+
+def read_settings(path):
+    """`BertTextEmbedder` arguments stored in a sentence-transformers directory.
+
+    Returns a dict with `pooling`, `normalize`, `prompts`, `default_prompt_name`,
+    `similarity_function`, `lowercase_input`, `max_seq_length` and, when set, `truncate_dim`.
+    `max_seq_length` comes from `sentence_bert_config.json`, else from the tokenizer's
+    `model_max_length` when that is at most the model's `max_position_embeddings`.
+    """
+    path = Path(path)
+    modules = read_modules(path)
+    transformer_dir = modules[0][1]
+    settings = {
+        "pooling": read_pooling(modules[1][1]),
+        "normalize": len(modules) == 3,
+    }
+    settings.update(read_transformer_settings(transformer_dir))
     st_file = path / SENTENCE_TRANSFORMERS_CONFIG_FILE
     st_config = _optional_json(st_file)
     if not isinstance(st_config, dict):

@@ -13,6 +13,7 @@ from kbert.layers.heads import (
     MaskedLMHead,
     NextSentenceHead,
 )
+from kbert.layers.sparse import SpladePooling
 from kbert.layers.utils import get_activation
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "MaskedLMHead",
     "NextSentenceHead",
     "ReversibleEmbedding",
+    "SpladePooling",
     "TransformerEncoder",
     "get_activation",
 ]

