@@ -98,6 +98,13 @@ def build_parser():
         "the AX diagnostic set) and write the leaderboard files into "
         f"<output-dir>/{SUBMISSION_FOLDER}/.",
     )
+    parser.add_argument(
+        "--classifier-dropout",
+        type=float,
+        default=0.1,
+        help="Dropout on the pooled output before the classifier (BERT's 0.1). "
+        "Default: %(default)s.",
+    )
     common.add_save_model_flag(parser, "classifier")
     return parser
 
@@ -220,6 +227,7 @@ def fine_tune(args, train_x, train_y, num_classes, callbacks):
         model = BertClassifier.from_preset(
             args.preset,
             num_classes=num_classes,
+            dropout=args.classifier_dropout,
             sequence_length=args.max_length,
             fresh_heads=True,
         )
@@ -251,6 +259,8 @@ def _check_arguments(args):
     if args.predict_test:
         check_test_files(args)
     args.preset = common.check_preset(args.preset)
+    if not 0 <= args.classifier_dropout < 1:
+        common.fail(f"--classifier-dropout must be in [0, 1); received {args.classifier_dropout}.")
 
 
 def main(argv=None):

@@ -27,6 +27,8 @@ The speed paths:
     has_multi_tensor_adamw, adamw_update
                             torch: `BertAdamW`'s update of every variable by one fused kernel.
     xla_predict_function    TensorFlow: `predict` compiled with XLA.
+    replicas_gradient_sum   TensorFlow: gradients summed over a strategy's replicas before
+                            `BertAdamW` clips them (Keras clips each replica's own).
 """
 
 from kbert.backend.paths import (
@@ -43,6 +45,7 @@ from kbert.backend.paths import (
     int8_dense,
     native_dropout,
     needs_dense_embedding_gradient,
+    replicas_gradient_sum,
     torch_attention,
     xla_predict_function,
 )
@@ -61,6 +64,7 @@ __all__ = [
     "hash_dropout_backend",
     "native_dropout",
     "needs_dense_embedding_gradient",
+    "replicas_gradient_sum",
     "torch_attention",
     "xla_predict_function",
 ]

@@ -253,6 +253,32 @@ def adamw_update(optimizer, grads, variables, learning_rate):
     torch_paths.adamw_update(optimizer, grads, variables, learning_rate)
 
 
+# ------------------------------------------------------------------------------ replicas
+def replicas_gradient_sum(grads):
+    """`(summed, replicas)`: the gradients summed over a TensorFlow strategy's replicas, when
+    called in a replica context of more than one (else `(None, 1)`).
+
+    Keras' TensorFlow optimizer clips each replica's own gradients (`clipnorm`,
+    `global_clipnorm`, `clipvalue`) and sums them over the replicas afterwards, so a clipped
+    step over several workers is not the one-worker step of the same global batch. With the
+    sum first, an optimizer clips the global gradient itself (see `BertAdamW.apply`).
+    """
+    if keras.backend.backend() != "tensorflow":
+        return None, 1
+    from kbert.backend.tensorflow import tensorflow
+
+    tf = tensorflow("Several TensorFlow replicas")
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        return None, 1
+    context = tf.distribute.get_replica_context()
+    replicas = context.num_replicas_in_sync
+    if replicas < 2:
+        return None, 1
+    present = [g for g in grads if g is not None]
+    summed = iter(context.all_reduce(tf.distribute.ReduceOp.SUM, present))
+    return [None if g is None else next(summed) for g in grads], replicas
+
+
 # ------------------------------------------------------------------------------ predict
 def xla_predict_function(model, make_predict_function, force=False, allowed=True):
     """`model`'s predict function; on TensorFlow compiled with XLA where `allowed`.

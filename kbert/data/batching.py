@@ -183,6 +183,12 @@ def bucket_for(lengths, buckets):
     return buckets[np.searchsorted(buckets, lengths, side="left")]
 
 
+def draw_seed():
+    """A shuffle seed drawn from NumPy's global generator (`keras.utils.set_random_seed` seeds
+    it, so seeded runs plan the same batches)."""
+    return int(np.random.randint(0, 2**31 - 1))
+
+
 def plan_batches(lengths, batch_size, buckets, shuffle=False, seed=None, group_size=None):
     """Groups rows into batches of similar length.
 
@@ -213,7 +219,7 @@ def plan_batches(lengths, batch_size, buckets, shuffle=False, seed=None, group_s
     else:
         group_size = _positive_int(group_size or DEFAULT_GROUP_SIZE, "group_size")
         if seed is None:
-            seed = int(np.random.randint(0, 2**31 - 1))
+            seed = draw_seed()
         rng = np.random.default_rng(seed)
         permutation = rng.permutation(len(lengths))
         group = batch_size * group_size
@@ -341,6 +347,11 @@ class LengthBatches(keras.utils.PyDataset):
         seed: int or `None`. Seed of the first epoch's plan. Defaults to `None`.
         sequence_targets: bool. Crop `y` and `sample_weight` too (per-token labels).
             Defaults to `False`.
+        num_processes, process_index: ints. Training over several processes
+            (`kbert.models.multiprocess`): every process plans the same batches (same
+            `seed`) and takes slice `process_index` of `num_processes` equal slices of each;
+            a batch of `n` rows leaves its last `n % num_processes` rows out (`dropped_rows`
+            per epoch), a batch of fewer rows than processes is left out. Defaults to one.
     """
 
     def __init__(
@@ -354,6 +365,8 @@ class LengthBatches(keras.utils.PyDataset):
         shuffle=False,
         seed=None,
         sequence_targets=False,
+        num_processes=1,
+        process_index=0,
     ):
         super().__init__()
         if "padding_mask" not in x:
@@ -371,23 +384,43 @@ class LengthBatches(keras.utils.PyDataset):
         self.num_rows = len(self.lengths)
         if not self.num_rows:
             raise ValueError("LengthBatches received 0 rows.")
+        self.num_processes = _positive_int(num_processes, "num_processes")
+        if not 0 <= process_index < self.num_processes:
+            raise ValueError(
+                f"`process_index` must be in [0, {self.num_processes}). "
+                f"Received: process_index={process_index!r}"
+            )
+        self.process_index = int(process_index)
         self._seed = seed
         self._epoch = 0
+        self.dropped_rows = 0
         self.plan = self._plan()
 
     def _plan(self):
         seed = self._seed
         if self.shuffle and seed is not None:
             seed = seed + self._epoch
-        return plan_batches(
+        plan = plan_batches(
             self.lengths, self.batch_size, self.buckets, shuffle=self.shuffle, seed=seed
         )
+        if self.num_processes == 1:
+            return plan
+        own, self.dropped_rows = [], 0
+        for rows, length in plan:
+            share = len(rows) // self.num_processes
+            self.dropped_rows += len(rows) - share * self.num_processes
+            if share:
+                first = self.process_index * share
+                own.append((rows[first : first + share], length))
+        return own
 
     def __len__(self):
         return len(self.plan)
 
     def __getitem__(self, index):
-        rows, length = self.plan[index]
+        return self._batch(*self.plan[index])
+
+    def _batch(self, rows, length):
         x = crop_batch(self.x, rows, length, axis=-1)
         if self.y is None:
             return (x,)
@@ -404,11 +437,37 @@ class LengthBatches(keras.utils.PyDataset):
             self._epoch += 1
             self.plan = self._plan()
 
-    def as_tf_dataset(self):
+    def epoch_callback(self):
+        """A Keras callback that calls `on_epoch_end` at the end of each training epoch (for
+        `as_tf_dataset(new_plan_each_pass=False)`)."""
+        batches = self
+
+        class NewPlanEachEpoch(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                batches.on_epoch_end()
+
+        return NewPlanEachEpoch()
+
+    def epoch_batches(self, epoch):
+        """The items of epoch `epoch` (0, 1, ...), planned with seed + epoch, without changing
+        the current plan (for generators that count their own epochs)."""
+        current = self._epoch, self.plan
+        try:
+            self._epoch = epoch
+            plan = self._plan()
+        finally:
+            self._epoch, self.plan = current[0], current[1]
+        for rows, length in plan:
+            yield self._batch(rows, length)
+
+    def as_tf_dataset(self, new_plan_each_pass=True):
         """The batches as a `tf.data.Dataset` whose sequence dimension is variable.
 
-        Each iteration over the dataset after the first starts with a new plan (when
-        shuffling), as `on_epoch_end` does for Keras' own `PyDataset` loop.
+        With `new_plan_each_pass` each iteration over the dataset after the first starts with
+        a new plan (when shuffling), as `on_epoch_end` does for Keras' own `PyDataset` loop.
+        Keras' `fit` may iterate a dataset once more before its first epoch (to build the
+        metrics), so a `fit` that must follow the plans epoch by epoch passes `False` and
+        calls `on_epoch_end` at each epoch's end itself (`epoch_callback`).
         """
         tf = tensorflow.tensorflow("Length batches as a tf.data.Dataset")
 
@@ -431,7 +490,7 @@ class LengthBatches(keras.utils.PyDataset):
         passes = [0]
 
         def generate():
-            if passes[0]:  # A new epoch: a new plan when shuffling.
+            if passes[0] and new_plan_each_pass:  # A new epoch: a new plan when shuffling.
                 self.on_epoch_end()
             passes[0] += 1
             for index in range(len(self)):

@@ -5,7 +5,13 @@ same script with the same full inputs and the global `batch_size`. `MultiProcess
 base of `kbert.models.BertTask`, then turns `fit`'s inputs into this process' share and keeps
 the replicas equal:
 
-* **NumPy arrays and raw text** (packed by the task first): `ProcessBatches` gives process `p`
+* **Raw text and packed inputs** are planned in length batches exactly as one process plans
+  them (`kbert.data.batching.LengthBatches`, the same buckets, one shuffle seed drawn by
+  process 0 from NumPy's global generator and sent to all): process `p` of `P` takes the
+  `p`-th of `P` equal slices of each planned batch, so the processes together run one
+  process' steps on the same global batches (a batch whose row count does not split evenly
+  leaves its last rows out, with a warning).
+* **Other NumPy arrays**: `ProcessBatches` gives process `p`
   of `P` rows `[p * B/P, (p + 1) * B/P)` of every global batch of `B` rows. `B` must be a
   multiple of `P` (a ValueError otherwise). The last, partial batch of `n` rows keeps its
   first `n - n % P` rows, split the same way on every process (a warning names the rows
@@ -103,8 +109,12 @@ def batch_slices(group):
 
 
 def _agreed_seed():
-    """A random seed drawn by process 0 and sent to every process."""
-    seed = np.array([np.random.SeedSequence().entropy % (2**31 - 1)], "int64")
+    """A shuffle seed drawn by every process from NumPy's global generator (seeded by
+    `keras.utils.set_random_seed`, so a seeded run repeats, and draws what one process would
+    draw), process 0's sent to all."""
+    from kbert.data.batching import draw_seed
+
+    seed = np.array([draw_seed()], "int64")
     return int(processes.broadcast([seed])[0][0])
 
 
@@ -166,10 +176,11 @@ class ProcessBatches(keras.utils.PyDataset):
         self.used_rows = self.rows - self.dropped_rows
         self._order = self._make_order()
 
-    def _make_order(self):
+    def _make_order(self, epoch=None):
         if not self.shuffle:
             return np.arange(self.rows)
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.rows)
+        epoch = self.epoch if epoch is None else epoch
+        return np.random.default_rng([self.seed, epoch]).permutation(self.rows)
 
     @property
     def num_batches(self):
@@ -181,11 +192,14 @@ class ProcessBatches(keras.utils.PyDataset):
     def __getitem__(self, index):
         if not 0 <= index < self.num_batches:
             raise IndexError(f"Batch {index} of {self.num_batches}.")
+        return self._batch(self._order, index)
+
+    def _batch(self, order, index):
         start = index * self.batch_size
         size = min(self.batch_size, self.used_rows - start)
         share = size // self.num_processes
         first = start + self.process_index * share
-        rows = self._order[first : first + share]
+        rows = order[first : first + share]
         batch = keras.tree.map_structure(lambda a: np.asarray(a)[rows], self.data)
         return batch if len(batch) > 1 else batch[0]
 
@@ -193,23 +207,32 @@ class ProcessBatches(keras.utils.PyDataset):
         self.epoch += 1
         self._order = self._make_order()
 
+    def epoch_batches(self, epoch):
+        """The batches of epoch `epoch` (0, 1, ...), leaving the current order as it is."""
+        order = self._make_order(epoch)
+        for index in range(len(self)):
+            yield self._batch(order, index)
+
 
 def _tf_distributed(group, data):
     """A TensorFlow strategy's dataset that hands each worker `data` (its own batches) as is."""
     tf = tensorflow.tensorflow("Multi-process training on TensorFlow")
 
-    if isinstance(data, ProcessBatches):
+    if isinstance(data, keras.utils.PyDataset):  # ProcessBatches or LengthBatches
         batches = data
         first = batches[0]
+        # Every axis variable: length-planned batches differ in rows and padded length.
         spec = keras.tree.map_structure(
-            lambda a: tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype)), first
+            lambda a: tf.TensorSpec((None,) * np.ndim(a), tf.as_dtype(np.asarray(a).dtype)),
+            first,
         )
 
         def generate():  # Endless: `fit` takes `len(batches)` steps per epoch.
+            # Each generator counts its own epochs (Keras may start one to peek at a batch).
+            epoch = 0
             while True:
-                for i in range(len(batches)):
-                    yield batches[i]
-                batches.on_epoch_end()
+                yield from batches.epoch_batches(epoch)
+                epoch += 1
 
         dataset = tf.data.Dataset.from_generator(generate, output_signature=spec)
     else:
@@ -300,21 +323,36 @@ class MultiProcessTraining:
                 f"step over all {group.num_processes} processes) with array or text inputs."
             )
         slices, index = batch_slices(group)
-        batches = ProcessBatches(
-            x,
-            y,
-            sample_weight,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            num_processes=slices,
-            process_index=index,
-        )
+        if self.length_batchable(x, y, sample_weight):
+            # The batches one process would plan (same seed), each split over the processes.
+            batches = self.planned_batches(
+                x,
+                y,
+                sample_weight,
+                batch_size,
+                shuffle=shuffle,
+                seed=seed if shuffle else None,
+                training=shuffle,
+                num_processes=slices,
+                process_index=index,
+            )
+            check_global_batch_size(batch_size, slices)
+        else:
+            batches = ProcessBatches(
+                x,
+                y,
+                sample_weight,
+                batch_size=batch_size,
+                shuffle=shuffle,
+                seed=seed,
+                num_processes=slices,
+                process_index=index,
+            )
         if batches.dropped_rows:
             warnings.warn(
-                f"The last batch has {batches.rows % batches.batch_size} rows, which do not split "
-                f"evenly over {slices} processes: its last {batches.dropped_rows} "
-                "rows are left out of every epoch (on every process alike).",
+                f"A batch of {batch_size} rows or fewer does not split evenly over {slices} "
+                f"processes: {batches.dropped_rows} rows are left out of the epoch (on every "
+                "process alike).",
                 stacklevel=3,
             )
         if group.backend == "tensorflow":

@@ -323,13 +323,18 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         return getattr(strategy, "num_replicas_in_sync", 1) > 1
 
     def _can_batch_by_length(self, x, y=None, sample_weight=None):
-        """True when `fit`/`evaluate`/`predict` input can be batched by length.
+        """True when `fit`/`evaluate`/`predict` input can be batched by length here, in one
+        process: `length_batchable` and no distribution splits the batches."""
+        return self.length_batchable(x, y, sample_weight) and not self._distributed()
+
+    def length_batchable(self, x, y=None, sample_weight=None):
+        """True when the data can be planned in length batches (also over several processes).
 
         That is: `length_batching` is on, `x` is a dict of NumPy arrays of rank
         `packed_input_ndim` (2: `(batch, sequence)`) with exactly the
         model's inputs (`token_ids`, `segment_ids`, `padding_mask`; a packed backbone's
         `document_ids` are left alone), `y` and `sample_weight` are `None` or NumPy arrays (or
-        dicts of them) with as many rows, and no distribution splits the batches.
+        dicts of them) with as many rows.
         """
         if not self.length_batching or not isinstance(x, dict):
             return False
@@ -346,7 +351,7 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         for part in (y, sample_weight):
             if part is not None and batching.rows_of(batching.as_arrays(part)) != rows:
                 return False
-        return not self._distributed()
+        return True
 
     def bucket_lengths(self, sequence_length, training=False):
         """The lengths this model pads its batches to (`kbert.data.batching.model_buckets`
@@ -355,23 +360,38 @@ class PipelineModel(MultiProcessTraining, keras.Model):
             self, sequence_length, training=training, granularity=self.bucket_granularity
         )
 
-    def _length_batches(
-        self, x, y=None, sample_weight=None, batch_size=None, shuffle=False, training=False
-    ):
-        """The planned batches of checked, packed NumPy data, for Keras' `fit` / `evaluate`:
-        a `LengthBatches` (JAX, PyTorch) or its `tf.data.Dataset` (TensorFlow)."""
-        batches = batching.LengthBatches(
+    def planned_batches(self, x, y=None, sample_weight=None, batch_size=None, **kwargs):
+        """A `kbert.data.batching.LengthBatches` of checked, packed NumPy data with this
+        model's buckets (`training=True`: `fit`'s); `shuffle`, `seed`, `num_processes` and
+        `process_index` as there. Training draws one seed from NumPy's global generator
+        (each epoch plans with seed + epoch), so `keras.utils.set_random_seed` repeats a run
+        and several processes that agree on the seed plan the same batches."""
+        training = kwargs.pop("training", False)
+        if kwargs.get("shuffle") and kwargs.get("seed") is None:
+            kwargs["seed"] = batching.draw_seed()
+        return batching.LengthBatches(
             x,
             None if y is None else batching.as_arrays(y),
             None if sample_weight is None else batching.as_arrays(sample_weight),
             batch_size=batch_size or KERAS_DEFAULT_BATCH_SIZE,
             buckets=self.bucket_lengths(x["padding_mask"].shape[-1], training=training),
-            shuffle=shuffle,
             sequence_targets=self.sequence_targets,
+            **kwargs,
+        )
+
+    def _length_batches(
+        self, x, y=None, sample_weight=None, batch_size=None, shuffle=False, training=False
+    ):
+        """The planned batches of checked, packed NumPy data, for Keras' `fit` / `evaluate`:
+        `(data, batches)`, `data` the `LengthBatches` `batches` (JAX, PyTorch) or its
+        `tf.data.Dataset` (TensorFlow; for training, whose plan `batches.epoch_callback()`
+        renews at each epoch's end)."""
+        batches = self.planned_batches(
+            x, y, sample_weight, batch_size, shuffle=shuffle, training=training
         )
         if keras.backend.backend() == "tensorflow":
-            return batches.as_tf_dataset()
-        return batches
+            return batches.as_tf_dataset(new_plan_each_pass=not training), batches
+        return batches, batches
 
     def _batch_fit_data(
         self, x, y, sample_weight, batch_size, validation_data, validation_split, fit_kwargs
@@ -382,7 +402,7 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         validation_size = fit_kwargs.get("validation_batch_size") or batch_size
         if isinstance(validation_data, tuple) and self._can_batch_by_length(*validation_data):
             fit_kwargs.pop("validation_batch_size", None)
-            validation_data = self._length_batches(*validation_data, batch_size=validation_size)
+            validation_data = self._length_batches(*validation_data, batch_size=validation_size)[0]
         if not self._can_batch_by_length(x, y, sample_weight):
             return x, y, sample_weight, batch_size, validation_data, validation_split
         if validation_split and validation_data is None:
@@ -390,11 +410,16 @@ class PipelineModel(MultiProcessTraining, keras.Model):
                 x, y, sample_weight, validation_split
             )
             fit_kwargs.pop("validation_batch_size", None)
-            validation_data = self._length_batches(*held_out, batch_size=validation_size)
+            validation_data = self._length_batches(*held_out, batch_size=validation_size)[0]
         shuffle = bool(fit_kwargs.get("shuffle", True))
-        x = self._length_batches(x, y, sample_weight, batch_size, shuffle, training=True)
-        if is_dataset(x):
-            fit_kwargs["shuffle"] = False  # The plan shuffles; Keras ignores it for datasets.
+        x, batches = self._length_batches(x, y, sample_weight, batch_size, shuffle, training=True)
+        if is_dataset(x) and shuffle:
+            callbacks = fit_kwargs.get("callbacks") or []
+            if not isinstance(callbacks, keras.callbacks.CallbackList):
+                fit_kwargs["callbacks"] = [*callbacks, batches.epoch_callback()]
+        # The plan shuffles (Keras would shuffle a PyDataset's batch order again, and ignores
+        # `shuffle` for datasets): several processes then run the same order.
+        fit_kwargs["shuffle"] = False
         return x, None, None, None, validation_data, 0.0
 
     def _sequence_outputs(self):
@@ -538,7 +563,7 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         """
         x, y, sample_weight = self._prepare(x, y, sample_weight, "evaluate", batch_size)
         if self._can_batch_by_length(x, y, sample_weight):
-            x = self._length_batches(x, y, sample_weight, batch_size)
+            x = self._length_batches(x, y, sample_weight, batch_size)[0]
             y = sample_weight = batch_size = None
         return super().evaluate(
             x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, **kwargs

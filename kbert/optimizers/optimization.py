@@ -201,6 +201,27 @@ class _PendingUpdate:
         self.learning_rate = None
 
 
+def _clipped(grads, clipnorm, global_clipnorm, clipvalue):
+    """Keras' optimizer clipping (`clipnorm` per tensor, else `global_clipnorm`, else
+    `clipvalue`) of a list of gradients (`None` kept)."""
+    present = [g for g in grads if g is not None]
+    if clipnorm and clipnorm > 0:
+        scaled = [
+            g * ops.minimum(1.0, clipnorm / ops.maximum(ops.sqrt(ops.sum(ops.square(g))), 1e-12))
+            for g in present
+        ]
+    elif global_clipnorm and global_clipnorm > 0:
+        norm = ops.sqrt(sum(ops.sum(ops.square(g)) for g in present))
+        factor = global_clipnorm / ops.maximum(norm, global_clipnorm)
+        scaled = [g * ops.cast(factor, g.dtype) for g in present]
+    elif clipvalue and clipvalue > 0:
+        scaled = [ops.clip(g, -clipvalue, clipvalue) for g in present]
+    else:
+        scaled = present
+    out = iter(scaled)
+    return [None if g is None else next(out) for g in grads]
+
+
 @keras.saving.register_keras_serializable(package="kbert")
 class BertAdamW(keras.optimizers.AdamW):
     """AdamW whose epsilon is added after bias correction, as `torch.optim.AdamW` adds it.
@@ -294,6 +315,10 @@ class BertAdamW(keras.optimizers.AdamW):
         return self.momentums[position], self.velocities[position]
 
     def apply(self, grads, trainable_variables=None):
+        if self.clipnorm or self.global_clipnorm or self.clipvalue:
+            summed, replicas = backend.replicas_gradient_sum(grads)
+            if summed is not None:
+                return self._apply_clipped_sum(summed, replicas, trainable_variables)
         if not backend.has_multi_tensor_adamw():
             return super().apply(grads, trainable_variables)
         variables = trainable_variables
@@ -314,6 +339,19 @@ class BertAdamW(keras.optimizers.AdamW):
             return result
         finally:
             self._pending = None
+
+    def _apply_clipped_sum(self, summed, replicas, trainable_variables):
+        """Over several TensorFlow replicas: clips the global gradient `summed` (as one worker
+        clips its whole batch's) and hands each replica `1 / replicas` of it, which Keras sums
+        over the replicas again, with Keras' own clipping off for this call."""
+        clipped = _clipped(summed, self.clipnorm, self.global_clipnorm, self.clipvalue)
+        shares = [None if g is None else g / replicas for g in clipped]
+        settings = self.clipnorm, self.global_clipnorm, self.clipvalue
+        self.clipnorm = self.global_clipnorm = self.clipvalue = None
+        try:
+            return super().apply(shares, trainable_variables)
+        finally:
+            self.clipnorm, self.global_clipnorm, self.clipvalue = settings
 
     def update_step(self, gradient, variable, learning_rate):
         pending = self._pending

@@ -5,7 +5,7 @@ hosts"): torch under `python -m torch.distributed.run` (torchrun), JAX with Kera
 Both processes exit 0; a `sitecustomize` audit hook (test-only, on `PYTHONPATH`) records every
 file or folder each process creates, writes, renames or removes under the output folder: process
 1 touched none, process 0 wrote the run's files. The records show one run over the global
-batch (as many steps as one process takes with the same `--batch-size`), and the hook saves
+batch (the GLUE run's loss at every step equals the same run's in one process), and the hook saves
 each process' weights at the start and end of `fit`: the two replicas end equal (1e-6) after
 moving 100 times more, which they would not without the gradients' sync (each process trains on
 its own slice of every global batch). That two processes equal one process on the same global
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import keras
 import pytest
@@ -204,6 +205,23 @@ def _run_two_processes(tmp_path, script_args, output):
     return writes, "\n".join(outputs)
 
 
+def _run_one_process(tmp_path, script_args):
+    """Runs the application alone (no launcher); returns its metrics.json record."""
+    env = dict(os.environ, KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="3")
+    for name in ("RANK", "WORLD_SIZE", "TF_CONFIG", "KERAS_DISTRIBUTION_NUM_PROCESSES"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    done = subprocess.run(
+        [sys.executable, *script_args], env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=LAUNCH_LIMIT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    output = script_args[script_args.index("--output-dir") + 1]
+    return json.loads((Path(output) / "metrics.json").read_text())
+
+
 def _check_replicas_trained_together(records):
     """Both processes end `fit` with the same weights, far from where they started: each
     trained on its own slice of every global batch, so without the gradients' sync over the
@@ -242,18 +260,27 @@ def preset(tmp_path_factory):
 def test_glue_over_two_processes(preset, tmp_path):
     _write_glue(tmp_path / "data")
     output = tmp_path / "out"
-    writes, log = _run_two_processes(tmp_path, [
+    arguments = [
         str(REPO_ROOT / "applications" / "glue.py"), "--task", "sst2", "--preset", str(preset),
         "--data-dir", str(tmp_path / "data"), "--epochs", "2", "--batch-size", "8",
-        "--max-length", "16", "--output-dir", str(output),
-    ], output)  # fmt: skip
+        "--max-length", "16", "--learning-rate", "3e-2", "--classifier-dropout", "0",
+    ]  # fmt: skip
+    writes, log = _run_two_processes(tmp_path, [*arguments, "--output-dir", str(output)], output)
     assert writes[1] == [], writes[1]
     assert str(output / "metrics.json") in writes[0]
     record = json.loads((output / "metrics.json").read_text())
     # 24 rows in global batches of 8: 3 steps per epoch, as in one process.
     assert record["train_steps"] == len(record["step_loss"]) == 6
     assert len(record["evaluations"]) == 2
-    assert 0.0 <= record["metrics"]["accuracy"] <= 1.0
+    # The same run in one process: the same global batches, so the same loss at every step
+    # (each process' loss alone, or unsynchronised gradients, would differ from step 0 or 1).
+    alone = _run_one_process(tmp_path, [*arguments, "--output-dir", str(tmp_path / "alone")])
+    losses, expected = record["step_loss"], alone["step_loss"]
+    assert max(expected) - min(expected) > 0.02, expected  # the steps move the loss
+    assert len(losses) == len(expected)
+    for step, (loss, reference) in enumerate(zip(losses, expected)):
+        assert abs(loss - reference) <= 1e-4 * max(1.0, abs(reference)), (step, losses, expected)
+    assert record["metrics"] == pytest.approx(alone["metrics"], abs=1e-6)
     assert (output / "training_curve.png").read_bytes().startswith(b"\x89PNG")
     assert log.count("GLUE sst2: 24 training examples") == 1  # process 1 prints nothing
 

@@ -92,6 +92,44 @@ def test_plan_sorts_for_inference_and_groups_shuffled_for_training():
     assert padding < 0.5 * random_padding
 
 
+@pytest.mark.backend_independent  # NumPy plans
+def test_processes_take_equal_slices_of_one_process_plan():
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(1, 49, size=43)
+    mask = (np.arange(48)[None, :] < lengths[:, None]).astype("int32")
+    x = {"token_ids": mask * 7, "segment_ids": 0 * mask, "padding_mask": mask}
+    y = np.arange(43)
+    kwargs = dict(batch_size=8, buckets=BUCKETS, shuffle=True, seed=11)
+    alone = batching.LengthBatches(x, y, **kwargs)
+    shares = [
+        batching.LengthBatches(x, y, num_processes=3, process_index=i, **kwargs) for i in range(3)
+    ]
+    for _ in range(2):  # two epochs
+        # 43 rows in batches of 8: the batch of 3 rows splits 1-1-1, the others lose 2 rows
+        # each (8 = 3 * 2 + 2); every process plans the same number of batches.
+        assert {len(share) for share in shares} == {len(alone)}
+        for index in range(len(alone)):
+            (x1, y1) = alone[index]
+            parts = [share[index] for share in shares]
+            share_rows = len(y1) // 3
+            joined = np.concatenate([part[1] for part in parts])
+            np.testing.assert_array_equal(joined, y1[: 3 * share_rows])  # in plan order
+            for part in parts:  # cropped to the global batch's bucket
+                assert part[0]["token_ids"].shape[-1] == x1["token_ids"].shape[-1]
+        used = sum(3 * (len(alone[i][1]) // 3) for i in range(len(alone)))
+        assert shares[0].dropped_rows == 43 - used
+        alone.on_epoch_end()
+        for share in shares:
+            share.on_epoch_end()
+    # `epoch_batches` gives an epoch's batches without moving the current plan.
+    first = [b[1].tolist() for b in shares[1].epoch_batches(0)]
+    now = [shares[1][i][1].tolist() for i in range(len(shares[1]))]
+    fresh = batching.LengthBatches(x, y, num_processes=3, process_index=1, **kwargs)
+    assert first == [fresh[i][1].tolist() for i in range(len(fresh))] and first != now
+    with pytest.raises(ValueError, match="process_index"):
+        batching.LengthBatches(x, y, num_processes=2, process_index=2, **kwargs)
+
+
 def test_row_lengths_keep_every_real_position():
     mask = np.zeros((3, 10), "int32")
     mask[0, :3] = 1
