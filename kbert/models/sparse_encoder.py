@@ -21,7 +21,7 @@ from kbert.models.backbone import BACKBONE_INPUTS
 from kbert.models.input_checks import check_model_inputs
 from kbert.models.pipeline import text_parts
 from kbert.models.task import BertTask
-from kbert.models.text_embedder import BertTextEmbedder, TextColumnBatches, is_text_columns
+from kbert.models.text_embedder import TextColumnBatches, TextEncoding, is_text_columns
 
 SIMILARITY_FUNCTIONS = ("dot", "cosine")
 # Rows sent through the model and into one sparse block at a time by `encode`: the dense
@@ -102,7 +102,7 @@ def active_dimensions(embeddings):
 
 
 @keras.saving.register_keras_serializable(package="kbert")
-class BertSparseEncoder(BertTask):
+class BertSparseEncoder(TextEncoding, BertTask):
     """SPLADE sparse encoder: backbone -> masked-LM logits per token -> log1p(relu) -> max.
 
     The model maps the backbone's input dict to one float32 weight per vocabulary entry and
@@ -248,15 +248,6 @@ class BertSparseEncoder(BertTask):
 
     # Name of the output in an exported SavedModel (see `kbert.export`).
     export_output_name = "embeddings"
-
-    # Text handling shared with the dense embedder: the same tokenization (prompt, casing,
-    # truncation), packing and prompt choice of `encode_query` / `encode_document`.
-    _require_tokenizer = BertTextEmbedder._require_tokenizer
-    resolve_prompt = BertTextEmbedder.resolve_prompt
-    tokenize_texts = BertTextEmbedder.tokenize_texts
-    pack_token_ids = BertTextEmbedder.pack_token_ids
-    encode_query = BertTextEmbedder.encode_query
-    encode_document = BertTextEmbedder.encode_document
 
     # ----------------------------------------------------------------- calling
     def call(self, inputs, training=None, mask=None):

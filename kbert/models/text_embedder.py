@@ -67,8 +67,94 @@ def _l2_normalize(x):
     return (x / np.maximum(norm, 1e-12)).astype(np.float32)
 
 
+class TextEncoding:
+    """Text handling of the encoders (`BertTextEmbedder`, `BertSparseEncoder`): the same
+    tokenization (prompt, casing, truncation), packing and prompt choice of `encode_query` /
+    `encode_document`. The class has `preprocessor`, `prompts`, `default_prompt_name`,
+    `lowercase_input`, `bucket_lengths` and `encode(texts, prompt=, prompt_name=, ...)`."""
+
+    def _require_tokenizer(self):
+        if self.preprocessor is None:
+            raise ValueError(
+                f"{type(self).__name__} needs a preprocessor (a kbert.text.BertPreprocessor) "
+                "to take raw strings. Build it with `from_preset` on a source that has a "
+                "vocabulary, or pass `preprocessor=`."
+            )
+        return self.preprocessor.tokenizer, self.preprocessor.sequence_length
+
+    def resolve_prompt(self, prompt=None, prompt_name=None):
+        """The text `encode` prepends: `prompt`, else `prompts[prompt_name]`, else the default
+        prompt (`default_prompt_name`), else `""`."""
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise ValueError(f"`prompt` must be a string. Received: {prompt!r}")
+            return prompt
+        if prompt_name is not None:
+            if prompt_name not in self.prompts:
+                raise ValueError(
+                    f"Unknown prompt name {prompt_name!r}. This model's prompts are "
+                    f"{sorted(self.prompts)}"
+                )
+            return self.prompts[prompt_name]
+        if self.default_prompt_name is not None:
+            return self.prompts[self.default_prompt_name]
+        return ""
+
+    def tokenize_texts(self, texts, prompt=""):
+        """Token ids of each text (prompt prepended, lower-cased if `lowercase_input`),
+        cut to `sequence_length - 2` so that `[CLS]` and `[SEP]` fit. A list of lists."""
+        tokenizer, sequence_length = self._require_tokenizer()
+        if prompt:
+            texts = [prompt + text for text in texts]
+        if self.lowercase_input:
+            texts = [text.lower() for text in texts]
+        budget = sequence_length - 2
+        return [ids[:budget] for ids in tokenizer.tokenize(texts)]
+
+    def pack_token_ids(self, rows, length=None, training=False):
+        """Packs lists of token ids (from `tokenize_texts`) with the preprocessor's
+        `kbert.text.BertPacker` into `token_ids`, `segment_ids`, `padding_mask` int32 arrays
+        `(len(rows), length)`; `length` defaults to the smallest bucket (see
+        `bucket_lengths`; `training=True`: `fit`'s buckets) that holds the longest row with
+        `[CLS]` and `[SEP]`."""
+        _, sequence_length = self._require_tokenizer()
+        if length is None:
+            longest = max(len(ids) for ids in rows) + 2
+            buckets = self.bucket_lengths(sequence_length, training=training)
+            length = int(batching.bucket_for([longest], buckets)[0])
+        return self.preprocessor.packer(list(rows), sequence_length=int(length))
+
+    def encode_query(self, texts, prompt=None, prompt_name=None, **kwargs):
+        """`encode` for search queries, as sentence-transformers' `encode_query`.
+
+        Without `prompt` or `prompt_name` it applies the model's `"query"` prompt, and `""`
+        when the model has none: never the default prompt (sentence-transformers' models
+        always hold a `"query"` prompt, empty unless the checkpoint sets it). Other arguments
+        as `encode`.
+        """
+        if prompt is None and prompt_name is None:
+            prompt = self.prompts.get("query", "")
+        return self.encode(texts, prompt=prompt, prompt_name=prompt_name, **kwargs)
+
+    def encode_document(self, texts, prompt=None, prompt_name=None, **kwargs):
+        """`encode` for the documents searched, as sentence-transformers' `encode_document`.
+
+        Without `prompt` or `prompt_name` it applies the first of the `"document"`,
+        `"passage"` and `"corpus"` prompts that exists, where, as in every
+        sentence-transformers model, a `"document"` prompt always exists (empty unless the
+        checkpoint sets one): a model with only a `"passage"` prompt encodes documents
+        without it, as sentence-transformers does (pass `prompt_name="passage"` to use it).
+        Never the default prompt. Other arguments as `encode`.
+        """
+        if prompt is None and prompt_name is None:
+            prompts = {"document": "", **self.prompts}
+            name = next(n for n in ("document", "passage", "corpus") if n in prompts)
+            prompt = prompts[name]
+        return self.encode(texts, prompt=prompt, prompt_name=prompt_name, **kwargs)
+
+
 @keras.saving.register_keras_serializable(package="kbert")
-class BertTextEmbedder(BertTask):
+class BertTextEmbedder(TextEncoding, BertTask):
     """BERT sentence embeddings: backbone -> pooling over real tokens -> optional L2 norm.
 
     The model maps the backbone's input dict to one float32 vector per row. `encode` takes
@@ -247,57 +333,6 @@ class BertTextEmbedder(BertTask):
         return MultipleNegativesRankingLoss()
 
     # ---------------------------------------------------------------- encoding
-    def _require_tokenizer(self):
-        if self.preprocessor is None:
-            raise ValueError(
-                f"{type(self).__name__} needs a preprocessor (a kbert.text.BertPreprocessor) "
-                "to take raw strings. Build it with `from_preset` on a source that has a "
-                "vocabulary, or pass `preprocessor=`."
-            )
-        return self.preprocessor.tokenizer, self.preprocessor.sequence_length
-
-    def resolve_prompt(self, prompt=None, prompt_name=None):
-        """The text `encode` prepends: `prompt`, else `prompts[prompt_name]`, else the default
-        prompt (`default_prompt_name`), else `""`."""
-        if prompt is not None:
-            if not isinstance(prompt, str):
-                raise ValueError(f"`prompt` must be a string. Received: {prompt!r}")
-            return prompt
-        if prompt_name is not None:
-            if prompt_name not in self.prompts:
-                raise ValueError(
-                    f"Unknown prompt name {prompt_name!r}. This model's prompts are "
-                    f"{sorted(self.prompts)}"
-                )
-            return self.prompts[prompt_name]
-        if self.default_prompt_name is not None:
-            return self.prompts[self.default_prompt_name]
-        return ""
-
-    def tokenize_texts(self, texts, prompt=""):
-        """Token ids of each text (prompt prepended, lower-cased if `lowercase_input`),
-        cut to `sequence_length - 2` so that `[CLS]` and `[SEP]` fit. A list of lists."""
-        tokenizer, sequence_length = self._require_tokenizer()
-        if prompt:
-            texts = [prompt + text for text in texts]
-        if self.lowercase_input:
-            texts = [text.lower() for text in texts]
-        budget = sequence_length - 2
-        return [ids[:budget] for ids in tokenizer.tokenize(texts)]
-
-    def pack_token_ids(self, rows, length=None, training=False):
-        """Packs lists of token ids (from `tokenize_texts`) with the preprocessor's
-        `kbert.text.BertPacker` into `token_ids`, `segment_ids`, `padding_mask` int32 arrays
-        `(len(rows), length)`; `length` defaults to the smallest bucket (see
-        `bucket_lengths`; `training=True`: `fit`'s buckets) that holds the longest row with
-        `[CLS]` and `[SEP]`."""
-        _, sequence_length = self._require_tokenizer()
-        if length is None:
-            longest = max(len(ids) for ids in rows) + 2
-            buckets = self.bucket_lengths(sequence_length, training=training)
-            length = int(batching.bucket_for([longest], buckets)[0])
-        return self.preprocessor.packer(list(rows), sequence_length=int(length))
-
     def encode(
         self,
         texts,
@@ -408,34 +443,6 @@ class BertTextEmbedder(BertTask):
             batches = TextColumnBatches(self, text_columns(x), y, sample_weight, batch_size or 32)
             return batches, None, None
         return super().preprocess_samples(x, y, sample_weight, mode, batch_size)
-
-    def encode_query(self, texts, prompt=None, prompt_name=None, **kwargs):
-        """`encode` for search queries, as sentence-transformers' `encode_query`.
-
-        Without `prompt` or `prompt_name` it applies the model's `"query"` prompt, and `""`
-        when the model has none: never the default prompt (sentence-transformers' models
-        always hold a `"query"` prompt, empty unless the checkpoint sets it). Other arguments
-        as `encode`.
-        """
-        if prompt is None and prompt_name is None:
-            prompt = self.prompts.get("query", "")
-        return self.encode(texts, prompt=prompt, prompt_name=prompt_name, **kwargs)
-
-    def encode_document(self, texts, prompt=None, prompt_name=None, **kwargs):
-        """`encode` for the documents searched, as sentence-transformers' `encode_document`.
-
-        Without `prompt` or `prompt_name` it applies the first of the `"document"`,
-        `"passage"` and `"corpus"` prompts that exists, where, as in every
-        sentence-transformers model, a `"document"` prompt always exists (empty unless the
-        checkpoint sets one): a model with only a `"passage"` prompt encodes documents
-        without it, as sentence-transformers does (pass `prompt_name="passage"` to use it).
-        Never the default prompt. Other arguments as `encode`.
-        """
-        if prompt is None and prompt_name is None:
-            prompts = {"document": "", **self.prompts}
-            name = next(n for n in ("document", "passage", "corpus") if n in prompts)
-            prompt = prompts[name]
-        return self.encode(texts, prompt=prompt, prompt_name=prompt_name, **kwargs)
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, sample_weight=None, **kwargs):
         """`BertTask.fit` that also takes text columns for contrastive training.
