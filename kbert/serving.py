@@ -41,13 +41,16 @@ _PACKED_INPUTS = ("token_ids", "segment_ids", "padding_mask")
 _CHUNK = 4096
 
 
-def load(path, threads=None):
+def load(path, threads=None, sequence_length=None):
     """Loads a serving directory written by `kbert.export.export_onnx` or `export_openvino`.
 
     Args:
         path: str or path. The directory (holding `kbert_serving.json`).
         threads: int or `None`. Threads of the runtime's CPU kernels; `None` (default)
             leaves the runtime's default (every core).
+        sequence_length: int or `None`. Packed length of raw text (tokens per text,
+            `[CLS]`/`[SEP]` included), at most the model's `max_sequence_length`; `None`
+            (default) keeps the exported preprocessor's.
 
     Returns:
         `ExportedModel`.
@@ -65,6 +68,23 @@ def load(path, threads=None):
     ):
         raise ValueError(f"`threads` must be a positive integer or None. Received: {threads!r}")
     config = json.loads(config_file.read_text())
+    if sequence_length is not None:
+        longest = config.get("max_sequence_length")
+        if (
+            isinstance(sequence_length, bool)
+            or not isinstance(sequence_length, int)
+            or not 2 < sequence_length <= (longest or sequence_length)
+        ):
+            raise ValueError(
+                f"`sequence_length` must be an integer in [3, {longest}] (the model's "
+                f"max_sequence_length). Received: sequence_length={sequence_length!r}"
+            )
+        if config.get("preprocessor") is not None:
+            preprocessor = dict(config["preprocessor"])
+            preprocessor["config"] = dict(preprocessor["config"], sequence_length=sequence_length)
+            config["preprocessor"] = preprocessor
+        if config.get("sequence_length"):
+            config["sequence_length"] = sequence_length
     format = config.get("format")
     if format not in SERVING_FILES:
         raise ValueError(
