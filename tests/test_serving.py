@@ -111,7 +111,10 @@ def test_serving_tagger_question_answerer_and_backbone(tmp_path):
     expected = tagger.predict(TEXTS, batch_size=2, verbose=0)
     actual = serving.load(tmp_path / "tagger").predict(TEXTS, batch_size=2)
     assert actual.shape == expected.shape
-    np.testing.assert_allclose(actual, expected, atol=1e-4)
+    # Real positions only: JAX and TensorFlow pad a batch to a bucket, the runtimes to its
+    # longest row, so positions past a row's end hold padding logits or the fill value.
+    real = tagger.encode(TEXTS).inputs["padding_mask"].astype(bool)
+    np.testing.assert_allclose(actual[real], expected[real], atol=1e-4)
 
     questions, contexts = PAIRS, TEXTS
     expected = answerer.predict((questions, contexts), batch_size=2, verbose=0)
