@@ -18,11 +18,16 @@ into batches of similar length and each batch cut to its longest row (`kbert.dat
 onnxruntime and OpenVINO run any length without compiling per shape), outputs put back in
 the caller's order. A float export returns the Keras model's outputs up to float rounding.
 
+`from_model(model, "onnx-int8")` does both steps at once: the switch of a trained Keras
+model to a runtime with one argument (`"onnx"`, `"onnx-int8"`, `"openvino"`,
+`"openvino-int8"`).
+
 Example:
 
     kbert.export.export_onnx(embedder, "served", quantize="int8")
     served = kbert.serving.load("served")
     vectors = served.encode(["a good film", "a dull film"], normalize_embeddings=True)
+    served = kbert.serving.from_model(embedder, "openvino")  # export + load in one call
 """
 
 import json
@@ -97,6 +102,55 @@ def load(path, threads=None, sequence_length=None):
     else:
         runner = _OpenVinoRunner(graph, threads)
     return ExportedModel(config, runner)
+
+
+# `from_model`'s runtimes: (exporter name in kbert.export, quantize).
+RUNTIMES = {
+    "onnx": ("export_onnx", None),
+    "onnx-int8": ("export_onnx", "int8"),
+    "openvino": ("export_openvino", None),
+    "openvino-int8": ("export_openvino", "int8"),
+}
+
+
+def from_model(model, runtime="onnx", directory=None, threads=None):
+    """Exports a Keras model and loads the export: the one-call switch of a trained model
+    to a serving runtime.
+
+    Args:
+        model: a built kbert model with a preprocessor (see `kbert.export.export_onnx`).
+        runtime: `"onnx"`, `"onnx-int8"`, `"openvino"` or `"openvino-int8"`. Defaults to
+            `"onnx"`.
+        directory: str, path or `None`. Where to keep the serving directory; `None`
+            (default) writes it to a temporary directory, removed once loaded (the runtime
+            holds the graph in memory).
+        threads: int or `None`. As in `load`.
+
+    Returns:
+        `ExportedModel`.
+
+    Example:
+
+        served = kbert.serving.from_model(embedder, "onnx-int8")
+        served.encode(["a good film"])
+    """
+    import shutil
+    import tempfile
+
+    from kbert import export
+
+    if runtime not in RUNTIMES:
+        raise ValueError(f"Unknown `runtime` {runtime!r}. Expected one of {list(RUNTIMES)}")
+    exporter, quantize = RUNTIMES[runtime]
+    if directory is not None:
+        getattr(export, exporter)(model, directory, quantize=quantize)
+        return load(directory, threads=threads)
+    scratch = Path(tempfile.mkdtemp(prefix="kbert-serving-"))
+    try:
+        getattr(export, exporter)(model, scratch / "served", quantize=quantize)
+        return load(scratch / "served", threads=threads)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _preprocessor_from(config):

@@ -141,6 +141,12 @@ def test_serving_tagger_question_answerer_and_backbone(tmp_path):
     )
     with pytest.raises(ValueError, match="has no preprocessor"):
         serving.load(tmp_path / "backbone").predict(TEXTS)
+    with pytest.raises(ValueError, match=r"`sequence_length` must be an integer in \[3, 32\]"):
+        serving.load(tmp_path / "backbone", sequence_length=33)
+    with pytest.raises(ValueError, match="Packed inputs must be a dict with exactly the keys"):
+        serving.load(tmp_path / "backbone").predict({"token_ids": packed["token_ids"]})
+    with pytest.raises(ValueError, match="`encode` runs a BertTextEmbedder export"):
+        serving.load(tmp_path / "tagger").encode(TEXTS)
 
 
 @pytest.mark.backend_independent
@@ -153,6 +159,9 @@ def test_openvino_serving_float_and_int8(tmp_path):
     export.export_openvino(embedder, tmp_path / "float")
     served = serving.load(tmp_path / "float")
     assert served.format == "openvino"
+    np.testing.assert_allclose(served.encode(TEXTS, batch_size=2), expected, atol=2e-5)
+    served = serving.from_model(embedder, "openvino")  # Export and load in one call.
+    assert served.format == "openvino" and served.quantize is None
     np.testing.assert_allclose(served.encode(TEXTS, batch_size=2), expected, atol=2e-5)
     pytest.importorskip("nncf")
     export.export_openvino(embedder, tmp_path / "int8", quantize="int8")
@@ -229,6 +238,8 @@ def test_serving_errors(tmp_path):
     (tmp_path / "odd" / "kbert_serving.json").write_text(json.dumps({"format": "tflite"}))
     with pytest.raises(ValueError, match=r"names the format 'tflite'. Expected one of"):
         serving.load(tmp_path / "odd")
+    with pytest.raises(ValueError, match=r"Unknown `runtime` 'tflite'. Expected one of"):
+        serving.from_model(embedder, "tflite")
     with pytest.raises(ValueError, match="`threads` must be a positive integer"):
         serving.load(tmp_path / "odd", threads=0)
     assert not list(tmp_path.glob(".*"))
