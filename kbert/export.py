@@ -1,4 +1,5 @@
-"""Export kbert models for serving: a TensorFlow SavedModel that takes raw strings, and ONNX.
+"""Export kbert models for serving: a TensorFlow SavedModel that takes raw strings, ONNX and
+OpenVINO.
 
 `export_saved_model(model, path)` writes a SavedModel whose signatures run the whole pipeline
 - tokenizer, packer and model - in one TensorFlow graph:
@@ -31,6 +32,14 @@ int32 ids in, with dynamic batch and sequence axes by default (one file serves e
 and every padded length up to the model's maximum), the model's outputs out (no tokenizer).
 `BertMultipleChoice`'s inputs are `(rows, choices, sequence)`, its choices axis dynamic too
 unless `num_choices` fixes it.
+
+`export_onnx(model, directory, quantize=None | "int8")` (a path not ending in `.onnx`) and
+`export_openvino(model, directory, quantize=...)` write serving directories: the graph and
+`kbert_serving.json` (task, outputs, settings, preprocessor), which `kbert.serving.load`
+runs on raw text with the model's own `predict` / `encode`. `export_onnx(...,
+interface="huggingface")` writes a backbone under Hugging Face's input and output names, the
+file sentence-transformers' ONNX backend loads (see
+`kbert.checkpoints.sentence_transformers.export_to_sentence_transformers(onnx=True)`).
 
 A model describes its packed inputs' axes in `packed_input_axes` (see `_packed_axes`).
 """
