@@ -1,5 +1,4 @@
-"""Export kbert models for serving: a TensorFlow SavedModel that takes raw strings, ONNX and
-OpenVINO.
+"""Export kbert models for serving: a SavedModel on raw strings, ONNX, OpenVINO.
 
 `export_saved_model(model, path)` writes a SavedModel whose signatures run the whole pipeline
 - tokenizer, packer and model - in one TensorFlow graph:
