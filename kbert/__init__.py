@@ -15,7 +15,9 @@ Subpackages:
     kbert.checkpoints  Readers/writers for HF, Google TF and keras-hub checkpoints.
     kbert.hub          `hf://` handles and preset names: download, cache, offline (huggingface_hub).
     kbert.callbacks    Resumable training: atomic backups every N steps, exact resume.
-    kbert.export       SavedModel (raw strings in, tokenizer in the graph) and ONNX export.
+    kbert.export       SavedModel (raw strings in, tokenizer in the graph), ONNX (float or
+                       int8) and OpenVINO export.
+    kbert.serving      Runs an ONNX / OpenVINO export on raw text: `load(dir).encode(texts)`.
     kbert.distribution Data- and model-parallel training (keras.distribution) with BERT layouts;
                        `initialize()` for `fit` over several processes on every backend.
     kbert.processes    This process' index in a multi-process run; which one writes files.
@@ -54,6 +56,7 @@ _SUBMODULES = (
     "processes",
     "retrieval",
     "runtime",
+    "serving",
     "text",
     "tracking",
 )

@@ -90,8 +90,14 @@ def test_export_errors(tmp_path):
     with pytest.raises(ValueError, match="existing file"):
         export.export_saved_model(toy_classifier(), tmp_path / "file")
     assert (tmp_path / "file").read_text() == "keep me"
-    with pytest.raises(ValueError, match=r"\.onnx"):
-        export.export_onnx(backbone, tmp_path / "model.bin")
+    # A path not ending in `.onnx` is a serving directory: an existing file is kept.
+    with pytest.raises(ValueError, match="existing file"):
+        export.export_onnx(backbone, tmp_path / "file")
+    assert (tmp_path / "file").read_text() == "keep me"
+    (tmp_path / "dir.onnx").mkdir()
+    with pytest.raises(ValueError, match="is an existing directory"):
+        export.export_onnx(backbone, tmp_path / "dir.onnx")
+    (tmp_path / "dir.onnx").rmdir()
     with pytest.raises(ValueError, match=r"positive integer, or None .* sequence_length=0"):
         export.export_onnx(backbone, tmp_path / "model.onnx", sequence_length=0)
     with pytest.raises(ValueError, match=r"at most the backbone's max_sequence_length \(24\)"):

@@ -252,7 +252,13 @@ def write_settings(embedder, directory, version=None):
     )
 
 
-def export_to_sentence_transformers(embedder, path):
+# sentence-transformers' ONNX backend: its folder and files (float32; int8 as its own
+# `export_dynamic_quantized_onnx_model(..., "avx512_vnni")` names it).
+ONNX_DIRECTORY = "onnx"
+ONNX_FILES = {"model.onnx": None, "model_qint8_avx512_vnni.onnx": "int8"}
+
+
+def export_to_sentence_transformers(embedder, path, onnx=False):
     """Writes a `kbert.models.BertTextEmbedder` as a sentence-transformers directory.
 
     The directory holds the Hugging Face BERT files (`config.json`, `model.safetensors`,
@@ -262,10 +268,20 @@ def export_to_sentence_transformers(embedder, path):
     `sentence_transformers.SentenceTransformer(path)` then encodes as the embedder does.
     The write is atomic: a kill leaves the old or the new complete directory.
 
+    `onnx=True` adds the files of sentence-transformers' ONNX backend
+    (`SentenceTransformer(path, backend="onnx")`, which needs `optimum-onnx`):
+    `onnx/model.onnx` (float32) and `onnx/model_qint8_avx512_vnni.onnx` (int8 weights, the
+    name sentence-transformers gives its own int8 export; load it with
+    `model_kwargs={"file_name": "onnx/model_qint8_avx512_vnni.onnx"}`), both the backbone
+    under Hugging Face's input and output names (see `kbert.export.export_onnx` with
+    `interface="huggingface"`), traced on PyTorch (needs torch, `onnx`, `onnxscript` and
+    `onnxruntime`).
+
     Args:
         embedder: a `kbert.models.BertTextEmbedder` (with a vocabulary: a preprocessor or
             the preset it was loaded from).
         path: str or path. Output directory (created or replaced).
+        onnx: bool. Also write the ONNX files. Defaults to `False`.
 
     Returns:
         The output directory as a `Path`.
@@ -308,7 +324,10 @@ def export_to_sentence_transformers(embedder, path):
         "vocab.txt",
         "tokenizer_config.json",
         "tokenizer.json",
+        ONNX_DIRECTORY,
     )
+    if not isinstance(onnx, bool):
+        raise ValueError(f"`onnx` must be True or False. Received: onnx={onnx!r}")
     tokenizer = getattr(embedder.preprocessor, "tokenizer", None)
     lowercase = getattr(tokenizer, "lowercase", None)
     vocabulary = None
@@ -332,6 +351,15 @@ def export_to_sentence_transformers(embedder, path):
                 "a sentence-transformers directory needs one."
             )
         write_settings(embedder, staging)
+        if onnx:
+            # Through the model's own `export` (kbert.export): checkpoints import no exporter.
+            for name, quantize in ONNX_FILES.items():
+                embedder.export(
+                    staging / ONNX_DIRECTORY / name,
+                    format="onnx",
+                    quantize=quantize,
+                    interface="huggingface",
+                )
         fix_file_modes(staging)
     return path
 

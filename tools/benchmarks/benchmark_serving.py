@@ -19,7 +19,18 @@ user's plain script serves a list of strings at `--batch-size`:
   `max_seq_length = L` (it sorts by length and pads per batch);
 * `onnx`: the classifier exported by `kbert.export.export_onnx` (dynamic batch and sequence
   axes, exported once before timing), fed by the checkpoint's HF fast tokenizer with the texts
-  sorted by length and padded per batch, under `onnxruntime.InferenceSession`.
+  sorted by length and padded per batch, under `onnxruntime.InferenceSession`;
+* `kbert-onnx`, `kbert-onnx-int8`, `kbert-openvino`, `kbert-openvino-int8`: the classifier
+  exported once per worker (untimed) into a serving directory by
+  `kbert.export.export_onnx(model, dir, quantize=None | "int8")` / `export_openvino`, served by
+  `kbert.serving.load(dir, sequence_length=L).predict(texts, batch_size=B)` (kbert's
+  tokenizer, packer and length-ordered batches);
+* `sentence-transformers-onnx`, `sentence-transformers-onnx-int8`: sentence-transformers'
+  ONNX backend (exported by optimum in the worker; int8 by its
+  `export_dynamic_quantized_onnx_model(model, "avx512_vnni", ...)`). It needs `optimum-onnx`,
+  which pins transformers 4.x, so these workers run under `--st-onnx-python`, the interpreter
+  of a separate environment (see tools/benchmarks/benchmark_embeddings.py for its setup; the
+  embeddings benchmark also reports each quantized path's cosine to float32).
 
 Every system first serves the whole workload once untimed (compilation of every shape, caches),
 then `--repeats` timed passes; the best pass is kept. `--rounds N` runs the whole list of
@@ -59,6 +70,7 @@ from bench.harness import (
     load_average,
     log,
     run_rounds,
+    system_environment,
     timed_row,
     write_results,
 )
@@ -68,10 +80,18 @@ SYSTEMS = (
     "kbert-torch",
     "kbert-jax",
     "kbert-tensorflow",
+    "kbert-onnx",
+    "kbert-onnx-int8",
+    "kbert-openvino",
+    "kbert-openvino-int8",
     "hf",
     "sentence-transformers",
+    "sentence-transformers-onnx",
+    "sentence-transformers-onnx-int8",
     "onnx",
 ) + INT8_SYSTEMS
+# Systems whose worker runs in the `--st-onnx-python` environment.
+ST_ONNX_SYSTEMS = ("sentence-transformers-onnx", "sentence-transformers-onnx-int8")
 WORKLOADS = ("short", "long")
 
 
@@ -148,12 +168,40 @@ def _hf(spec):
     return serve
 
 
+def _kbert_serving(spec):
+    """The classifier's serving directory (exported once per worker), on kbert.serving."""
+    from kbert import export, serving
+    from kbert.models import BertClassifier
+
+    runtime = spec["system"].split("-", 1)[1]
+    directory = Path(spec["export_dir"]) / spec["system"]
+    if not directory.is_dir():
+        model = BertClassifier.from_preset(spec["checkpoint"], num_classes=2, fresh_heads=True)
+        quantize = "int8" if runtime.endswith("int8") else None
+        started = time.perf_counter()
+        if runtime.startswith("onnx"):
+            export.export_onnx(model, directory, quantize=quantize)
+        else:
+            export.export_openvino(model, directory, quantize=quantize)
+        log(f"  exported {directory} in {time.perf_counter() - started:.0f} s")
+    served = serving.load(directory, sequence_length=spec["length"])
+    batch_size = spec["batch_size"]
+
+    def serve(texts):
+        served.predict(texts, batch_size=batch_size)
+
+    return serve
+
+
 def _sentence_transformers(spec):
     import sentence_transformers
 
     device, dtype = _torch_device_and_dtype(spec)
-    model = sentence_transformers.SentenceTransformer(spec["checkpoint"], device=device)
-    model = model.to(dtype)
+    if spec["system"] in ST_ONNX_SYSTEMS:
+        model = _st_onnx_model(spec)
+    else:
+        model = sentence_transformers.SentenceTransformer(spec["checkpoint"], device=device)
+        model = model.to(dtype)
     model.max_seq_length = spec["length"]
     batch_size = spec["batch_size"]
 
@@ -161,6 +209,27 @@ def _sentence_transformers(spec):
         model.encode(texts, batch_size=batch_size, convert_to_numpy=True)
 
     return serve
+
+
+def _st_onnx_model(spec):
+    """sentence-transformers' ONNX backend on a copy of the checkpoint (optimum exports into
+    it once per worker; int8 by sentence-transformers' own quantization function)."""
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    copy = Path(spec["export_dir"]) / spec["system"]
+    name = "onnx/model_qint8_avx512_vnni.onnx" if spec["system"].endswith("int8") else None
+    if not copy.is_dir():
+        shutil.copytree(spec["checkpoint"], copy)
+        model = SentenceTransformer(str(copy), device="cpu", backend="onnx")
+        model.save_pretrained(str(copy))
+        if name:
+            from sentence_transformers import export_dynamic_quantized_onnx_model
+
+            export_dynamic_quantized_onnx_model(model, "avx512_vnni", str(copy))
+    kwargs = {"model_kwargs": {"file_name": name}} if name else {}
+    return SentenceTransformer(str(copy), device="cpu", backend="onnx", **kwargs)
 
 
 def _onnx(spec):
@@ -212,8 +281,14 @@ BUILDERS = {
     "kbert-jax": _kbert,
     "kbert-tensorflow": _kbert,
     **{name: _kbert for name in INT8_SYSTEMS},
+    "kbert-onnx": _kbert_serving,
+    "kbert-onnx-int8": _kbert_serving,
+    "kbert-openvino": _kbert_serving,
+    "kbert-openvino-int8": _kbert_serving,
     "hf": _hf,
     "sentence-transformers": _sentence_transformers,
+    "sentence-transformers-onnx": _sentence_transformers,
+    "sentence-transformers-onnx-int8": _sentence_transformers,
     "onnx": _onnx,
 }
 
@@ -225,6 +300,8 @@ def worker_main(spec):
         spec = dict(
             spec, onnx_path=os.path.join(tempfile.mkdtemp(prefix="kbert-serving-"), "m.onnx")
         )
+    # One export (or optimum export) per worker, shared by its workloads.
+    spec = dict(spec, export_dir=tempfile.mkdtemp(prefix="kbert-serving-"))
     for workload in spec["workloads"]:
         texts = load_texts(workload, spec["data_dir"], spec["max_texts"])
         length = spec["lengths"][workload]
@@ -257,17 +334,17 @@ def format_table(results):
             lines.append(f"\n{workload}: every system failed")
         anchors = {r["system"]: r["texts_per_second"] for r in rows if "error" not in r}
         lines.append(
-            f"  {'system':<22} {'texts/s':>9} {'vs HF':>7} {'vs sentence-transformers':>25}"
+            f"  {'system':<32} {'texts/s':>9} {'vs HF':>7} {'vs sentence-transformers':>25}"
         )
         for r in rows:
             if "error" in r:
-                lines.append(f"  {r['system']:<22} failed: {r['error'][:70]}")
+                lines.append(f"  {r['system']:<32} failed: {r['error'][:70]}")
                 continue
             rate = r["texts_per_second"]
             hf = f"{rate / anchors['hf']:.2f}x" if anchors.get("hf") else "-"
             st = anchors.get("sentence-transformers")
             st = f"{rate / st:.2f}x" if st else "-"
-            lines.append(f"  {r['system']:<22} {rate:>9.1f} {hf:>7} {st:>25}")
+            lines.append(f"  {r['system']:<32} {rate:>9.1f} {hf:>7} {st:>25}")
     return "\n".join(lines)
 
 
@@ -297,6 +374,11 @@ def parse_args(argv=None):
     )
     parser.add_argument("--max-texts", type=int, default=None, help="only the first N texts")
     parser.add_argument("--onnx-path", default=None, help="reuse (or keep) this exported file")
+    parser.add_argument(
+        "--st-onnx-python",
+        default=None,
+        help="interpreter of the sentence-transformers ONNX environment (see the docstring)",
+    )
     parser.add_argument("--json", help="write the results to this JSON file")
     parser.add_argument("--chart", help="write a PNG bar chart to this path")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -330,7 +412,18 @@ def main(argv=None):
         "max_texts": args.max_texts,
         "onnx_path": args.onnx_path,
     }
-    results = run_rounds(__file__, base, args.system, args.rounds, args.workload)
+    if set(args.system) & set(ST_ONNX_SYSTEMS) and not args.st_onnx_python:
+        raise SystemExit(
+            f"{sorted(set(args.system) & set(ST_ONNX_SYSTEMS))} run in their own environment: "
+            "give --st-onnx-python (see the docstring), or leave them out with --system."
+        )
+
+    def environment(spec):
+        if spec["system"] in ST_ONNX_SYSTEMS:
+            spec["python"] = args.st_onnx_python
+        return system_environment(spec)
+
+    results = run_rounds(__file__, base, args.system, args.rounds, args.workload, environment)
     end_load = load_average()
     title = (
         f"{checkpoint_name(checkpoint)}, batch {args.batch_size}, {args.dtype}, "

@@ -95,8 +95,10 @@ def run_for_result(command, env=None, name="worker"):
 
 def spawn(script, spec, env, nice=0, name=None):
     """Runs `script --worker SPEC` (SPEC as JSON) in a new process with `env`, under
-    `nice -n NICE` if asked, and returns what the worker emitted."""
-    command = [sys.executable, os.path.abspath(script), "--worker", json.dumps(spec)]
+    `nice -n NICE` if asked, and returns what the worker emitted. `spec["python"]`, when
+    given, is the interpreter (a system from another virtual environment)."""
+    python = spec.get("python") or sys.executable
+    command = [python, os.path.abspath(script), "--worker", json.dumps(spec)]
     if nice:
         command = ["nice", "-n", str(nice)] + command
     return run_for_result(command, env, name or "worker")
@@ -109,6 +111,8 @@ def system_environment(spec):
     system = spec["system"]
     # "kbert-<backend>" or "kbert-<backend>-<variant>" (e.g. kbert-torch-int8).
     backend = system.split("-")[1] if system.startswith("kbert-") else "torch"
+    if backend in ("onnx", "openvino"):  # kbert's serving exports: traced on torch
+        backend = "torch"
     defaults = {"TOKENIZERS_PARALLELISM": "false"}
     return worker_environment(backend, device=spec.get("device"), defaults=defaults)
 
