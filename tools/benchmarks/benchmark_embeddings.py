@@ -219,7 +219,13 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", default=None, help="Default: all-MiniLM-L6-v2.")
     parser.add_argument("--data-dir", default=str(default_data_dir()))
-    parser.add_argument("--system", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument(
+        "--system",
+        nargs="+",
+        choices=SYSTEMS,
+        default=None,
+        help="Default: every system (sentence-transformers' ONNX ones with --st-onnx-python).",
+    )
     parser.add_argument("--questions", type=int, default=1024)
     parser.add_argument("--paragraphs", type=int, default=256)
     parser.add_argument("--sst2", type=int, default=872, help="SST-2 dev sentences (0: none)")
@@ -238,6 +244,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     names = ("questions", "paragraphs", "batch_size", "repeats", "rounds")
     check_positive_ints(parser, args, names)
+    if args.system is None:  # Every system this environment can run.
+        args.system = [s for s in SYSTEMS if args.st_onnx_python or s not in ST_ONNX_SYSTEMS]
     return args
 
 

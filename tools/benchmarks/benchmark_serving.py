@@ -355,7 +355,13 @@ def parse_args(argv=None):
     )
     parser.add_argument("--data-dir", default=str(default_data_dir()))
     parser.add_argument("--workload", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
-    parser.add_argument("--system", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument(
+        "--system",
+        nargs="+",
+        choices=SYSTEMS,
+        default=None,
+        help="Default: every system (sentence-transformers' ONNX ones with --st-onnx-python).",
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--short-length", type=int, default=128)
     parser.add_argument("--long-length", type=int, default=512)
@@ -387,6 +393,8 @@ def parse_args(argv=None):
     check_positive_ints(parser, args, names)
     if args.device == "cpu" and args.dtype != "float32":
         parser.error(f"--dtype {args.dtype} is meant for --device gpu; on CPU use float32")
+    if args.system is None:  # Every system this environment can run.
+        args.system = [s for s in SYSTEMS if args.st_onnx_python or s not in ST_ONNX_SYSTEMS]
     return args
 
 
