@@ -258,6 +258,13 @@ class BertCrossEncoder(BertClassifier):
             return BinaryCrossEntropyLoss()
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True, name="cross_entropy")
 
+    def compile(self, optimizer="auto", loss="auto", metrics="auto", **kwargs):
+        """`BertTask.compile`; with a ranking loss (`kbert.losses.RerankingMultipleNegativesLoss`,
+        `kbert.losses.LambdaLoss`) the default metrics are none (accuracy needs labels)."""
+        if isinstance(metrics, str) and metrics == "auto" and _group_mode(loss) is not None:
+            metrics = None
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, **kwargs)
+
     def _default_metrics(self):
         if self.num_classes == 1:
             return [keras.metrics.BinaryAccuracy(threshold=0.0, name="accuracy")]
