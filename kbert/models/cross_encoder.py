@@ -459,6 +459,71 @@ class BertCrossEncoder(BertClassifier):
         results.sort(key=lambda result: result["score"], reverse=True)
         return results[:top_k]
 
+    def evaluate_reranking(self, samples, at_k=10, always_rerank_positives=True, batch_size=64):
+        """MAP, MRR@k and nDCG@k of candidate lists reranked by this model, as
+        sentence-transformers' `CrossEncoderRerankingEvaluator` reports them.
+
+        Each sample is a dict with `"query"`, `"positive"` (a list of relevant documents, or
+        one) and either `"negative"` (irrelevant documents) or `"documents"` (a first-stage
+        ranked list, best first). With `"documents"` the metrics of the list's own order
+        come too (`base_map`, `base_mrr@k`, `base_ndcg@k`; positives missing from the list
+        count as ranked after it), and the reranked candidates are the positives and the
+        list's other documents (`always_rerank_positives=True`) or the list alone.
+        See `kbert.retrieval.reranking_metrics`.
+
+        Returns:
+            dict of float: `map`, `mrr@{at_k}`, `ndcg@{at_k}` (and the `base_` ones).
+        """
+        from kbert.retrieval import reranking_metrics
+
+        base_scores, base_relevance, relevance, pairs, sizes = [], [], [], [], []
+        for index, sample in enumerate(samples):
+            if not isinstance(sample, dict) or "query" not in sample or "positive" not in sample:
+                raise ValueError(
+                    f'Sample {index} must be a dict with "query" and "positive". '
+                    f"Received: {sample!r:.120}"
+                )
+            if ("negative" in sample) == ("documents" in sample):
+                raise ValueError(
+                    f'Sample {index} must have exactly one of "negative" and "documents".'
+                )
+            positives = sample["positive"]
+            positives = [positives] if isinstance(positives, str) else list(positives)
+            documents = sample.get("documents")
+            if documents:
+                found = [int(document in positives) for document in documents]
+                if any(found):  # Else the list's own order scores 0, as in the evaluator.
+                    found += [1] * (len(positives) - sum(found))
+                base_scores.append(np.arange(len(found), 0, -1))
+                base_relevance.append(found)
+                if always_rerank_positives:
+                    candidates = positives + [d for d in documents if d not in positives]
+                    labels = [1] * len(positives) + [0] * (len(candidates) - len(positives))
+                else:
+                    candidates = list(documents)
+                    labels = [int(d in positives) for d in documents]
+            else:
+                candidates = positives + list(sample["negative"])
+                labels = [1] * len(positives) + [0] * len(sample["negative"])
+            if not any(labels):
+                candidates, labels = [], []
+            relevance.append(labels)
+            sizes.append(len(candidates))
+            pairs.extend((sample["query"], document) for document in candidates)
+        scores = self.predict(pairs, batch_size=batch_size) if pairs else np.zeros(0)
+        offsets = np.cumsum([0] + sizes)
+        per_query = [scores[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+        # Queries with nothing relevant to rerank score 0, as in the evaluator.
+        kept = [i for i, labels in enumerate(relevance) if labels]
+        metrics = reranking_metrics(
+            [per_query[i] for i in kept], [relevance[i] for i in kept], at_k
+        ) if kept else {"map": 0.0, f"mrr@{at_k}": 0.0, f"ndcg@{at_k}": 0.0}
+        metrics = {name: value * len(kept) / len(relevance) for name, value in metrics.items()}
+        if base_scores:
+            base = reranking_metrics(base_scores, base_relevance, at_k)
+            metrics.update({f"base_{name}": value for name, value in base.items()})
+        return metrics
+
     # --------------------------------------------------------------- checkpoints
     def export_to_sentence_transformers(self, path):
         """Writes the model as a sentence-transformers cross-encoder directory

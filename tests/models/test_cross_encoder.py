@@ -169,6 +169,25 @@ def test_one_label_predict_rank_and_round_trips(directories, tmp_path):
         reference.rank(query, documents, top_k=3, return_documents=True),
     )
 
+    # Reranking metrics of first-stage lists, as sentence-transformers' evaluator.
+    from sentence_transformers.cross_encoder.evaluation import CrossEncoderRerankingEvaluator
+
+    samples = [
+        {"query": pairs[i][0], "positive": [documents[i]], "documents": documents[::-1]}
+        for i in range(4)
+    ] + [{"query": pairs[5][0], "positive": documents[5:7], "negative": documents[:3]}]
+    for always in (True, False):
+        expected_metrics = CrossEncoderRerankingEvaluator(
+            samples[:4], at_k=3, always_rerank_positives=always, write_csv=False
+        )(reference)
+        actual = model.evaluate_reranking(samples[:4], at_k=3, always_rerank_positives=always)
+        assert set(actual) == set(expected_metrics)
+        for name, value in expected_metrics.items():
+            assert abs(actual[name] - value) <= 1e-6, (name, actual, expected_metrics)
+    expected_metrics = CrossEncoderRerankingEvaluator(samples[4:], write_csv=False)(reference)
+    actual = model.evaluate_reranking(samples[4:])
+    assert actual == pytest.approx(dict(expected_metrics), abs=1e-6)
+
     # A plain Hugging Face BertForSequenceClassification directory: sigmoid scores too.
     plain = BertCrossEncoder.from_preset(directories["hf_one"])
     _assert_close(plain.predict(pairs), _reference(directories["hf_one"]).predict(pairs))
