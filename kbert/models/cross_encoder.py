@@ -2,7 +2,7 @@
 
 A cross-encoder reads a query and a document together (`[CLS] query [SEP] document [SEP]`)
 and scores the pair with the classifier head of Hugging Face's
-`BertForSequenceClassification` (pooled `[CLS]` -> dropout -> dense), which is what
+sequence-classification model (pooled `[CLS]` -> dropout -> dense), which is what
 sentence-transformers' `CrossEncoder` loads. `predict` returns sentence-transformers'
 `CrossEncoder.predict` scores and `rank` its `rank` results on the same directory; `fit`
 trains on raw pairs with labels (binary cross-entropy), on text columns with in-batch
@@ -141,7 +141,7 @@ class BertCrossEncoder(BertClassifier):
     """BERT reranker: `[CLS] query [SEP] document [SEP]` -> pooled `[CLS]` -> dropout -> dense.
 
     The model scores (query, document) pairs with one logit per label (`num_labels`,
-    usually 1), as Hugging Face's `BertForSequenceClassification`, which is what
+    usually 1), as a Hugging Face sequence classifier, which is what
     sentence-transformers' `CrossEncoder` loads. On the same directory:
 
     - `predict(pairs)` returns `CrossEncoder.predict(pairs)`: the logits through the
@@ -165,7 +165,7 @@ class BertCrossEncoder(BertClassifier):
     documents)` logits for such groups.
 
     **Checkpoints.** `from_preset` reads sentence-transformers cross-encoder directories,
-    Hugging Face `BertForSequenceClassification` directories and `hf://` handles (labels,
+    Hugging Face sequence-classification directories and `hf://` handles (labels,
     activation, maximum length: `kbert.checkpoints.cross_encoder`); another head (a
     pretraining or token-classification checkpoint) is a ValueError unless
     `fresh_heads=True`. `export_to_sentence_transformers` writes a directory
@@ -538,7 +538,7 @@ class BertCrossEncoder(BertClassifier):
         """Builds the cross-encoder from a preset name, an `hf://` handle or a directory.
 
         On a sentence-transformers cross-encoder or a Hugging Face
-        `BertForSequenceClassification` directory the label count and names, the activation
+        sequence-classification directory the label count and names, the activation
         and the maximum length (the preprocessor's `sequence_length`) come from its files
         (`kbert.checkpoints.cross_encoder.read_settings`); a Hugging Face directory of
         another head is a ValueError unless `fresh_heads=True` (a new, random scoring head on
