@@ -48,9 +48,11 @@ def _optional_json(file):
     return value
 
 
-def transformer_directory(path):
+def transformer_directory(path, allow_embedder=False):
     """The directory with the classifier's `config.json` and weights: the root, or the one
-    `Transformer` module `modules.json` names. A pipeline of other modules is a ValueError."""
+    `Transformer` module `modules.json` names. A pipeline of other modules is a ValueError,
+    but with `allow_embedder` (a new head on a sentence-embedding model's encoder) one that
+    starts with a `Transformer`."""
     path = Path(path)
     file = path / MODULES_FILE
     if not file.is_file():
@@ -60,12 +62,13 @@ def transformer_directory(path):
         str(e.get("type", "")).rsplit(".", 1)[-1] if isinstance(e, dict) else repr(e)
         for e in (entries if isinstance(entries, list) else [entries])
     ]
-    if kinds != ["Transformer"]:
+    if kinds != ["Transformer"] and not (allow_embedder and kinds[:1] == ["Transformer"]):
         raise ValueError(
             f"{file} describes the modules {kinds}. A kbert BertCrossEncoder reads a "
             "cross-encoder made of one Transformer module (a sequence classifier); a "
             "sentence-embedding model (Transformer -> Pooling) loads as "
-            "kbert.models.BertTextEmbedder."
+            "kbert.models.BertTextEmbedder (or, with `fresh_heads=True`, as a cross-encoder "
+            "with a new head on its encoder)."
         )
     return path / (entries[0].get("path") or "")
 
@@ -113,7 +116,7 @@ def read_settings(path, check_head=True):
             classifier's. Defaults to `True`.
     """
     path = Path(path)
-    model_dir = transformer_directory(path)
+    model_dir = transformer_directory(path, allow_embedder=not check_head)
     config_file = model_dir / "config.json"
     config = _optional_json(config_file)
     if check_head:

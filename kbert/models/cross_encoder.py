@@ -561,11 +561,10 @@ class BertCrossEncoder(BertClassifier):
             source = hub.resolve_preset_source(source, load_weights=load_weights)
         path = Path(source) if isinstance(source, str) or hasattr(source, "__fspath__") else None
         if path is not None and path.is_dir():
-            model_dir = cross_encoder.transformer_directory(path)
+            fresh = kwargs.get("fresh_heads") is True
+            model_dir = cross_encoder.transformer_directory(path, allow_embedder=fresh)
             if detect_format(model_dir) == "huggingface":
-                settings = cross_encoder.read_settings(
-                    path, check_head=kwargs.get("fresh_heads") is not True
-                )
+                settings = cross_encoder.read_settings(path, check_head=not fresh)
                 if settings["activation"] is not None:
                     kwargs.setdefault("activation", settings["activation"])
                 kwargs.setdefault("sequence_length", settings["max_seq_length"])
