@@ -113,8 +113,12 @@ def test_reranking_metrics_equal_sentence_transformers_evaluator():
                 base_scores.append(np.arange(len(found), 0, -1))
                 base_relevance.append(found)
                 docs = positives + [d for d in listed if d not in positives] if always else listed
-                scores.append([table[(sample["query"], d)] for d in docs] if any(found) or always else [0.0])
-                relevance.append([int(d in positives) for d in docs] if any(found) or always else [0])
+                scores.append(
+                    [table[(sample["query"], d)] for d in docs] if any(found) or always else [0.0]
+                )
+                relevance.append(
+                    [int(d in positives) for d in docs] if any(found) or always else [0]
+                )
             actual = reranking_metrics(scores, relevance, at_k)
             base = reranking_metrics(base_scores, base_relevance, at_k)
             for name in ("map", f"mrr@{at_k}", f"ndcg@{at_k}"):

@@ -43,7 +43,7 @@ def truncated_pair_lengths(first, second, budget):
     """
     first, second = np.asarray(first, np.int64), np.asarray(second, np.int64)
     fits = first + second <= budget
-    shorter, longer = np.minimum(first, second), np.maximum(first, second)
+    shorter = np.minimum(first, second)
     half, odd = budget // 2, budget % 2
     short_whole = shorter <= budget - shorter
     new_short = np.where(short_whole, shorter, half)
@@ -286,7 +286,8 @@ class BertCrossEncoder(BertClassifier):
         if bad.any():
             raise ValueError(
                 "Labels of a one-label cross-encoder (binary cross-entropy) must lie in [0, 1]. "
-                f"Received {labels[bad][:5].tolist()} at rows {np.argwhere(bad)[:5].ravel().tolist()}"
+                f"Received {labels[bad][:5].tolist()} at rows "
+                f"{np.argwhere(bad)[:5].ravel().tolist()}"
             )
         return labels
 
@@ -434,8 +435,7 @@ class BertCrossEncoder(BertClassifier):
             )
         if not documents:
             raise ValueError(
-                "`rank` received no documents for the query. Expected a non-empty list of "
-                "strings."
+                "`rank` received no documents for the query. Expected a non-empty list of strings."
             )
         for index, document in enumerate(documents):
             if not _is_string(document):
@@ -515,9 +515,11 @@ class BertCrossEncoder(BertClassifier):
         per_query = [scores[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
         # Queries with nothing relevant to rerank score 0, as in the evaluator.
         kept = [i for i, labels in enumerate(relevance) if labels]
-        metrics = reranking_metrics(
-            [per_query[i] for i in kept], [relevance[i] for i in kept], at_k
-        ) if kept else {"map": 0.0, f"mrr@{at_k}": 0.0, f"ndcg@{at_k}": 0.0}
+        metrics = (
+            reranking_metrics([per_query[i] for i in kept], [relevance[i] for i in kept], at_k)
+            if kept
+            else {"map": 0.0, f"mrr@{at_k}": 0.0, f"ndcg@{at_k}": 0.0}
+        )
         metrics = {name: value * len(kept) / len(relevance) for name, value in metrics.items()}
         if base_scores:
             base = reranking_metrics(base_scores, base_relevance, at_k)

@@ -18,7 +18,7 @@ from kbert.models import BertCrossEncoder
 from kbert.models.cross_encoder import _PairGroupBatches, truncated_pair_lengths
 from kbert.text.packer import truncated_lengths
 from tests.checkpoints._reference import hf_config, write_vocabulary
-from tests.models.test_classifier import toy_backbone, toy_preprocessor
+from tests.models.test_classifier import toy_backbone
 
 st = pytest.importorskip("sentence_transformers")
 torch = pytest.importorskip("torch")
@@ -133,7 +133,9 @@ def test_truncation_is_huggingface_longest_first(tmp_path):
     )["input_ids"]
     for (a, b), first, second, ids in zip(lengths, *kept, encoded):
         assert (first, second) == (ids.count(6), ids.count(7)), (a, b)
-    bert_rule = truncated_lengths(np.array(lengths)[:, 0], np.array(lengths)[:, 1], budget, "longest_first")
+    bert_rule = truncated_lengths(
+        np.array(lengths)[:, 0], np.array(lengths)[:, 1], budget, "longest_first"
+    )
     assert (np.asarray(bert_rule[0]) != kept[0]).sum() > 5
 
 
@@ -145,9 +147,10 @@ def test_one_label_predict_rank_and_round_trips(directories, tmp_path):
     pairs = _pairs()
     # The pairs' token lengths include cases where the packer's own rule would cut otherwise.
     firsts, seconds = model.tokenize_pairs([p[0] for p in pairs], [p[1] for p in pairs])
-    raw = [model.tokenizer.tokenize(p[0]) for p in pairs], [
-        model.tokenizer.tokenize(p[1]) for p in pairs
-    ]
+    raw = (
+        [model.tokenizer.tokenize(p[0]) for p in pairs],
+        [model.tokenizer.tokenize(p[1]) for p in pairs],
+    )
     bert_rule = truncated_lengths(
         np.array([len(r) for r in raw[0]]), np.array([len(r) for r in raw[1]]), 21, "longest_first"
     )
@@ -276,8 +279,18 @@ def test_bad_input(directories, tmp_path):
     (embedder_dir / "modules.json").write_text(
         json.dumps(
             [
-                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
             ]
         )
     )
@@ -368,7 +381,11 @@ def test_losses_equal_sentence_transformers(directories):
                 )
             )
         actual = float(LambdaLoss(**settings)(y, scores))
-        assert abs(actual - expected) <= 1e-5 * max(1.0, abs(expected)), (settings, actual, expected)
+        assert abs(actual - expected) <= 1e-5 * max(1.0, abs(expected)), (
+            settings,
+            actual,
+            expected,
+        )
 
 
 def test_fit_reduces_each_loss(directories):
