@@ -340,7 +340,9 @@ def test_losses_equal_sentence_transformers(directories):
     x, y = batches[0]
     assert x["token_ids"].shape[:2] == (4, 1 + 6 + 1)
     scores = model(x, training=False)
-    actual = float(RerankingMultipleNegativesLoss(num_negatives=None)(y, scores))
+    actual = float(
+        keras.ops.convert_to_numpy(RerankingMultipleNegativesLoss(num_negatives=None)(y, scores))
+    )
     assert abs(actual - expected) <= 1e-5, (actual, expected)
     # Sampled negatives: the loss of one score matrix (positive first), any activation.
     rng = np.random.default_rng(1)
@@ -380,7 +382,7 @@ def test_losses_equal_sentence_transformers(directories):
                     [torch.tensor(row, dtype=torch.float32) for row in list_labels],
                 )
             )
-        actual = float(LambdaLoss(**settings)(y, scores))
+        actual = float(keras.ops.convert_to_numpy(LambdaLoss(**settings)(y, scores)))
         assert abs(actual - expected) <= 1e-5 * max(1.0, abs(expected)), (
             settings,
             actual,
@@ -420,3 +422,35 @@ def test_fit_reduces_each_loss(directories):
         (queries[:3], lists), list_labels, batch_size=3, verbose=0, return_dict=True
     )["loss"]
     assert after < 0.7 * before, (before, after)
+
+
+@pytest.mark.backend_independent
+def test_hub_handle_loads_the_cross_encoder(directories, tmp_path, monkeypatch):
+    """`hf://` handles: the snapshot's cross-encoder settings (here a tanh activation in
+    config_sentence_transformers.json) and weights give the local directory's scores."""
+    pytest.importorskip("huggingface_hub")
+    from huggingface_hub import constants
+
+    from tests.checkpoints._hub_server import HubServer, Repository
+
+    local = tmp_path / "local"
+    shutil.copytree(directories["st_one"], local)
+    st_config = json.loads((local / "config_sentence_transformers.json").read_text())
+    st_config["activation_fn"] = "torch.nn.modules.activation.Tanh"
+    (local / "config_sentence_transformers.json").write_text(json.dumps(st_config))
+    files = {p.name: p.read_bytes() for p in local.iterdir() if p.is_file()}
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf_cache"))
+    monkeypatch.setenv("KBERT_PRESETS_DIR", str(tmp_path / "kbert_presets"))
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for name in ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_ETAG_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with HubServer({"kbert-test/tiny-reranker": Repository(files)}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        model = BertCrossEncoder.from_preset("hf://kbert-test/tiny-reranker")
+    assert model.activation == "tanh"
+    pairs = _pairs()
+    np.testing.assert_array_equal(
+        model.predict(pairs), BertCrossEncoder.from_preset(local).predict(pairs)
+    )
