@@ -18,7 +18,8 @@ from kbert.models import BertCrossEncoder
 from kbert.models.cross_encoder import _PairGroupBatches, truncated_pair_lengths
 from kbert.text.packer import truncated_lengths
 from tests.checkpoints._reference import hf_config, write_vocabulary
-from tests.models.test_classifier import toy_backbone
+from tests.models.test_classifier import toy_backbone, toy_preprocessor
+from tests.test_case import TestCase
 
 st = pytest.importorskip("sentence_transformers")
 torch = pytest.importorskip("torch")
@@ -454,3 +455,32 @@ def test_hub_handle_loads_the_cross_encoder(directories, tmp_path, monkeypatch):
     np.testing.assert_array_equal(
         model.predict(pairs), BertCrossEncoder.from_preset(local).predict(pairs)
     )
+
+
+class TestBertCrossEncoderModel(TestCase):
+    def test_config_keras_file_and_lengths(self, tmp_path):
+        """Config and `.keras` round trips (labels, activation, preprocessor kept), shorter
+        inputs, and `predict` of the restored model."""
+        model = BertCrossEncoder(
+            toy_backbone(),
+            num_labels=2,
+            activation="tanh",
+            labels=["no", "yes"],
+            dropout=0.2,
+            preprocessor=toy_preprocessor(16),
+        )
+        pairs = [("who wrote it ?", "ann wrote it in 1990 ."), ("a good film", "the plot")]
+        packed = model.pack_pairs(*model.tokenize_pairs(*zip(*pairs)))
+        self.run_task_test(model, input_data=packed, tmp_path=tmp_path, sequence_lengths=(12,))
+        restored = keras.saving.load_model(tmp_path / "model.keras")
+        assert isinstance(restored, BertCrossEncoder)
+        assert (restored.num_labels, restored.activation, restored.labels) == (
+            2,
+            "tanh",
+            ["no", "yes"],
+        )
+        scores = model.predict(pairs)
+        np.testing.assert_allclose(
+            scores, np.tanh(keras.ops.convert_to_numpy(model(packed))), atol=1e-6
+        )
+        np.testing.assert_allclose(restored.predict(pairs), scores, atol=1e-6)
