@@ -435,7 +435,6 @@ class LambdaLoss(keras.losses.Loss):
         logits = _activate(ops.cast(y_pred, "float32"), self.activation)
         logits = ops.where(valid, logits, -1e16)
         documents = ops.shape(logits)[1]
-        k = documents if self.k is None else min(self.k, documents)
         order = ops.argsort(-logits, axis=-1)
         logits_sorted = ops.take_along_axis(logits, order, axis=-1)
         labels_sorted = ops.flip(ops.sort(labels, axis=-1), axis=-1)  # best first
@@ -446,20 +445,22 @@ class LambdaLoss(keras.losses.Loss):
         safe_true = ops.where(finite_pred, true_by_pred, 0.0)
         pairs = ops.logical_and(both, safe_true[:, :, None] - safe_true[:, None, :] > 0)
         positions = ops.arange(documents)
-        in_top = positions < k
+        # The top k positions (all when k is None), as a mask: no slice of unknown length.
+        in_top = positions >= 0 if self.k is None else positions < self.k
         pairs = ops.logical_and(pairs, ops.logical_or(in_top[:, None], in_top[None, :])[None])
         # Gains and discounts.
         safe_true = ops.maximum(safe_true, 0.0)
         ideal = ops.maximum(ops.where(ops.isfinite(labels_sorted), labels_sorted, 0.0), 0.0)
         discount = ops.log2(1.0 + ops.cast(positions + 1, "float32"))  # (docs,)
-        ideal_dcg = ops.sum(((ops.power(2.0, ideal) - 1.0) / discount)[:, :k], axis=-1)
+        ideal_gains = (ops.power(2.0, ideal) - 1.0) / discount  # (batch, docs)
+        ideal_dcg = ops.sum(ops.where(in_top[None, :], ideal_gains, 0.0), axis=-1)
         gain = (ops.power(2.0, safe_true) - 1.0) / ops.maximum(ideal_dcg, self.eps)[:, None]
         gain_gap = ops.abs(gain[:, :, None] - gain[:, None, :])  # (batch, docs, docs)
         inverse = 1.0 / discount
         # NDCG-Loss2: |1/D(|i-j|) - 1/D(|i-j|+1)| (0 on the diagonal), with D(0) unused.
         gap = ops.abs(positions[:, None] - positions[None, :])
         near = ops.take(inverse, ops.maximum(gap - 1, 0))
-        far = ops.take(inverse, ops.minimum(gap, documents - 1))
+        far = ops.take(inverse, gap)
         ndcg2 = ops.where(gap > 0, ops.abs(near - far), 0.0)
         lambda_rank = ops.abs(inverse[:, None] - inverse[None, :])
         weights = (self.mu * ndcg2 + lambda_rank)[None] * gain_gap

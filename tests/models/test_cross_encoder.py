@@ -414,7 +414,7 @@ def test_fit_reduces_each_loss(directories):
 
     lists = [documents[:4], documents[3:6], documents[5:]]
     list_labels = [[1, 0, 2, 0], [0, 0, 1], [1, 0, 3]]
-    model.compile(loss=LambdaLoss(), learning_rate=1e-3)
+    model.compile(loss=LambdaLoss(k=2), learning_rate=1e-3)  # k: a mask in compiled steps
     before = model.evaluate(
         (queries[:3], lists), list_labels, batch_size=3, verbose=0, return_dict=True
     )["loss"]
