@@ -79,7 +79,8 @@ def _write_hf(path, num_labels, kind="classification", labels=None, seed=0):
 
 def _write_st(hf_path, path):
     """The Hugging Face directory loaded and saved by sentence-transformers' CrossEncoder
-    (transformers 5 writes no vocab.txt: copied, as hub cross-encoders have one)."""
+    (transformers 5 writes tokenizer.json and no vocab.txt: copied, as hub cross-encoders
+    have one; the one-label test also loads the directory without it)."""
     st.CrossEncoder(str(hf_path), device="cpu").save(str(path))
     shutil.copy(hf_path / "vocab.txt", path / "vocab.txt")
     return path
@@ -191,6 +192,14 @@ def test_one_label_predict_rank_and_round_trips(directories, tmp_path):
     expected_metrics = CrossEncoderRerankingEvaluator(samples[4:], write_csv=False)(reference)
     actual = model.evaluate_reranking(samples[4:])
     assert actual == pytest.approx(dict(expected_metrics), abs=1e-6)
+
+    # The directory exactly as sentence-transformers saved it: tokenizer.json, no vocab.txt.
+    as_saved = tmp_path / "as_saved"
+    shutil.copytree(directories["st_one"], as_saved)
+    (as_saved / "vocab.txt").unlink()
+    from_json = BertCrossEncoder.from_preset(as_saved)
+    assert from_json.preprocessor.sequence_length == MAX_POSITIONS
+    _assert_close(from_json.predict(pairs), expected)
 
     # A plain Hugging Face BertForSequenceClassification directory: sigmoid scores too.
     plain = BertCrossEncoder.from_preset(directories["hf_one"])
