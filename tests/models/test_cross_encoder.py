@@ -410,14 +410,14 @@ def test_fit_reduces_each_loss(directories):
     labels = np.array([1, 0, 1, 1, 0, 0, 1, 0], "float32")
     model.compile(learning_rate=1e-3, warmup_ratio=0.0)
     before = model.evaluate(pairs, labels, verbose=0, return_dict=True)["loss"]
-    model.fit(pairs, labels, epochs=15, batch_size=8, verbose=0)
+    model.fit(pairs, labels, epochs=10, batch_size=8, verbose=0)
     after = model.evaluate(pairs, labels, verbose=0, return_dict=True)["loss"]
     assert after < 0.7 * before, (before, after)
 
     columns = (queries[:6], documents[:6])
     model.compile(loss=RerankingMultipleNegativesLoss(num_negatives=None), learning_rate=1e-3)
     before = model.evaluate(columns, batch_size=6, verbose=0, return_dict=True)["loss"]
-    history = model.fit(columns, batch_size=6, epochs=15, verbose=0)
+    history = model.fit(columns, batch_size=6, epochs=10, verbose=0)
     after = model.evaluate(columns, batch_size=6, verbose=0, return_dict=True)["loss"]
     assert after < 0.7 * before, (before, after, history.history["loss"])
 
@@ -427,7 +427,7 @@ def test_fit_reduces_each_loss(directories):
     before = model.evaluate(
         (queries[:3], lists), list_labels, batch_size=3, verbose=0, return_dict=True
     )["loss"]
-    model.fit((queries[:3], lists), list_labels, batch_size=6, epochs=15, verbose=0)
+    model.fit((queries[:3], lists), list_labels, batch_size=6, epochs=10, verbose=0)
     after = model.evaluate(
         (queries[:3], lists), list_labels, batch_size=3, verbose=0, return_dict=True
     )["loss"]
