@@ -8,6 +8,8 @@
 - `recall_at_k`, `mrr_at_k`, `ndcg_at_k`: retrieval metrics of ranked results, with one or
   several relevant documents per query (binary relevance), as sentence-transformers'
   `InformationRetrievalEvaluator` computes them.
+- `average_precision` and `reranking_metrics`: MAP, MRR@k and nDCG@k of scored candidate
+  lists (a reranker's), as sentence-transformers' `CrossEncoderRerankingEvaluator`.
 - `spearman_cosine`: Spearman correlation between the cosine similarity of embedding pairs
   and gold scores (STS benchmarks), ties ranked by their average rank.
 
@@ -279,3 +281,65 @@ def spearman_cosine(first, second, scores):
         )
     cosine = np.sum(_normalize(first) * _normalize(second), axis=-1)
     return spearman(cosine, scores)
+
+
+def average_precision(ranked, relevant):
+    """Mean over queries of the average precision of their ranked lists: the precision at
+    the rank of each relevant document, averaged over all the query's relevant documents
+    (one missing from the list counts 0)."""
+    hits, sets = _hits(ranked, relevant, np.asarray(ranked).shape[1] or 1)
+    ranks = np.arange(1, hits.shape[1] + 1)
+    precision = np.cumsum(hits, axis=1) / ranks
+    return float(np.mean([(p * h).sum() / len(s) for p, h, s in zip(precision, hits, sets)]))
+
+
+def reranking_metrics(scores, relevance, k=10):
+    """MAP, MRR@k and nDCG@k of candidate lists ordered by their scores, as
+    sentence-transformers' `CrossEncoderRerankingEvaluator` computes them.
+
+    Each query's candidates are sorted by score, highest first (ties: the later candidate
+    first, as the evaluator's reversed `argsort`); `average_precision`, `mrr_at_k` and
+    `ndcg_at_k` are then computed per query and averaged; a query without any relevant
+    candidate scores 0 on every metric.
+
+    Args:
+        scores: per query, a sequence of candidate scores.
+        relevance: per query, a sequence of 0/1 (or bool) of the same length: whether each
+            candidate is relevant.
+        k: int. Cut-off of MRR and nDCG. Defaults to `10`.
+
+    Returns:
+        A dict `{"map": float, "mrr@k": float, "ndcg@k": float}` (with `k` written out).
+
+    Example:
+    >>> metrics = reranking_metrics([[0.9, 0.1, 0.5], [0.2, 0.8]], [[0, 0, 1], [1, 0]], k=10)
+    >>> {name: round(value, 4) for name, value in metrics.items()}
+    {'map': 0.5, 'mrr@10': 0.5, 'ndcg@10': 0.6309}
+    """
+    if len(scores) != len(relevance):
+        raise ValueError(
+            f"`scores` and `relevance` must have one entry per query. Received {len(scores)} "
+            f"and {len(relevance)}"
+        )
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"`k` must be a positive integer. Received: k={k!r}")
+    totals = np.zeros(3)
+    for index, (query_scores, query_relevance) in enumerate(zip(scores, relevance)):
+        query_scores = np.asarray(query_scores, np.float64).ravel()
+        query_relevance = np.asarray(query_relevance).ravel()
+        if query_scores.shape != query_relevance.shape or not query_scores.size:
+            raise ValueError(
+                f"Query {index}: scores and relevance must be equally long and non-empty. "
+                f"Received {query_scores.size} scores and {query_relevance.size} labels"
+            )
+        relevant = {int(i) for i in np.flatnonzero(query_relevance)}
+        if not relevant:
+            continue
+        ranked = np.argsort(query_scores, kind="stable")[::-1][None, :]
+        totals += (
+            average_precision(ranked, [relevant]),
+            mrr_at_k(ranked, [relevant], k),
+            ndcg_at_k(ranked, [relevant], k),
+        )
+    means = totals / max(len(scores), 1)
+    return {"map": float(means[0]), f"mrr@{k}": float(means[1]), f"ndcg@{k}": float(means[2])}

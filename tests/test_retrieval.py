@@ -68,3 +68,64 @@ def test_bad_input():
         retrieval.recall_at_k(np.zeros((2, 3), int), [1])
     with pytest.raises(ValueError, match="same length"):
         retrieval.spearman([1, 2, 3], [1, 2])
+
+
+@pytest.mark.backend_independent
+def test_reranking_metrics_equal_sentence_transformers_evaluator():
+    """kbert's MAP / MRR@k / nDCG@k of reranked lists and of the lists' own order against
+    sentence-transformers' CrossEncoderRerankingEvaluator, given the same scores."""
+    st_evaluation = pytest.importorskip("sentence_transformers.cross_encoder.evaluation")
+    from kbert.retrieval import reranking_metrics
+
+    rng = np.random.default_rng(0)
+    documents = [f"d{i}" for i in range(14)]
+    table = {}
+
+    class Scores:
+        """A stand-in model: fixed random scores per (query, document) pair."""
+
+        class model_card_data:
+            @staticmethod
+            def set_evaluation_metrics(*args, **kwargs):
+                pass
+
+        def predict(self, pairs, **kwargs):
+            return np.array([table.setdefault(tuple(p), rng.normal()) for p in pairs])
+
+    samples = []
+    for q in range(6):
+        order = rng.permutation(documents)
+        positives = list(rng.choice(documents, 1 + q % 3, replace=False))
+        samples.append({"query": f"q{q}", "positive": positives, "documents": list(order[:12])})
+    samples.append({"query": "q6", "positive": ["x"], "documents": documents[:5]})  # none found
+    for at_k in (3, 10):
+        for always in (True, False):
+            evaluator = st_evaluation.CrossEncoderRerankingEvaluator(
+                samples, at_k=at_k, always_rerank_positives=always, write_csv=False
+            )
+            expected = evaluator(Scores())
+            scores, relevance, base_scores, base_relevance = [], [], [], []
+            for sample in samples:
+                positives, listed = sample["positive"], sample["documents"]
+                found = [int(d in positives) for d in listed]
+                if any(found):
+                    found += [1] * (len(positives) - sum(found))
+                base_scores.append(np.arange(len(found), 0, -1))
+                base_relevance.append(found)
+                docs = positives + [d for d in listed if d not in positives] if always else listed
+                scores.append(
+                    [table[(sample["query"], d)] for d in docs] if any(found) or always else [0.0]
+                )
+                relevance.append(
+                    [int(d in positives) for d in docs] if any(found) or always else [0]
+                )
+            actual = reranking_metrics(scores, relevance, at_k)
+            base = reranking_metrics(base_scores, base_relevance, at_k)
+            for name in ("map", f"mrr@{at_k}", f"ndcg@{at_k}"):
+                assert abs(actual[name] - expected[name]) < 1e-9, (name, actual, expected)
+                assert abs(base[name] - expected["base_" + name]) < 1e-9, (name, base, expected)
+            assert abs(actual["map"] - base["map"]) > 1e-3  # reranking changes the metrics
+    with pytest.raises(ValueError, match="one entry per query"):
+        reranking_metrics([[1.0]], [[1], [0]])
+    with pytest.raises(ValueError, match="equally long"):
+        reranking_metrics([[1.0, 2.0]], [[1]])

@@ -156,8 +156,22 @@ def _tagger_config(model):
     }
 
 
+def _cross_encoder_config(model):
+    return _label_config(model.num_labels, model.labels)
+
+
+def _label_config(num_labels, labels):
+    names = labels or [f"{_DEFAULT_LABEL_PREFIX}{i}" for i in range(num_labels)]
+    return {
+        "num_labels": num_labels,
+        "id2label": {str(i): name for i, name in enumerate(names)},
+        "label2id": {name: i for i, name in enumerate(names)},
+    }
+
+
 # kbert class -> the config.json entries its head adds on export (label count and names).
 EXPORT_CONFIG = {
+    "BertCrossEncoder": _cross_encoder_config,
     "BertClassifier": _classifier_config,
     "BertTagger": _tagger_config,
     "BertQuestionAnswerer": lambda model: {"num_labels": 2},
@@ -182,9 +196,15 @@ def _tagger_arguments(config):
     return {"num_classes": len(names), "labels": names}
 
 
+def _cross_encoder_arguments(config):
+    arguments = _tagger_arguments(config)
+    return {("num_labels" if key == "num_classes" else key): v for key, v in arguments.items()}
+
+
 # kbert class -> the constructor arguments its head reads from a config.json of its own
 # `transformers` class (a `BertForSequenceClassification` config gives `num_classes`).
 MODEL_ARGUMENTS = {
+    "BertCrossEncoder": _cross_encoder_arguments,
     "BertClassifier": _classifier_arguments,
     "BertTagger": _tagger_arguments,
 }

@@ -9,6 +9,7 @@ import warnings
 
 from kbert.models.backbone import BertBackbone
 from kbert.models.classifier import BertClassifier
+from kbert.models.cross_encoder import BertCrossEncoder
 from kbert.models.multiple_choice import BertMultipleChoice
 from kbert.models.presets import BACKBONE_PRESETS
 from kbert.models.pretrainer import BertPretrainer
@@ -22,6 +23,7 @@ __all__ = [
     "BACKBONE_PRESETS",
     "BertBackbone",
     "BertClassifier",
+    "BertCrossEncoder",
     "BertMultipleChoice",
     "BertPretrainer",
     "BertQuestionAnswerer",
