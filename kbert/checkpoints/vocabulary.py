@@ -49,6 +49,11 @@ _SPECIAL_TOKEN_NAMES = ("unk_token", "sep_token", "pad_token", "cls_token", "mas
 _ADDED_TOKEN_FLAGS = ("lstrip", "rstrip", "normalized", "single_word")
 
 
+class NotWordPieceError(ValueError):
+    """A `tokenizer.json` whose model is not WordPiece (BPE, Unigram, ...): no BERT
+    vocabulary. A model loaded from its directory gets no tokenizer (a warning says so)."""
+
+
 def read_vocabulary(path):
     """The tokens of a vocabulary file, in id order.
 
@@ -97,9 +102,10 @@ def read_tokenizer_json(path):
         file has it).
 
     Raises:
-        ValueError: the file is not JSON, has no `model` section, its model is not WordPiece
-            (BPE, Unigram, ...), its continuing-subword prefix is not `##`, or its ids are not
-            0..n-1 (the error names the first missing id).
+        NotWordPieceError: its model is not WordPiece (BPE, Unigram, ...).
+        ValueError: the file is not JSON, has no `model` section, its continuing-subword
+            prefix is not `##`, or its ids are not 0..n-1 (the error names the first missing
+            id).
     """
     path = os.fspath(path)
     try:
@@ -116,7 +122,7 @@ def read_tokenizer_json(path):
         )
     kind = model.get("type")
     if kind != "WordPiece":
-        raise ValueError(
+        raise NotWordPieceError(
             f"BERT needs a WordPiece vocabulary, but {path} holds a {kind!r} model "
             "(model.type). Expected model.type='WordPiece', as BertTokenizerFast writes it; "
             "BPE and Unigram tokenizers belong to other architectures."

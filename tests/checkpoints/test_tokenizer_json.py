@@ -186,7 +186,7 @@ def test_model_from_transformers_5_directory_loads_with_its_tokenizer(tmp_path):
     kbert preset round trip (which writes the vocabulary as vocab.txt)."""
     torch = pytest.importorskip("torch")
     from kbert.models import BertTextEmbedder
-    from tests.checkpoints._reference import hf_config, make_hf_model
+    from tests.checkpoints._reference import hf_config, make_hf_model, to_numpy
 
     path = _save_hf_tokenizer(tmp_path / "hf", do_lower_case=False)
     model = make_hf_model(hf_config(vocab_size=len(VOCABULARY)), kind="model")
@@ -208,3 +208,16 @@ def test_model_from_transformers_5_directory_loads_with_its_tokenizer(tmp_path):
     assert saved == "".join(t + "\n" for t in VOCABULARY)
     again = BertTextEmbedder.from_preset(tmp_path / "preset")
     np.testing.assert_allclose(again.encode(texts), expected, rtol=0, atol=1e-4)
+    # A BPE tokenizer.json holds no BERT vocabulary: the weights load, without a tokenizer.
+    tokenizers = pytest.importorskip("tokenizers")
+    bpe = tmp_path / "bpe"
+    model.save_pretrained(str(bpe))
+    bpe_model = tokenizers.models.BPE(vocab={"a": 0, "b": 1}, merges=[])
+    tokenizers.Tokenizer(bpe_model).save(str(bpe / "tokenizer.json"))
+    with pytest.warns(UserWarning, match="'BPE' model.*loads without a tokenizer"):
+        plain = BertTextEmbedder.from_preset(bpe)
+    assert plain.preprocessor is None
+    np.testing.assert_array_equal(
+        to_numpy(plain.backbone.token_embedding.embeddings),
+        model.embeddings.word_embeddings.weight.detach().numpy(),
+    )
