@@ -1,8 +1,8 @@
 """Tokenizer files: the one place kbert reads and writes `vocab.txt` and the tokenizer settings.
 
-Used by `kbert.text.BertTokenizer` (`from_preset`, `save_to_preset`), the kbert preset writer
-(`save_preset`) and the exporters (`export_to_huggingface`, and through it the
-sentence-transformers exporter).
+Used by `kbert.text.BertTokenizer` (`from_preset`, `save_to_preset`), every checkpoint reader
+(`find_vocabulary`), the kbert preset writer (`save_preset`) and the exporters
+(`export_to_huggingface`, and through it the sentence-transformers exporters).
 
 - `vocab.txt` (Hugging Face, Google, kbert) or `assets/tokenizer/vocabulary.txt` (keras-hub):
   one token per line, the line number is the id. Only `\\n` separates tokens (a trailing `\\r`
@@ -15,7 +15,8 @@ sentence-transformers exporter).
   is looked up.
 - `tokenizer_config.json` (Hugging Face keys): `do_lower_case`, `strip_accents`, `unk_token`;
   or, without it, `tokenizer.json` (a keras-hub tokenizer config, or a Hugging Face fast
-  tokenizer's `BertNormalizer`).
+  tokenizer's `BertNormalizer`). With the vocabulary read from `tokenizer.json`, its
+  `BertNormalizer` and `model` section set what `tokenizer_config.json` leaves unset.
 - Special tokens written in text: a Hugging Face directory (`tokenizer_config.json` or a Hugging
   Face `tokenizer.json`) honours them unless `split_special_tokens` is true, with the special
   tokens and `AddedToken` settings of `tokenizer.json`'s `added_tokens`, else of
@@ -242,7 +243,7 @@ def vocabulary_is_uncased(vocabulary):
     no lower-case form (`ℝ` in bert-base-uncased) do not count.
 
     Args:
-        vocabulary: list of tokens or the path of a `vocab.txt`.
+        vocabulary: list of tokens or the path of a vocabulary file (`read_vocabulary`).
 
     Returns:
         bool.
