@@ -36,7 +36,10 @@ _WEIGHT_PATTERNS = (
     "*.ckpt*.index",
     "*.weights.*",
 )
-_VOCABULARY_FILES = ("vocab.txt", "assets/tokenizer/vocabulary.txt")
+# Where a directory's vocabulary can be, as `kbert.checkpoints.vocabulary.find_vocabulary` looks
+# (not imported: it would import Keras before the backend is chosen). A keras-hub tokenizer.json
+# passes this early check; the application then finds no vocabulary in it.
+_VOCABULARY_FILES = ("vocab.txt", "assets/tokenizer/vocabulary.txt", "tokenizer.json")
 
 
 def fail(message):
@@ -83,8 +86,8 @@ def check_preset(preset, need_vocabulary=True):
         )
     if need_vocabulary and not any((path / name).is_file() for name in _VOCABULARY_FILES):
         fail(
-            f"--preset {preset}: {path} has no vocabulary (vocab.txt), so raw text cannot be "
-            "tokenized."
+            f"--preset {preset}: {path} has no vocabulary (vocab.txt or tokenizer.json), so raw "
+            "text cannot be tokenized."
         )
     return str(path)
 

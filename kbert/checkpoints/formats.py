@@ -25,6 +25,9 @@ Policy for parts a checkpoint may lack:
   heads an error; `True` never loads heads (start a task from a pretraining checkpoint).
 - Tensors in the backbone namespace that kbert has no place for are an error; other tensors
   (heads of another architecture, optimizer slots, buffers) are left unused.
+- The vocabulary (`kbert.checkpoints.vocabulary.find_vocabulary`) may be absent: the model
+  has no tokenizer. A `tokenizer.json` whose model is not WordPiece (BPE, Unigram) gives none
+  either, with a warning saying what it holds; any other fault of it is an error.
 
 Each format's module holds the one table of BERT's names in that format: the backbone's
 (`backbone_entries`) and each kbert model's head (`HEAD_WEIGHTS`, keyed by kbert class name;
@@ -37,10 +40,11 @@ no foreign names: this package reads and writes them, and imports nothing from `
 """
 
 import json
+import warnings
 from pathlib import Path
 
 from kbert.checkpoints import _weights, google, huggingface, keras_hub
-from kbert.checkpoints.vocabulary import check_vocabulary_size
+from kbert.checkpoints.vocabulary import NotWordPieceError, check_vocabulary_size
 
 _READERS = {"huggingface": huggingface, "google": google, "keras_hub": keras_hub}
 
@@ -107,7 +111,16 @@ def load(
     reader = _READERS[fmt]
     path = Path(path)
     config, vocabulary, raw = reader.read_config(path, require_weights=load_weights)
-    check_vocabulary_size(vocabulary, config["vocabulary_size"], source=f"the config in {path}")
+    try:
+        check_vocabulary_size(vocabulary, config["vocabulary_size"], source=f"the config in {path}")
+    except NotWordPieceError as error:
+        # The weights are still BERT's: they load, without a tokenizer.
+        warnings.warn(
+            f"{error} {cls.__name__} loads without a tokenizer: pass token ids, or a "
+            "preprocessor built on a WordPiece vocabulary.",
+            stacklevel=2,
+        )
+        vocabulary = None
     config.update(backbone_arguments or {})
     config_file = str(path / getattr(reader, "CONFIG_FILE", "config.json"))
     backbone_class.validate_config(config, source=config_file)

@@ -19,7 +19,7 @@ from pathlib import Path
 from kbert.backend import tensorflow
 from kbert.checkpoints import _weights
 from kbert.checkpoints._config import config_float, config_int, read_json
-from kbert.checkpoints.vocabulary import VOCABULARY_FILE
+from kbert.checkpoints.vocabulary import find_vocabulary
 
 CONFIG_FILE = "bert_config.json"
 CHECKPOINT_PREFIX = "bert_model.ckpt"
@@ -140,8 +140,7 @@ def read_config(path, require_weights=True):
         prefix = checkpoint_prefix(path)
         if not list(prefix.parent.glob(prefix.name + ".data-*")):
             raise FileNotFoundError(f"The checkpoint {prefix} has an index but no .data-* file")
-    vocabulary = path / VOCABULARY_FILE
-    return config, (vocabulary if vocabulary.is_file() else None), raw
+    return config, find_vocabulary(path), raw
 
 
 def open_weights(path):

@@ -3,10 +3,12 @@ write.
 
 A Hugging Face BERT directory holds `config.json` (`"model_type": "bert"`), the weights as
 `model.safetensors` (or shards listed in `model.safetensors.index.json`; or, legacy,
-`pytorch_model.bin`) and usually `vocab.txt`. Weight names are those of `transformers`'
-`BertModel` (`embeddings.word_embeddings.weight`, `encoder.layer.0.attention.self.query.weight`,
-...) with a `bert.` prefix in the task classes (`BertForPreTraining`, ...). Torch `Linear`
-weights are stored `(out, in)` and are transposed into Keras `(in, out)` kernels.
+`pytorch_model.bin`) and usually `vocab.txt` (`transformers` 5 saves `tokenizer.json` alone:
+its WordPiece vocabulary is read instead, see `kbert.checkpoints.vocabulary`). Weight names are
+those of `transformers`' `BertModel` (`embeddings.word_embeddings.weight`,
+`encoder.layer.0.attention.self.query.weight`, ...) with a `bert.` prefix in the task classes
+(`BertForPreTraining`, ...). Torch `Linear` weights are stored `(out, in)` and are transposed
+into Keras `(in, out)` kernels.
 
 Safetensors files are read with NumPy alone (`kbert.checkpoints.safetensors_io`); a
 `pytorch_model.bin` is read only when torch is installed, with `torch.load(weights_only=True)`
@@ -27,6 +29,7 @@ from kbert.checkpoints.safetensors_io import read_safetensors, read_safetensors_
 from kbert.checkpoints.vocabulary import (
     TOKENIZER_CONFIG_FILE,
     VOCABULARY_FILE,
+    find_vocabulary,
     model_tokenizer,
     resolve_vocabulary,
     tokenizer_file_settings,
@@ -295,8 +298,7 @@ def read_config(path, require_weights=True):
     backbone_config = backbone_config_from_huggingface(raw, source=str(path / CONFIG_FILE))
     if require_weights:
         _weight_files(path)
-    vocabulary = path / VOCABULARY_FILE
-    return backbone_config, (vocabulary if vocabulary.is_file() else None), raw
+    return backbone_config, find_vocabulary(path), raw
 
 
 def _weight_files(path):

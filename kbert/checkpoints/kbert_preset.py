@@ -15,6 +15,7 @@ from kbert.checkpoints._config import read_json
 from kbert.checkpoints.vocabulary import (
     TOKENIZER_CONFIG_FILE,
     VOCABULARY_FILE,
+    find_vocabulary,
     model_tokenizer,
     read_tokenizer_files,
     read_vocabulary,
@@ -161,9 +162,10 @@ def save_preset(model, path, tokenizer=None, include_optimizer=False):
         file_settings = tokenizer_file_settings(tokenizer)
     elif getattr(model, "preset_vocabulary_path", None) is not None:
         # The vocabulary and settings of the preset the model was loaded from.
-        vocabulary_path, file_settings = read_tokenizer_files(model.preset_vocabulary_path)
+        vocabulary_path, arguments = read_tokenizer_files(model.preset_vocabulary_path)
         vocabulary = read_vocabulary(vocabulary_path)
-        settings["tokenizer"] = dict(file_settings)
+        settings["tokenizer"] = dict(arguments)
+        file_settings = tokenizer_file_settings(arguments)
     with atomic_directory(path, owned_files=OWNED_FILES) as staging:
         (staging / CONFIG_FILE).write_text(config_text)
         _save_weights(
@@ -388,8 +390,9 @@ def load_kbert_preset(
         model.apply_quantization_record(quantization)
     if load_weights and same_task:
         _load_weights(model, path / TASK_WEIGHTS_FILE, bool(config.get("optimizer_state")))
-    if (path / VOCABULARY_FILE).is_file():
-        model.preset_vocabulary_path = str(path / VOCABULARY_FILE)
+    vocabulary = find_vocabulary(path)
+    if vocabulary is not None:
+        model.preset_vocabulary_path = str(vocabulary)
     return model
 
 

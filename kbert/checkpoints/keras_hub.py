@@ -20,11 +20,10 @@ import numpy as np
 
 from kbert.checkpoints import _weights
 from kbert.checkpoints._config import config_float, config_int, read_json
-from kbert.checkpoints.vocabulary import KERAS_HUB_VOCABULARY_FILE
+from kbert.checkpoints.vocabulary import find_vocabulary
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
-VOCABULARY_FILE = KERAS_HUB_VOCABULARY_FILE
 _BERT_NAMES = {"keras_hub>BertBackbone", "keras_nlp>BertBackbone"}
 _CONFIG_KEYS = (
     "vocabulary_size",
@@ -95,8 +94,7 @@ def read_config(path, require_weights=True):
         "activation": "gelu_approximate",
         "layer_norm_epsilon": 1e-12,
     }
-    vocabulary = path / VOCABULARY_FILE
-    return config, (vocabulary if vocabulary.is_file() else None), raw
+    return config, find_vocabulary(path), raw
 
 
 # The variables each keras-hub BERT layer (named as in the `name` attribute of its `vars` group)

@@ -1,15 +1,22 @@
 """Tokenizer files: the one place kbert reads and writes `vocab.txt` and the tokenizer settings.
 
-Used by `kbert.text.BertTokenizer` (`from_preset`, `save_to_preset`), the kbert preset writer
-(`save_preset`) and the exporters (`export_to_huggingface`, and through it the
-sentence-transformers exporter).
+Used by `kbert.text.BertTokenizer` (`from_preset`, `save_to_preset`), every checkpoint reader
+(`find_vocabulary`), the kbert preset writer (`save_preset`) and the exporters
+(`export_to_huggingface`, and through it the sentence-transformers exporters).
 
 - `vocab.txt` (Hugging Face, Google, kbert) or `assets/tokenizer/vocabulary.txt` (keras-hub):
   one token per line, the line number is the id. Only `\\n` separates tokens (a trailing `\\r`
   is dropped), so tokens such as U+2028 stay whole.
+- Else a Hugging Face `tokenizer.json` (what `transformers` 5 and sentence-transformers save,
+  without `vocab.txt`): its WordPiece `model` section's `vocab` (token -> id, the ids
+  0..n-1), `unk_token`, `max_input_chars_per_word` and `continuing_subword_prefix` (`##`, the
+  only one kbert's WordPiece knows). A directory with both files reads `vocab.txt`: where the
+  two disagree, `vocab.txt` wins. `find_vocabulary` is the one place a directory's vocabulary
+  is looked up.
 - `tokenizer_config.json` (Hugging Face keys): `do_lower_case`, `strip_accents`, `unk_token`;
   or, without it, `tokenizer.json` (a keras-hub tokenizer config, or a Hugging Face fast
-  tokenizer's `BertNormalizer`).
+  tokenizer's `BertNormalizer`). With the vocabulary read from `tokenizer.json`, its
+  `BertNormalizer` and `model` section set what `tokenizer_config.json` leaves unset.
 - Special tokens written in text: a Hugging Face directory (`tokenizer_config.json` or a Hugging
   Face `tokenizer.json`) honours them unless `split_special_tokens` is true, with the special
   tokens and `AddedToken` settings of `tokenizer.json`'s `added_tokens`, else of
@@ -43,15 +50,21 @@ _SPECIAL_TOKEN_NAMES = ("unk_token", "sep_token", "pad_token", "cls_token", "mas
 _ADDED_TOKEN_FLAGS = ("lstrip", "rstrip", "normalized", "single_word")
 
 
-def read_vocabulary(path):
-    """The tokens of a vocabulary file, one per line (only `\\n` separates tokens; a trailing
-    `\\r` is stripped).
+class NotWordPieceError(ValueError):
+    """A `tokenizer.json` whose model is not WordPiece (BPE, Unigram, ...): no BERT
+    vocabulary. A model loaded from its directory gets no tokenizer (a warning says so)."""
 
-    Splitting on `\\n` alone keeps tokens such as U+2028 or a lone `\\r` inside a token intact,
-    which `str.splitlines` or universal newlines would break apart.
+
+def read_vocabulary(path):
+    """The tokens of a vocabulary file, in id order.
+
+    A text file (`vocab.txt`) holds one token per line (only `\\n` separates tokens; a trailing
+    `\\r` is stripped): splitting on `\\n` alone keeps tokens such as U+2028 or a lone `\\r`
+    inside a token intact, which `str.splitlines` or universal newlines would break apart. A
+    `.json` file is a Hugging Face `tokenizer.json`, read with `read_tokenizer_json`.
 
     Raises:
-        ValueError: `path` is not a file.
+        ValueError: `path` is not a file, or not a WordPiece `tokenizer.json`.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -59,6 +72,8 @@ def read_vocabulary(path):
             f"`vocabulary` must be a list of tokens or the path of an existing vocabulary "
             f"file. Received: vocabulary={path!r}, which is not a file."
         )
+    if path.endswith(".json"):
+        return read_tokenizer_json(path)[0]
     with open(path, encoding="utf-8", newline="") as file:
         lines = file.read().split("\n")
     if lines and lines[-1] == "":
@@ -71,13 +86,150 @@ def write_vocabulary(tokens, path):
     return atomic_write_text(path, "".join(f"{token}\n" for token in tokens))
 
 
+def read_tokenizer_json(path):
+    """The WordPiece vocabulary and settings of a Hugging Face `tokenizer.json`.
+
+    Reads the `model` section (`type` "WordPiece", `vocab` token -> id, `unk_token`,
+    `continuing_subword_prefix`, `max_input_chars_per_word`) and, when the normalizer is a
+    `BertNormalizer`, its `lowercase` and `strip_accents`; a `BertNormalizer` that turns off
+    what kbert's tokenizer always does (`clean_text`, `handle_chinese_chars`) is refused.
+
+    Args:
+        path: str or path of the `tokenizer.json`.
+
+    Returns:
+        `(tokens, settings)`: the tokens in id order and a dict of `BertTokenizer` arguments
+        (`unknown_token`, `max_chars_per_word`, `lowercase`, `strip_accents`, each when the
+        file has it).
+
+    Raises:
+        NotWordPieceError: its model is not WordPiece (BPE, Unigram, ...).
+        ValueError: the file is not JSON, has no `model` section, its continuing-subword
+            prefix is not `##`, or its ids are not 0..n-1 (the error names the first missing
+            id).
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not a JSON tokenizer file: {error}") from None
+    model = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(model, dict):
+        raise ValueError(
+            f"{path} has no `model` section. Expected a Hugging Face tokenizers file "
+            '(tokenizer.json) with a WordPiece model: {"model": {"type": "WordPiece", '
+            '"vocab": {token: id}, ...}}.'
+        )
+    kind = model.get("type")
+    if kind != "WordPiece":
+        raise NotWordPieceError(
+            f"BERT needs a WordPiece vocabulary, but {path} holds a {kind!r} model "
+            "(model.type). Expected model.type='WordPiece', as BertTokenizerFast writes it; "
+            "BPE and Unigram tokenizers belong to other architectures."
+        )
+    prefix = model.get("continuing_subword_prefix", "##")
+    if prefix != "##":
+        raise ValueError(
+            f"{path}: kbert's WordPiece marks word-continuing pieces with '##', as BERT does. "
+            f"Received: model.continuing_subword_prefix={prefix!r}"
+        )
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or not vocab:
+        raise ValueError(
+            f"{path}: model.vocab must be a non-empty object mapping each token to its id. "
+            f"Received: {type(vocab).__name__}{'' if vocab else ' (empty)'}"
+        )
+    tokens = {}
+    for token, index in vocab.items():
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ValueError(
+                f"{path}: model.vocab must map tokens to integer ids. Received: "
+                f"{token!r}: {index!r}"
+            )
+        if index in tokens:
+            raise ValueError(
+                f"{path}: model.vocab gives the id {index} to both {tokens[index]!r} and "
+                f"{token!r}. Each id must name one token."
+            )
+        tokens[index] = token
+    if len(tokens) - 1 != max(tokens) or min(tokens) != 0:
+        gap = next(i for i in range(len(tokens)) if i not in tokens)
+        raise ValueError(
+            f"{path}: the ids of model.vocab must be 0..{len(tokens) - 1}, one per token (the "
+            f"rows of the embedding table), without gaps. Id {gap} is missing (the ids run "
+            f"from {min(tokens)} to {max(tokens)})."
+        )
+    settings = {}
+    if model.get("unk_token") is not None:
+        if not isinstance(model["unk_token"], str) or model["unk_token"] not in vocab:
+            raise ValueError(
+                f"{path}: model.unk_token must be a token of model.vocab. Received: "
+                f"unk_token={model['unk_token']!r}"
+            )
+        settings["unknown_token"] = model["unk_token"]
+    longest = model.get("max_input_chars_per_word")
+    if longest is not None:
+        if isinstance(longest, bool) or not isinstance(longest, int) or longest < 1:
+            raise ValueError(
+                f"{path}: model.max_input_chars_per_word must be a positive integer. "
+                f"Received: {longest!r}"
+            )
+        settings["max_chars_per_word"] = longest
+    normalizer = data.get("normalizer")
+    if isinstance(normalizer, dict) and normalizer.get("type") == "BertNormalizer":
+        settings["lowercase"] = bool(normalizer.get("lowercase", True))
+        if normalizer.get("strip_accents") is not None:
+            settings["strip_accents"] = bool(normalizer["strip_accents"])
+        for name, does in (
+            ("clean_text", "drops control characters and turns whitespace into spaces"),
+            ("handle_chinese_chars", "makes each CJK ideograph a word"),
+        ):
+            if normalizer.get(name, True) is False:
+                raise ValueError(
+                    f"{path}: the normalizer sets {name}=false, which kbert's tokenizer does "
+                    f"not implement: it always {does}, as the original BERT does."
+                )
+    return [tokens[i] for i in range(len(tokens))], settings
+
+
 def find_vocabulary(directory):
-    """The vocabulary file of a checkpoint directory (`vocab.txt`, else keras-hub's
-    `assets/tokenizer/vocabulary.txt`), or None."""
+    """The vocabulary file of a checkpoint directory, or None.
+
+    The one place a directory's vocabulary is looked up: `vocab.txt`, else keras-hub's
+    `assets/tokenizer/vocabulary.txt`, else a Hugging Face `tokenizer.json` (not keras-hub's
+    file of that name), which `transformers` 5 saves without `vocab.txt`. When a directory
+    holds both `vocab.txt` and `tokenizer.json`, `vocab.txt` is the vocabulary, even where the
+    two disagree. A `tokenizer.json` is returned unchecked: reading it (`read_vocabulary`)
+    says what is wrong with it.
+    """
     for name in (VOCABULARY_FILE, KERAS_HUB_VOCABULARY_FILE):
         path = Path(directory) / name
         if path.is_file():
             return path
+    path = Path(directory) / TOKENIZER_JSON_FILE
+    if path.is_file() and not _is_keras_hub_tokenizer_json(path):
+        return path
+    return None
+
+
+def _is_keras_hub_tokenizer_json(path):
+    try:
+        data = _read_json_object(path)
+    except (ValueError, UnicodeDecodeError):
+        return False  # Returned as a vocabulary, whose reader names the broken file.
+    return isinstance(data.get("config"), dict)
+
+
+def vocabulary_directory(path):
+    """The checkpoint directory whose settings files belong to the vocabulary file `path`
+    (`vocab.txt` or `tokenizer.json`: its folder; keras-hub's vocabulary: the preset), or
+    None for a vocabulary file of another name."""
+    path = Path(path)
+    if path.name in (VOCABULARY_FILE, TOKENIZER_JSON_FILE):
+        return path.parent
+    if path.parts[-3:] == tuple(KERAS_HUB_VOCABULARY_FILE.split("/")):
+        return path.parents[2]
     return None
 
 
@@ -91,7 +243,7 @@ def vocabulary_is_uncased(vocabulary):
     no lower-case form (`ℝ` in bert-base-uncased) do not count.
 
     Args:
-        vocabulary: list of tokens or the path of a `vocab.txt`.
+        vocabulary: list of tokens or the path of a vocabulary file (`read_vocabulary`).
 
     Returns:
         bool.
@@ -109,38 +261,42 @@ def read_tokenizer_files(preset):
     """The vocabulary file and tokenizer settings of a checkpoint directory or vocabulary file.
 
     Args:
-        preset: str or path. A directory holding `vocab.txt` or keras-hub's
-            `assets/tokenizer/vocabulary.txt`, or a vocabulary file (its directory's settings
-            files are read when it is one of those two).
+        preset: str or path. A directory with a vocabulary (`find_vocabulary`: `vocab.txt`,
+            keras-hub's `assets/tokenizer/vocabulary.txt` or a Hugging Face `tokenizer.json`),
+            or a vocabulary file (its directory's settings files are read when it is one of
+            those three).
 
     Returns:
         `(vocabulary_path, settings)`: `settings` as `read_tokenizer_settings`, with
         `lowercase` always set (from the vocabulary itself, `vocabulary_is_uncased`, when no
-        file says).
+        file says); a vocabulary read from `tokenizer.json` adds its settings
+        (`read_tokenizer_json`: `unknown_token`, `max_chars_per_word`, casing) where
+        `tokenizer_config.json` does not set them.
 
     Raises:
-        ValueError: no such file or directory, or a directory without a vocabulary.
+        ValueError: no such file or directory, a directory without a vocabulary, or a
+            `tokenizer.json` kbert cannot read (see `read_tokenizer_json`).
     """
     path = Path(preset)
     if path.is_file():
-        vocabulary, directory = path, None
-        if path.name == VOCABULARY_FILE:
-            directory = path.parent
-        elif path.parts[-3:] == tuple(KERAS_HUB_VOCABULARY_FILE.split("/")):
-            directory = path.parents[2]
+        vocabulary, directory = path, vocabulary_directory(path)
     elif path.is_dir():
         vocabulary, directory = find_vocabulary(path), path
         if vocabulary is None:
             raise ValueError(
                 f"No vocabulary found in preset directory {os.fspath(preset)!r}. Expected "
-                f"one of: {VOCABULARY_FILE}, {KERAS_HUB_VOCABULARY_FILE}."
+                f"one of: {VOCABULARY_FILE}, {KERAS_HUB_VOCABULARY_FILE}, "
+                f"{TOKENIZER_JSON_FILE} (a Hugging Face WordPiece tokenizer)."
             )
     else:
         raise ValueError(
-            f"`preset` must be a directory or a vocab.txt file. Received: "
+            f"`preset` must be a directory or a vocabulary file. Received: "
             f"preset={os.fspath(preset)!r}, which does not exist."
         )
     settings = read_tokenizer_settings(directory) if directory is not None else {}
+    if vocabulary.suffix == ".json":
+        for name, value in read_tokenizer_json(vocabulary)[1].items():
+            settings.setdefault(name, value)
     if "lowercase" not in settings:
         settings["lowercase"] = vocabulary_is_uncased(vocabulary)
     return vocabulary, settings
@@ -289,9 +445,9 @@ def _declared_special_tokens(directory, config, tokenizer_json):
 
 
 def tokenizer_file_settings(tokenizer):
-    """The settings of `tokenizer` that `tokenizer_config.json` records: `lowercase`,
-    `strip_accents`, `unknown_token`, `special_tokens_in_strings` and `special_tokens`, each
-    when the tokenizer has it."""
+    """The settings of `tokenizer` (a tokenizer, or a dict of its arguments) that
+    `tokenizer_config.json` records: `lowercase`, `strip_accents`, `unknown_token`,
+    `special_tokens_in_strings` and `special_tokens`, each when the tokenizer has it."""
     settings = {}
     for name, kind in (
         ("lowercase", bool),
@@ -300,7 +456,10 @@ def tokenizer_file_settings(tokenizer):
         ("special_tokens_in_strings", bool),
         ("special_tokens", list),
     ):
-        value = getattr(tokenizer, name, None)
+        if isinstance(tokenizer, dict):
+            value = tokenizer.get(name)
+        else:
+            value = getattr(tokenizer, name, None)
         if isinstance(value, kind):
             settings[name] = value
     return settings

@@ -34,6 +34,7 @@ import numpy as np
 
 from kbert import backend
 from kbert.checkpoints import read_preprocessor_settings
+from kbert.checkpoints.vocabulary import vocabulary_directory
 from kbert.models.backbone import BertBackbone
 from kbert.models.pipeline import PipelineModel
 from kbert.models.presets import PresetMixin
@@ -560,20 +561,15 @@ def _preprocessor_for_vocabulary(vocabulary_path, sequence_length, default_seque
     """A `kbert.text.BertPreprocessor` for a preset's vocabulary (and its saved settings, if any).
 
     The tokenizer comes from `BertTokenizer.from_preset` on the preset's directory, so a task
-    model reads casing and accents exactly as the tokenizer preset does (`tokenizer_config.json`,
+    model reads the vocabulary (`vocab.txt`, keras-hub's, or a Hugging Face `tokenizer.json`),
+    casing and accents exactly as the tokenizer preset does (`tokenizer_config.json`,
     `tokenizer.json`, else the vocabulary itself); settings saved by `save_to_preset` override.
     """
     from kbert.text import BertPreprocessor, BertTokenizer
 
     vocabulary_path = Path(vocabulary_path)
-    directory = vocabulary_path.parent
-    settings = read_preprocessor_settings(directory)
-    if vocabulary_path.name == "vocab.txt":
-        source = directory  # Hugging Face, Google and kbert presets
-    elif vocabulary_path.parts[-3:] == ("assets", "tokenizer", "vocabulary.txt"):
-        source = vocabulary_path.parents[2]  # keras-hub presets
-    else:
-        source = vocabulary_path
+    settings = read_preprocessor_settings(vocabulary_path.parent)
+    source = vocabulary_directory(vocabulary_path) or vocabulary_path
     tokenizer = BertTokenizer.from_preset(source, **(settings.get("tokenizer") or {}))
     preprocessor_kwargs = {}
     if settings.get("truncate"):

@@ -269,7 +269,9 @@ class BertTokenizer:
 
     Args:
         vocabulary: list of str, or str path of a `vocab.txt` (one token per
-            line; the line index is the id). Must contain `[CLS]`, `[SEP]`,
+            line; the line index is the id) or of a Hugging Face
+            `tokenizer.json` (its WordPiece vocabulary; `from_preset` also
+            reads its settings). Must contain `[CLS]`, `[SEP]`,
             `[MASK]`, `[PAD]` and `unknown_token`, each exactly once.
         lowercase: bool. Lower-case the input (uncased models). Defaults to
             `True`.
@@ -818,9 +820,12 @@ class BertTokenizer:
     def from_preset(cls, preset, **kwargs):
         """Builds the tokenizer of a preset directory or a vocabulary file.
 
-        `preset` is either a `vocab.txt` file, or a directory holding
-        `vocab.txt` (a Hugging Face / kbert preset) or
-        `assets/tokenizer/vocabulary.txt` (a keras-hub preset), or an
+        `preset` is either a `vocab.txt` file, a Hugging Face `tokenizer.json`
+        (read with its directory's settings), or a directory holding
+        `vocab.txt` (a Hugging Face / kbert preset),
+        `assets/tokenizer/vocabulary.txt` (a keras-hub preset) or, without
+        either, a Hugging Face `tokenizer.json` with a WordPiece model (what
+        `transformers` 5 saves; see `kbert.checkpoints.vocabulary`), or an
         `hf://<owner>/<name>[@revision]` handle or a built-in preset name,
         whose tokenizer files (no weights) are downloaded into
         huggingface_hub's cache (see `kbert.hub`). Casing comes
@@ -845,7 +850,7 @@ class BertTokenizer:
         from kbert.hub import resolve_preset_source
 
         preset = os.fspath(resolve_preset_source(preset, load_weights=False))
-        if os.path.isfile(preset):
+        if os.path.isfile(preset) and not preset.endswith(".json"):
             kwargs.setdefault("lowercase", vocabulary_is_uncased(preset))
             return cls(vocabulary=preset, **kwargs)
         vocabulary, config = read_tokenizer_files(preset)

@@ -40,14 +40,13 @@ PROMPTS = {"query": "tok90 tok91 ", "document": "tok80 "}
 
 def _st_sparse_encoder(hf_dir, target, **kwargs):
     """sentence-transformers' own SparseEncoder directory for a `BertForMaskedLM` directory
-    (with the `vocab.txt` kbert reads next to the `tokenizer.json` transformers writes)."""
+    (with transformers 5: `tokenizer.json`, no `vocab.txt`)."""
     from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
 
     model = st.SparseEncoder(
         modules=[MLMTransformer(str(hf_dir)), SpladePooling("max")], device="cpu", **kwargs
     )
     model.save(str(target))
-    shutil.copy(hf_dir / "vocab.txt", target / "vocab.txt")
     return target
 
 
