@@ -14,9 +14,9 @@ the weights, the tokenizer files), optionally with:
 A plain Hugging Face `BertForSequenceClassification` directory is a cross-encoder too:
 sentence-transformers loads it with sigmoid scores for one label and the logits otherwise.
 `read_settings` turns these files into `kbert.models.BertCrossEncoder` arguments (and
-rejects checkpoints whose head is not a sequence classifier); `read_wordpiece_vocabulary`
-reads the vocabulary of a directory that has `tokenizer.json` and no `vocab.txt` (what
-sentence-transformers saves with `transformers` 5); `export_cross_encoder`
+rejects checkpoints whose head is not a sequence classifier; a directory with `tokenizer.json`
+and no `vocab.txt`, as sentence-transformers saves under `transformers` 5, gets its vocabulary
+from `kbert.checkpoints.vocabulary.find_vocabulary`); `export_cross_encoder`
 writes a directory sentence-transformers' `CrossEncoder` loads with the same scores. This
 module reads JSON only and never imports sentence-transformers or torch.
 """
@@ -158,36 +158,6 @@ def read_settings(path, check_head=True):
         )
     settings["max_seq_length"] = max_length
     return settings
-
-
-def read_wordpiece_vocabulary(directory):
-    """The tokens, in id order, of a Hugging Face fast tokenizer's WordPiece model
-    (`tokenizer.json`), or `None` when the directory has no such file.
-
-    `transformers` 5 saves a tokenizer as `tokenizer.json` alone (no `vocab.txt`), and so do
-    the cross-encoder directories sentence-transformers writes with it.
-    """
-    file = Path(directory) / "tokenizer.json"
-    if not file.is_file():
-        return None
-    data = read_json(file)
-    model = data.get("model") if isinstance(data, dict) else None
-    if not isinstance(model, dict) or model.get("type") != "WordPiece":
-        return None
-    vocabulary = model.get("vocab")
-    prefix = model.get("continuing_subword_prefix", "##")
-    if not isinstance(vocabulary, dict) or not vocabulary or prefix != "##":
-        raise ValueError(
-            f"{file}: expected a WordPiece vocabulary with the '##' continuation prefix. "
-            f"Received prefix {prefix!r} and {type(vocabulary).__name__} vocab"
-        )
-    ids = sorted(vocabulary.values())
-    if ids != list(range(len(ids))):
-        raise ValueError(f"{file}: the vocabulary's ids are not 0..{len(ids) - 1} without gaps.")
-    tokens = [""] * len(ids)
-    for token, index in vocabulary.items():
-        tokens[index] = token
-    return tokens
 
 
 def export_cross_encoder(model, path):

@@ -572,11 +572,6 @@ class BertCrossEncoder(BertClassifier):
                     kwargs.setdefault("activation", settings["activation"])
                 kwargs.setdefault("sequence_length", settings["max_seq_length"])
                 source = model_dir
-                auto = isinstance(preprocessor, str) and preprocessor == "auto"
-                if auto and not (model_dir / "vocab.txt").is_file():
-                    preprocessor = _tokenizer_json_preprocessor(
-                        model_dir, kwargs.pop("sequence_length")
-                    )
         return super().from_preset(
             source, load_weights=load_weights, preprocessor=preprocessor, **kwargs
         )
@@ -590,19 +585,6 @@ class BertCrossEncoder(BertClassifier):
             {"num_labels": self.num_labels, "activation": self.activation, "labels": self.labels}
         )
         return config
-
-
-def _tokenizer_json_preprocessor(directory, sequence_length):
-    """A preprocessor from `tokenizer.json` alone (no `vocab.txt`), or `"auto"` (none found)."""
-    from kbert.checkpoints.cross_encoder import read_wordpiece_vocabulary
-    from kbert.checkpoints.vocabulary import read_tokenizer_settings
-    from kbert.text import BertPreprocessor, BertTokenizer
-
-    tokens = read_wordpiece_vocabulary(directory)
-    if tokens is None:
-        return "auto"
-    tokenizer = BertTokenizer(tokens, **read_tokenizer_settings(directory))
-    return BertPreprocessor(tokenizer, sequence_length=sequence_length)
 
 
 def _group_mode(loss):
