@@ -14,6 +14,7 @@ Modules:
 The speed paths:
     fused_dense             torch: matmul and bias in one BLAS call (`kbert.layers.Dense`).
     int8_dense              torch: an int8 `Dense` through torch's dynamic int8 linear kernel.
+    int8_dense_group        torch: the attention's int8 query, key and value in one product.
     call_sublayer           eager torch: a built sublayer's `call` without Keras' `__call__`
                             bookkeeping, where `__call__` would change nothing.
     native_dropout, hash_dropout_backend
@@ -43,6 +44,7 @@ from kbert.backend.paths import (
     has_multi_tensor_adamw,
     hash_dropout_backend,
     int8_dense,
+    int8_dense_group,
     native_dropout,
     needs_dense_embedding_gradient,
     replicas_gradient_sum,
@@ -60,6 +62,7 @@ __all__ = [
     "fused_attention_unsupported",
     "fused_dense",
     "int8_dense",
+    "int8_dense_group",
     "has_multi_tensor_adamw",
     "hash_dropout_backend",
     "native_dropout",

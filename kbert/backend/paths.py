@@ -73,15 +73,7 @@ def int8_dense(layer, inputs, training=None):
     backend; JAX and TensorFlow have no int8 CPU kernel reachable from a public API (figures in
     BENCHMARKS.md, "int8 on the CPU"), so there Keras' path is kept.
     """
-    if (
-        keras.backend.backend() != "torch"
-        or layer.quantization_mode != "int8"
-        or training
-        or layer.lora_enabled
-        or getattr(layer, "inputs_quantizer", None) is None
-        or not ops.is_tensor(inputs)
-        or isinstance(inputs, keras.KerasTensor)
-    ):
+    if keras.backend.backend() != "torch" or not _int8_dense_ready(layer, inputs, training):
         return None
     import torch
 
@@ -90,6 +82,39 @@ def int8_dense(layer, inputs, training=None):
     from kbert.backend import torch as torch_paths
 
     return torch_paths.int8_linear(layer, inputs)
+
+
+def int8_dense_group(layers, inputs, training=None):
+    """The outputs of several int8 `Dense` layers on the same `inputs` (the attention's query,
+    key and value) from one int8 product, or `None` where each layer runs by itself.
+
+    On torch, where `int8_dense` would run every layer: their int8 kernels side by side in one
+    packed weight (`kbert.backend.torch.int8_linears`), so the inputs are quantised once and
+    multiplied once. The inputs' quantisation is per tensor, hence the same for every layer:
+    the outputs are the layers' own `int8_dense` outputs.
+    """
+    if keras.backend.backend() != "torch" or not all(
+        _int8_dense_ready(layer, inputs, training) for layer in layers
+    ):
+        return None
+    import torch
+
+    if torch.is_grad_enabled() and inputs.requires_grad:
+        return None
+    from kbert.backend import torch as torch_paths
+
+    return torch_paths.int8_linears(layers, inputs)
+
+
+def _int8_dense_ready(layer, inputs, training):
+    return not (
+        layer.quantization_mode != "int8"
+        or training
+        or layer.lora_enabled
+        or getattr(layer, "inputs_quantizer", None) is None
+        or not ops.is_tensor(inputs)
+        or isinstance(inputs, keras.KerasTensor)
+    )
 
 
 def needs_dense_embedding_gradient():

@@ -232,6 +232,52 @@ def int8_linear(layer, inputs):
     return outputs
 
 
+# The packed torch weight of each group of int8 `Dense` layers (`int8_linears`), by first layer.
+_INT8_GROUPS = weakref.WeakKeyDictionary()
+
+
+def int8_linears(layers, inputs):
+    """The outputs of the int8 `Dense` `layers` on the same `inputs`, from one dynamic int8
+    product over their kernels side by side (`int8_linear` for each, in one call).
+
+    The inputs are quantised once, per tensor, as each layer's own call would quantise them,
+    so every output equals that layer's `int8_linear` output; one larger product and one
+    quantisation pass instead of several. Repacked when any layer's scales or variables
+    change (see `int8_linear`). `None` where the quantized engine cannot take them.
+    """
+    engine = torch.backends.quantized.engine
+    if engine == "none" or inputs.dtype != torch.float32 or inputs.device.type != "cpu":
+        return None
+    kernels = [ops.convert_to_tensor(layer.kernel) for layer in layers]
+    scales = [ops.convert_to_tensor(layer.kernel_scale) for layer in layers]
+    biases = [None if layer.bias is None else ops.convert_to_tensor(layer.bias) for layer in layers]
+    cached = _INT8_GROUPS.get(layers[0])
+    if (
+        cached is None
+        or len(cached[0]) != len(layers)
+        or any(a is not b for a, b in zip(cached[0], kernels))
+        or any(a is not b for a, b in zip(cached[2], biases))
+        or not all(torch.equal(a, b) for a, b in zip(cached[1], scales))
+    ):
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat(
+                [torch.zeros_like(s) if b is None else b.detach() for b, s in zip(biases, scales)]
+            )
+        packed = _packed_int8_linear(torch.cat(kernels, dim=1), torch.cat(scales), bias)
+        cached = (kernels, [s.clone() for s in scales], biases, packed)
+        _INT8_GROUPS[layers[0]] = cached
+    with torch.no_grad():
+        outputs = torch.ops.quantized.linear_dynamic(
+            inputs, cached[3], reduce_range=_reduce_range()
+        )
+    parts = torch.split(outputs, [int(s.shape[0]) for s in scales], dim=-1)
+    return [
+        part if layer.activation is None else layer.activation(part)
+        for part, layer in zip(parts, layers)
+    ]
+
+
 def _packed_int8_linear(kernel, scale, bias):
     """torch's packed int8 weight (`torch.ops.quantized.linear_prepack`) of `kernel / scale`
     as per-channel qint8, with the bias.

@@ -153,10 +153,12 @@ class BertSelfAttention(keras.layers.Layer):
         return_attention_scores=False,
     ):
         x = inputs
+        projections = (self.query_dense, self.key_dense, self.value_dense)
+        projected = backend.int8_dense_group(projections, x, training)  # int8 on torch: one
+        if projected is None:
+            projected = [backend.call_sublayer(dense, x) for dense in projections]
         # (batch, seq, heads, head_dim) each
-        query = self._split_heads(backend.call_sublayer(self.query_dense, x))
-        key = self._split_heads(backend.call_sublayer(self.key_dense, x))
-        value = self._split_heads(backend.call_sublayer(self.value_dense, x))
+        query, key, value = (self._split_heads(p) for p in projected)
         dropout_active = bool(training) and self.dropout > 0
 
         keys = None  # (batch, seq): which keys are real, or

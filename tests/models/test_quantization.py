@@ -210,3 +210,22 @@ class TestTorchInt8Kernel(TestCase):
         xt = torch.tensor(x, requires_grad=True)
         layer(xt).sum().backward()
         assert xt.grad is not None and float(xt.grad.abs().sum()) > 0
+
+    def test_attention_projections_in_one_int8_product_equal_separate_ones(self, monkeypatch):
+        from kbert import backend
+
+        backbone = _backbone()
+        backbone.quantize("int8")
+        ids = np.array([[2, 9, 14, 20, 31, 3, 0, 0], [2, 40, 41, 3, 50, 51, 52, 3]], "int32")
+        x = {"token_ids": ids, "segment_ids": 0 * ids, "padding_mask": (ids > 0).astype("int32")}
+        calls = []
+        group = backend.int8_dense_group
+        monkeypatch.setattr(
+            backend, "int8_dense_group", lambda *a, **k: calls.append(1) or group(*a, **k)
+        )
+        fused = to_numpy(backbone(x)["sequence_output"])
+        assert len(calls) == 2  # one product per block
+        monkeypatch.setattr(backend, "int8_dense_group", lambda *a, **k: None)
+        separate = to_numpy(backbone(x)["sequence_output"])
+        # One input quantisation per tensor either way: the same int8 products.
+        np.testing.assert_array_equal(fused, separate)
