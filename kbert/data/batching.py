@@ -328,6 +328,32 @@ class OrderedOutputs:
         return self._outputs
 
 
+class ShuffledRows(keras.utils.PyDataset):
+    """Base of `PyDataset`s that serve `num_rows` rows in batches of `batch_size`, in a new
+    random order each epoch (`shuffle`): `batch_rows(index)` gives batch `index`'s rows.
+    `self.random` (seeded) is the dataset's generator, also for subclasses' own draws."""
+
+    def __init__(self, num_rows, batch_size, shuffle=True, seed=0):
+        super().__init__()
+        self.num_rows = int(num_rows)
+        self.batch_size = _positive_int(batch_size, "batch_size")
+        self.shuffle = bool(shuffle)
+        self.random = np.random.default_rng(seed)
+        self.order = np.arange(self.num_rows)
+        if self.shuffle:
+            self.random.shuffle(self.order)
+
+    def __len__(self):
+        return -(-self.num_rows // self.batch_size)
+
+    def batch_rows(self, index):
+        return self.order[index * self.batch_size : (index + 1) * self.batch_size]
+
+    def on_epoch_end(self):
+        if self.shuffle:
+            self.random.shuffle(self.order)
+
+
 class LengthBatches(keras.utils.PyDataset):
     """Planned, cropped batches of packed NumPy data, for Keras' `fit` and `evaluate`.
 

@@ -638,7 +638,7 @@ def _document_lists(x, y):
     return [_text(q) for q in queries], [[_text(d) for d in ds] for ds in lists], labels
 
 
-class _PairGroupBatches(keras.utils.PyDataset):
+class _PairGroupBatches(batching.ShuffledRows):
     """Batches of groups of (query, document) pairs `(batch, documents, seq)` for the ranking
     losses, in a new random order each epoch (`shuffle`).
 
@@ -652,7 +652,6 @@ class _PairGroupBatches(keras.utils.PyDataset):
     """
 
     def __init__(self, model, x, y, sample_weight, batch_size, mode, shuffle=True, seed=0):
-        super().__init__()
         if model.num_classes != 1:
             raise ValueError(
                 f"Ranking losses train one-label cross-encoders. This one has "
@@ -674,16 +673,7 @@ class _PairGroupBatches(keras.utils.PyDataset):
             self.num_negatives = model.loss.num_negatives
         else:
             self.queries, self.documents, self.labels = _document_lists(x, y)
-        self.num_rows = len(self.queries)
-        self.batch_size = int(batch_size)
-        self.shuffle = shuffle
-        self.random = np.random.default_rng(seed)
-        self.order = np.arange(self.num_rows)
-        if shuffle:
-            self.random.shuffle(self.order)
-
-    def __len__(self):
-        return -(-self.num_rows // self.batch_size)
+        super().__init__(len(self.queries), batch_size, shuffle, seed)
 
     def groups(self, indices):
         """`(queries, documents per query, labels or None)` of the rows `indices`."""
@@ -704,7 +694,7 @@ class _PairGroupBatches(keras.utils.PyDataset):
         return queries, groups, None
 
     def __getitem__(self, index):
-        indices = self.order[index * self.batch_size : (index + 1) * self.batch_size].tolist()
+        indices = self.batch_rows(index).tolist()
         queries, groups, labels = self.groups(indices)
         width = max(len(g) for g in groups)
         firsts, seconds = [], []
@@ -720,7 +710,3 @@ class _PairGroupBatches(keras.utils.PyDataset):
         for row, row_labels in enumerate(labels):
             y[row, : len(row_labels)] = row_labels
         return x, y
-
-    def on_epoch_end(self):
-        if self.shuffle:
-            self.random.shuffle(self.order)

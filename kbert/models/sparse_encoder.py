@@ -188,20 +188,7 @@ class BertSparseEncoder(TextEncoding, BertTask):
         self._check_backbone(backbone, "BertSparseEncoder")
         check_splade_settings(pooling_strategy, activation)
         max_active_dims = _check_max_active_dims(max_active_dims)
-        prompts = dict(prompts or {})
-        bad = {k: v for k, v in prompts.items() if not (isinstance(k, str) and isinstance(v, str))}
-        if bad:
-            raise ValueError(f"`prompts` must map names (str) to texts (str). Received: {bad!r}")
-        if default_prompt_name is not None and default_prompt_name not in prompts:
-            raise ValueError(
-                f"`default_prompt_name` {default_prompt_name!r} is not among the prompts "
-                f"{sorted(prompts)}"
-            )
-        if similarity_function not in SIMILARITY_FUNCTIONS:
-            raise ValueError(
-                f"`similarity_function` must be one of {list(SIMILARITY_FUNCTIONS)}. "
-                f"Received: {similarity_function!r}"
-            )
+        prompts = self.check_text_settings(prompts, default_prompt_name, similarity_function)
         # The [CLS] pooler plays no part in the vectors: frozen, it gets no (missing)
         # gradient in `fit` and no optimizer slots.
         backbone.pooler.trainable = False

@@ -73,6 +73,26 @@ class TextEncoding:
     `encode_document`. The class has `preprocessor`, `prompts`, `default_prompt_name`,
     `lowercase_input`, `bucket_lengths` and `encode(texts, prompt=, prompt_name=, ...)`."""
 
+    @staticmethod
+    def check_text_settings(prompts, default_prompt_name, similarity_function):
+        """Checks an encoder's prompts, default prompt name and similarity function; returns
+        the prompts as a new dict."""
+        prompts = dict(prompts or {})
+        bad = {k: v for k, v in prompts.items() if not (isinstance(k, str) and isinstance(v, str))}
+        if bad:
+            raise ValueError(f"`prompts` must map names (str) to texts (str). Received: {bad!r}")
+        if default_prompt_name is not None and default_prompt_name not in prompts:
+            raise ValueError(
+                f"`default_prompt_name` {default_prompt_name!r} is not among the prompts "
+                f"{sorted(prompts)}"
+            )
+        if similarity_function not in SIMILARITY_FUNCTIONS:
+            raise ValueError(
+                f"`similarity_function` must be one of {list(SIMILARITY_FUNCTIONS)}. "
+                f"Received: {similarity_function!r}"
+            )
+        return prompts
+
     def _require_tokenizer(self):
         if self.preprocessor is None:
             raise ValueError(
@@ -237,20 +257,7 @@ class BertTextEmbedder(TextEncoding, BertTask):
             raise ValueError(
                 f"`normalize` must be True or False. Received: normalize={normalize!r}"
             )
-        prompts = dict(prompts or {})
-        bad = {k: v for k, v in prompts.items() if not (isinstance(k, str) and isinstance(v, str))}
-        if bad:
-            raise ValueError(f"`prompts` must map names (str) to texts (str). Received: {bad!r}")
-        if default_prompt_name is not None and default_prompt_name not in prompts:
-            raise ValueError(
-                f"`default_prompt_name` {default_prompt_name!r} is not among the prompts "
-                f"{sorted(prompts)}"
-            )
-        if similarity_function not in SIMILARITY_FUNCTIONS:
-            raise ValueError(
-                f"`similarity_function` must be one of {list(SIMILARITY_FUNCTIONS)}. "
-                f"Received: {similarity_function!r}"
-            )
+        prompts = self.check_text_settings(prompts, default_prompt_name, similarity_function)
         dimension = backbone.hidden_dim * len(pooling)
         if truncate_dim is not None:
             _check_truncate_dim(truncate_dim, dimension)
@@ -584,34 +591,24 @@ def text_columns(x):
     return columns
 
 
-class TextColumnBatches(keras.utils.PyDataset):
+class TextColumnBatches(batching.ShuffledRows):
     """Batches of tokenized text columns `(batch, columns, seq)`, in a new random order each
     epoch (in-batch negatives stay random, as in sentence-transformers), each padded to the
     smallest bucket that holds its longest text (see `kbert.data.batching`)."""
 
     def __init__(self, embedder, columns, y, sample_weight, batch_size, shuffle=True, seed=0):
-        super().__init__()
+        super().__init__(len(columns[0]), batch_size, shuffle, seed)
         self.embedder = embedder
         self.rows = [embedder.tokenize_texts(column) for column in columns]
-        self.num_rows = len(columns[0])
         self.y = None if y is None else np.asarray(y, dtype="float32")
         if self.y is not None and len(self.y) != self.num_rows:
             raise ValueError(
                 f"`y` has {len(self.y)} rows but the text columns have {self.num_rows}"
             )
         self.sample_weight = None if sample_weight is None else np.asarray(sample_weight, "float32")
-        self.batch_size = int(batch_size)
-        self.shuffle = shuffle
-        self.random = np.random.default_rng(seed)
-        self.order = np.arange(self.num_rows)
-        if shuffle:
-            self.random.shuffle(self.order)
-
-    def __len__(self):
-        return -(-self.num_rows // self.batch_size)
 
     def __getitem__(self, index):
-        indices = self.order[index * self.batch_size : (index + 1) * self.batch_size]
+        indices = self.batch_rows(index)
         rows = [column[i] for i in indices for column in self.rows]  # row-major (batch, columns)
         packed = self.embedder.pack_token_ids(rows, training=True)
         x = {k: v.reshape(len(indices), len(self.rows), -1) for k, v in packed.items()}
@@ -619,7 +616,3 @@ class TextColumnBatches(keras.utils.PyDataset):
         if self.sample_weight is not None:
             return x, y, self.sample_weight[indices]
         return x, y
-
-    def on_epoch_end(self):
-        if self.shuffle:
-            self.random.shuffle(self.order)
