@@ -420,12 +420,12 @@ class LengthBatches(keras.utils.PyDataset):
         self._seed = seed
         self._epoch = 0
         self.dropped_rows = 0
-        self.plan = self._plan()
+        self.plan = self._plan(self._epoch)
 
-    def _plan(self):
+    def _plan(self, epoch):
         seed = self._seed
         if self.shuffle and seed is not None:
-            seed = seed + self._epoch
+            seed = seed + epoch
         plan = plan_batches(
             self.lengths, self.batch_size, self.buckets, shuffle=self.shuffle, seed=seed
         )
@@ -461,7 +461,7 @@ class LengthBatches(keras.utils.PyDataset):
     def on_epoch_end(self):
         if self.shuffle:
             self._epoch += 1
-            self.plan = self._plan()
+            self.plan = self._plan(self._epoch)
 
     def epoch_callback(self):
         """A Keras callback that calls `on_epoch_end` at the end of each training epoch (for
@@ -477,13 +477,7 @@ class LengthBatches(keras.utils.PyDataset):
     def epoch_batches(self, epoch):
         """The items of epoch `epoch` (0, 1, ...), planned with seed + epoch, without changing
         the current plan (for generators that count their own epochs)."""
-        current = self._epoch, self.plan
-        try:
-            self._epoch = epoch
-            plan = self._plan()
-        finally:
-            self._epoch, self.plan = current[0], current[1]
-        for rows, length in plan:
+        for rows, length in self._plan(epoch):
             yield self._batch(rows, length)
 
     def as_tf_dataset(self, new_plan_each_pass=True):
