@@ -67,21 +67,14 @@ def int8_dense(layer, inputs, training=None):
     int8 kernel, or `None` where Keras' int8 path is used.
 
     On torch, at inference (no `training`, no gradient needed), for a layer without LoRA whose
-    inputs are quantised too (Keras' default int8 config), `kbert.backend.torch.int8_linear`
+    inputs are quantised too (Keras' default int8 config), `kbert.backend.torch.int8_linears`
     runs torch's dynamic int8 linear (fbgemm / oneDNN). Keras' own int8 `Dense` multiplies the
     int8 tensors with a generic integer matmul, slower than float32 on the CPU on every
     backend; JAX and TensorFlow have no int8 CPU kernel reachable from a public API (figures in
     BENCHMARKS.md, "int8 on the CPU"), so there Keras' path is kept.
     """
-    if keras.backend.backend() != "torch" or not _int8_dense_ready(layer, inputs, training):
-        return None
-    import torch
-
-    if torch.is_grad_enabled() and inputs.requires_grad:
-        return None
-    from kbert.backend import torch as torch_paths
-
-    return torch_paths.int8_linear(layer, inputs)
+    outputs = int8_dense_group((layer,), inputs, training)
+    return None if outputs is None else outputs[0]
 
 
 def int8_dense_group(layers, inputs, training=None):

@@ -11,8 +11,9 @@ Each function is the torch answer to one hook there:
 - `adamw_update`: `BertAdamW`'s update for all variables at once by `torch.optim.AdamW`'s fused
   kernel (`adamw_update`);
 - `cuda_available`: whether a flash kernel can exist (`flash_unavailable_reason`);
-- `int8_linear`: an int8 `Dense` through torch's dynamically quantized linear kernel
-  (fbgemm / oneDNN on x86, QNNPACK on ARM) (`int8_dense`).
+- `int8_linears`: int8 `Dense` layers through torch's dynamic int8 linear kernel
+  (fbgemm / oneDNN on x86, QNNPACK on ARM), several on the same inputs in one product
+  (`int8_dense`, `int8_dense_group`).
 """
 
 import functools
@@ -184,66 +185,30 @@ def _build_torch_adamw(optimizer, variables, params):
 
 
 # ------------------------------------------------------------------------------ int8 linear
-# The packed torch layer of each int8 `Dense`, with the scales it was packed from.
-_INT8_LINEARS = weakref.WeakKeyDictionary()
-
-
-def int8_linear(layer, inputs):
-    """The output of the int8 `Dense` `layer` from torch's dynamic int8 linear kernel
-    (`torch.ops.quantized.linear_dynamic`).
-
-    Keras' int8 `Dense` keeps the kernel as int8 with one scale per output unit
-    (`kernel_scale`: `kernel ~= int8 / scale`) and, at every call, quantises the inputs per
-    row and runs an int8 matmul that no CPU backend turns into a VNNI kernel. This path hands
-    the same int8 kernel and scales, with the bias, to torch's dynamic int8 linear operator
-    (what `torch.ao.quantization.quantize_dynamic`'s layers call): the inputs are quantised to
-    uint8 per call with one scale per tensor (8 bits where the CPU has VNNI, see
-    `_reduce_range`) and the product runs on the quantized engine's int8
-    kernel (fbgemm / oneDNN with VNNI on x86), the bias and the de-scaling fused in. The
-    weights are exactly the layer's; the outputs differ from Keras' int8 path only by the
-    inputs' quantisation (per tensor instead of per row).
-
-    The packed layer is built on the first call and again whenever the layer's scales or its
-    variables change identity (`quantize`, `load_weights`, `set_weights` and preset loading
-    assign the int8 kernel and its scales together). `None` when the quantized engine cannot
-    take the layer (no engine, not float32): the caller then uses Keras' own int8 path.
-    """
-    engine = torch.backends.quantized.engine
-    if engine == "none" or inputs.dtype != torch.float32 or inputs.device.type != "cpu":
-        return None
-    kernel = ops.convert_to_tensor(layer.kernel)  # (in, out) int8
-    scale = ops.convert_to_tensor(layer.kernel_scale)  # (out,)
-    bias = None if layer.bias is None else ops.convert_to_tensor(layer.bias)
-    cached = _INT8_LINEARS.get(layer)
-    if (
-        cached is None
-        or cached[0] is not kernel
-        or cached[2] is not bias
-        or not torch.equal(cached[1], scale)
-    ):
-        cached = (kernel, scale.clone(), bias, _packed_int8_linear(kernel, scale, bias))
-        _INT8_LINEARS[layer] = cached
-    with torch.no_grad():
-        outputs = torch.ops.quantized.linear_dynamic(
-            inputs, cached[3], reduce_range=_reduce_range()
-        )
-    if layer.activation is not None:
-        outputs = layer.activation(outputs)
-    return outputs
-
-
 # The packed torch weight of each group of int8 `Dense` layers (`int8_linears`), by first layer.
 _INT8_GROUPS = weakref.WeakKeyDictionary()
 
 
 def int8_linears(layers, inputs):
-    """The outputs of the int8 `Dense` `layers` on the same `inputs`, from one dynamic int8
-    product over their kernels side by side (`int8_linear` for each, in one call).
+    """The outputs of the int8 `Dense` `layers` (one or several on the same `inputs`, e.g. the
+    attention's query, key and value) from torch's dynamic int8 linear kernel
+    (`torch.ops.quantized.linear_dynamic`), in one product over their kernels side by side.
 
-    The inputs are quantised once, per tensor, as each layer's own call would quantise them,
-    so every output equals that layer's `int8_linear` output; one larger product and one
-    quantisation pass instead of several. Repacked when any layer's scales or variables
-    change (see `int8_linear`). `None` where the quantized engine cannot take them.
+    Keras' int8 `Dense` keeps the kernel as int8 with one scale per output unit
+    (`kernel_scale`: `kernel ~= int8 / scale`) and, at every call, quantises the inputs per
+    row and runs an int8 matmul that no CPU backend turns into a VNNI kernel. This path hands
+    the same int8 kernels and scales, with the biases, to torch's dynamic int8 linear operator
+    (what `torch.ao.quantization.quantize_dynamic`'s layers call): the inputs are quantised to
+    uint8 once per call with one scale per tensor (8 bits where the CPU has VNNI, see
+    `_reduce_range`), so each layer's output is what its own call would give, and the product
+    runs on the quantized engine's int8 kernel (fbgemm / oneDNN with VNNI on x86), the bias
+    and the de-scaling fused in. The weights are exactly the layers'; the outputs differ from
+    Keras' int8 path only by the inputs' quantisation (per tensor instead of per row).
+
+    The packed weight is built on the first call and again whenever a layer's scales or its
+    variables change identity (`quantize`, `load_weights`, `set_weights` and preset loading
+    assign the int8 kernel and its scales together). `None` when the quantized engine cannot
+    take the layers (no engine, not float32): the caller then uses Keras' own int8 path.
     """
     engine = torch.backends.quantized.engine
     if engine == "none" or inputs.dtype != torch.float32 or inputs.device.type != "cpu":

@@ -182,7 +182,7 @@ class TestTorchInt8Kernel(TestCase):
         scale = to_numpy(layer.kernel_scale)
         outputs = to_numpy(layer(x))
         # torch's packed layer holds Keras' int8 values and scales exactly.
-        packed = torch_paths._INT8_LINEARS[layer][3]
+        packed = torch_paths._INT8_GROUPS[layer][3]
         weight, _ = torch.ops.quantized.linear_unpack(packed)
         np.testing.assert_array_equal(weight.int_repr().numpy(), int8_kernel.T)
         np.testing.assert_allclose(weight.q_per_channel_scales().numpy(), 1 / scale, rtol=1e-6)
@@ -202,7 +202,7 @@ class TestTorchInt8Kernel(TestCase):
         repacked = to_numpy(layer(x))
         expected = to_numpy(keras.activations.gelu(x @ ((int8_kernel // 2) / (scale * 2)) + bias))
         assert _relative_error(repacked, expected) < 0.02
-        weight, _ = torch.ops.quantized.linear_unpack(torch_paths._INT8_LINEARS[layer][3])
+        weight, _ = torch.ops.quantized.linear_unpack(torch_paths._INT8_GROUPS[layer][3])
         np.testing.assert_array_equal(weight.int_repr().numpy(), (int8_kernel // 2).T)
         # Gradients go through Keras' path (torch's int8 kernel has none).
         xt = torch.tensor(x, requires_grad=True)
