@@ -30,7 +30,7 @@ def test_serving_arguments_are_checked(tools, capsys):
     args = serving.parse_args([])
     assert (args.batch_size, args.short_length, args.long_length) == (32, 128, 512)
     # Every system but sentence-transformers' ONNX ones, which need --st-onnx-python.
-    expected = [s for s in serving.SYSTEMS if s not in serving.ST_ONNX_SYSTEMS]
+    expected = [s for s in serving.SYSTEMS if s not in serving.st_onnx.SYSTEMS]
     assert args.system == expected and args.device == "cpu"
     gpu = serving.parse_args(["--device", "gpu", "--dtype", "bfloat16", "--batch-size", "128"])
     assert (gpu.device, gpu.dtype, gpu.batch_size) == ("gpu", "bfloat16", 128)

@@ -39,6 +39,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from bench import st_onnx
 from bench.charts import ratio_bars
 from bench.data import checkpoint_name, default_data_dir, resolve_checkpoint
 from bench.harness import (
@@ -47,7 +48,6 @@ from bench.harness import (
     emit,
     load_average,
     run_rounds,
-    system_environment,
     timed_row,
     write_results,
 )
@@ -69,8 +69,6 @@ SYSTEMS = (
 )
 WORKLOADS = ("questions", "paragraphs", "sst2")
 REFERENCE = "sentence-transformers"
-# Systems whose worker runs in the `--st-onnx-python` environment.
-ST_ONNX_SYSTEMS = ("sentence-transformers-onnx", "sentence-transformers-onnx-int8")
 
 
 def load_texts(data_dir, counts):
@@ -89,29 +87,6 @@ def load_texts(data_dir, counts):
     return texts
 
 
-def _st_onnx_model(spec):
-    """sentence-transformers' ONNX backend on a copy of the checkpoint (optimum exports
-    into it; int8 quantized by sentence-transformers' own function)."""
-    import shutil
-
-    from sentence_transformers import SentenceTransformer
-
-    copy = Path(spec["out_dir"]) / f"{spec['system']}-checkpoint"
-    if not copy.exists():
-        shutil.copytree(spec["checkpoint"], copy)
-    model = SentenceTransformer(str(copy), device="cpu", backend="onnx")
-    if spec["system"].endswith("int8"):
-        from sentence_transformers import export_dynamic_quantized_onnx_model
-
-        model.save_pretrained(str(copy))
-        export_dynamic_quantized_onnx_model(model, "avx512_vnni", str(copy))
-        name = "onnx/model_qint8_avx512_vnni.onnx"
-        model = SentenceTransformer(
-            str(copy), device="cpu", backend="onnx", model_kwargs={"file_name": name}
-        )
-    return model
-
-
 def build_encoder(spec):
     """`encode(texts) -> NumPy` of the system, built in its worker."""
     batch_size = spec["batch_size"]
@@ -119,8 +94,8 @@ def build_encoder(spec):
     if spec["system"].startswith(REFERENCE):
         from sentence_transformers import SentenceTransformer
 
-        if spec["system"] in ST_ONNX_SYSTEMS:
-            model = _st_onnx_model(spec)
+        if spec["system"] in st_onnx.SYSTEMS:
+            model = st_onnx.load_model(spec["checkpoint"], spec["system"], spec["out_dir"])
         else:
             model = SentenceTransformer(spec["checkpoint"], device="cpu")
         if length:
@@ -230,11 +205,7 @@ def parse_args(argv=None):
     parser.add_argument("--paragraphs", type=int, default=256)
     parser.add_argument("--sst2", type=int, default=872, help="SST-2 dev sentences (0: none)")
     parser.add_argument("--max-length", type=int, default=None, help="token limit, both sides")
-    parser.add_argument(
-        "--st-onnx-python",
-        default=None,
-        help="interpreter of the sentence-transformers ONNX environment (see the docstring)",
-    )
+    st_onnx.add_argument(parser)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2, help="timed passes; best kept")
     parser.add_argument("--rounds", type=int, default=1, help="passes over all systems")
@@ -244,8 +215,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     names = ("questions", "paragraphs", "batch_size", "repeats", "rounds")
     check_positive_ints(parser, args, names)
-    if args.system is None:  # Every system this environment can run.
-        args.system = [s for s in SYSTEMS if args.st_onnx_python or s not in ST_ONNX_SYSTEMS]
+    args.system = st_onnx.default_systems(args, SYSTEMS)
     return args
 
 
@@ -270,16 +240,7 @@ def main(argv=None):
         "device": "cpu",
         "out_dir": out_dir,
     }
-    if set(args.system) & set(ST_ONNX_SYSTEMS) and not args.st_onnx_python:
-        raise SystemExit(
-            f"{sorted(set(args.system) & set(ST_ONNX_SYSTEMS))} run in their own environment: "
-            "give --st-onnx-python (see the docstring), or leave them out with --system."
-        )
-
-    def environment(spec):
-        if spec["system"] in ST_ONNX_SYSTEMS:
-            spec["python"] = args.st_onnx_python
-        return system_environment(spec)
+    environment = st_onnx.environment(args)
 
     results = add_differences(
         run_rounds(__file__, base, args.system, args.rounds, WORKLOADS, environment), out_dir

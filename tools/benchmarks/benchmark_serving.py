@@ -61,6 +61,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import st_onnx
 from bench.charts import ratio_bars
 from bench.data import checkpoint_name, default_data_dir, resolve_checkpoint
 from bench.harness import (
@@ -70,7 +71,6 @@ from bench.harness import (
     load_average,
     log,
     run_rounds,
-    system_environment,
     timed_row,
     write_results,
 )
@@ -90,8 +90,6 @@ SYSTEMS = (
     "sentence-transformers-onnx-int8",
     "onnx",
 ) + INT8_SYSTEMS
-# Systems whose worker runs in the `--st-onnx-python` environment.
-ST_ONNX_SYSTEMS = ("sentence-transformers-onnx", "sentence-transformers-onnx-int8")
 WORKLOADS = ("short", "long")
 
 
@@ -197,8 +195,8 @@ def _sentence_transformers(spec):
     import sentence_transformers
 
     device, dtype = _torch_device_and_dtype(spec)
-    if spec["system"] in ST_ONNX_SYSTEMS:
-        model = _st_onnx_model(spec)
+    if spec["system"] in st_onnx.SYSTEMS:
+        model = st_onnx.load_model(spec["checkpoint"], spec["system"], spec["export_dir"])
     else:
         model = sentence_transformers.SentenceTransformer(spec["checkpoint"], device=device)
         model = model.to(dtype)
@@ -209,27 +207,6 @@ def _sentence_transformers(spec):
         model.encode(texts, batch_size=batch_size, convert_to_numpy=True)
 
     return serve
-
-
-def _st_onnx_model(spec):
-    """sentence-transformers' ONNX backend on a copy of the checkpoint (optimum exports into
-    it once per worker; int8 by sentence-transformers' own quantization function)."""
-    import shutil
-
-    from sentence_transformers import SentenceTransformer
-
-    copy = Path(spec["export_dir"]) / spec["system"]
-    name = "onnx/model_qint8_avx512_vnni.onnx" if spec["system"].endswith("int8") else None
-    if not copy.is_dir():
-        shutil.copytree(spec["checkpoint"], copy)
-        model = SentenceTransformer(str(copy), device="cpu", backend="onnx")
-        model.save_pretrained(str(copy))
-        if name:
-            from sentence_transformers import export_dynamic_quantized_onnx_model
-
-            export_dynamic_quantized_onnx_model(model, "avx512_vnni", str(copy))
-    kwargs = {"model_kwargs": {"file_name": name}} if name else {}
-    return SentenceTransformer(str(copy), device="cpu", backend="onnx", **kwargs)
 
 
 def _onnx(spec):
@@ -380,11 +357,7 @@ def parse_args(argv=None):
     )
     parser.add_argument("--max-texts", type=int, default=None, help="only the first N texts")
     parser.add_argument("--onnx-path", default=None, help="reuse (or keep) this exported file")
-    parser.add_argument(
-        "--st-onnx-python",
-        default=None,
-        help="interpreter of the sentence-transformers ONNX environment (see the docstring)",
-    )
+    st_onnx.add_argument(parser)
     parser.add_argument("--json", help="write the results to this JSON file")
     parser.add_argument("--chart", help="write a PNG bar chart to this path")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -393,8 +366,7 @@ def parse_args(argv=None):
     check_positive_ints(parser, args, names)
     if args.device == "cpu" and args.dtype != "float32":
         parser.error(f"--dtype {args.dtype} is meant for --device gpu; on CPU use float32")
-    if args.system is None:  # Every system this environment can run.
-        args.system = [s for s in SYSTEMS if args.st_onnx_python or s not in ST_ONNX_SYSTEMS]
+    args.system = st_onnx.default_systems(args, SYSTEMS)
     return args
 
 
@@ -420,16 +392,7 @@ def main(argv=None):
         "max_texts": args.max_texts,
         "onnx_path": args.onnx_path,
     }
-    if set(args.system) & set(ST_ONNX_SYSTEMS) and not args.st_onnx_python:
-        raise SystemExit(
-            f"{sorted(set(args.system) & set(ST_ONNX_SYSTEMS))} run in their own environment: "
-            "give --st-onnx-python (see the docstring), or leave them out with --system."
-        )
-
-    def environment(spec):
-        if spec["system"] in ST_ONNX_SYSTEMS:
-            spec["python"] = args.st_onnx_python
-        return system_environment(spec)
+    environment = st_onnx.environment(args)
 
     results = run_rounds(__file__, base, args.system, args.rounds, args.workload, environment)
     end_load = load_average()

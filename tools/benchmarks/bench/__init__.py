@@ -5,6 +5,8 @@ script's folder is first on `sys.path` when it runs); no script imports another 
   marker, result files; every benchmark script runs on it.
 - `charts`: PNG chart helpers.
 - `data`: data and checkpoint locations.
+- `st_onnx`: sentence-transformers' ONNX backends as systems of the serving and embedding
+  benchmarks (their own environment, `--st-onnx-python`).
 - `recipes`: the fine-tuning recipes of the quality and LoRA benchmarks.
 - The model benchmark (benchmark.py): `common` (names, random batch), `flops` (shapes, FLOP
   counts), `devices`, `peak` (matmul peak), `keras_timing` and `hf_timing` (one cell each),
