@@ -125,12 +125,15 @@ def test_onnx_matches_predict(tmp_path):
     np.testing.assert_allclose(actual, expected, atol=1e-4, rtol=1e-4)
 
 
+# The exported program is traced by one backend whatever KERAS_BACKEND is (ONNX by torch, the
+# SavedModel by TensorFlow, in a subprocess elsewhere): once. Each backend's hand-over of its
+# config and weights is tested by test_onnx_matches_predict and
+# test_saved_model_answers_raw_strings_without_kbert, which run on every backend.
+@pytest.mark.backend_independent
 @pytest.mark.large
 def test_onnx_dynamic_axes_serve_every_batch_size_and_length(tmp_path):
     """One file, dynamic batch and sequence axes: equal to the model at real positions for two
-    batch sizes and lengths. The graph is always traced on PyTorch (on TensorFlow and JAX from
-    the weights handed to a torch subprocess), so this runs on every backend to cover that
-    hand-over too."""
+    batch sizes and lengths."""
     onnxruntime = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     from kbert.models import BertTagger
@@ -157,6 +160,7 @@ def test_onnx_dynamic_axes_serve_every_batch_size_and_length(tmp_path):
     assert not np.allclose(outputs[0][0, :11], outputs[1][0, :11], atol=1e-3)
 
 
+@pytest.mark.backend_independent
 @pytest.mark.large
 def test_onnx_names_every_hidden_state_and_attention(tmp_path):
     """A backbone's `hidden_states` and `attentions` tuples leave as one output per tensor."""
@@ -208,6 +212,7 @@ def spread_weights(model, seed=0):
             variable.assign(rng.normal(0, 0.3, variable.shape).astype("float32"))
 
 
+@pytest.mark.backend_independent
 @pytest.mark.large
 def test_onnx_multiple_choice_dynamic_rows_choices_and_sequence(tmp_path):
     """`BertMultipleChoice` (rows, choices, seq) inputs: one file, every axis dynamic, equal to
@@ -256,6 +261,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.backend_independent
 @pytest.mark.large
 def test_saved_model_multiple_choice_answers_context_and_choices_without_kbert(tmp_path):
     """`BertMultipleChoice`: rows of (context, choices) strings in, served by plain TF, equal to

@@ -275,6 +275,9 @@ def test_ctrl_c_names_the_backup_and_other_settings_are_not_resumed(inputs, tmp_
         pretrain.main(argv(inputs, tmp_path, "--learning-rate", "2e-3"))
 
 
+# What the app does with a preset name and no --vocab (its own vocabulary, its report) does not
+# depend on the backend; every backend's training and presets are tested above: once.
+@pytest.mark.backend_independent
 def test_a_preset_name_trains_a_vocabulary(tmp_path, capsys):
     text = write_text(tmp_path / "corpus.txt", num_documents=30)
     pretrain.main([
