@@ -367,6 +367,10 @@ def test_two_phase_recipe_resumes_across_the_phase_boundary(inputs, tmp_path, ca
         pretrain.main(argv(inputs, tmp_path / "c", "--phase2-sequence-length", "128"))
 
 
+# The app's vocabulary trainer is backend-independent; that each backend's training repeats
+# itself exactly is what the resume tests above compare (a resumed run against an uninterrupted
+# one, to the bit): once.
+@pytest.mark.backend_independent
 def test_default_vocabulary_runs_are_reproducible(tmp_path, capsys):
     # No --vocab: the vocabulary is trained on the text. Two runs with the same seed give the
     # same vocabulary and the same weights (HF's trainer used to differ from run to run).

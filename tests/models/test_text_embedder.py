@@ -2,11 +2,14 @@
 
 The parity checks run the real all-MiniLM-L6-v2 (a sentence-transformers directory) against
 `sentence_transformers.SentenceTransformer` on the same directory, and on edited copies of it
-(other pooling modes, no Normalize module, prompts); the training checks use a tiny model.
+(other pooling modes, no Normalize module, prompts; the pooling modes and prompts on a small
+random BERT in MiniLM's directory, tokenizer and length limit); the training checks use a tiny
+model.
 """
 
 import json
 import os
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -30,9 +33,10 @@ TEXTS = [
 ]
 
 
-def _copy_minilm(tmp_path, pooling_mode=None, normalize=True, st_config=None):
-    """A copy of all-MiniLM-L6-v2 (weights linked) with an edited pooling / module list."""
-    source = minilm.get_model_path()
+def _copy_minilm(tmp_path, pooling_mode=None, normalize=True, st_config=None, source=None):
+    """A copy of all-MiniLM-L6-v2 (or of `source`, a directory laid out as it is; files
+    linked) with an edited pooling / module list."""
+    source = Path(source or minilm.get_model_path())
     target = tmp_path / "minilm"
     target.mkdir(parents=True)
     for item in source.iterdir():
@@ -41,7 +45,10 @@ def _copy_minilm(tmp_path, pooling_mode=None, normalize=True, st_config=None):
     (target / "1_Pooling").mkdir()
     pooling = json.loads((source / "1_Pooling" / "config.json").read_text())
     if pooling_mode is not None:
-        pooling = {"word_embedding_dimension": 384, "pooling_mode": pooling_mode}
+        pooling = {
+            "word_embedding_dimension": pooling["word_embedding_dimension"],
+            "pooling_mode": pooling_mode,
+        }
     (target / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
     modules = json.loads((source / "modules.json").read_text())
     if not normalize:
@@ -58,7 +65,7 @@ def _reference(path):
     return st.SentenceTransformer(str(path), device="cpu")
 
 
-def _check_query_and_document_prompts(folder, mode, normalize):
+def _check_query_and_document_prompts(folder, mode, normalize, source=None):
     """`encode_query` / `encode_document` against sentence-transformers' on directories whose
     prompts are (a) query and passage with a default prompt, (b) query and document."""
     settings = [
@@ -66,7 +73,7 @@ def _check_query_and_document_prompts(folder, mode, normalize):
         {"prompts": {"query": "find: ", "document": "doc: "}, "default_prompt_name": None},
     ]
     for index, st_config in enumerate(settings):
-        path = _copy_minilm(folder / str(index), mode, normalize, st_config=st_config)
+        path = _copy_minilm(folder / str(index), mode, normalize, st_config, source)
         embedder, reference = BertTextEmbedder.from_preset(path), _reference(path)
         queries, documents = embedder.encode_query(TEXTS), embedder.encode_document(TEXTS)
         _assert_close(queries, reference.encode_query(TEXTS))
@@ -76,6 +83,27 @@ def _check_query_and_document_prompts(folder, mode, normalize):
             embedder.encode_document(TEXTS, prompt_name="passage" if index == 0 else "query"),
             reference.encode_document(TEXTS, prompt_name="passage" if index == 0 else "query"),
         )
+
+
+@pytest.fixture(scope="module")
+def small_minilm(tmp_path_factory):
+    """all-MiniLM-L6-v2's directory (tokenizer, 256-token limit, modules) around a small random
+    BERT (2 layers, hidden 32, wide weights): pooling modes and prompts read from such a
+    directory at a fraction of the real model's cost; the real one runs the default encode."""
+    from tests.checkpoints._reference import hf_config, make_hf_model
+
+    source = Path(minilm.get_model_path())
+    target = tmp_path_factory.mktemp("small_minilm")
+    for item in source.iterdir():
+        if item.is_file() and item.name not in ("config.json", "model.safetensors"):
+            os.symlink(item, target / item.name)
+    config = hf_config(vocab_size=30522, max_position_embeddings=512, initializer_range=0.2)
+    make_hf_model(config, kind="model").save_pretrained(target)
+    (target / "1_Pooling").mkdir()
+    pooling = json.loads((source / "1_Pooling" / "config.json").read_text())
+    pooling["word_embedding_dimension"] = config.hidden_size
+    (target / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    return target
 
 
 @pytest.fixture(scope="module")
@@ -116,14 +144,15 @@ class TestParity:
         _assert_close(with_prompt, reference.encode(TEXTS, prompt="query: "))
         assert np.abs(with_prompt[:3] - embedder.encode(TEXTS[:3])).max() > 1e-2
 
-    def test_pooling_configs(self, tmp_path, minilm_embedder):
+    def test_pooling_configs(self, tmp_path, small_minilm):
         """Every pooling mode (edited copies of the directory): `from_preset(dir).encode`
         against sentence-transformers on the same directory, and the pooling layer alone on
         one backbone pass."""
         from kbert.checkpoints.sentence_transformers import read_settings
         from kbert.models.text_embedder import EmbeddingPooling
 
-        embedder = minilm_embedder
+        embedder = BertTextEmbedder.from_preset(small_minilm)
+        _assert_close(embedder.encode(TEXTS), _reference(small_minilm).encode(TEXTS))
         packed = embedder.pack_token_ids(embedder.tokenize_texts(TEXTS))
         sequence = embedder.backbone.predict_on_batch(packed)["sequence_output"]
         default = embedder.encode(TEXTS)
@@ -133,7 +162,7 @@ class TestParity:
             (["cls", "max"], True),
         ]
         for index, (mode, normalize) in enumerate(variants):
-            path = _copy_minilm(tmp_path / str(index), pooling_mode=mode, normalize=normalize)
+            path = _copy_minilm(tmp_path / str(index), mode, normalize, source=small_minilm)
             settings = read_settings(path)
             assert settings["normalize"] is normalize
             layer = EmbeddingPooling(settings["pooling"], normalize=settings["normalize"])
@@ -144,7 +173,9 @@ class TestParity:
             assert loaded.normalize is normalize
             _assert_close(loaded.encode(TEXTS, batch_size=3), expected)
             if index == len(variants) - 1:  # With prompts: encode_query / encode_document.
-                _check_query_and_document_prompts(tmp_path / "prompts", mode, normalize)
+                _check_query_and_document_prompts(
+                    tmp_path / "prompts", mode, normalize, small_minilm
+                )
             # Each variant differs from the default model by far more than float error.
             if actual.shape == default.shape:
                 assert np.abs(actual - default).max() > 1e-2, mode
