@@ -203,6 +203,41 @@ def save_model(args, model):
     return args.save_model
 
 
+QUANTIZE_MODES = ("int8",)
+
+
+def add_quantize_flag(parser, what):
+    """Adds `--quantize MODE`: also score the `what` after `model.quantize(MODE)`."""
+    parser.add_argument(
+        "--quantize",
+        choices=QUANTIZE_MODES,
+        default=None,
+        help=f"Also score the {what} after `model.quantize(MODE)` (torch: its int8 kernels; "
+        "elsewhere Keras' int8 layers), next to the float scores of the same run, with the "
+        "differences. A model written by --save-model stays float. Default: float only.",
+    )
+
+
+def quantized_scores(args, model, score):
+    """With `--quantize`: `model` quantized in place, then `score(model)`, each key suffixed
+    with the mode (`accuracy_int8`); else `{}`."""
+    if not args.quantize:
+        return {}
+    model.quantize(args.quantize)
+    return {f"{key}_{args.quantize}": value for key, value in score(model).items()}
+
+
+def print_quantized_differences(float_scores, quantized, mode):
+    """One line per score: float, quantized and their difference in points."""
+    if not quantized:
+        return
+    print(f"\n== {mode} against float32, same run ==")
+    for key, value in float_scores.items():
+        other = quantized.get(f"{key}_{mode}")
+        if isinstance(value, float) and isinstance(other, float):
+            print(f"{key:>24s}: float {value:.4f}, {mode} {other:.4f}, {other - value:+.4f}")
+
+
 def add_tune_allocator_flag(parser):
     """Adds `--tune-allocator`: call `kbert.tune_allocator()` before the backend computes."""
     parser.add_argument(

@@ -17,7 +17,9 @@ pooling then). DATA_DIR holds `glue/STS-B/{train,dev}.tsv` and `squad/dev-v1.1.j
 sentence-transformers' published all-MiniLM-L6-v2 figures for these (measured with
 sentence-transformers 6.2): STS-B 86.72; SQuAD recall@1 62.51, recall@10 91.72, MRR@10 72.70.
 `--compare-sentence-transformers` measures sentence-transformers on the same data in the same
-run (it must be installed) and prints both, with encode speeds.
+run (it must be installed) and prints both, with encode speeds. `--quantize int8` evaluates
+the embedder again after `quantize("int8")` in the same run and prints both, with the
+differences (`results["kbert-int8"]` in metrics.json).
 
 `train` fine-tunes with `fit` on raw strings and evaluates before and after:
 - `--task squad`: MultipleNegativesRankingLoss (in-batch negatives, scale 20) on the
@@ -64,6 +66,7 @@ def build_parser():
         default=None,
         help="Evaluate retrieval on this many SQuAD questions (seeded). Default: all.",
     )
+    common.add_quantize_flag(parser, "embedder (evaluate)")
     return parser
 
 
@@ -193,6 +196,18 @@ def run_evaluate(args, embedder):
         )
     }
     _print("kbert", results["kbert"])
+    quantized = common.quantized_scores(
+        args,
+        embedder,
+        lambda model: evaluate_embeddings(
+            lambda texts, kind: model.encode(texts, batch_size=batch, verbose=True), stsb, squad
+        ),
+    )
+    if quantized:
+        mode = args.quantize
+        results[f"kbert-{mode}"] = {k.removesuffix(f"_{mode}"): v for k, v in quantized.items()}
+        _print(f"kbert-{mode}", results[f"kbert-{mode}"])
+        common.print_quantized_differences(results["kbert"], quantized, mode)
     if args.compare_sentence_transformers:
         try:
             from sentence_transformers import SentenceTransformer

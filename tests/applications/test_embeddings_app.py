@@ -83,6 +83,8 @@ def test_evaluate_and_train(tmp_path, preset):  # noqa: F811
             str(tmp_path / "eval"),
             "--max-length",
             "32",
+            "--quantize",
+            "int8",
         ]
     )
     metrics = results["kbert"]
@@ -115,6 +117,17 @@ def test_evaluate_and_train(tmp_path, preset):  # noqa: F811
     assert metrics["squad_mrr@10"] == pytest.approx(mrr, abs=1e-6)
     written = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert written["results"]["kbert"]["squad_mrr@10"] == pytest.approx(metrics["squad_mrr@10"])
+    # --quantize int8: the same figures of the same preset after quantize("int8"), next to the
+    # float ones (the int8 embeddings differ, so a float figure reported twice would show).
+    embedder.quantize("int8")
+    a8, b8 = embedder.encode(first), embedder.encode(second)
+    assert np.abs(a8 - a).max() > 1e-4
+    cosines = (a8 * b8).sum(-1) / np.linalg.norm(a8, axis=-1) / np.linalg.norm(b8, axis=-1)
+    quantized = results["kbert-int8"]
+    assert quantized["stsb_spearman"] == pytest.approx(
+        100 * spearmanr(cosines, scores).correlation, abs=1e-3
+    )
+    assert written["results"]["kbert-int8"] == pytest.approx(quantized)
     trained = embeddings.main(
         [
             "train",

@@ -126,7 +126,7 @@ def test_glue_runs_on_tiny_data(preset, tmp_path):
     out, saved = tmp_path / "out", tmp_path / "model"
     argv = ["--task", "sst2", "--preset", str(preset), "--data-dir", str(tmp_path / "data")]
     argv += ["--epochs", "2", "--batch-size", "8", "--max-length", "16", "--output-dir", str(out)]
-    metrics = glue.main([*argv, "--save-model", str(saved)])
+    metrics = glue.main([*argv, "--save-model", str(saved), "--quantize", "int8"])
     record = _check_outputs(out, "accuracy")
     assert len(record["evaluations"]) == 2  # one per epoch
     assert record["baseline"] == {"name": "majority class", "accuracy": 0.5}
@@ -137,11 +137,18 @@ def test_glue_runs_on_tiny_data(preset, tmp_path):
     model = BertClassifier.from_preset(saved)
     logits = np.asarray(model.predict([r[0] for r in rows], verbose=0))
     accuracy = float(np.mean(logits.argmax(-1) == np.array([int(r[1]) for r in rows])))
-    assert (
-        metrics
-        == {"accuracy": accuracy}
-        == {k: v for k, v in record["evaluations"][-1].items() if k != "step"}
-    )
+    assert {k: v for k, v in record["evaluations"][-1].items() if k != "step"} == {
+        "accuracy": accuracy
+    }
+    # --quantize int8: the saved model stays float; the same model quantized scores
+    # `accuracy_int8`, reported next to the float accuracy.
+    quantized = BertClassifier.from_preset(saved)
+    quantized.quantize("int8")
+    logits8 = np.asarray(quantized.predict([r[0] for r in rows], verbose=0))
+    assert np.abs(logits8 - logits).max() > 1e-5  # really quantized
+    accuracy8 = float(np.mean(logits8.argmax(-1) == np.array([int(r[1]) for r in rows])))
+    assert metrics == {"accuracy": accuracy, "accuracy_int8": accuracy8}
+    assert record["quantized"] == {"accuracy_int8": accuracy8}
     initial = BertBackbone.from_preset(preset).pooler.weights[0]
     assert not np.allclose(model.backbone.pooler.weights[0], initial, atol=1e-6)
 
