@@ -48,6 +48,7 @@ batches pairs of similar length together, sentence-transformers' trainer at rand
 `pip install "sentence-transformers[train]"` (accelerate and datasets).
 """
 
+import importlib.util
 import json
 import math
 import tempfile
@@ -62,6 +63,8 @@ else:  # Run as `python applications/rerank.py`.
     from embeddings import HELD_OUT_ARTICLES, TRAIN_ARTICLES, squad_retrieval_data
 
 MODES = ("evaluate", "train")
+# What sentence-transformers' CrossEncoderTrainer imports (--compare-sentence-transformers).
+TRAINING_PACKAGES = ("sentence_transformers", "datasets", "accelerate")
 WEIGHT_DECAY = 0.01  # kbert's default compile; given to sentence-transformers' trainer too.
 EPSILON = 1e-6  # kbert's AdamW epsilon (`kbert.optimizers.bert_optimizer`), the same.
 
@@ -408,7 +411,6 @@ def run_train(args, embedder, reranker, training):
     with tempfile.TemporaryDirectory() as scratch:
         start_copy = None
         if args.compare_sentence_transformers:
-            _sentence_transformers_trainer()  # Fails now, not after training, if not installed.
             start_copy = reranker.export_to_sentence_transformers(Path(scratch) / "start")
         history, evaluation, seconds = train_kbert(args, reranker, pairs, labels, score)
         after = {k: v for k, v in evaluation.evaluations[-1].items() if k != "step"}
@@ -476,6 +478,13 @@ def main(argv=None):
         for flag in ("save_model", "compare_sentence_transformers"):
             if getattr(args, flag):
                 common.fail(f"--{flag.replace('_', '-')} goes with the train mode only.")
+    if args.compare_sentence_transformers:
+        missing = [name for name in TRAINING_PACKAGES if importlib.util.find_spec(name) is None]
+        if missing:
+            common.fail(
+                "--compare-sentence-transformers trains sentence-transformers' CrossEncoder, "
+                f'which needs `pip install "sentence-transformers[train]"`; missing: {missing}'
+            )
     common.check_data_dir(args, required=["squad/dev-v1.1.json"])
     args.preset = common.check_preset(args.preset)
     args.reranker = common.check_preset(args.reranker)
