@@ -28,9 +28,9 @@ import tempfile
 from pathlib import Path
 
 from bench.charts import ratio_bars, titled
+from bench.compare import run_comparison
 from bench.data import (
     check_data_files,
-    checkpoint_name,
     default_data_dir,
     random_minilm,
     squad_dev_paragraphs,
@@ -38,12 +38,8 @@ from bench.data import (
 )
 from bench.harness import (
     check_positive_ints,
-    command_line,
     emit,
-    load_average,
-    run_rounds,
     timed_row,
-    write_results,
 )
 from bench.tables import ratio_table
 
@@ -173,41 +169,14 @@ def main(argv=None):
     checkpoint = args.checkpoint or random_cross_encoder_directory(out_dir)
     if not Path(checkpoint).is_dir():
         raise SystemExit(f"--checkpoint must be a CrossEncoder directory. Received: {checkpoint!r}")
-    command = command_line(__file__, argv)
-    load = load_average()
-    base = {
-        "checkpoint": checkpoint,
-        "data_dir": args.data_dir,
-        "counts": counts,
-        "batch_size": args.batch_size,
-        "repeats": args.repeats,
-        "device": "cpu",
-        "out_dir": out_dir,
+    report = {
+        "differences": add_differences,
+        "table": format_table,
+        "chart": lambda results, path, title: ratio_bars(
+            results, path, title, WORKLOADS, anchor=REFERENCE, heading=titled(TITLES), unit="pairs"
+        ),
     }
-    results = add_differences(
-        run_rounds(__file__, base, args.system, args.rounds, WORKLOADS), out_dir
-    )
-    end_load = load_average()
-    title = (
-        f"{checkpoint_name(checkpoint)}, batch {args.batch_size}, float32, CPU; "
-        f"load average {load[0]:.1f} -> {end_load[0]:.1f}"
-    )
-    print(f"\n{title}")
-    print(format_table(results))
-    if args.chart:
-        ratio_bars(
-            results,
-            args.chart,
-            title,
-            WORKLOADS,
-            anchor=REFERENCE,
-            heading=titled(TITLES),
-            unit="pairs",
-        )
-        print(f"chart written to {args.chart}")
-    if args.json:
-        settings = {k: v for k, v in base.items() if k not in ("out_dir", "data_dir")}
-        write_results(args.json, command, settings, load, end_load, results)
+    run_comparison(__file__, argv, args, checkpoint, out_dir, counts, WORKLOADS, report)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ script's folder is first on `sys.path` when it runs); no script imports another 
   marker, result files; every benchmark script runs on it.
 - `charts`: PNG chart helpers.
 - `tables`: the text table of rates and ratios to a reference system.
+- `compare`: the run of a CPU comparison of kbert's backends with one reference system
+  (rounds, table, chart, result file).
 - `data`: data and checkpoint locations, the SQuAD and SST-2 readers, random MiniLM-sized
   checkpoints.
 - `st_onnx`: sentence-transformers' ONNX backends as systems of the serving and embedding
