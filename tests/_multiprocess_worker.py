@@ -53,6 +53,13 @@ def _data(task, rows, vocabulary_size=97, length=12, predictions=3):
     x["segment_ids"][:, length // 2 :] = 1
     x["padding_mask"][1::3, length - 3 :] = 0
     if task == "classifier":
+        # The held-out kind of input: padding at the end and inside rows (holes), token
+        # id 0 at every padded position, rows of one segment; rows of several lengths, so
+        # that batches are planned by length (sorted within each batch).
+        x["padding_mask"][::4, length // 2 :] = 0
+        x["padding_mask"][2::5, 3:5] = 0
+        x["segment_ids"][::2] = 0
+        x["token_ids"][x["padding_mask"] == 0] = 0
         return x, rng.integers(0, 3, (rows,)).astype("int32"), None
     x["mask_positions"] = np.sort(
         np.stack([rng.choice(length - 3, predictions, replace=False) for _ in range(rows)]), axis=1
@@ -133,19 +140,21 @@ def _train(args, task, np, keras, kbert):
     from tests.test_case import tiny_backbone_kwargs
 
     keras.utils.set_random_seed(0)
-    distribution = kbert.distribution.data_parallel() if args.processes > 1 else None
-    scope = distribution.scope() if distribution is not None else _nothing()
     x, y, weights = _data(task, args.rows)
     output = os.path.join(args.output, task)
-    with scope:
+    # The same script in one process (the reference) and in several.
+    with kbert.distribution.data_parallel().scope():
         backbone = BertBackbone(**tiny_backbone_kwargs())
         if task == "classifier":
-            model = BertClassifier(backbone, num_classes=3, dropout=0.0)
+            # Dropout on (0.1 everywhere, the defaults): each process' masks must be its
+            # rows of the masks one process draws for the global batch.
+            backbone = BertBackbone(**tiny_backbone_kwargs(dropout=0.1, attention_dropout=0.1))
+            model = BertClassifier(backbone, num_classes=3)
         else:
             model = BertPretrainer(backbone)
-        # The one-process run takes the same batches as the processes' global batches (not
-        # regrouped by length).
-        model.length_batching = False
+            # The pretrainer's batches as given (the classifier's are planned by length:
+            # both ways must equal one process).
+            model.length_batching = False
         # A constant learning rate: a resumed `fit` (from `initial_epoch`) takes the same
         # steps as an uninterrupted one.
         model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-3))

@@ -17,9 +17,10 @@ The speed paths:
     int8_dense_group        torch: the attention's int8 query, key and value in one product.
     call_sublayer           eager torch: a built sublayer's `call` without Keras' `__call__`
                             bookkeeping, where `__call__` would change nothing.
-    native_dropout, hash_dropout_backend
+    native_dropout, hash_dropout_backend, batch_slice
                             dropout masks from torch's generator on torch (replayed by
-                            `torch.utils.checkpoint`), a counter-based hash on JAX and TF.
+                            `torch.utils.checkpoint`), a counter-based hash on JAX and TF;
+                            over several replicas each takes its slice of the global mask.
     attention_path, torch_attention, attention_with_dropout, flash_unavailable_reason,
     fused_attention_unsupported
                             which attention kernel `BertSelfAttention` uses.
@@ -37,6 +38,7 @@ from kbert.backend.paths import (
     adamw_update,
     attention_path,
     attention_with_dropout,
+    batch_slice,
     call_sublayer,
     flash_unavailable_reason,
     fused_attention_unsupported,
@@ -57,6 +59,7 @@ __all__ = [
     "adamw_update",
     "attention_path",
     "attention_with_dropout",
+    "batch_slice",
     "call_sublayer",
     "flash_unavailable_reason",
     "fused_attention_unsupported",

@@ -126,13 +126,43 @@ def native_dropout(inputs, rate):
     """Inverted dropout by the backend itself, or `None` where kbert's hash mask is used.
 
     On torch the mask comes from torch's global generator, so `torch.utils.checkpoint` replays
-    it (`kbert.backend.torch.dropout`).
+    it (`kbert.backend.torch.dropout`); over several processes each takes its rows of the
+    global batch's mask (see `batch_slice`).
     """
     if keras.config.backend() != "torch":
         return None
     from kbert.backend import torch as torch_paths
 
-    return torch_paths.dropout(inputs, rate)
+    return torch_paths.dropout(inputs, rate, batch_slice())
+
+
+def batch_slice():
+    """`(index, count)`: this replica's slice of the global batch, when `count > 1` equal,
+    contiguous slices of it run in separate replicas (else `(0, 1)`).
+
+    A dropout mask drawn per slice must be the slice of the mask one replica would draw for
+    the whole batch, or training over several replicas is not training on one. JAX computes
+    on global arrays (one program over every device and process): `(0, 1)`. TensorFlow, in
+    the replica context of a `tf.distribute` strategy (each worker or device runs its slice):
+    the replica id (a tensor) and `num_replicas_in_sync`. Torch, over several processes
+    (`kbert.distribution.initialize`): the process index and count.
+    """
+    backend = keras.config.backend()
+    if backend == "tensorflow":
+        from kbert.backend.tensorflow import tensorflow
+
+        tf = tensorflow("Several TensorFlow replicas")
+        if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+            return 0, 1
+        context = tf.distribute.get_replica_context()
+        if context.num_replicas_in_sync < 2:
+            return 0, 1
+        return context.replica_id_in_sync_group, context.num_replicas_in_sync
+    if backend == "torch":
+        from kbert.backend import torch as torch_paths
+
+        return torch_paths.process_slice()
+    return 0, 1
 
 
 # ------------------------------------------------------------------------------ attention

@@ -22,6 +22,8 @@ import weakref
 import torch
 from keras import ops
 
+from kbert import processes
+
 
 def linear(inputs, kernel, bias):
     """`inputs @ kernel + bias` in one `torch.nn.functional.linear` call.
@@ -39,7 +41,12 @@ def cuda_available():
     return torch.cuda.is_available()
 
 
-def dropout(inputs, rate):
+def process_slice():
+    """`(process_index, process_count)`: this process' slice of a global batch."""
+    return processes.process_index(), processes.process_count()
+
+
+def dropout(inputs, rate, batch_slice=(0, 1)):
     """Inverted dropout on torch, with the mask drawn as `torch.rand(...) >= rate` on CPU.
 
     `torch.nn.functional.dropout` draws its CPU mask with `bernoulli_`; `torch.rand` plus an
@@ -47,11 +54,25 @@ def dropout(inputs, rate):
     element kept with probability `1 - rate`, kept values scaled by `1 / (1 - rate)`) and
     comes from torch's global generator, which `keras.utils.set_random_seed` seeds and
     `torch.utils.checkpoint` restores. On GPU the native fused dropout is used.
+
+    `batch_slice=(index, count)` (`kbert.backend.batch_slice`): `inputs` are slice `index` of
+    `count` equal slices of the global batch, one per process. On CPU the uniform draws are
+    then made for the whole global batch (torch's CPU generator fills them in order) and
+    this process keeps its rows, so its mask is the one a single process draws for the same
+    batch: training over processes equals training in one. On GPU each process draws its own
+    slice's mask (same law, not the single process' bits).
     """
     if inputs.device.type != "cpu":
         return torch.nn.functional.dropout(inputs, p=rate, training=True)
+    index, count = batch_slice
+    shape = tuple(inputs.shape)
+    if count > 1 and shape:
+        draws = torch.rand((shape[0] * count,) + shape[1:], device=inputs.device)
+        draws = draws[index * shape[0] : (index + 1) * shape[0]]
+    else:
+        draws = torch.rand(shape, device=inputs.device)
     # In place on the uniform draws: 0 or 1 / (1 - rate), with no boolean tensor to convert.
-    scale = torch.rand(inputs.shape, device=inputs.device).ge_(rate).mul_(1.0 / (1.0 - rate))
+    scale = draws.ge_(rate).mul_(1.0 / (1.0 - rate))
     return inputs * scale.to(inputs.dtype)
 
 
@@ -83,7 +104,8 @@ def attention(query, key, value, mask, rate=0.0):
     scores = torch.matmul(query * query.shape[-1] ** -0.5, key.transpose(-1, -2)).float()
     if mask is not None:
         scores = scores.masked_fill(~mask, -1e9)
-    probabilities = dropout(torch.softmax(scores, dim=-1).to(value.dtype), rate)
+    probabilities = torch.softmax(scores, dim=-1).to(value.dtype)
+    probabilities = dropout(probabilities, rate, process_slice())
     return torch.matmul(probabilities, value).transpose(1, 2)
 
 

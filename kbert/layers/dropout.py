@@ -46,7 +46,9 @@ class HashDropout(keras.layers.Dropout):
     the surrounding computation. The hash is keyed afresh at every call, so masks differ
     between steps and are reproducible under `keras.utils.set_random_seed`. On torch the
     mask comes from torch's global generator (see `kbert.backend.native_dropout`), so
-    `torch.utils.checkpoint` replays it.
+    `torch.utils.checkpoint` replays it. Over several replicas that each run a slice of the
+    global batch (`tf.distribute`, torch processes) each replica's mask is its slice of the
+    mask of the whole batch (see `kbert.backend.batch_slice`), so the replicas train as one.
 
     Args:
         rate: float in [0, 1]. Fraction of the elements to drop.
@@ -104,7 +106,13 @@ class HashDropout(keras.layers.Dropout):
         rows = 1
         for dim in shape[:-1]:
             rows = rows * dim
-        row_ids = ops.reshape(ops.arange(rows, dtype="int32"), tuple(shape[:-1]) + (1,))
+        row_ids = ops.arange(rows, dtype="int32")
+        index, count = backend.batch_slice()
+        if count > 1:
+            # This replica holds slice `index` of the global batch: its rows' global ids, so
+            # that its mask is its slice of the mask of one replica running the whole batch.
+            row_ids = row_ids + ops.cast(index, "int32") * ops.cast(rows, "int32")
+        row_ids = ops.reshape(row_ids, tuple(shape[:-1]) + (1,))
         column_ids = ops.arange(shape[-1], dtype="int32")
         row_hash = _mix32(ops.bitwise_xor(row_ids, key_row))  # (..., 1)
         column_hash = column_ids * ops.cast(_as_int32(0x9E3779B1), "int32") + key_column  # (d,)

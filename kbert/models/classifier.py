@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 
+from kbert.layers.dropout import HashDropout
 from kbert.models.pipeline import check_class_ids
 from kbert.models.task import BertTask
 
@@ -99,7 +100,7 @@ class BertClassifier(BertTask):
         num_classes = int(num_classes)
 
         # === Layers ===
-        output_dropout = keras.layers.Dropout(
+        output_dropout = HashDropout(
             dropout, dtype=backbone.dtype_policy, name="classifier_dropout"
         )
         output_dense = keras.layers.Dense(

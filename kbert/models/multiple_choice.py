@@ -4,6 +4,7 @@ import keras
 import numpy as np
 
 from kbert.backend.tensorflow import is_dataset
+from kbert.layers.dropout import HashDropout
 from kbert.layers.heads import ChoiceLogits, FlattenChoices
 from kbert.models.backbone import BACKBONE_INPUTS
 from kbert.models.pipeline import check_class_ids, dataset_has_strings, is_raw_text
@@ -187,7 +188,7 @@ class BertMultipleChoice(BertTask):
 
         # === Layers ===
         flatten_choices = FlattenChoices(name="flatten_choices")
-        output_dropout = keras.layers.Dropout(
+        output_dropout = HashDropout(
             dropout, dtype=backbone.dtype_policy, name="multiple_choice_dropout"
         )
         output_dense = keras.layers.Dense(

@@ -118,7 +118,7 @@ def _agreed_seed():
     return int(processes.broadcast([seed])[0][0])
 
 
-def _host_value(value):
+def host_value(value):
     """A variable's whole value as NumPy, also when JAX shards it over several processes."""
     if (
         keras.backend.backend() == "jax"
@@ -265,7 +265,7 @@ class MultiProcessTraining:
         shuffle = kwargs.pop("shuffle", True)
         seed = _agreed_seed() if shuffle and not is_dataset(x) else 0
         x, y, sample_weight, steps = self._process_inputs(
-            group, x, y, kwargs.pop("sample_weight", None), batch_size, shuffle, seed
+            group, x, y, kwargs.pop("sample_weight", None), batch_size, shuffle, seed, True
         )
         if steps is not None and kwargs.get("steps_per_epoch") is None:
             kwargs["steps_per_epoch"] = steps  # TensorFlow: an endless dataset of epochs.
@@ -278,6 +278,7 @@ class MultiProcessTraining:
                 kwargs.pop("validation_batch_size", None) or batch_size,
                 False,
                 0,
+                False,
             )
             kwargs["validation_data"] = validation
             if steps is not None:
@@ -311,7 +312,7 @@ class MultiProcessTraining:
                 "`with kbert.distribution.data_parallel().scope():`."
             )
 
-    def _process_inputs(self, group, x, y, sample_weight, batch_size, shuffle, seed):
+    def _process_inputs(self, group, x, y, sample_weight, batch_size, shuffle, seed, training):
         if is_dataset(x):
             data = x
             if group.backend == "tensorflow":
@@ -324,7 +325,8 @@ class MultiProcessTraining:
             )
         slices, index = batch_slices(group)
         if self.length_batchable(x, y, sample_weight):
-            # The batches one process would plan (same seed), each split over the processes.
+            # The batches one process would plan (same seed and buckets: `fit`'s for the
+            # training data, `evaluate`'s for validation), each split over the processes.
             batches = self.planned_batches(
                 x,
                 y,
@@ -332,7 +334,7 @@ class MultiProcessTraining:
                 batch_size,
                 shuffle=shuffle,
                 seed=seed if shuffle else None,
-                training=shuffle,
+                training=training,
                 num_processes=slices,
                 process_index=index,
             )
@@ -364,7 +366,7 @@ class MultiProcessTraining:
         if group.backend == "tensorflow":
             return  # MultiWorkerMirroredStrategy creates its variables equal everywhere.
         variables = list(self.variables)
-        values = processes.broadcast([_host_value(v.value) for v in variables])
+        values = processes.broadcast([host_value(v.value) for v in variables])
         for variable, value in zip(variables, values):
             variable.assign(value)
 

@@ -314,11 +314,14 @@ class PipelineModel(MultiProcessTraining, keras.Model):
 
     # ---------------------------------------------------------- length batching
     def _distributed(self):
-        """True under a `keras.distribution`, several processes or a multi-replica
-        `tf.distribute` strategy: Keras' own loops (or `kbert.models.multiprocess`) split
-        those batches, so the data is left to them."""
-        if keras.distribution.distribution() is not None or processes.process_count() > 1:
+        """True under a `keras.distribution` of several devices, several processes or a
+        multi-replica `tf.distribute` strategy: Keras' own loops (or
+        `kbert.models.multiprocess`) split those batches, so the data is left to them."""
+        if processes.process_count() > 1:
             return True
+        distribution = keras.distribution.distribution()
+        if distribution is not None and np.size(distribution.device_mesh.devices) > 1:
+            return True  # A distribution over one device (one process) splits nothing.
         strategy = getattr(self, "distribute_strategy", None)
         return getattr(strategy, "num_replicas_in_sync", 1) > 1
 

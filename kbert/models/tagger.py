@@ -4,6 +4,7 @@ import keras
 import numpy as np
 
 from kbert.backend.tensorflow import is_dataset
+from kbert.layers.dropout import HashDropout
 from kbert.models.pipeline import check_class_ids, dataset_has_strings, is_raw_text
 from kbert.models.task import BertTask
 
@@ -119,7 +120,7 @@ class BertTagger(BertTask):
         num_classes = int(num_classes)
 
         # === Layers ===
-        output_dropout = keras.layers.Dropout(
+        output_dropout = HashDropout(
             dropout, dtype=backbone.dtype_policy, name="classifier_dropout"
         )
         output_dense = keras.layers.Dense(
