@@ -36,7 +36,9 @@ import numpy as np
 import pytest
 
 from kbert import distribution as kd
+from kbert.models import process_inference
 from kbert.models.multiprocess import ProcessBatches, check_global_batch_size
+from tests import _multiprocess_inference_worker as inference_worker
 from tests import _multiprocess_worker as worker
 from tests.test_case import REPO_ROOT
 
@@ -57,7 +59,9 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _launch(output, results, extra=(), die_in=None):
+def _launch(
+    output, results, extra=(), die_in=None, worker_module="tests._multiprocess_worker", die_index=1
+):
     """Starts the two processes as the README's launch lines do; returns their Popen objects."""
     ports = [_free_port(), _free_port()]
     commands = []
@@ -68,7 +72,7 @@ def _launch(output, results, extra=(), die_in=None):
         args = [
             sys.executable,
             "-m",
-            "tests._multiprocess_worker",
+            worker_module,
             "--output",
             str(output),
             "--results",
@@ -94,7 +98,7 @@ def _launch(output, results, extra=(), die_in=None):
             env["TF_CONFIG"] = json.dumps(
                 {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
             )
-        if die_in is not None and index == 1:
+        if die_in is not None and index == die_index:
             args += ["--die-in", die_in]
         commands.append((args, env))
     return [
@@ -212,6 +216,79 @@ def test_two_processes_train_resume_after_kill_and_equal_one_process(tmp_path, r
         assert (output / task / "report" / "metrics.json").is_file()
     leftovers = [p.name for p in output.rglob("*") if "kbert-" in p.name or p.suffix == ".tmp"]
     assert leftovers == []
+
+
+# === Inference over processes ===
+INFERENCE_WORKER = "tests._multiprocess_inference_worker"
+
+
+@pytest.fixture(scope="module")
+def inference_reference(tmp_path_factory):
+    """One process, no distribution: predict, evaluate, encode and its shards."""
+    return inference_worker.reference(str(tmp_path_factory.mktemp("inference_reference")))
+
+
+def test_predict_evaluate_encode_over_two_processes_equal_one_process(
+    tmp_path, inference_reference
+):
+    expected, expected_report = inference_reference
+    output, results = tmp_path / "output", tmp_path / "results"
+    codes, outputs = _wait(_launch(output, results, worker_module=INFERENCE_WORKER))
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    for index in range(2):
+        report = json.loads((results / f"inference_{index}.json").read_text())
+        assert report["process_count"] == 2
+        got = np.load(results / f"inference_{index}.npz")
+        # Each process computed its share: every process has every row, in order.
+        for key, value in expected.items():
+            assert got[key].shape == value.shape, key
+            np.testing.assert_allclose(got[key], value, atol=1e-5, err_msg=key)
+        for key, value in expected_report["evaluate"].items():
+            assert report["evaluate"][key] == pytest.approx(value, abs=1e-5), key
+        assert report["shards"] == expected_report["shards"]
+    shards = process_inference.load_shards(output / "shards")
+    np.testing.assert_allclose(shards, expected["encode"], atol=1e-5)
+    assert [p.name for p in output.rglob("*") if p.suffix != ".npy"] == [
+        "shards",
+        "embeddings.json",
+    ]
+
+
+def test_encode_shards_after_the_coordinator_dies_fails_cleanly_and_resumes(
+    tmp_path, inference_reference
+):
+    expected, _ = inference_reference
+    output, results = tmp_path / "output", tmp_path / "results"
+    exit_times = []
+    # Process 0 (the coordinator) is killed after writing its first shard.
+    processes = _launch(
+        output,
+        results,
+        ["--encode-only"],
+        worker_module=INFERENCE_WORKER,
+        die_in="encode:1",
+        die_index=0,
+    )
+    codes, outputs = _wait(processes, exit_times=exit_times)
+    assert codes[0] == -signal.SIGKILL, outputs[0][-3000:]
+    assert codes[1] not in (0, None), outputs[1][-3000:]
+    assert exit_times[1] - exit_times[0] <= TIMEOUT + SURVIVOR_MARGIN, outputs[1][-3000:]
+    if BACKEND != "jax":  # JAX's runtime ends the survivor itself (its heartbeat).
+        assert "could not exchange results with the others" in outputs[1], outputs[1][-3000:]
+    shards = output / "shards"
+    written = sorted(p.name for p in shards.iterdir())
+    # Whole shards only, no temporary file, no manifest: 0 (process 0), 1 and 3 (process 1;
+    # on JAX the runtime may end it before shard 3).
+    assert all(name.endswith(".npy") and "-of-00005-" in name for name in written), written
+    numbers = [name[11:16] for name in written]
+    assert numbers == ["00000", "00001", "00003"] or (BACKEND == "jax" and numbers[0] == "00000")
+    before = {name: (shards / name).stat().st_mtime_ns for name in written}
+    # The same call again, in one process, writes only the missing shards.
+    _, embedder = inference_worker.build()
+    paths = embedder.encode(inference_worker.texts(), batch_size=4, output_dir=shards, shard_rows=5)
+    assert all((shards / name).stat().st_mtime_ns == t for name, t in before.items())
+    assert len(paths) == 5
+    np.testing.assert_allclose(process_inference.load_shards(shards), expected["encode"], atol=1e-5)
 
 
 # === Bad input (no second process needed) ===

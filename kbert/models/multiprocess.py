@@ -48,6 +48,9 @@ from kbert import processes
 from kbert.backend import tensorflow
 from kbert.backend.tensorflow import is_dataset
 
+# Models in `fit` over several torch processes: their metric states are summed when read.
+_SUMMING_METRICS = set()
+
 
 def _rows(x):
     leaves = [leaf for leaf in keras.tree.flatten(x) if leaf is not None]
@@ -285,11 +288,13 @@ class MultiProcessTraining:
                 kwargs.setdefault("validation_steps", steps)
         self._broadcast_weights(group)
         hooks = self._average_gradients(group)
+        _SUMMING_METRICS.add(id(self))
         try:
             return keras.Model.fit(
                 self, x=x, y=y, sample_weight=sample_weight, shuffle=False, **kwargs
             )
         finally:
+            _SUMMING_METRICS.discard(id(self))
             for hook in hooks:
                 hook.remove()
 
@@ -389,9 +394,15 @@ class MultiProcessTraining:
         ]
 
     def get_metrics_result(self):
-        """The metrics' results; on torch over several processes, of the summed states."""
+        """The metrics' results; in `fit` on torch over several processes (its training and
+        validation steps), of the states summed over the processes."""
         group = processes.process_group()
-        if group is None or group.num_processes == 1 or group.backend != "torch":
+        if (
+            group is None
+            or group.num_processes == 1
+            or group.backend != "torch"
+            or id(self) not in _SUMMING_METRICS
+        ):
             return super().get_metrics_result()
         variables = list(self.metrics_variables)
         local = [keras.ops.convert_to_numpy(v) for v in variables]

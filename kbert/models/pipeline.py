@@ -34,6 +34,7 @@ import numpy as np
 from kbert import processes
 from kbert.backend.tensorflow import is_dataset
 from kbert.data import batching
+from kbert.models import process_inference
 from kbert.models.backbone import BACKBONE_INPUTS, check_input_keys
 from kbert.models.input_checks import check_data, check_model_inputs
 from kbert.models.multiprocess import MultiProcessTraining
@@ -313,11 +314,12 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         return prepared if prepared[2] is not None else prepared[:2]
 
     # ---------------------------------------------------------- length batching
-    def _distributed(self):
-        """True under a `keras.distribution` of several devices, several processes or a
-        multi-replica `tf.distribute` strategy: Keras' own loops (or
-        `kbert.models.multiprocess`) split those batches, so the data is left to them."""
-        if processes.process_count() > 1:
+    def _distributed(self, over_processes=True):
+        """True under a `keras.distribution` of several devices, several processes (unless
+        `over_processes=False`: this process' own share) or a multi-replica `tf.distribute`
+        strategy: Keras' own loops (or `kbert.models.multiprocess`) split those batches, so
+        the data is left to them."""
+        if over_processes and processes.process_count() > 1:
             return True
         distribution = keras.distribution.distribution()
         if distribution is not None and np.size(distribution.device_mesh.devices) > 1:
@@ -325,10 +327,10 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         strategy = getattr(self, "distribute_strategy", None)
         return getattr(strategy, "num_replicas_in_sync", 1) > 1
 
-    def _can_batch_by_length(self, x, y=None, sample_weight=None):
+    def _can_batch_by_length(self, x, y=None, sample_weight=None, over_processes=True):
         """True when `fit`/`evaluate`/`predict` input can be batched by length here, in one
         process: `length_batchable` and no distribution splits the batches."""
-        return self.length_batchable(x, y, sample_weight) and not self._distributed()
+        return self.length_batchable(x, y, sample_weight) and not self._distributed(over_processes)
 
     def length_batchable(self, x, y=None, sample_weight=None):
         """True when the data can be planned in length batches (also over several processes).
@@ -565,6 +567,14 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         depends, as in Keras, on which rows share a batch.
         """
         x, y, sample_weight = self._prepare(x, y, sample_weight, "evaluate", batch_size)
+        if self._shares_rows_over_processes(x, kwargs) and not is_dataset(y):
+            # Each process predicts its share; every process scores the whole predictions.
+            y_pred = process_inference.predict_over_processes(
+                self, x, lambda model, rows: model._predict_here(rows, batch_size, verbose=0)
+            )
+            return process_inference.evaluate_predictions(
+                self, x, y, sample_weight, y_pred, kwargs.get("return_dict", False)
+            )
         if self._can_batch_by_length(x, y, sample_weight):
             x = self._length_batches(x, y, sample_weight, batch_size)[0]
             y = sample_weight = batch_size = None
@@ -591,11 +601,32 @@ class PipelineModel(MultiProcessTraining, keras.Model):
                 "0 rows). Expected at least one string, pair or packed row."
             )
         x, _, _ = self._prepare(x, mode="predict", batch_size=batch_size)
-        if kwargs.get("steps") is None and self._can_batch_by_length(x):
+        if self._shares_rows_over_processes(x, kwargs):
+            if not processes.is_writer():
+                kwargs["verbose"] = 0  # One progress bar: process 0's.
+            return process_inference.predict_over_processes(
+                self, x, lambda model, rows: model._predict_here(rows, batch_size, **kwargs)
+            )
+        return self._predict_here(x, batch_size, **kwargs)
+
+    def _predict_here(self, x, batch_size=None, **kwargs):
+        """`predict` of packed inputs in this process alone."""
+        if kwargs.get("steps") is None and self._can_batch_by_length(x, over_processes=False):
             return self._predict_by_length(
                 x, batch_size, kwargs.get("verbose", "auto"), kwargs.get("callbacks")
             )
         return super().predict(x, batch_size=batch_size, **kwargs)
+
+    def _shares_rows_over_processes(self, x, kwargs):
+        """True when `predict`/`evaluate` split packed NumPy rows over the processes
+        (`kbert.models.process_inference`)."""
+        return (
+            process_inference.sharing_processes()
+            and kwargs.get("steps") is None
+            and isinstance(x, dict)
+            and "padding_mask" in x
+            and all(isinstance(v, np.ndarray) for v in x.values())
+        )
 
     def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
         """`keras.Model.train_on_batch` through the pipeline (steps 1 and 2)."""

@@ -11,9 +11,11 @@ import keras
 import numpy as np
 from keras import ops
 
+from kbert import processes
 from kbert.backend.tensorflow import is_dataset
 from kbert.data import batching
 from kbert.layers.heads import EmbeddingPooling, canonical_pooling
+from kbert.models import process_inference
 from kbert.models.backbone import BACKBONE_INPUTS
 from kbert.models.input_checks import check_model_inputs
 from kbert.models.pipeline import text_parts
@@ -350,6 +352,8 @@ class BertTextEmbedder(TextEncoding, BertTask):
         prompt_name=None,
         precision="float32",
         verbose=False,
+        output_dir=None,
+        shard_rows=process_inference.DEFAULT_SHARD_ROWS,
     ):
         """Embeds raw strings; returns NumPy, in the order given.
 
@@ -373,10 +377,23 @@ class BertTextEmbedder(TextEncoding, BertTask):
             precision: `"float32"`, `"int8"`, `"uint8"`, `"binary"` or `"ubinary"` (see
                 `quantize_embeddings`). Defaults to `"float32"`.
             verbose: bool. Show a progress bar. Defaults to `False`.
+            output_dir: str, path or `None`. Write the embeddings as ordered `.npy` shards of
+                `shard_rows` rows into this directory (with an `embeddings.json` listing
+                them; `kbert.models.process_inference.load_shards` reads them back) instead
+                of returning them: for corpora that do not fit in memory. Each shard is
+                written whole (temporary sibling, one rename); the same call again after an
+                interruption writes only the missing shards. Not with `precision="int8"` /
+                `"uint8"`, whose ranges are calibrated on all rows at once.
+            shard_rows: int. Rows per shard with `output_dir`. Defaults to 10,000.
+
+        Over several processes (`kbert.distribution.initialize`) each process embeds its
+        share of the texts and every process returns all of them, in order; with
+        `output_dir` each writes its own shards (see `kbert.models.process_inference`).
 
         Returns:
             NumPy array `(len(texts), dim)` (or `(dim,)` for one string); binary precisions
-            pack 8 dimensions per byte.
+            pack 8 dimensions per byte. With `output_dir`: the list of shard paths, in row
+            order.
         """
         single = isinstance(texts, (str, bytes))
         if not single and not isinstance(texts, (list, tuple, np.ndarray)):
@@ -408,18 +425,67 @@ class BertTextEmbedder(TextEncoding, BertTask):
         if truncate_dim is not None:
             _check_truncate_dim(truncate_dim, self.embedding_dim)
         prompt = self.resolve_prompt(prompt, prompt_name)
-        x = self.pack_token_ids(
-            self.tokenize_texts(texts, prompt), self.preprocessor.sequence_length
-        )
-        check_model_inputs(x, self.backbone)  # once, whole
-        embeddings = self._predict_by_length(x, int(batch_size), verbose=1 if verbose else 0)
-        if truncate_dim is not None:
-            embeddings = embeddings[:, :truncate_dim]
-        if normalize:
-            embeddings = _l2_normalize(embeddings)
+        show = bool(verbose) and processes.is_writer()
+
+        def embed(part):  # This process' texts -> float32 vectors, truncated, normalised.
+            x = self.pack_token_ids(
+                self.tokenize_texts(part, prompt), self.preprocessor.sequence_length
+            )
+            check_model_inputs(x, self.backbone)  # once, whole
+            model = process_inference.local_model(self)
+            with process_inference.without_distribution():
+                embeddings = model._predict_by_length(x, int(batch_size), verbose=int(show))
+            if truncate_dim is not None:
+                embeddings = embeddings[:, :truncate_dim]
+            return _l2_normalize(embeddings) if normalize else embeddings
+
+        if output_dir is not None:
+            return self._encode_to_shards(
+                texts,
+                output_dir,
+                shard_rows,
+                embed,
+                single,
+                precision,
+                show,
+                dict(prompt=prompt, truncate_dim=truncate_dim, normalize=bool(normalize)),
+            )
+        if process_inference.sharing_processes() and len(texts) >= processes.process_count():
+            rows = process_inference.row_share([len(t) for t in texts])
+            embeddings = process_inference.gather_rows(
+                embed([texts[i] for i in rows]), rows, len(texts), "encode"
+            )
+        else:
+            embeddings = embed(texts)
         if precision != "float32":
             embeddings = quantize_embeddings(embeddings, precision)
         return embeddings[0] if single else embeddings
+
+    def _encode_to_shards(
+        self, texts, output_dir, shard_rows, embed, single, precision, verbose, settings
+    ):
+        if single:
+            raise ValueError(
+                "`encode(..., output_dir=...)` writes a corpus: pass a list of strings, not "
+                "one string."
+            )
+        if precision in ("int8", "uint8"):
+            raise ValueError(
+                f"`precision={precision!r}` calibrates its ranges on all rows at once, which "
+                "shards written one by one cannot do. With `output_dir` use 'float32', "
+                "'binary' or 'ubinary' (and `quantize_embeddings` with your own ranges)."
+            )
+
+        def finish(part):
+            embeddings = embed(part)
+            if precision != "float32":
+                embeddings = quantize_embeddings(embeddings, precision)
+            return embeddings
+
+        settings = dict(settings, precision=precision)
+        return process_inference.write_shards(
+            list(texts), output_dir, shard_rows, settings, finish, verbose=verbose
+        )
 
     def similarity(self, a, b):
         """Pairwise similarity `(len(a), len(b))` of two embedding matrices (NumPy): cosine
