@@ -42,6 +42,10 @@ global batch; process 0 alone writes presets, backups and run reports
 and the other processes and, on torch and TensorFlow, every collective (JAX: its heartbeat),
 so a process that dies makes the others fail instead of hang.
 
+`predict`, `evaluate` and `BertTextEmbedder.encode` then split their rows over the processes
+and give every process the whole result (`kbert.models.process_inference`; `encode(...,
+output_dir=...)` writes ordered shards instead).
+
 Example, on JAX:
 
     distribution = data_parallel()
