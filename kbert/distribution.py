@@ -72,7 +72,8 @@ from kbert.models.multiprocess import check_global_batch_size
 DEFAULT_TIMEOUT = 120
 
 
-def _data_parallel_size(distribution):
+def batch_axis_size(distribution):
+    """Devices along the data-parallel (batch) axis of `distribution`'s mesh."""
     mesh = distribution.device_mesh
     axis = distribution.batch_dim_name
     if axis not in mesh.axis_names:
@@ -95,7 +96,7 @@ def check_batch_size(batch_size, distribution=None):
     distribution = distribution or keras.distribution.distribution()
     if distribution is None or batch_size is None:
         return
-    replicas = _data_parallel_size(distribution)
+    replicas = batch_axis_size(distribution)
     if processes.process_count() > 1:
         # Keras hands each process' own rows to the layout: they split over its devices.
         replicas = max(replicas // processes.process_count(), 1)

@@ -8,6 +8,9 @@
   data axis cannot split raises a clear error.
 * TensorFlow: `tf.distribute.MirroredStrategy` on 2 logical CPUs (a subprocess) equals one
   device.
+* Both train with dropout on (JAX: a `BertClassifier`, its batches planned by length;
+  TensorFlow: a Keras model of the backbone): every device's dropout masks are its rows of
+  the masks of one device.
 * Adam moves embedding rows by at most its learning rate on every backend.
 * `remat=True` gives the same training step (same dropout masks) and, on JAX, a smaller
   compiled step; gradient accumulation over k micro-batches equals one batch k times larger.
@@ -23,7 +26,7 @@ import numpy as np
 import pytest
 
 from kbert import distribution as kd
-from kbert.models import BertBackbone
+from kbert.models import BertBackbone, BertClassifier
 from kbert.optimizers import WarmupLinearDecay, bert_optimizer
 from tests.test_case import REPO_ROOT
 
@@ -66,6 +69,16 @@ def _classifier(optimizer=None, **overrides):
     return model
 
 
+def _task_classifier():
+    """A `BertClassifier` with dropout on (0.1 everywhere): what the multi-device checks
+    train. Its fit plans batches by length (sorted within each batch) on one device and on
+    several, and each device's dropout masks must be its rows of one device's masks."""
+    backbone = BertBackbone(**dict(CONFIG, dropout=0.1, attention_dropout=0.1))
+    model = BertClassifier(backbone, num_classes=2, preprocessor=None)
+    model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-2))
+    return model
+
+
 def _train(model, weights, batch_size=8):
     """Sets `weights`, fits one epoch of `_data()`; returns losses, weights, predictions."""
     x, y = _data()
@@ -105,9 +118,14 @@ def _differences(got, reference):
     }
 
 
-def _save_reference(path):
+def _dropout_classifier():
+    """`_classifier` with dropout on (0.1 everywhere)."""
+    return _classifier(dropout=0.1, attention_dropout=0.1)
+
+
+def _save_reference(path, build=_task_classifier):
     keras.utils.set_random_seed(0)
-    model = _classifier()
+    model = build()
     initial = [np.asarray(w) for w in model.get_weights()]
     reference = _train(model, initial)
     np.savez(
@@ -240,7 +258,8 @@ for name, distribution, bad_batch in (
     ("model_parallel", kd.model_parallel(4, config=t.CONFIG), 7),
 ):
     with distribution.scope():
-        model = t._classifier()
+        keras.utils.set_random_seed(0)
+        model = t._task_classifier()
         result[name] = t._differences(t._train(model, initial), reference)
         backbone = [layer for layer in model.layers if isinstance(layer, BertBackbone)][0]
         result[name + "_shards"] = {
@@ -327,7 +346,8 @@ from tests import test_distribution as t
 initial, reference = t._load_reference(sys.argv[1])
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 with strategy.scope():
-    model = t._classifier()
+    keras.utils.set_random_seed(0)
+    model = t._dropout_classifier()
 result = t._differences(t._train(model, initial), reference)
 result["replicas"] = strategy.num_replicas_in_sync
 print(t.RESULT_PREFIX + json.dumps(result))
@@ -337,7 +357,9 @@ print(t.RESULT_PREFIX + json.dumps(result))
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute runs on TensorFlow")
 def test_tf_mirrored_strategy_equals_single_device(tmp_path):
     path = str(tmp_path / "reference.npz")
-    _save_reference(path)
+    # A Keras model of the backbone (Keras' symbolic build under a tf.distribute strategy
+    # feeds a task float inputs, see the notes); its batches as given, split by Keras.
+    _save_reference(path, _dropout_classifier)
     result = _run_python(
         _TF_WORKER.replace("sys.argv[1]", repr(path)), {"KERAS_BACKEND": "tensorflow"}
     )

@@ -378,6 +378,10 @@ class LengthBatches(keras.utils.PyDataset):
             `seed`) and takes slice `process_index` of `num_processes` equal slices of each;
             a batch of `n` rows leaves its last `n % num_processes` rows out (`dropped_rows`
             per epoch), a batch of fewer rows than processes is left out. Defaults to one.
+        row_multiple: int. In one process whose devices split every batch (a
+            `keras.distribution` or `tf.distribute` strategy over `row_multiple` devices):
+            each planned batch keeps a multiple of `row_multiple` rows, its first ones (the
+            others counted in `dropped_rows`). Defaults to 1.
     """
 
     def __init__(
@@ -393,6 +397,7 @@ class LengthBatches(keras.utils.PyDataset):
         sequence_targets=False,
         num_processes=1,
         process_index=0,
+        row_multiple=1,
     ):
         super().__init__()
         if "padding_mask" not in x:
@@ -417,6 +422,7 @@ class LengthBatches(keras.utils.PyDataset):
                 f"Received: process_index={process_index!r}"
             )
         self.process_index = int(process_index)
+        self.row_multiple = _positive_int(row_multiple, "row_multiple")
         self._seed = seed
         self._epoch = 0
         self.dropped_rows = 0
@@ -429,11 +435,12 @@ class LengthBatches(keras.utils.PyDataset):
         plan = plan_batches(
             self.lengths, self.batch_size, self.buckets, shuffle=self.shuffle, seed=seed
         )
-        if self.num_processes == 1:
+        if self.num_processes == 1 and self.row_multiple == 1:
             return plan
         own, self.dropped_rows = [], 0
+        parts = self.num_processes * self.row_multiple
         for rows, length in plan:
-            share = len(rows) // self.num_processes
+            share = len(rows) // parts * self.row_multiple
             self.dropped_rows += len(rows) - share * self.num_processes
             if share:
                 first = self.process_index * share

@@ -27,6 +27,7 @@ when the input is a `tf.data.Dataset`.
 """
 
 import math
+import warnings
 
 import keras
 import numpy as np
@@ -327,6 +328,16 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         strategy = getattr(self, "distribute_strategy", None)
         return getattr(strategy, "num_replicas_in_sync", 1) > 1
 
+    def _local_replicas(self):
+        """Devices of this process that split every batch: those of the batch axis of a
+        `keras.distribution` (1 without one)."""
+        distribution = keras.distribution.distribution()
+        if distribution is None:
+            return 1
+        from kbert.distribution import batch_axis_size
+
+        return batch_axis_size(distribution)
+
     def _can_batch_by_length(self, x, y=None, sample_weight=None, over_processes=True):
         """True when `fit`/`evaluate`/`predict` input can be batched by length here, in one
         process: `length_batchable` and no distribution splits the batches."""
@@ -385,14 +396,27 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         )
 
     def _length_batches(
-        self, x, y=None, sample_weight=None, batch_size=None, shuffle=False, training=False
+        self,
+        x,
+        y=None,
+        sample_weight=None,
+        batch_size=None,
+        shuffle=False,
+        training=False,
+        row_multiple=1,
     ):
         """The planned batches of checked, packed NumPy data, for Keras' `fit` / `evaluate`:
         `(data, batches)`, `data` the `LengthBatches` `batches` (JAX, PyTorch) or its
         `tf.data.Dataset` (TensorFlow; for training, whose plan `batches.epoch_callback()`
         renews at each epoch's end)."""
         batches = self.planned_batches(
-            x, y, sample_weight, batch_size, shuffle=shuffle, training=training
+            x,
+            y,
+            sample_weight,
+            batch_size,
+            shuffle=shuffle,
+            training=training,
+            row_multiple=row_multiple,
         )
         if keras.backend.backend() == "tensorflow":
             return batches.as_tf_dataset(new_plan_each_pass=not training), batches
@@ -408,8 +432,21 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         if isinstance(validation_data, tuple) and self._can_batch_by_length(*validation_data):
             fit_kwargs.pop("validation_batch_size", None)
             validation_data = self._length_batches(*validation_data, batch_size=validation_size)[0]
-        if not self._can_batch_by_length(x, y, sample_weight):
+        strategy = getattr(self, "distribute_strategy", None)
+        if (
+            not self.length_batchable(x, y, sample_weight)
+            or processes.process_count() > 1
+            or getattr(strategy, "num_replicas_in_sync", 1) > 1  # tf.distribute splits them
+        ):
             return x, y, sample_weight, batch_size, validation_data, validation_split
+        # Devices that split each batch: the planned batches keep a multiple of them.
+        row_multiple = self._local_replicas()
+        if row_multiple > 1 and (batch_size or KERAS_DEFAULT_BATCH_SIZE) % row_multiple:
+            raise ValueError(
+                f"The batch size must be divisible by the {row_multiple} devices that share "
+                f"each batch. Received: batch_size={batch_size or KERAS_DEFAULT_BATCH_SIZE}. "
+                f"Use a multiple of {row_multiple}."
+            )
         if validation_split and validation_data is None:
             (x, y, sample_weight), held_out = batching.split_tail(
                 x, y, sample_weight, validation_split
@@ -417,7 +454,16 @@ class PipelineModel(MultiProcessTraining, keras.Model):
             fit_kwargs.pop("validation_batch_size", None)
             validation_data = self._length_batches(*held_out, batch_size=validation_size)[0]
         shuffle = bool(fit_kwargs.get("shuffle", True))
-        x, batches = self._length_batches(x, y, sample_weight, batch_size, shuffle, training=True)
+        x, batches = self._length_batches(
+            x, y, sample_weight, batch_size, shuffle, training=True, row_multiple=row_multiple
+        )
+        if batches.dropped_rows:
+            warnings.warn(
+                f"Batches of {batch_size} rows or fewer do not split evenly over the "
+                f"{row_multiple} devices of the distribution: {batches.dropped_rows} rows are "
+                "left out of each epoch.",
+                stacklevel=3,
+            )
         if is_dataset(x) and shuffle:
             callbacks = fit_kwargs.get("callbacks") or []
             if not isinstance(callbacks, keras.callbacks.CallbackList):
