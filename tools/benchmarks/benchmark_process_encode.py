@@ -239,7 +239,7 @@ def _chart(results, backends, path):
             y = bar.get_y() + bar.get_height() / 2
             ax.text(bar.get_width(), y, note, va="center", fontsize=8)
         ax.invert_yaxis()
-        ax.set_title(f"{workload}: encode, two processes (1 core each) vs one (both cores)")
+        ax.set_title(f"{workload}: 2 processes (1 core each) vs 1 (2 cores)", fontsize=10)
         ax.set_xlabel("texts / second")
         ax.set_xlim(0, max(rates + [1]) * 1.4)
     save(fig, path)
