@@ -104,6 +104,8 @@ def test_processes_take_equal_slices_of_one_process_plan():
     shares = [
         batching.LengthBatches(x, y, num_processes=3, process_index=i, **kwargs) for i in range(3)
     ]
+    # One process whose 3 devices split each batch: the processes' slices, joined.
+    devices = batching.LengthBatches(x, y, row_multiple=3, **kwargs)
     for _ in range(2):  # two epochs
         # 43 rows in batches of 8: the batch of 3 rows splits 1-1-1, the others lose 2 rows
         # each (8 = 3 * 2 + 2); every process plans the same number of batches.
@@ -114,13 +116,14 @@ def test_processes_take_equal_slices_of_one_process_plan():
             share_rows = len(y1) // 3
             joined = np.concatenate([part[1] for part in parts])
             np.testing.assert_array_equal(joined, y1[: 3 * share_rows])  # in plan order
+            np.testing.assert_array_equal(devices[index][1], joined)
             for part in parts:  # cropped to the global batch's bucket
                 assert part[0]["token_ids"].shape[-1] == x1["token_ids"].shape[-1]
         used = sum(3 * (len(alone[i][1]) // 3) for i in range(len(alone)))
         assert shares[0].dropped_rows == 43 - used
-        alone.on_epoch_end()
-        for share in shares:
-            share.on_epoch_end()
+        assert devices.dropped_rows == shares[0].dropped_rows
+        for batches in [alone, devices, *shares]:
+            batches.on_epoch_end()
     # `epoch_batches` gives an epoch's batches without moving the current plan.
     first = [b[1].tolist() for b in shares[1].epoch_batches(0)]
     now = [shares[1][i][1].tolist() for i in range(len(shares[1]))]

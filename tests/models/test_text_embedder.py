@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from kbert.checkpoints import export_to_sentence_transformers
-from kbert.models import BertBackbone, BertTextEmbedder
+from kbert.models import BertBackbone, BertTextEmbedder, process_inference
 from kbert.models.text_embedder import quantize_embeddings
 from tests.models.test_classifier import TOY_VOCABULARY, toy_preprocessor
 from tests.test_case import tiny_backbone_kwargs
@@ -320,6 +320,28 @@ class TestBadInput:
             tiny.fit((["a cat", "a dog"], ["the mat"]), epochs=1, verbose=0)
         with pytest.raises(ValueError, match="similarity_function"):
             BertTextEmbedder(backbone, similarity_function="euclidean")
+
+    def test_shards_on_disk(self, tiny, tmp_path):
+        texts = [f"a cat sat on {'the mat ' * n}" for n in range(7)]
+        paths = tiny.encode(texts, output_dir=tmp_path / "e", shard_rows=3, precision="ubinary")
+        assert [p.name[:25] for p in paths] == [f"embeddings-{k:05d}-of-00003" for k in range(3)]
+        np.testing.assert_array_equal(
+            process_inference.load_shards(tmp_path / "e"), tiny.encode(texts, precision="ubinary")
+        )
+        with pytest.raises(ValueError, match="another corpus or other settings"):
+            tiny.encode(texts[:5], output_dir=tmp_path / "e", shard_rows=3)
+        with pytest.raises(ValueError, match="calibrates its ranges on all rows"):
+            tiny.encode(texts, output_dir=tmp_path / "f", precision="int8")
+        with pytest.raises(ValueError, match="pass a list of strings, not one string"):
+            tiny.encode("a cat", output_dir=tmp_path / "f")
+        for bad in (0, 2.5, True):
+            with pytest.raises(ValueError, match="`shard_rows` must be a positive integer"):
+                tiny.encode(texts, output_dir=tmp_path / "f", shard_rows=bad)
+        (tmp_path / "file").write_text("")
+        with pytest.raises(ValueError, match="must be a directory. Received a file"):
+            tiny.encode(texts, output_dir=tmp_path / "file")
+        with pytest.raises(FileNotFoundError, match="No embeddings.json"):
+            process_inference.load_shards(tmp_path / "f")
 
     def test_unknown_module(self, tmp_path):
         path = _copy_minilm(tmp_path)
