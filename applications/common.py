@@ -370,31 +370,8 @@ def is_writer():
     return processes.is_writer()
 
 
-_LOCAL_COPIES = {}
-
-
 def predict(model, x, batch_size):
-    """`model.predict(x)` of the whole of `x`, in every process alike (e.g. a dev set).
-
-    Over several JAX processes the trained variables span every process and Keras would take
-    each process' `x` as its share of one global batch, whose outputs no process can read
-    alone; there a local copy of the model (built once, outside the distribution) takes the
-    trained weights and predicts. Everywhere else this is `model.predict`.
-    """
-    import keras
-
-    from kbert import processes
-
-    if processes.process_count() < 2 or keras.backend.backend() != "jax":
-        return model.predict(x, batch_size=batch_size, verbose=0)
-    distribution = keras.distribution.distribution()
-    keras.distribution.set_distribution(None)
-    try:
-        local = _LOCAL_COPIES.get(id(model))
-        if local is None:
-            local = _LOCAL_COPIES[id(model)] = model.__class__.from_config(model.get_config())
-        # Replicated variables: each process reads the whole value from its own devices.
-        local.set_weights([keras.ops.convert_to_numpy(w) for w in model.weights])
-        return local.predict(x, batch_size=batch_size, verbose=0)
-    finally:
-        keras.distribution.set_distribution(distribution)
+    """`model.predict(x)` of the whole of `x`, in every process alike (e.g. a dev set): over
+    several processes each computes its share and all get every row
+    (`kbert.models.process_inference`)."""
+    return model.predict(x, batch_size=batch_size, verbose=0)

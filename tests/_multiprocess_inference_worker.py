@@ -12,21 +12,16 @@ shard.
 `reference()` computes the same in one process, for the test to compare.
 """
 
-import argparse
 import contextlib
 import json
 import os
 import signal
 
+from tests._multiprocess_worker import join, launcher_arguments
+
 
 def _parse(argv):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--output", required=True)
-    parser.add_argument("--results", required=True)
-    parser.add_argument("--processes", type=int, default=1)
-    parser.add_argument("--process-id", type=int, default=None)
-    parser.add_argument("--coordinator", default=None)
-    parser.add_argument("--timeout", type=int, default=30)
+    parser = launcher_arguments()
     parser.add_argument("--encode-only", action="store_true", help="Only encode into shards.")
     parser.add_argument("--die-in", default=None, help="encode:K - kill -9 after shard K.")
     return parser.parse_args(argv)
@@ -130,13 +125,7 @@ def main(argv=None):
     from kbert import processes
 
     os.makedirs(args.results, exist_ok=True)
-    kbert.distribution.initialize(
-        coordinator_address=args.coordinator,
-        num_processes=args.processes if args.coordinator else None,
-        process_id=args.process_id,
-        timeout=args.timeout,
-    )
-    index = processes.process_index()
+    index = join(args)
     if args.encode_only:
         if args.die_in:
             _die_after_shard(int(args.die_in.split(":")[1]))

@@ -18,15 +18,34 @@ import signal
 import sys
 
 
-def _parse(argv):
+def launcher_arguments():
+    """The arguments every worker of the multi-process tests takes (see `join`)."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--task", choices=("classifier", "pretrainer", "both"), default="both")
     parser.add_argument("--output", required=True)
     parser.add_argument("--results", required=True)
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--process-id", type=int, default=None)
     parser.add_argument("--coordinator", default=None)
     parser.add_argument("--timeout", type=int, default=30)
+    return parser
+
+
+def join(args):
+    """Joins the launcher's processes (`kbert.distribution.initialize`); returns the index."""
+    import kbert
+
+    kbert.distribution.initialize(
+        coordinator_address=args.coordinator,
+        num_processes=args.processes if args.coordinator else None,
+        process_id=args.process_id,
+        timeout=args.timeout,
+    )
+    return kbert.processes.process_index()
+
+
+def _parse(argv):
+    parser = launcher_arguments()
+    parser.add_argument("--task", choices=("classifier", "pretrainer", "both"), default="both")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=2)
@@ -110,12 +129,7 @@ def main(argv=None):
     os.makedirs(args.results, exist_ok=True)
     if args.processes > 1:
         _audit_writes(args.output, written)
-        kbert.distribution.initialize(
-            coordinator_address=args.coordinator,
-            num_processes=args.processes if args.coordinator else None,
-            process_id=args.process_id,
-            timeout=args.timeout,
-        )
+        join(args)
     index = processes.process_index()
     tasks = ("classifier", "pretrainer") if args.task == "both" else (args.task,)
     report = {"process_index": index, "process_count": processes.process_count()}

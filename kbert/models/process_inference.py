@@ -28,6 +28,7 @@ Example (two processes, each runs this):
     embeddings = embedder.encode(corpus)  # each process embeds half; all get every row
 """
 
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -159,16 +160,6 @@ def local_model(model, compiled=False):
     `model` (its loss and metrics)."""
     if not _spans_processes(model):
         return model
-    if keras.backend.backend() == "tensorflow":
-        from kbert.backend.tensorflow import tensorflow
-
-        if tensorflow("Inference over TensorFlow workers").distribute.has_strategy():
-            raise RuntimeError(
-                f"{type(model).__name__} runs its share of the rows on a copy outside "
-                "the MultiWorkerMirroredStrategy it was created in, which cannot be built "
-                "inside the strategy's scope: call predict / evaluate / encode after the "
-                "`with kbert.distribution.data_parallel().scope():` block."
-            )
     values = [_host_value(v.value) for v in model.weights]
     with without_distribution():
         copy = _LOCAL_COPIES.get(model)
@@ -193,6 +184,30 @@ def _compile_like(copy, model):
     copy.compile(**config)
 
 
+def outside_strategy(function):
+    """`function()`, run where no `tf.distribute` strategy scope is entered: on TensorFlow
+    inside one (a callback of `fit` over workers) in a thread of its own, whose strategy is
+    the default (scopes are per thread), so that a local copy can be built and run there."""
+    if keras.backend.backend() == "tensorflow":
+        from kbert.backend.tensorflow import tensorflow
+
+        if tensorflow("Inference over TensorFlow workers").distribute.has_strategy():
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                return pool.submit(function).result()
+    return function()
+
+
+def compute_here(model, function):
+    """`function(local_model(model))` in this process alone (see `local_model`)."""
+
+    def compute():
+        local = local_model(model)
+        with without_distribution():
+            return function(local)
+
+    return outside_strategy(compute)
+
+
 def predict_over_processes(model, x, predict_here, what="predict"):
     """`predict_here(local_model, rows_of_x)` for this process' share of the rows of the
     packed NumPy dict `x`, gathered whole and in order on every process."""
@@ -200,20 +215,22 @@ def predict_over_processes(model, x, predict_here, what="predict"):
 
     lengths = batching.row_lengths(x["padding_mask"])
     num_rows = len(lengths)
-    local = local_model(model)
     if num_rows < processes.process_count():
         # Fewer rows than processes: each computes them all (no exchange needed).
-        with without_distribution():
-            return predict_here(local, x)
+        return compute_here(model, lambda local: predict_here(local, x))
     rows = row_share(lengths)
-    with without_distribution():
-        outputs = predict_here(local, take_rows(x, rows))
+    part = take_rows(x, rows)
+    outputs = compute_here(model, lambda local: predict_here(local, part))
     return gather_rows(outputs, rows, num_rows, what)
 
 
 def evaluate_predictions(model, x, y, sample_weight, y_pred, return_dict):
     """`evaluate`'s results (loss and compiled metrics) of whole predictions `y_pred`, computed
     once on this process (every process gets the same)."""
+    return outside_strategy(lambda: _evaluate_here(model, x, y, sample_weight, y_pred, return_dict))
+
+
+def _evaluate_here(model, x, y, sample_weight, y_pred, return_dict):
     local = local_model(model, compiled=True)
     with without_distribution():
         to_tensor = lambda a: None if a is None else keras.ops.convert_to_tensor(a)  # noqa: E731

@@ -432,9 +432,9 @@ class BertTextEmbedder(TextEncoding, BertTask):
                 self.tokenize_texts(part, prompt), self.preprocessor.sequence_length
             )
             check_model_inputs(x, self.backbone)  # once, whole
-            model = process_inference.local_model(self)
-            with process_inference.without_distribution():
-                embeddings = model._predict_by_length(x, int(batch_size), verbose=int(show))
+            embeddings = process_inference.compute_here(
+                self, lambda model: model._predict_by_length(x, int(batch_size), int(show))
+            )
             if truncate_dim is not None:
                 embeddings = embeddings[:, :truncate_dim]
             return _l2_normalize(embeddings) if normalize else embeddings
