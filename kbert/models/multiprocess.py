@@ -38,6 +38,7 @@ masked-LM loss, a mean over each slice's masked positions) is the mean of the sl
 as with `torch.nn.parallel.DistributedDataParallel` and `tf.distribute`.
 """
 
+import contextlib
 import math
 import warnings
 
@@ -244,6 +245,19 @@ def _tf_distributed(group, data):
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     dataset = dataset.with_options(options)
     return group.strategy.distribute_datasets_from_function(lambda context: dataset)
+
+
+@contextlib.contextmanager
+def local_metrics(model):
+    """Inside, `model`'s metric results are this process' own (not summed over the processes,
+    as in its `fit`): for metrics computed on outputs every process already holds whole."""
+    summing = id(model) in _SUMMING_METRICS
+    _SUMMING_METRICS.discard(id(model))
+    try:
+        yield
+    finally:
+        if summing:
+            _SUMMING_METRICS.add(id(model))
 
 
 class MultiProcessTraining:

@@ -231,8 +231,10 @@ def evaluate_predictions(model, x, y, sample_weight, y_pred, return_dict):
 
 
 def _evaluate_here(model, x, y, sample_weight, y_pred, return_dict):
+    from kbert.models.multiprocess import local_metrics
+
     local = local_model(model, compiled=True)
-    with without_distribution():
+    with without_distribution(), local_metrics(local):
         to_tensor = lambda a: None if a is None else keras.ops.convert_to_tensor(a)  # noqa: E731
         x, y, y_pred, sample_weight = (
             keras.tree.map_structure(to_tensor, part) if part is not None else None
