@@ -22,8 +22,6 @@ import weakref
 import torch
 from keras import ops
 
-from kbert import processes
-
 
 def linear(inputs, kernel, bias):
     """`inputs @ kernel + bias` in one `torch.nn.functional.linear` call.
@@ -42,8 +40,12 @@ def cuda_available():
 
 
 def process_slice():
-    """`(process_index, process_count)`: this process' slice of a global batch."""
-    return processes.process_index(), processes.process_count()
+    """`(rank, world_size)` of the started `torch.distributed` process group (one process per
+    slice of each global batch, `kbert.distribution.initialize`); `(0, 1)` without one."""
+    distributed = torch.distributed
+    if not (distributed.is_available() and distributed.is_initialized()):
+        return 0, 1
+    return distributed.get_rank(), distributed.get_world_size()
 
 
 def dropout(inputs, rate, batch_slice=(0, 1)):
