@@ -65,20 +65,11 @@ import numpy as np
 
 from kbert import processes
 from kbert.models.backbone import BertBackbone
-from kbert.models.multiprocess import check_global_batch_size
+from kbert.models.multiprocess import batch_axis_size, check_global_batch_size
 
 # Seconds `initialize` waits for every process to join by default, and the bound of every
 # collective after that (a process that died makes the others fail after at most this long).
 DEFAULT_TIMEOUT = 120
-
-
-def batch_axis_size(distribution):
-    """Devices along the data-parallel (batch) axis of `distribution`'s mesh."""
-    mesh = distribution.device_mesh
-    axis = distribution.batch_dim_name
-    if axis not in mesh.axis_names:
-        return 1
-    return int(mesh.shape[list(mesh.axis_names).index(axis)])
 
 
 def check_batch_size(batch_size, distribution=None):

@@ -64,6 +64,15 @@ def _rows(x):
     return counts.pop()
 
 
+def batch_axis_size(distribution):
+    """Devices along the data-parallel (batch) axis of a `keras.distribution`'s mesh."""
+    mesh = distribution.device_mesh
+    axis = distribution.batch_dim_name
+    if axis not in mesh.axis_names:
+        return 1
+    return int(mesh.shape[list(mesh.axis_names).index(axis)])
+
+
 def check_global_batch_size(batch_size, num_processes=None):
     """Raises a ValueError unless the global `batch_size` splits evenly over the processes."""
     num_processes = num_processes or processes.process_count()

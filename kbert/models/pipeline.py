@@ -38,7 +38,7 @@ from kbert.data import batching
 from kbert.models import process_inference
 from kbert.models.backbone import BACKBONE_INPUTS, check_input_keys
 from kbert.models.input_checks import check_data, check_model_inputs
-from kbert.models.multiprocess import MultiProcessTraining
+from kbert.models.multiprocess import MultiProcessTraining, batch_axis_size
 
 # Rows sent through the tokenizer and packer at a time when raw Python text is converted.
 _PREPROCESS_CHUNK = 4096
@@ -332,11 +332,7 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         """Devices of this process that split every batch: those of the batch axis of a
         `keras.distribution` (1 without one)."""
         distribution = keras.distribution.distribution()
-        if distribution is None:
-            return 1
-        from kbert.distribution import batch_axis_size
-
-        return batch_axis_size(distribution)
+        return 1 if distribution is None else batch_axis_size(distribution)
 
     def _can_batch_by_length(self, x, y=None, sample_weight=None, over_processes=True):
         """True when `fit`/`evaluate`/`predict` input can be batched by length here, in one
