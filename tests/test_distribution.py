@@ -8,9 +8,8 @@
   data axis cannot split raises a clear error.
 * TensorFlow: `tf.distribute.MirroredStrategy` on 2 logical CPUs (a subprocess) equals one
   device.
-* Both train with dropout on (JAX: a `BertClassifier`, its batches planned by length;
-  TensorFlow: a Keras model of the backbone): every device's dropout masks are its rows of
-  the masks of one device.
+* Both train a `BertClassifier` with dropout on (on JAX its batches planned by length): every
+  device's dropout masks are its rows of the masks of one device.
 * Adam moves embedding rows by at most its learning rate on every backend.
 * `remat=True` gives the same training step (same dropout masks) and, on JAX, a smaller
   compiled step; gradient accumulation over k micro-batches equals one batch k times larger.
@@ -69,12 +68,13 @@ def _classifier(optimizer=None, **overrides):
     return model
 
 
-def _task_classifier():
+def _task_classifier(length_batching=True):
     """A `BertClassifier` with dropout on (0.1 everywhere): what the multi-device checks
     train. Its fit plans batches by length (sorted within each batch) on one device and on
     several, and each device's dropout masks must be its rows of one device's masks."""
     backbone = BertBackbone(**dict(CONFIG, dropout=0.1, attention_dropout=0.1))
     model = BertClassifier(backbone, num_classes=2, preprocessor=None)
+    model.length_batching = length_batching
     model.compile(optimizer=keras.optimizers.AdamW(learning_rate=1e-2))
     return model
 
@@ -118,9 +118,9 @@ def _differences(got, reference):
     }
 
 
-def _dropout_classifier():
-    """`_classifier` with dropout on (0.1 everywhere)."""
-    return _classifier(dropout=0.1, attention_dropout=0.1)
+def _unplanned_classifier():
+    """`_task_classifier` without length batching: its batches as given."""
+    return _task_classifier(length_batching=False)
 
 
 def _save_reference(path, build=_task_classifier):
@@ -347,7 +347,7 @@ initial, reference = t._load_reference(sys.argv[1])
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 with strategy.scope():
     keras.utils.set_random_seed(0)
-    model = t._dropout_classifier()
+    model = t._unplanned_classifier()
 result = t._differences(t._train(model, initial), reference)
 result["replicas"] = strategy.num_replicas_in_sync
 print(t.RESULT_PREFIX + json.dumps(result))
@@ -357,9 +357,8 @@ print(t.RESULT_PREFIX + json.dumps(result))
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute runs on TensorFlow")
 def test_tf_mirrored_strategy_equals_single_device(tmp_path):
     path = str(tmp_path / "reference.npz")
-    # A Keras model of the backbone (Keras' symbolic build under a tf.distribute strategy
-    # feeds a task float inputs, see the notes); its batches as given, split by Keras.
-    _save_reference(path, _dropout_classifier)
+    # Under a tf.distribute strategy Keras splits the batches as given (no length plan).
+    _save_reference(path, _unplanned_classifier)
     result = _run_python(
         _TF_WORKER.replace("sys.argv[1]", repr(path)), {"KERAS_BACKEND": "tensorflow"}
     )

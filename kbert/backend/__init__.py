@@ -31,6 +31,8 @@ The speed paths:
     xla_predict_function    TensorFlow: `predict` compiled with XLA.
     replicas_gradient_sum   TensorFlow: gradients summed over a strategy's replicas before
                             `BertAdamW` clips them (Keras clips each replica's own).
+    strategy_build_inputs   TensorFlow: integer ids for Keras' symbolic build in a strategy's
+                            scope (it averages the first batch over the replicas).
 """
 
 from kbert.backend.paths import (
@@ -50,6 +52,7 @@ from kbert.backend.paths import (
     native_dropout,
     needs_dense_embedding_gradient,
     replicas_gradient_sum,
+    strategy_build_inputs,
     torch_attention,
     xla_predict_function,
 )
@@ -71,6 +74,7 @@ __all__ = [
     "native_dropout",
     "needs_dense_embedding_gradient",
     "replicas_gradient_sum",
+    "strategy_build_inputs",
     "torch_attention",
     "xla_predict_function",
 ]

@@ -327,6 +327,32 @@ def replicas_gradient_sum(grads):
     return [None if g is None else next(summed) for g in grads], replicas
 
 
+def strategy_build_inputs(inputs):
+    """TensorFlow: a dict of model inputs with float tensors cast to int32 while Keras builds
+    the model symbolically in a `tf.distribute` strategy's scope; anything else as given.
+
+    Keras' TensorFlow trainer builds a model in a strategy's scope from its first batch
+    averaged over the replicas (`strategy.reduce("MEAN", ...)`), which turns integer token
+    ids into floats; only their shapes are used there. In the replica context of a real step,
+    and eagerly, inputs are left as they are, so the task's dtype check still refuses floats.
+    """
+    if keras.backend.backend() != "tensorflow" or not isinstance(inputs, dict):
+        return inputs
+    from kbert.backend.tensorflow import tensorflow
+
+    tf = tensorflow("A tf.distribute strategy")
+    if (
+        tf.executing_eagerly()
+        or not tf.distribute.has_strategy()
+        or not tf.distribute.in_cross_replica_context()
+    ):
+        return inputs
+    return {
+        key: tf.cast(value, "int32") if tf.is_tensor(value) and value.dtype.is_floating else value
+        for key, value in inputs.items()
+    }
+
+
 # ------------------------------------------------------------------------------ predict
 def xla_predict_function(model, make_predict_function, force=False, allowed=True):
     """`model`'s predict function; on TensorFlow compiled with XLA where `allowed`.

@@ -32,7 +32,7 @@ import warnings
 import keras
 import numpy as np
 
-from kbert import processes
+from kbert import backend, processes
 from kbert.backend.tensorflow import is_dataset
 from kbert.data import batching
 from kbert.models import process_inference
@@ -229,6 +229,7 @@ class PipelineModel(MultiProcessTraining, keras.Model):
 
     def call(self, inputs, training=None, mask=None):
         check_input_keys(inputs, self.input_names, type(self).__name__)
+        inputs = backend.strategy_build_inputs(inputs)
         check_model_inputs(inputs, self.backbone)
         return super().call(inputs, training=training, mask=mask)
 
