@@ -93,10 +93,14 @@ def stsb_data(data_dir, split):
     return list(data.sentence1), list(data.sentence2), [float(x) for x in data.label]
 
 
-def evaluate_embeddings(encode, stsb, squad):
+def evaluate_embeddings(encode, stsb, squad, search=None):
     """STS-B Spearman and SQuAD retrieval metrics (x 100) of an `encode(texts, kind)`
-    function, with encode speeds (texts / s)."""
+    function, with encode speeds (texts / s). `search(queries, corpus, top_k)` ranks the
+    paragraphs (default `kbert.retrieval.search`, cosine; `kbert.retrieval.sparse_search`
+    for sparse vectors)."""
     from kbert import retrieval
+
+    search = search or retrieval.search
 
     metrics = {}
     if stsb is not None:
@@ -112,7 +116,7 @@ def evaluate_embeddings(encode, stsb, squad):
         start = time.perf_counter()
         queries = encode(questions, "question")
         question_seconds = time.perf_counter() - start
-        _, ranked = retrieval.search(queries, corpus, top_k=10)
+        _, ranked = search(queries, corpus, top_k=10)
         metrics.update(
             {
                 "squad_recall@1": 100 * retrieval.recall_at_k(ranked, relevant, 1),

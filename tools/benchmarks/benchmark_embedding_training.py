@@ -25,9 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.charts import pyplot, save
+from bench.charts import before_after_bars
 from bench.data import REPO, default_data_dir, minilm_directory
 from bench.harness import emit, log, spawn, worker_environment, write_json
+from bench.recipes import trainer_arguments
 
 METRICS = ("squad_recall@1", "squad_recall@10", "squad_mrr@10", "squad_ndcg@10")
 
@@ -118,20 +119,9 @@ def run_sentence_transformers(args):
     before = score()
     with tempfile.TemporaryDirectory() as directory:
         training_args = SentenceTransformerTrainingArguments(
-            output_dir=directory,
-            num_train_epochs=1,
-            per_device_train_batch_size=args.batch_size,
-            learning_rate=args.learning_rate,
-            warmup_ratio=0.01,
-            weight_decay=0.01,
-            adam_epsilon=1e-6,
-            max_grad_norm=1.0,
-            lr_scheduler_type="linear",
-            seed=args.seed,
-            save_strategy="no",
-            report_to="none",
-            logging_steps=20,
-            use_cpu=True,
+            **trainer_arguments(
+                directory, args.batch_size, args.learning_rate, args.seed, 20, warmup_ratio=0.01
+            )
         )
         trainer = SentenceTransformerTrainer(
             model=model,
@@ -149,22 +139,6 @@ def run_sentence_transformers(args):
         "train_examples": len(order),
         "train_steps": int(result.global_step),
     }
-
-
-def _chart(path, results):
-    names = list(results)
-    figure, axis = pyplot().subplots(figsize=(7, 4))
-    width = 0.35
-    for j, stage in enumerate(("before", "after")):
-        values = [results[n][stage]["squad_recall@1"] for n in names]
-        positions = [i + (j - 0.5) * width for i in range(len(names))]
-        bars = axis.bar(positions, values, width, label=f"{stage} training")
-        axis.bar_label(bars, fmt="%.2f", fontsize=8)
-    axis.set_xticks(range(len(names)), names)
-    axis.set_ylabel("held-out recall@1 (x 100)")
-    axis.set_title("SQuAD dev articles 32-47, after 1 epoch of MNRL on articles 0-31")
-    axis.legend(loc="lower right")
-    save(figure, path)
 
 
 def main(argv=None):
@@ -224,7 +198,13 @@ def main(argv=None):
     if args.json:
         write_json(args.json, {"backend": args.backend, "results": results}, indent=2)
     if args.chart:
-        _chart(args.chart, results)
+        before_after_bars(
+            results,
+            args.chart,
+            "squad_recall@1",
+            "held-out recall@1 (x 100)",
+            "SQuAD dev articles 32-47, after 1 epoch of MNRL on articles 0-31",
+        )
     return results
 
 

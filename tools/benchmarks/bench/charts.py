@@ -57,3 +57,21 @@ def ratio_bars(results, path, title, workloads, anchor="hf", heading=length_head
         ax.set_xlim(0, max(rates + [1]) * 1.45)
     fig.suptitle(title, fontsize=9)
     save(fig, path)
+
+
+def before_after_bars(results, path, metric, ylabel, title):
+    """Grouped bars of `results[system]["before"][metric]` and `["after"][metric]` per system
+    (a training comparison: the same start, each system's score after training)."""
+    names = list(results)
+    figure, axis = pyplot().subplots(figsize=(7, 4))
+    width = 0.35
+    for j, stage in enumerate(("before", "after")):
+        values = [results[n][stage][metric] for n in names]
+        positions = [i + (j - 0.5) * width for i in range(len(names))]
+        bars = axis.bar(positions, values, width, label=f"{stage} training")
+        axis.bar_label(bars, fmt="%.2f", fontsize=8)
+    axis.set_xticks(range(len(names)), names)
+    axis.set_ylabel(ylabel)
+    axis.set_title(title)
+    axis.legend(loc="lower right")
+    save(figure, path)

@@ -22,6 +22,29 @@ DOC_STRIDE = 128
 MAX_QUERY_LENGTH = 64
 
 
+def trainer_arguments(directory, batch_size, learning_rate, seed, logging_steps, **warmup):
+    """Keyword arguments of a Hugging Face `TrainingArguments` (sentence-transformers' trainers)
+    for one epoch of kbert's recipe on the CPU: AdamW with weight decay `WEIGHT_DECAY` and
+    epsilon `EPSILON`, clipping at `CLIP_NORM`, linear decay after the `warmup` given
+    (`warmup_steps=` or `warmup_ratio=`); nothing saved or reported."""
+    return dict(
+        output_dir=directory,
+        num_train_epochs=1,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        weight_decay=WEIGHT_DECAY,
+        adam_epsilon=EPSILON,
+        max_grad_norm=CLIP_NORM,
+        lr_scheduler_type="linear",
+        seed=seed,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=logging_steps,
+        use_cpu=True,
+        **warmup,
+    )
+
+
 def sst2_data(data_dir, seed, limit):
     import numpy as np
 
