@@ -130,7 +130,9 @@ def evaluate_embeddings(encode, stsb, squad, search=None):
     return metrics
 
 
-def _limit_questions(squad, limit, seed):
+def limit_questions(squad, limit, seed):
+    """`squad` `(questions, paragraphs, relevant)` with `limit` seeded questions kept (in their
+    order; all paragraphs), or as it is when `limit` is None."""
     if limit is None:
         return squad
     questions, paragraphs, relevant = squad
@@ -184,9 +186,7 @@ def run_evaluate(args, embedder):
     from kbert.checkpoints.atomic import atomic_write_text
 
     stsb = stsb_data(args.data_dir, "dev")
-    squad = _limit_questions(
-        squad_retrieval_data(args.data_dir), args.max_eval_questions, args.seed
-    )
+    squad = limit_questions(squad_retrieval_data(args.data_dir), args.max_eval_questions, args.seed)
     print(
         f"STS-B dev: {len(stsb[0])} pairs; SQuAD dev: {len(squad[0])} questions over "
         f"{len(squad[1])} paragraphs"

@@ -57,10 +57,15 @@ from pathlib import Path
 
 if __package__:  # Imported as applications.rerank (the tests).
     from applications import common
-    from applications.embeddings import HELD_OUT_ARTICLES, TRAIN_ARTICLES, squad_retrieval_data
+    from applications.embeddings import (
+        HELD_OUT_ARTICLES,
+        TRAIN_ARTICLES,
+        limit_questions,
+        squad_retrieval_data,
+    )
 else:  # Run as `python applications/rerank.py`.
     import common
-    from embeddings import HELD_OUT_ARTICLES, TRAIN_ARTICLES, squad_retrieval_data
+    from embeddings import HELD_OUT_ARTICLES, TRAIN_ARTICLES, limit_questions, squad_retrieval_data
 
 MODES = ("evaluate", "train")
 # What sentence-transformers' CrossEncoderTrainer imports (--compare-sentence-transformers).
@@ -211,14 +216,6 @@ def _print(label, metrics):
     print(f"{label:>28s}: " + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
 
 
-def _limit_questions(squad, limit, seed):
-    if limit is None:
-        return squad
-    questions, paragraphs, relevant = squad
-    keep = sorted(common.shuffled_indices(len(questions), seed, limit))
-    return [questions[i] for i in keep], paragraphs, [relevant[i] for i in keep]
-
-
 def load_reranker(args):
     """The `--reranker` as a one-label `BertCrossEncoder` (a new head with `--fresh-head`)."""
     from kbert.models import BertCrossEncoder
@@ -242,7 +239,7 @@ def run_evaluate(args, embedder, reranker):
     from kbert import retrieval
     from kbert.checkpoints.atomic import atomic_write_text
 
-    questions, paragraphs, relevant = _limit_questions(
+    questions, paragraphs, relevant = limit_questions(
         squad_retrieval_data(args.data_dir), args.max_eval_questions, args.seed
     )
     top_k = min(args.top_k, len(paragraphs))
@@ -381,7 +378,7 @@ def run_train(args, embedder, reranker, training):
     questions, paragraphs, relevant = training
     order = common.shuffled_indices(len(questions), args.seed, args.max_train_examples)
     questions, relevant = [questions[i] for i in order], [relevant[i] for i in order]
-    held_questions, held_paragraphs, held_relevant = _limit_questions(
+    held_questions, held_paragraphs, held_relevant = limit_questions(
         squad_retrieval_data(args.data_dir, HELD_OUT_ARTICLES), args.max_eval_questions, args.seed
     )
     top_k = min(args.top_k, len(held_paragraphs))

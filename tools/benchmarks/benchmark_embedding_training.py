@@ -29,6 +29,7 @@ from bench.charts import before_after_bars
 from bench.data import REPO, default_data_dir, minilm_directory
 from bench.harness import emit, log, spawn, worker_environment, write_json
 from bench.recipes import trainer_arguments
+from bench.tables import before_after_table
 
 METRICS = ("squad_recall@1", "squad_recall@10", "squad_mrr@10", "squad_ndcg@10")
 
@@ -179,17 +180,14 @@ def main(argv=None):
         environment = worker_environment(args.backend, pythonpath=str(REPO))
         spec = dict(vars(args), system=system)
         results[system] = spawn(__file__, spec, environment, name=f"{system} worker")
-    print()
-    print(f"{'system':<24s} {'':>6s} " + " ".join(f"{m[6:]:>10s}" for m in METRICS))
-    for system, result in results.items():
-        for stage in ("before", "after"):
-            row = " ".join(f"{result[stage][m]:10.2f}" for m in METRICS)
-            print(f"{system:<24s} {stage:>6s} {row}")
-        gain = result["after"]["squad_recall@1"] - result["before"]["squad_recall@1"]
-        print(
-            f"{'':<24s} recall@1 gain {gain:+.2f} in {result['train_steps']} steps, "
-            f"{result['train_seconds']:.0f} s"
-        )
+    before_after_table(
+        results,
+        METRICS,
+        lambda r: (
+            f"recall@1 gain {r['after']['squad_recall@1'] - r['before']['squad_recall@1']:+.2f} "
+            f"in {r['train_steps']} steps, {r['train_seconds']:.0f} s"
+        ),
+    )
     if len(results) == 2:
         gains = [
             r["after"]["squad_recall@1"] - r["before"]["squad_recall@1"] for r in results.values()

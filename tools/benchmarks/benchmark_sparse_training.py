@@ -35,6 +35,7 @@ from bench.charts import before_after_bars
 from bench.data import REPO, default_data_dir, minilm_directory
 from bench.harness import emit, log, spawn, worker_environment, write_json
 from bench.recipes import trainer_arguments
+from bench.tables import before_after_table
 
 METRICS = ("squad_recall@1", "squad_recall@10", "squad_mrr@10", "squad_ndcg@10")
 SYSTEMS = ("kbert", "sentence-transformers")
@@ -46,14 +47,18 @@ def training_data(args):
     """`(queries, documents, held_out)`: the seeded training pairs of articles 0-31 and the
     held-out `(questions, paragraphs, relevant)` of articles 32-47."""
     from applications import common
-    from applications.embeddings import HELD_OUT_ARTICLES, TRAIN_ARTICLES, squad_retrieval_data
+    from applications.embeddings import (
+        HELD_OUT_ARTICLES,
+        TRAIN_ARTICLES,
+        limit_questions,
+        squad_retrieval_data,
+    )
 
     questions, paragraphs, relevant = squad_retrieval_data(args.data_dir, TRAIN_ARTICLES)
     order = common.shuffled_indices(len(questions), args.seed, args.max_train_examples)
-    held_out = squad_retrieval_data(args.data_dir, HELD_OUT_ARTICLES)
-    if args.max_eval_questions:
-        keep = sorted(common.shuffled_indices(len(held_out[0]), args.seed, args.max_eval_questions))
-        held_out = ([held_out[0][i] for i in keep], held_out[1], [held_out[2][i] for i in keep])
+    held_out = limit_questions(
+        squad_retrieval_data(args.data_dir, HELD_OUT_ARTICLES), args.max_eval_questions, args.seed
+    )
     queries = [questions[i] for i in order]
     return queries, [paragraphs[relevant[i]] for i in order], held_out
 
@@ -206,16 +211,13 @@ def _constant_weights(scheduler):
 
 
 def _report(results):
-    print()
-    print(f"{'system':<24s} {'':>6s} " + " ".join(f"{m[6:]:>10s}" for m in METRICS))
-    for system, result in results.items():
-        for stage in ("before", "after"):
-            row = " ".join(f"{result[stage][m]:10.2f}" for m in METRICS)
-            print(f"{system:<24s} {stage:>6s} {row}")
-        print(
-            f"{'':<24s} {result['train_steps']} steps, {result['train_seconds']:.0f} s, "
-            f"last loss {result['final_loss']:.4f}"
-        )
+    before_after_table(
+        results,
+        METRICS,
+        lambda r: (
+            f"{r['train_steps']} steps, {r['train_seconds']:.0f} s, last loss {r['final_loss']:.4f}"
+        ),
+    )
     gains = {
         system: {m: r["after"][m] - r["before"][m] for m in METRICS}
         for system, r in results.items()

@@ -49,3 +49,15 @@ def ratio_table(results, workloads, anchor, columns=(), unit="texts", anchor_lab
                 line += f" {cell:>{w}}"
             lines.append(line)
     return "\n".join(lines)
+
+
+def before_after_table(results, metrics, footer):
+    """Prints each system's `before` and `after` scores of `metrics` (a training comparison;
+    names shown without their "squad_" prefix) and `footer(result)` under each system."""
+    print()
+    print(f"{'system':<24s} {'':>6s} " + " ".join(f"{m[6:]:>10s}" for m in metrics))
+    for system, result in results.items():
+        for stage in ("before", "after"):
+            row = " ".join(f"{result[stage][m]:10.2f}" for m in metrics)
+            print(f"{system:<24s} {stage:>6s} {row}")
+        print(f"{'':<24s} {footer(result)}")
