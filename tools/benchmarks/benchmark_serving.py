@@ -12,7 +12,9 @@ user's plain script serves a list of strings at `--batch-size`:
 * `kbert-torch`, `kbert-jax`, `kbert-tensorflow`: `BertClassifier.from_preset(checkpoint,
   num_classes=2, sequence_length=L).predict(texts, batch_size=B)` (its default length-aware
   batching); `kbert-<backend>-int8`: the same model after `model.quantize("int8")` (on torch,
-  torch's int8 linear kernel; elsewhere Keras' int8 layers);
+  torch's int8 linear kernel; elsewhere Keras' int8 layers); `kbert-<backend>-float8`: after
+  `model.quantize("float8")` (Keras' float8 layers: inputs and weights rounded to float8
+  with per-tensor scales; XLA on a GPU with float8 units can run the products in float8);
 * `hf`: `AutoTokenizer` with `padding=True, truncation=True` per batch of the texts in their
   order, `AutoModelForSequenceClassification` under `torch.inference_mode()`;
 * `sentence-transformers`: `SentenceTransformer(checkpoint).encode(texts, batch_size=B)` with
@@ -76,6 +78,7 @@ from bench.harness import (
 )
 
 INT8_SYSTEMS = ("kbert-torch-int8", "kbert-jax-int8", "kbert-tensorflow-int8")
+FLOAT8_SYSTEMS = ("kbert-torch-float8", "kbert-jax-float8", "kbert-tensorflow-float8")
 SYSTEMS = (
     "kbert-torch",
     "kbert-jax",
@@ -89,7 +92,9 @@ SYSTEMS = (
     "sentence-transformers-onnx",
     "sentence-transformers-onnx-int8",
     "onnx",
-) + INT8_SYSTEMS
+    *INT8_SYSTEMS,
+    *FLOAT8_SYSTEMS,
+)
 WORKLOADS = ("short", "long")
 
 
@@ -122,8 +127,9 @@ def _kbert(spec):
     if spec["dtype"] != "float32":
         kwargs["dtype"] = spec["dtype"]
     model = BertClassifier.from_preset(spec["checkpoint"], **kwargs)
-    if spec["system"].endswith("-int8"):
-        model.quantize("int8")
+    mode = spec["system"].rsplit("-", 1)[1]
+    if mode in ("int8", "float8"):
+        model.quantize(mode)
     batch_size = spec["batch_size"]
 
     def serve(texts):
@@ -257,7 +263,7 @@ BUILDERS = {
     "kbert-torch": _kbert,
     "kbert-jax": _kbert,
     "kbert-tensorflow": _kbert,
-    **{name: _kbert for name in INT8_SYSTEMS},
+    **{name: _kbert for name in INT8_SYSTEMS + FLOAT8_SYSTEMS},
     "kbert-onnx": _kbert_serving,
     "kbert-onnx-int8": _kbert_serving,
     "kbert-openvino": _kbert_serving,
