@@ -17,7 +17,6 @@ from keras import ops
 from kbert.data import batching
 from kbert.layers import MaskedLMHead, SpladePooling
 from kbert.layers.sparse import check_splade_settings
-from kbert.models.backbone import BACKBONE_INPUTS
 from kbert.models.input_checks import check_model_inputs
 from kbert.models.pipeline import text_parts
 from kbert.models.task import BertTask
@@ -239,14 +238,9 @@ class BertSparseEncoder(TextEncoding, BertTask):
     # ----------------------------------------------------------------- calling
     def call(self, inputs, training=None, mask=None):
         """`(batch, vocabulary_size)` for inputs `(batch, seq)`; `(batch, columns,
-        vocabulary_size)` for `(batch, columns, seq)` (a query and its documents, in `fit`)."""
-        token_ids = inputs["token_ids"] if isinstance(inputs, dict) else None
-        if token_ids is None or len(token_ids.shape) != 3:
-            return super().call(inputs, training=training, mask=mask)
-        columns, length = token_ids.shape[1], token_ids.shape[2]
-        flat = {k: ops.reshape(inputs[k], (-1, length)) for k in BACKBONE_INPUTS}
-        out = super().call(flat, training=training, mask=mask)  # (batch * columns, vocab)
-        return ops.reshape(out, (-1, columns, self.embedding_dim))
+        vocabulary_size)` for `(batch, columns, seq)` (a query and its documents, in `fit`;
+        see `TextEncoding.call_columns`)."""
+        return self.call_columns(super().call, inputs, training, mask)
 
     def compute_output_spec(self, inputs, training=None, mask=None):
         shape = inputs["token_ids"].shape

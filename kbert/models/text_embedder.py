@@ -146,6 +146,33 @@ class TextEncoding:
             length = int(batching.bucket_for([longest], buckets)[0])
         return self.preprocessor.packer(list(rows), sequence_length=int(length))
 
+    def call_columns(self, call, inputs, training=None, mask=None):
+        """The model's output for inputs `(batch, seq)`, by `call` (the functional model's
+        call); for `(batch, columns, seq)` (a query and its documents in `fit`) each column's
+        output, stacked: `(batch, columns, embedding_dim)`.
+
+        The columns of a batch share one padded length (that of its longest text, often a
+        passage). Eager torch runs each column on its own, cut to that column's longest row,
+        so short queries are not computed at a passage's length; JAX and TensorFlow (and
+        torch with `jit_compile=True`), which compile per shape, run all columns at once.
+        """
+        token_ids = inputs["token_ids"] if isinstance(inputs, dict) else None
+        if token_ids is None or len(token_ids.shape) != 3:
+            return call(inputs, training=training, mask=mask)
+        columns, length = token_ids.shape[1], token_ids.shape[2]
+        if not batching.compiles_per_shape(self):
+            outputs = []
+            for column in range(columns):
+                part = {k: inputs[k][:, column] for k in BACKBONE_INPUTS}
+                real = ops.convert_to_numpy(part["padding_mask"])
+                cut = int(batching.row_lengths(real).max()) or length
+                part = {k: v[:, :cut] for k, v in part.items()}
+                outputs.append(call(part, training=training))
+            return ops.stack(outputs, axis=1)
+        flat = {k: ops.reshape(inputs[k], (-1, length)) for k in BACKBONE_INPUTS}
+        out = call(flat, training=training)  # (batch * columns, embedding_dim)
+        return ops.reshape(out, (-1, columns, self.embedding_dim))
+
     def encode_query(self, texts, prompt=None, prompt_name=None, **kwargs):
         """`encode` for search queries, as sentence-transformers' `encode_query`.
 
@@ -305,29 +332,9 @@ class BertTextEmbedder(TextEncoding, BertTask):
     # ----------------------------------------------------------------- calling
     def call(self, inputs, training=None, mask=None):
         """`(batch, dim)` for inputs `(batch, seq)`; `(batch, columns, dim)` for
-        `(batch, columns, seq)` (several texts per example, as in contrastive training).
-
-        The columns of a batch share one padded length (that of its longest text, often a
-        passage). Eager torch runs each column on its own, cut to that column's longest row,
-        so short queries are not computed at a passage's length; JAX and TensorFlow (and torch
-        with `jit_compile=True`), which compile per shape, run all columns at once.
-        """
-        token_ids = inputs["token_ids"] if isinstance(inputs, dict) else None
-        if token_ids is None or len(token_ids.shape) != 3:
-            return super().call(inputs, training=training, mask=mask)
-        columns, length = token_ids.shape[1], token_ids.shape[2]
-        if not batching.compiles_per_shape(self):
-            outputs = []
-            for column in range(columns):
-                part = {k: inputs[k][:, column] for k in BACKBONE_INPUTS}
-                mask = ops.convert_to_numpy(part["padding_mask"])
-                cut = int(batching.row_lengths(mask).max()) or length
-                part = {k: v[:, :cut] for k, v in part.items()}
-                outputs.append(super().call(part, training=training, mask=mask))
-            return ops.stack(outputs, axis=1)
-        flat = {k: ops.reshape(inputs[k], (-1, length)) for k in BACKBONE_INPUTS}
-        out = super().call(flat, training=training, mask=mask)  # (batch * columns, dim)
-        return ops.reshape(out, (-1, columns, self.embedding_dim))
+        `(batch, columns, seq)` (several texts per example, as in contrastive training; see
+        `TextEncoding.call_columns`)."""
+        return self.call_columns(super().call, inputs, training, mask)
 
     def compute_output_spec(self, inputs, training=None, mask=None):
         shape = inputs["token_ids"].shape

@@ -275,6 +275,21 @@ def test_splade_loss_matches_sentence_transformers(splade):
     np.testing.assert_array_equal(keep_top_dims(vectors[0], 3).astype(bool).sum(-1), 3)
 
 
+def test_columns_of_different_lengths_encode_as_each_text_alone(splade):
+    """A `(batch, columns, seq)` batch as `fit` builds it (padded to its longest text; eager
+    torch cuts each column to its own longest row) gives every text the vector it has alone."""
+    encoder = BertSparseEncoder.from_preset(splade["st"])
+    queries = ["tok5", "tok1 tok2", "tok3 tok3 tok60"]
+    documents = [TEXTS[2], "tok7 tok8 tok9 tok10 tok11", TEXTS[0]]
+    rows = [encoder.tokenize_texts(column) for column in (queries, documents)]
+    packed = encoder.pack_token_ids([r for pair in zip(*rows) for r in pair], 24)
+    x = {k: v.reshape(3, 2, 24) for k, v in packed.items()}
+    got = keras.ops.convert_to_numpy(encoder(x, training=False))
+    alone = np.stack([_dense(encoder.encode(column)) for column in (queries, documents)], 1)
+    assert np.abs(alone[:, 0] - alone[:, 1]).max() > 1e-1
+    np.testing.assert_allclose(got, alone, atol=1e-5)
+
+
 def test_fit_on_query_document_columns_lowers_the_loss(splade, tmp_path):
     encoder = BertSparseEncoder.from_preset(
         splade["masked_lm"], sequence_length=16, dropout=0.0, attention_dropout=0.0
