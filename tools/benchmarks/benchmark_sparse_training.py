@@ -22,6 +22,13 @@ product (`kbert.retrieval.sparse_search`), before and after training. The goal (
 kbert's gain in recall@1 and nDCG@10 within 1 point of sentence-transformers'.
 
 Prints a table and writes `--json` (and `--chart`, a PNG) if asked.
+
+`--check-steps N` instead trains both systems N steps from the shared start on the same
+batches in the same order (the first N x batch pairs, as kbert batches them unshuffled), with
+dropout off in both, and compares what they did: the loss of every step and the update of
+every weight (the trained weights minus the start's), as the relative difference of the two
+updates. Equal steps leave only the batches drawn and dropout's draws between the two full
+runs.
 """
 
 import argparse
@@ -88,17 +95,8 @@ def _result(before, after, seconds, queries, steps, loss):
 
 def run_kbert(args):
     """Draws the shared start, writes it for sentence-transformers, trains it with `fit`."""
-    import keras
-
-    from kbert.checkpoints import export_to_sparse_encoder
-    from kbert.models import BertSparseEncoder
-
-    keras.utils.set_random_seed(args.seed)
     queries, documents, held_out = training_data(args)
-    encoder = BertSparseEncoder.from_preset(
-        args.preset, fresh_heads=True, sequence_length=args.max_length
-    )
-    export_to_sparse_encoder(encoder, args.start)
+    encoder = _draw_start(args)
 
     def encode(texts):
         return encoder.encode(texts, batch_size=args.batch_size)
@@ -115,6 +113,22 @@ def run_kbert(args):
     return _result(
         before, score(encode, held_out), seconds, queries, steps, history.history["loss"][-1]
     )
+
+
+def _draw_start(args):
+    """The shared start: the preset's encoder with a masked-LM head drawn under `args.seed`,
+    written to `args.start` as a SparseEncoder directory."""
+    import keras
+
+    from kbert.checkpoints import export_to_sparse_encoder
+    from kbert.models import BertSparseEncoder
+
+    keras.utils.set_random_seed(args.seed)
+    encoder = BertSparseEncoder.from_preset(
+        args.preset, fresh_heads=True, sequence_length=args.max_length
+    )
+    export_to_sparse_encoder(encoder, args.start)
+    return encoder
 
 
 def run_sentence_transformers(args):
@@ -193,6 +207,157 @@ def run_sentence_transformers(args):
     return _result(before, after, seconds, queries, result.global_step, result.training_loss)
 
 
+def check_kbert(args):
+    """`--check-steps`: kbert's steps on the first batches, in order, without dropout; writes
+    the trained weights as a SparseEncoder directory and returns each step's loss."""
+    import keras
+
+    from kbert.checkpoints import export_to_sparse_encoder
+    from kbert.losses_sparse import SpladeLoss
+    from kbert.models import BertSparseEncoder
+    from kbert.models.text_embedder import TextColumnBatches
+
+    queries, documents = _check_pairs(args)
+    _draw_start(args)
+    encoder = BertSparseEncoder.from_preset(
+        args.start, sequence_length=args.max_length, dropout=0.0, attention_dropout=0.0
+    )
+    encoder.compile(
+        learning_rate=args.learning_rate,
+        warmup_ratio=args.warmup_ratio,
+        weight_decay=0.01,
+        loss=SpladeLoss(
+            document_regularizer_weight=DOCUMENT_REGULARIZER_WEIGHT,
+            query_regularizer_weight=QUERY_REGULARIZER_WEIGHT,
+        ),
+    )
+    batches = TextColumnBatches(
+        encoder, [queries, documents], None, None, args.batch_size, shuffle=False
+    )
+    means = []
+
+    class StepLosses(keras.callbacks.Callback):  # Keras logs the running mean of the epoch.
+        def on_train_batch_end(self, batch, logs=None):
+            means.append(float(logs["loss"]))
+
+    encoder.fit(batches, epochs=1, shuffle=False, verbose=0, callbacks=[StepLosses()])
+    export_to_sparse_encoder(encoder, args.trained)
+    return {"losses": step_losses(means)}
+
+
+def step_losses(running_means):
+    """Each step's loss from Keras' running means of the epoch's losses."""
+    import numpy as np
+
+    totals = np.asarray(running_means, "float64") * np.arange(1, len(running_means) + 1)
+    return np.diff(totals, prepend=0.0).tolist()
+
+
+def check_sentence_transformers(args):
+    """`--check-steps`: the trainer's steps on the same batches in the same order, without
+    dropout; writes the trained model and returns each step's loss."""
+    import torch
+    from datasets import Dataset
+    from sentence_transformers import (
+        SparseEncoder,
+        SparseEncoderTrainer,
+        SparseEncoderTrainingArguments,
+    )
+    from sentence_transformers.sparse_encoder.callbacks.splade_callbacks import (
+        SpladeRegularizerWeightSchedulerCallback,
+    )
+    from sentence_transformers.sparse_encoder.losses import (
+        SparseMultipleNegativesRankingLoss,
+        SpladeLoss,
+    )
+
+    class InOrder(SparseEncoderTrainer):
+        """The trainer with the batches in the dataset's order (its default draws them)."""
+
+        def get_batch_sampler(self, dataset, batch_size, drop_last, *args, **kwargs):
+            rows = torch.utils.data.SequentialSampler(range(len(dataset)))
+            return torch.utils.data.BatchSampler(rows, batch_size, drop_last)
+
+    queries, documents = _check_pairs(args)
+    no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    model = SparseEncoder(args.start, device="cpu", config_kwargs=no_dropout)
+    model.max_seq_length = args.max_length
+    loss = SpladeLoss(
+        model,
+        loss=SparseMultipleNegativesRankingLoss(model),
+        document_regularizer_weight=DOCUMENT_REGULARIZER_WEIGHT,
+        query_regularizer_weight=QUERY_REGULARIZER_WEIGHT,
+    )
+    steps = math.ceil(len(queries) / args.batch_size)
+    with tempfile.TemporaryDirectory() as directory:
+        arguments = trainer_arguments(
+            directory,
+            args.batch_size,
+            args.learning_rate,
+            args.seed,
+            1,
+            warmup_steps=int(round(args.warmup_ratio * steps)),
+        )
+        trainer = InOrder(
+            model=model,
+            args=SparseEncoderTrainingArguments(**arguments),
+            train_dataset=Dataset.from_dict({"query": queries, "document": documents}),
+            loss=loss,
+            callbacks=[_constant_weights(SpladeRegularizerWeightSchedulerCallback)(loss)],
+        )
+        trainer.train()
+    model.save(args.trained)
+    return {"losses": [r["loss"] for r in trainer.state.log_history if "loss" in r]}
+
+
+def _check_pairs(args):
+    """The first `check_steps` batches of the training pairs."""
+    queries, documents, _ = training_data(args)
+    rows = args.check_steps * args.batch_size
+    return queries[:rows], documents[:rows]
+
+
+def compare_updates(start, trained):
+    """Per weight of the SparseEncoder directories `trained` (system -> directory): the
+    relative difference of kbert's update to sentence-transformers' (`|dk - ds| / |ds|`), and
+    the same over all weights at once."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    first = load_file(str(Path(start) / "model.safetensors"))
+    ours, theirs = (load_file(str(Path(trained[s]) / "model.safetensors")) for s in SYSTEMS)
+    rows, total_difference, total = {}, 0.0, 0.0
+    for name, value in first.items():
+        if name not in ours or name not in theirs:
+            continue
+        a, b = ours[name] - value, theirs[name] - value
+        difference, size = float(np.sum((a - b) ** 2)), float(np.sum(b**2))
+        total_difference, total = total_difference + difference, total + size
+        rows[name] = (difference**0.5 / max(size**0.5, 1e-30), size**0.5)
+    return rows, (total_difference / total) ** 0.5
+
+
+def _report_check(results, rows, overall):
+    losses = [results[s]["losses"] for s in SYSTEMS]
+    print("step  kbert loss  sentence-transformers loss  relative difference")
+    for step, (a, b) in enumerate(zip(*losses)):
+        print(f"{step:>4} {a:>11.4f} {b:>27.4f} {abs(a - b) / abs(b):>20.2e}")
+    # Updates that are float noise in both (the attention key biases, whose gradient is 0 in
+    # exact arithmetic: softmax ignores a per-query constant) are listed apart.
+    largest = max(size for _, size in rows.values())
+    real = {k: v for k, v in rows.items() if v[1] > 1e-3 * largest}
+    ranked = sorted(real.items(), key=lambda item: -item[1][0])
+    name, (worst, _) = ranked[0]
+    for weight, (difference, size) in ranked[:5]:
+        print(f"  {weight}: update norm {size:.3e}, relative difference {difference:.2e}")
+    print(
+        f"weight updates: relative difference over all weights {overall:.2e}; largest of one "
+        f"weight {worst:.2e} ({name}); {len(rows) - len(real)} weights with updates below "
+        f"1e-3 of the largest left out of that maximum"
+    )
+    return {"overall": overall, "largest": worst, "largest_weight": name}
+
+
 def _constant_weights(scheduler):
     """sentence-transformers' regulariser-weight scheduler with no schedule: the loss keeps
     the weights it was built with (the trainer adds the scheduler unless it is given one)."""
@@ -251,6 +416,12 @@ def build_parser():
     parser.add_argument("--max-train-examples", type=int, default=None)
     parser.add_argument("--max-eval-questions", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--check-steps",
+        type=int,
+        default=None,
+        help="compare N steps of both systems on the same batches without dropout (see above)",
+    )
     parser.add_argument("--json", default=None)
     parser.add_argument("--chart", default=None)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -263,13 +434,22 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.worker:  # One system, in this process (spec: the parent's arguments, the system).
         spec = json.loads(args.worker)
-        run = run_kbert if spec["system"] == "kbert" else run_sentence_transformers
+        kbert = spec["system"] == "kbert"
+        if spec.get("check_steps"):
+            run = check_kbert if kbert else check_sentence_transformers
+        else:
+            run = run_kbert if kbert else run_sentence_transformers
         emit(run(argparse.Namespace(**spec)))
         return None
     if not (Path(args.data_dir) / "squad" / "dev-v1.1.json").is_file():
         raise SystemExit("error: --data-dir must hold squad/dev-v1.1.json")
     if "sentence-transformers" in args.system and "kbert" not in args.system:
         raise SystemExit("error: the sentence-transformers run starts from kbert's: add kbert")
+    if args.check_steps is not None and (args.check_steps < 1 or len(args.system) != 2):
+        raise SystemExit(
+            "error: --check-steps takes a positive number of steps of both systems. Received: "
+            f"--check-steps {args.check_steps} --system {' '.join(args.system)}"
+        )
     args.preset = args.preset or minilm_directory()
     if args.preset is None:
         raise SystemExit("error: give --preset: the all-MiniLM-L6-v2 package is not installed")
@@ -284,7 +464,14 @@ def main(argv=None):
             environment = worker_environment(args.backend, pythonpath=str(REPO))
             python = args.st_python if system == "sentence-transformers" else None
             spec = dict(vars(args), system=system, start=start, python=python or sys.executable)
+            spec["trained"] = str(Path(scratch) / system)
             results[system] = spawn(__file__, spec, environment, name=f"{system} worker")
+        if args.check_steps:
+            rows, overall = compare_updates(start, {s: str(Path(scratch) / s) for s in SYSTEMS})
+            check = _report_check(results, rows, overall)
+            if args.json:
+                write_json(args.json, {"settings": vars(args), "results": results, **check})
+            return results
     gains = _report(results)
     if args.json:
         payload = {"backend": args.backend, "settings": vars(args), "results": results}
