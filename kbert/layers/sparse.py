@@ -59,13 +59,19 @@ class SpladePooling(keras.layers.Layer):
         self.activation = activation
 
     def call(self, logits, padding_mask):
-        mask = ops.expand_dims(ops.cast(padding_mask, "float32"), -1)  # (batch, seq, 1)
-        x = ops.log1p(ops.relu(ops.cast(logits, "float32") * mask))  # (batch, seq, vocab)
-        if self.activation == "log1p_relu":
-            x = ops.log1p(x)
+        mask = ops.expand_dims(ops.cast(padding_mask, logits.dtype), -1)  # (batch, seq, 1)
+        masked = logits * mask  # (batch, seq, vocab), 0 at padding
         if self.pooling_strategy == "max":
-            return ops.max(x, axis=1)  # (batch, vocab)
-        return ops.sum(x, axis=1)  # (batch, vocab)
+            # The activation never decreases, so the maximum of the activated logits is the
+            # activation of their maximum: one pass over (batch, seq, vocab), the activation
+            # on (batch, vocab) only. The same value, and the same gradient (at the position
+            # of the maximum).
+            return self._activate(ops.cast(ops.max(masked, axis=1), "float32"))
+        return ops.sum(self._activate(ops.cast(masked, "float32")), axis=1)  # (batch, vocab)
+
+    def _activate(self, x):
+        x = ops.log1p(ops.relu(x))
+        return ops.log1p(x) if self.activation == "log1p_relu" else x
 
     def compute_output_spec(self, logits, padding_mask):
         return keras.KerasTensor((logits.shape[0], logits.shape[-1]), dtype="float32")

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from kbert.checkpoints import export_to_sparse_encoder
+from kbert.layers import SpladePooling
 from kbert.losses_sparse import ActiveDimensions, SpladeLoss, flops
 from kbert.models import BertClassifier, BertPretrainer, BertSparseEncoder
 from kbert.models.sparse_encoder import active_dimensions, keep_top_dims
@@ -273,6 +274,24 @@ def test_splade_loss_matches_sentence_transformers(splade):
     metric.update_state(None, vectors)
     assert float(metric.result()) == pytest.approx((vectors[:, 1:] != 0).sum(-1).mean())
     np.testing.assert_array_equal(keep_top_dims(vectors[0], 3).astype(bool).sum(-1), 3)
+
+
+def test_splade_pooling_equals_the_activation_at_every_token_then_pooled():
+    """SPLADE written out in NumPy: the activation at every real token, padding as 0, then
+    the maximum (or sum) over the tokens; max pooling takes the maximum first."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0.0, 3.0, (3, 5, 7)).astype(np.float32)
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])
+    logits[1, 2:] = 50.0  # padding with the largest logits: must not count
+    for activation, function in (
+        ("relu", lambda x: np.log1p(np.maximum(x, 0.0))),
+        ("log1p_relu", lambda x: np.log1p(np.log1p(np.maximum(x, 0.0)))),
+    ):
+        activated = function(logits) * mask[..., None]
+        for strategy, pool in (("max", np.max), ("sum", np.sum)):
+            layer = SpladePooling(strategy, activation)
+            got = keras.ops.convert_to_numpy(layer(logits, mask))
+            np.testing.assert_allclose(got, pool(activated, axis=1), rtol=1e-6)
 
 
 def test_columns_of_different_lengths_encode_as_each_text_alone(splade):
