@@ -331,13 +331,18 @@ class OrderedOutputs:
 class ShuffledRows(keras.utils.PyDataset):
     """Base of `PyDataset`s that serve `num_rows` rows in batches of `batch_size`, in a new
     random order each epoch (`shuffle`): `batch_rows(index)` gives batch `index`'s rows.
-    `self.random` (seeded) is the dataset's generator, also for subclasses' own draws."""
+    `self.random` (seeded) is the dataset's generator, also for subclasses' own draws. Its
+    seed: `seed`, or when `None` one drawn from NumPy's global generator (`draw_seed`) for
+    shuffled rows, so that `keras.utils.set_random_seed` repeats a run and another seed
+    draws other batches; 0 for rows in order."""
 
-    def __init__(self, num_rows, batch_size, shuffle=True, seed=0):
+    def __init__(self, num_rows, batch_size, shuffle=True, seed=None):
         super().__init__()
         self.num_rows = int(num_rows)
         self.batch_size = _positive_int(batch_size, "batch_size")
         self.shuffle = bool(shuffle)
+        if seed is None:
+            seed = draw_seed() if self.shuffle else 0
         self.random = np.random.default_rng(seed)
         self.order = np.arange(self.num_rows)
         if self.shuffle:

@@ -121,6 +121,18 @@ def batch_slices(group):
     return devices.shape[0] // size, own[0] // size
 
 
+def shuffle_seed():
+    """The seed of a training run's shuffled order: drawn from NumPy's global generator (see
+    `kbert.data.batching.draw_seed`), agreed by every process when training over several (a
+    collective: every process calls it at the same point of `fit`)."""
+    from kbert.data.batching import draw_seed
+
+    group = processes.process_group()
+    if group is None or group.num_processes == 1:
+        return draw_seed()
+    return _agreed_seed()
+
+
 def _agreed_seed():
     """A shuffle seed drawn by every process from NumPy's global generator (seeded by
     `keras.utils.set_random_seed`, so a seeded run repeats, and draws what one process would

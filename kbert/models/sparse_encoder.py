@@ -20,7 +20,12 @@ from kbert.layers.sparse import check_splade_settings
 from kbert.models.input_checks import check_model_inputs
 from kbert.models.pipeline import text_parts
 from kbert.models.task import BertTask
-from kbert.models.text_embedder import TextColumnBatches, TextEncoding, is_text_columns
+from kbert.models.text_embedder import (
+    TextColumnBatches,
+    TextEncoding,
+    is_text_columns,
+    row_order,
+)
 
 SIMILARITY_FUNCTIONS = ("dot", "cosine")
 # Rows sent through the model and into one sparse block at a time by `encode`: the dense
@@ -429,7 +434,9 @@ class BertSparseEncoder(TextEncoding, BertTask):
         from kbert.models.text_embedder import text_columns
 
         if mode != "predict" and not is_dataset(x) and is_text_columns(x):
-            batches = TextColumnBatches(self, text_columns(x), y, sample_weight, batch_size or 32)
+            batches = TextColumnBatches(
+                self, text_columns(x), y, sample_weight, batch_size or 32, **row_order(mode)
+            )
             return batches, None, None
         return super().preprocess_samples(x, y, sample_weight, mode, batch_size)
 

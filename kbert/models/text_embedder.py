@@ -520,7 +520,9 @@ class BertTextEmbedder(TextEncoding, BertTask):
         """Text columns (`fit`, `evaluate`, validation data) -> `TextColumnBatches` of
         `batch_size` (32 when `None`) rows; anything else as `BertTask` takes it."""
         if mode != "predict" and not is_dataset(x) and is_text_columns(x):
-            batches = TextColumnBatches(self, text_columns(x), y, sample_weight, batch_size or 32)
+            batches = TextColumnBatches(
+                self, text_columns(x), y, sample_weight, batch_size or 32, **row_order(mode)
+            )
             return batches, None, None
         return super().preprocess_samples(x, y, sample_weight, mode, batch_size)
 
@@ -664,12 +666,23 @@ def text_columns(x):
     return columns
 
 
+def row_order(mode):
+    """How the text-column batches of `mode` ("fit", "evaluate") order their rows: shuffled
+    each epoch for `fit`, from a seed drawn under `keras.utils.set_random_seed` (agreed over
+    processes); in order otherwise."""
+    from kbert.models.multiprocess import shuffle_seed
+
+    if mode == "fit":
+        return {"shuffle": True, "seed": shuffle_seed()}
+    return {"shuffle": False, "seed": 0}
+
+
 class TextColumnBatches(batching.ShuffledRows):
     """Batches of tokenized text columns `(batch, columns, seq)`, in a new random order each
     epoch (in-batch negatives stay random, as in sentence-transformers), each padded to the
     smallest bucket that holds its longest text (see `kbert.data.batching`)."""
 
-    def __init__(self, embedder, columns, y, sample_weight, batch_size, shuffle=True, seed=0):
+    def __init__(self, embedder, columns, y, sample_weight, batch_size, shuffle=True, seed=None):
         super().__init__(len(columns[0]), batch_size, shuffle, seed)
         self.embedder = embedder
         self.rows = [embedder.tokenize_texts(column) for column in columns]

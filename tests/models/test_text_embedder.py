@@ -393,6 +393,23 @@ class TestFit:
         for v in lora.non_trainable_weights:
             np.testing.assert_array_equal(keras.ops.convert_to_numpy(v), frozen[v.path])
 
+    def test_fit_order_follows_the_random_seed_and_evaluate_keeps_the_rows(self):
+        """`fit` on text columns shuffles from a seed drawn under
+        `keras.utils.set_random_seed` (a seeded run repeats, another seed draws other
+        batches); `evaluate` takes the rows in order."""
+        embedder = self._embedder()
+        columns = ([f"text {i}" for i in range(40)], [f"other {i}" for i in range(40)])
+
+        def order(seed, mode="fit"):
+            keras.utils.set_random_seed(seed)
+            batches = embedder.preprocess_samples(columns, mode=mode, batch_size=8)[0]
+            return np.concatenate([batches.batch_rows(i) for i in range(len(batches))])
+
+        np.testing.assert_array_equal(order(3), order(3))
+        assert not np.array_equal(order(3), order(4))
+        assert sorted(order(3)) == list(range(40))
+        np.testing.assert_array_equal(order(3, "evaluate"), np.arange(40))
+
     def test_columns_of_different_lengths_embed_as_each_text_alone(self):
         """A `(batch, columns, seq)` batch (padded to its longest text; eager torch cuts each
         column to its own longest row) embeds every text as a batch of that text alone."""
