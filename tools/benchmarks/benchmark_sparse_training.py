@@ -133,6 +133,38 @@ def _draw_start(args):
 
 def run_sentence_transformers(args):
     """sentence-transformers' `SparseEncoderTrainer` from kbert's start, on the same pairs."""
+    import scipy.sparse
+    import torch
+
+    st = _sentence_transformers()
+    torch.manual_seed(args.seed)
+    queries, documents, held_out = training_data(args)
+    model = st.SparseEncoder(args.start, device="cpu")
+    model.max_seq_length = args.max_length
+
+    def encode(texts):
+        vectors = model.encode(
+            texts,
+            batch_size=args.batch_size,
+            convert_to_tensor=True,
+            convert_to_sparse_tensor=False,
+        )
+        return scipy.sparse.csr_matrix(vectors.cpu().numpy())
+
+    before = score(encode, held_out)
+    log(f"sentence-transformers before: {before}")
+    steps = math.ceil(len(queries) / args.batch_size)
+    start = time.time()
+    _, result = _train(st, args, model, queries, documents, max(1, steps // 8))
+    seconds = time.time() - start
+    after = score(encode, held_out)
+    return _result(before, after, seconds, queries, result.global_step, result.training_loss)
+
+
+def _sentence_transformers():
+    """sentence-transformers' training classes, or a one-line error without them."""
+    import types
+
     try:
         from datasets import Dataset
         from sentence_transformers import (
@@ -152,59 +184,56 @@ def run_sentence_transformers(args):
             "error: the sentence-transformers run needs `pip install "
             f'"sentence-transformers[train]"` (datasets, accelerate); see --st-python ({error})'
         ) from None
-    import scipy.sparse
+    return types.SimpleNamespace(
+        Dataset=Dataset,
+        SparseEncoder=SparseEncoder,
+        SparseEncoderTrainer=SparseEncoderTrainer,
+        SparseEncoderTrainingArguments=SparseEncoderTrainingArguments,
+        SpladeRegularizerWeightSchedulerCallback=SpladeRegularizerWeightSchedulerCallback,
+        SparseMultipleNegativesRankingLoss=SparseMultipleNegativesRankingLoss,
+        SpladeLoss=SpladeLoss,
+    )
+
+
+def _train(st, args, model, queries, documents, logging_steps, in_order=False):
+    """One epoch of `st.SparseEncoderTrainer` on the pairs with kbert's recipe and SpladeLoss
+    (regulariser weights held constant); `in_order`: the batches in the pairs' order (the
+    trainer's default draws them). Returns the trainer and what its `train` returned."""
     import torch
 
-    torch.manual_seed(args.seed)
-    queries, documents, held_out = training_data(args)
-    model = SparseEncoder(args.start, device="cpu")
-    model.max_seq_length = args.max_length
+    class InOrder(st.SparseEncoderTrainer):
+        def get_batch_sampler(self, dataset, batch_size, drop_last, *args, **kwargs):
+            rows = torch.utils.data.SequentialSampler(range(len(dataset)))
+            return torch.utils.data.BatchSampler(rows, batch_size, drop_last)
 
-    def encode(texts):
-        vectors = model.encode(
-            texts,
-            batch_size=args.batch_size,
-            convert_to_tensor=True,
-            convert_to_sparse_tensor=False,
-        )
-        return scipy.sparse.csr_matrix(vectors.cpu().numpy())
-
-    before = score(encode, held_out)
-    log(f"sentence-transformers before: {before}")
-    steps = math.ceil(len(queries) / args.batch_size)
-    loss = SpladeLoss(
+    loss = st.SpladeLoss(
         model,
-        loss=SparseMultipleNegativesRankingLoss(model),
+        loss=st.SparseMultipleNegativesRankingLoss(model),
         document_regularizer_weight=DOCUMENT_REGULARIZER_WEIGHT,
         query_regularizer_weight=QUERY_REGULARIZER_WEIGHT,
     )
+    steps = math.ceil(len(queries) / args.batch_size)
     with tempfile.TemporaryDirectory() as directory:
-        # The warm-up as a count of steps, rounded as kbert rounds its warm-up ratio.
-        warmup_steps = int(round(args.warmup_ratio * steps))
-        training_args = SparseEncoderTrainingArguments(
-            **trainer_arguments(
-                directory,
-                args.batch_size,
-                args.learning_rate,
-                args.seed,
-                max(1, steps // 8),
-                warmup_steps=warmup_steps,
-            )
+        arguments = trainer_arguments(
+            directory,
+            args.batch_size,
+            args.learning_rate,
+            args.seed,
+            logging_steps,
+            # The warm-up as a count of steps, rounded as kbert rounds its warm-up ratio.
+            warmup_steps=int(round(args.warmup_ratio * steps)),
         )
-        trainer = SparseEncoderTrainer(
+        trainer = (InOrder if in_order else st.SparseEncoderTrainer)(
             model=model,
-            args=training_args,
-            train_dataset=Dataset.from_dict({"query": queries, "document": documents}),
+            args=st.SparseEncoderTrainingArguments(**arguments),
+            train_dataset=st.Dataset.from_dict({"query": queries, "document": documents}),
             loss=loss,
             # The trainer would otherwise add its default schedule of the regulariser weights
             # (0 -> full over the first third of the steps): kbert's SpladeLoss keeps them.
-            callbacks=[_constant_weights(SpladeRegularizerWeightSchedulerCallback)(loss)],
+            callbacks=[_constant_weights(st.SpladeRegularizerWeightSchedulerCallback)(loss)],
         )
-        start = time.time()
         result = trainer.train()
-        seconds = time.time() - start
-    after = score(encode, held_out)
-    return _result(before, after, seconds, queries, result.global_step, result.training_loss)
+    return trainer, result
 
 
 def check_kbert(args):
@@ -256,56 +285,12 @@ def step_losses(running_means):
 def check_sentence_transformers(args):
     """`--check-steps`: the trainer's steps on the same batches in the same order, without
     dropout; writes the trained model and returns each step's loss."""
-    import torch
-    from datasets import Dataset
-    from sentence_transformers import (
-        SparseEncoder,
-        SparseEncoderTrainer,
-        SparseEncoderTrainingArguments,
-    )
-    from sentence_transformers.sparse_encoder.callbacks.splade_callbacks import (
-        SpladeRegularizerWeightSchedulerCallback,
-    )
-    from sentence_transformers.sparse_encoder.losses import (
-        SparseMultipleNegativesRankingLoss,
-        SpladeLoss,
-    )
-
-    class InOrder(SparseEncoderTrainer):
-        """The trainer with the batches in the dataset's order (its default draws them)."""
-
-        def get_batch_sampler(self, dataset, batch_size, drop_last, *args, **kwargs):
-            rows = torch.utils.data.SequentialSampler(range(len(dataset)))
-            return torch.utils.data.BatchSampler(rows, batch_size, drop_last)
-
+    st = _sentence_transformers()
     queries, documents = _check_pairs(args)
     no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-    model = SparseEncoder(args.start, device="cpu", config_kwargs=no_dropout)
+    model = st.SparseEncoder(args.start, device="cpu", config_kwargs=no_dropout)
     model.max_seq_length = args.max_length
-    loss = SpladeLoss(
-        model,
-        loss=SparseMultipleNegativesRankingLoss(model),
-        document_regularizer_weight=DOCUMENT_REGULARIZER_WEIGHT,
-        query_regularizer_weight=QUERY_REGULARIZER_WEIGHT,
-    )
-    steps = math.ceil(len(queries) / args.batch_size)
-    with tempfile.TemporaryDirectory() as directory:
-        arguments = trainer_arguments(
-            directory,
-            args.batch_size,
-            args.learning_rate,
-            args.seed,
-            1,
-            warmup_steps=int(round(args.warmup_ratio * steps)),
-        )
-        trainer = InOrder(
-            model=model,
-            args=SparseEncoderTrainingArguments(**arguments),
-            train_dataset=Dataset.from_dict({"query": queries, "document": documents}),
-            loss=loss,
-            callbacks=[_constant_weights(SpladeRegularizerWeightSchedulerCallback)(loss)],
-        )
-        trainer.train()
+    trainer, _ = _train(st, args, model, queries, documents, 1, in_order=True)
     model.save(args.trained)
     return {"losses": [r["loss"] for r in trainer.state.log_history if "loss" in r]}
 
