@@ -189,6 +189,18 @@ def draw_seed():
     return int(np.random.randint(0, 2**31 - 1))
 
 
+def agreed_seed():
+    """`draw_seed()`, the same on every process when training over several of
+    `kbert.processes` (process 0's, sent to all: a collective, so every process calls it at
+    the same point of `fit`); a seeded run repeats and draws what one process would draw."""
+    from kbert import processes
+
+    seed = draw_seed()
+    if processes.process_count() == 1:
+        return seed
+    return int(processes.broadcast([np.array([seed], "int64")])[0][0])
+
+
 def plan_batches(lengths, batch_size, buckets, shuffle=False, seed=None, group_size=None):
     """Groups rows into batches of similar length.
 
@@ -332,9 +344,9 @@ class ShuffledRows(keras.utils.PyDataset):
     """Base of `PyDataset`s that serve `num_rows` rows in batches of `batch_size`, in a new
     random order each epoch (`shuffle`): `batch_rows(index)` gives batch `index`'s rows.
     `self.random` (seeded) is the dataset's generator, also for subclasses' own draws. Its
-    seed: `seed`, or when `None` one drawn from NumPy's global generator (`draw_seed`) for
-    shuffled rows, so that `keras.utils.set_random_seed` repeats a run and another seed
-    draws other batches; 0 for rows in order."""
+    seed: `seed`, or when `None` for shuffled rows one drawn under
+    `keras.utils.set_random_seed` and agreed over processes (`agreed_seed`), so that a
+    seeded run repeats and another seed draws other batches; 0 for rows in order."""
 
     def __init__(self, num_rows, batch_size, shuffle=True, seed=None):
         super().__init__()
@@ -342,7 +354,7 @@ class ShuffledRows(keras.utils.PyDataset):
         self.batch_size = _positive_int(batch_size, "batch_size")
         self.shuffle = bool(shuffle)
         if seed is None:
-            seed = draw_seed() if self.shuffle else 0
+            seed = agreed_seed() if self.shuffle else 0
         self.random = np.random.default_rng(seed)
         self.order = np.arange(self.num_rows)
         if self.shuffle:

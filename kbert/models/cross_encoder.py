@@ -18,7 +18,7 @@ from kbert.data import batching
 from kbert.models.backbone import BACKBONE_INPUTS
 from kbert.models.classifier import BertClassifier
 from kbert.models.pipeline import check_class_ids
-from kbert.models.text_embedder import row_order, text_columns
+from kbert.models.text_embedder import text_columns
 
 ACTIVATIONS = ("sigmoid", "identity", "tanh")
 
@@ -336,7 +336,7 @@ class BertCrossEncoder(BertClassifier):
         group_mode = _group_mode(self.loss) if mode != "predict" else None
         if group_mode is not None:
             batches = _PairGroupBatches(
-                self, x, y, sample_weight, batch_size or 32, group_mode, **row_order(mode)
+                self, x, y, sample_weight, batch_size or 32, group_mode, shuffle=mode == "fit"
             )
             return batches, None, None
         if _looks_like_pairs(x):

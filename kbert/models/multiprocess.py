@@ -48,6 +48,7 @@ import numpy as np
 from kbert import processes
 from kbert.backend import tensorflow
 from kbert.backend.tensorflow import is_dataset
+from kbert.data import batching
 
 # Models in `fit` over several torch processes: their metric states are summed when read.
 _SUMMING_METRICS = set()
@@ -119,28 +120,6 @@ def batch_slices(group):
             "an aligned, contiguous block of them (list the devices in process order)."
         )
     return devices.shape[0] // size, own[0] // size
-
-
-def shuffle_seed():
-    """The seed of a training run's shuffled order: drawn from NumPy's global generator (see
-    `kbert.data.batching.draw_seed`), agreed by every process when training over several (a
-    collective: every process calls it at the same point of `fit`)."""
-    from kbert.data.batching import draw_seed
-
-    group = processes.process_group()
-    if group is None or group.num_processes == 1:
-        return draw_seed()
-    return _agreed_seed()
-
-
-def _agreed_seed():
-    """A shuffle seed drawn by every process from NumPy's global generator (seeded by
-    `keras.utils.set_random_seed`, so a seeded run repeats, and draws what one process would
-    draw), process 0's sent to all."""
-    from kbert.data.batching import draw_seed
-
-    seed = np.array([draw_seed()], "int64")
-    return int(processes.broadcast([seed])[0][0])
 
 
 def host_value(value):
@@ -301,7 +280,7 @@ class MultiProcessTraining:
                 "pass `validation_data` (the same full arrays on every process)."
             )
         shuffle = kwargs.pop("shuffle", True)
-        seed = _agreed_seed() if shuffle and not is_dataset(x) else 0
+        seed = batching.agreed_seed() if shuffle and not is_dataset(x) else 0
         x, y, sample_weight, steps = self._process_inputs(
             group, x, y, kwargs.pop("sample_weight", None), batch_size, shuffle, seed, True
         )

@@ -20,12 +20,7 @@ from kbert.layers.sparse import check_splade_settings
 from kbert.models.input_checks import check_model_inputs
 from kbert.models.pipeline import text_parts
 from kbert.models.task import BertTask
-from kbert.models.text_embedder import (
-    TextColumnBatches,
-    TextEncoding,
-    is_text_columns,
-    row_order,
-)
+from kbert.models.text_embedder import TextColumnBatches, TextEncoding, is_text_columns
 
 SIMILARITY_FUNCTIONS = ("dot", "cosine")
 # Rows sent through the model and into one sparse block at a time by `encode`: the dense
@@ -435,7 +430,7 @@ class BertSparseEncoder(TextEncoding, BertTask):
 
         if mode != "predict" and not is_dataset(x) and is_text_columns(x):
             batches = TextColumnBatches(
-                self, text_columns(x), y, sample_weight, batch_size or 32, **row_order(mode)
+                self, text_columns(x), y, sample_weight, batch_size or 32, shuffle=mode == "fit"
             )
             return batches, None, None
         return super().preprocess_samples(x, y, sample_weight, mode, batch_size)

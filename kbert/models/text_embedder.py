@@ -521,7 +521,7 @@ class BertTextEmbedder(TextEncoding, BertTask):
         `batch_size` (32 when `None`) rows; anything else as `BertTask` takes it."""
         if mode != "predict" and not is_dataset(x) and is_text_columns(x):
             batches = TextColumnBatches(
-                self, text_columns(x), y, sample_weight, batch_size or 32, **row_order(mode)
+                self, text_columns(x), y, sample_weight, batch_size or 32, shuffle=mode == "fit"
             )
             return batches, None, None
         return super().preprocess_samples(x, y, sample_weight, mode, batch_size)
@@ -664,17 +664,6 @@ def text_columns(x):
             f"Text columns must have the same number of rows. Received lengths {lengths}"
         )
     return columns
-
-
-def row_order(mode):
-    """How the text-column batches of `mode` ("fit", "evaluate") order their rows: shuffled
-    each epoch for `fit`, from a seed drawn under `keras.utils.set_random_seed` (agreed over
-    processes); in order otherwise."""
-    from kbert.models.multiprocess import shuffle_seed
-
-    if mode == "fit":
-        return {"shuffle": True, "seed": shuffle_seed()}
-    return {"shuffle": False, "seed": 0}
 
 
 class TextColumnBatches(batching.ShuffledRows):
