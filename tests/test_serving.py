@@ -53,7 +53,7 @@ def toy_embedder(**kwargs):
 # weights: tests/test_export.py::test_onnx_matches_predict), and served by onnxruntime: once.
 @pytest.mark.backend_independent
 @pytest.mark.large
-def test_onnx_serving_equals_keras_float_and_close_int8(tmp_path):
+def test_onnx_serving_equals_keras_float_and_close_int8(tmp_path, capsys):
     """One embedder and one classifier, exported to ONNX: the float export's `encode` /
     `predict` on texts of different lengths and on pairs equal the Keras model's; int8's
     embeddings are close (cosine >= 0.99) and not the float ones."""
@@ -92,6 +92,10 @@ def test_onnx_serving_equals_keras_float_and_close_int8(tmp_path):
         expected = classifier.predict(x, batch_size=2, verbose=0)
         np.testing.assert_allclose(served.predict(x, batch_size=2), expected, atol=1e-4)
     assert not np.allclose(expected, classifier.predict(TEXTS, verbose=0), atol=1e-2)  # Pairs.
+    # `verbose` as Keras' predict: a progress bar over the batches, the same outputs.
+    shown = served.predict(x, batch_size=2, verbose=1)
+    assert f"{-(-len(TEXTS) // 2)}/{-(-len(TEXTS) // 2)}" in capsys.readouterr().out
+    np.testing.assert_allclose(shown, expected, atol=1e-4)
 
 
 @pytest.mark.backend_independent
