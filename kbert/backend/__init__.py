@@ -22,8 +22,9 @@ The speed paths:
                             `torch.utils.checkpoint`), a counter-based hash on JAX and TF;
                             over several replicas each takes its slice of the global mask.
     attention_path, torch_attention, attention_with_dropout, flash_unavailable_reason,
-    fused_attention_unsupported
-                            which attention kernel `BertSelfAttention` uses.
+    fused_attention_unsupported, key_mask_as_bias
+                            which attention kernel `BertSelfAttention` uses, and how it
+                            masks padded keys.
     needs_dense_embedding_gradient
                             TensorFlow: dense embedding gradients instead of `IndexedSlices`.
     has_multi_tensor_adamw, adamw_update
@@ -49,6 +50,7 @@ from kbert.backend.paths import (
     hash_dropout_backend,
     int8_dense,
     int8_dense_group,
+    key_mask_as_bias,
     native_dropout,
     needs_dense_embedding_gradient,
     replicas_gradient_sum,
@@ -71,6 +73,7 @@ __all__ = [
     "int8_dense_group",
     "has_multi_tensor_adamw",
     "hash_dropout_backend",
+    "key_mask_as_bias",
     "native_dropout",
     "needs_dense_embedding_gradient",
     "replicas_gradient_sum",

@@ -256,6 +256,19 @@ def fused_attention_unsupported(compute_dtype):
     return keras.distribution.list_devices()[0].lower().startswith("cpu")
 
 
+def key_mask_as_bias(compute_dtype):
+    """True where `BertSelfAttention` passes its key padding mask to
+    `keras.ops.dot_product_attention` as an added bias (0 for real keys, -1e9 for padding)
+    rather than a boolean mask: float32 on JAX on CPU. There `jax.nn.dot_product_attention`
+    applies a boolean mask as a separate select over the `(batch, heads, query, key)` scores,
+    while an added bias fuses into the softmax; the probabilities are the same (a padded
+    key's `exp(-1e9 - max)` is 0 in float32, as is the select's). GPUs keep the boolean mask,
+    the form the fused kernels take; TensorFlow's attention measured no faster either way."""
+    if compute_dtype != "float32" or keras.backend.backend() != "jax":
+        return False
+    return keras.distribution.list_devices()[0].lower().startswith("cpu")
+
+
 @functools.cache
 def flash_unavailable_reason():
     """Why `flash_attention=True` cannot be honoured on this backend and device, or `None`."""

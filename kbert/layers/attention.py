@@ -33,7 +33,9 @@ class BertSelfAttention(keras.layers.Layer):
     the reference the other routes are tested against, and the one to use to debug, to
     export to a runtime without a fused attention op, or to compare backends.
 
-    Keys are masked with `padding_mask`. A row whose keys are all padding (an all-padding
+    Keys are masked with `padding_mask` (on JAX-CPU in float32 as an added bias of -1e9,
+    which XLA fuses into the softmax; the same probabilities, see
+    `kbert.backend.key_mask_as_bias`). A row whose keys are all padding (an all-padding
     example) attends to every position instead, so it stays finite; its outputs are padding
     and carry no meaning.
 
@@ -69,10 +71,15 @@ class BertSelfAttention(keras.layers.Layer):
             (after attention dropout, as Hugging Face's eager attention returns them). The
             fused routes never form them, so such a call takes the explicit softmax route
             (`"plain"`), with the same outputs up to float rounding. Defaults to `False`.
+        query_length: int or `None`. Attend from the first `query_length` positions only
+            (keys and values still come from every position): the outputs are those
+            positions' rows of the full call, for a head that reads only them (the [CLS]
+            position of a classifier). `None`: every position. Defaults to `None`.
 
     Returns:
-        The attended values `(batch_size, sequence_length, hidden_dim)`, or the pair
-        `(values, probabilities)` with `return_attention_scores=True`.
+        The attended values `(batch_size, sequence_length, hidden_dim)` (`query_length`
+        rows when given), or the pair `(values, probabilities)` with
+        `return_attention_scores=True`.
 
     Example:
     >>> attention = BertSelfAttention(num_heads=2, hidden_dim=8)
@@ -127,6 +134,7 @@ class BertSelfAttention(keras.layers.Layer):
         self._attention_path = backend.attention_path(
             self.compute_dtype, flash_attention, attention_implementation
         )
+        self._key_bias = backend.key_mask_as_bias(self.compute_dtype)
         self._flash_unavailable = False
         self._flash_unavailable_reason = (
             backend.flash_unavailable_reason() if flash_attention else None
@@ -151,13 +159,24 @@ class BertSelfAttention(keras.layers.Layer):
         training=None,
         dropout_seed=None,
         return_attention_scores=False,
+        query_length=None,
     ):
         x = inputs
-        projections = (self.query_dense, self.key_dense, self.value_dense)
-        projected = backend.int8_dense_group(projections, x, training)  # int8 on torch: one
-        if projected is None:
-            projected = [backend.call_sublayer(dense, x) for dense in projections]
-        # (batch, seq, heads, head_dim) each
+        if query_length is None:
+            projections = (self.query_dense, self.key_dense, self.value_dense)
+            projected = backend.int8_dense_group(projections, x, training)  # int8 on torch: one
+            if projected is None:
+                projected = [backend.call_sublayer(dense, x) for dense in projections]
+        else:
+            query_length = _check_query_length(query_length)
+            projected = backend.int8_dense_group((self.key_dense, self.value_dense), x, training)
+            if projected is None:
+                projected = [
+                    backend.call_sublayer(d, x) for d in (self.key_dense, self.value_dense)
+                ]
+            query = backend.call_sublayer(self.query_dense, x[:, :query_length])
+            projected = [query, *projected]
+        # (batch, seq, heads, head_dim) each; the query (batch, query_length, ...) when given
         query, key, value = (self._split_heads(p) for p in projected)
         dropout_active = bool(training) and self.dropout > 0
 
@@ -168,6 +187,8 @@ class BertSelfAttention(keras.layers.Layer):
             # row (see `kbert.layers.embeddings.PackedDocumentMasks`). The (batch, 1, seq,
             # seq) boolean form, which cuDNN (JAX) and torch SDPA accept.
             pairs = ops.cast(padding_mask, "bool")
+            if query_length is not None:
+                pairs = pairs[:, :query_length, :]
             empty = ops.logical_not(ops.any(pairs, axis=-1, keepdims=True))  # (batch, q, 1)
             pairs = ops.logical_or(pairs, empty)[:, None, :, :]
         elif padding_mask is not None:
@@ -184,14 +205,19 @@ class BertSelfAttention(keras.layers.Layer):
             rate = self.dropout if dropout_active else 0.0
             context = backend.torch_attention(query, key, value, mask, rate)
         else:
-            mask = pairs
-            if keys is not None:
+            mask, bias = pairs, None
+            if keys is not None and self._key_bias and not (dropout_active or explicit):
+                # (batch, 1, 1, seq): 0 for real keys, -1e9 for padding (see
+                # `kbert.backend.key_mask_as_bias`).
+                bias = ops.where(keys, 0.0, -1e9)[:, None, None, :]
+            elif keys is not None:
                 # A full (batch, 1, seq, seq) mask, broadcast over heads only: cuDNN's fused
                 # attention (JAX) refuses a (batch, 1, 1, seq) mask ("Bias must have same seq
                 # length as QKV").
                 length = ops.shape(keys)[1]
+                queries = length if query_length is None else ops.shape(query)[1]
                 mask = ops.broadcast_to(
-                    keys[:, None, None, :], (ops.shape(keys)[0], 1, length, length)
+                    keys[:, None, None, :], (ops.shape(keys)[0], 1, queries, length)
                 )
             context = None  # (batch, seq, heads, head_dim) once computed
             if dropout_active and not explicit:
@@ -207,13 +233,13 @@ class BertSelfAttention(keras.layers.Layer):
                     query, key, value, mask, training, dropout_seed
                 )
             elif context is None:
-                context = self._fused_attention(query, key, value, mask)
-        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+                context = self._fused_attention(query, key, value, mask, bias)
+        batch, length = ops.shape(query)[0], ops.shape(query)[1]
         context = ops.reshape(context, (batch, length, self.hidden_dim))
         outputs = backend.call_sublayer(self.output_dense, context)  # (batch, seq, hidden)
         return (outputs, probabilities) if return_attention_scores else outputs
 
-    def _fused_attention(self, query, key, value, mask):
+    def _fused_attention(self, query, key, value, mask, bias=None):
         """`keras.ops.dot_product_attention`, falling back from a flash kernel the backend lacks."""
         if self.flash_attention and not self._flash_unavailable:
             reason = self._flash_unavailable_reason
@@ -223,7 +249,9 @@ class BertSelfAttention(keras.layers.Layer):
                 self._warn_flash_fallback(reason)
         if self.flash_attention and not self._flash_unavailable:
             try:
-                return ops.dot_product_attention(query, key, value, mask=mask, flash_attention=True)
+                return ops.dot_product_attention(
+                    query, key, value, bias=bias, mask=mask, flash_attention=True
+                )
             except (RuntimeError, ValueError, ImportError, NotImplementedError) as error:
                 # The backend refused before computing anything; the same attention
                 # without the flash kernel gives the same numbers.
@@ -234,7 +262,9 @@ class BertSelfAttention(keras.layers.Layer):
                     f"({type(error).__name__}: {reason[:200]})"
                 )
         flash = False if self.flash_attention else self.flash_attention
-        return ops.dot_product_attention(query, key, value, mask=mask, flash_attention=flash)
+        return ops.dot_product_attention(
+            query, key, value, bias=bias, mask=mask, flash_attention=flash
+        )
 
     def _warn_flash_fallback(self, reason):
         key = reason.split("(")[0]
@@ -263,15 +293,17 @@ class BertSelfAttention(keras.layers.Layer):
         context = ops.einsum("bhqk,bkhd->bqhd", probabilities, value)  # (batch, seq, heads, hd)
         return context, probabilities
 
-    def compute_output_shape(self, inputs_shape, *args, **kwargs):
-        return inputs_shape
-
-    def compute_output_spec(self, inputs, *args, return_attention_scores=False, **kwargs):
-        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+    def compute_output_spec(
+        self, inputs, *args, return_attention_scores=False, query_length=None, **kwargs
+    ):
+        batch, length = inputs.shape[0], inputs.shape[1]
+        queries = length if query_length is None else _check_query_length(query_length)
+        if query_length is not None and length is not None:
+            queries = min(queries, length)
+        outputs = keras.KerasTensor((batch, queries, *inputs.shape[2:]), dtype=self.compute_dtype)
         if not return_attention_scores:
             return outputs
-        batch, length = inputs.shape[0], inputs.shape[1]
-        scores_shape = (batch, self.num_heads, length, length)
+        scores_shape = (batch, self.num_heads, queries, length)
         return outputs, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
 
     def get_config(self):
@@ -287,3 +319,17 @@ class BertSelfAttention(keras.layers.Layer):
             }
         )
         return config
+
+
+def _check_query_length(query_length):
+    """`query_length` as an int, or a ValueError saying what was received."""
+    if (
+        isinstance(query_length, bool)
+        or not isinstance(query_length, int)
+        and not hasattr(query_length, "__index__")
+        or int(query_length) < 1
+    ):
+        raise ValueError(
+            f"`query_length` must be a positive integer or None. Received: {query_length!r}"
+        )
+    return int(query_length)

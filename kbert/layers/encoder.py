@@ -48,10 +48,15 @@ class TransformerEncoder(keras.layers.Layer):
         return_attention_scores: bool. Also return the block's attention probabilities
             `(batch_size, num_heads, sequence_length, sequence_length)`; the attention then
             takes its explicit softmax route (see `BertSelfAttention`). Defaults to `False`.
+        query_length: int or `None`. Compute the first `query_length` positions' outputs
+            only (their attention still reads every position): the rows a head on [CLS]
+            needs from the last block, for a fraction of the block's work. `None`: every
+            position. Defaults to `None`.
 
     Returns:
-        The block's output `(batch_size, sequence_length, hidden_dim)`, or the pair
-        `(output, attention_probabilities)` with `return_attention_scores=True`.
+        The block's output `(batch_size, sequence_length, hidden_dim)` (`query_length`
+        rows when given), or the pair `(output, attention_probabilities)` with
+        `return_attention_scores=True`.
 
     Example:
     >>> block = TransformerEncoder(num_heads=2, intermediate_dim=32)
@@ -138,10 +143,23 @@ class TransformerEncoder(keras.layers.Layer):
         self.output_layer_norm.build(input_shape)
         self.built = True
 
-    def call(self, inputs, padding_mask=None, training=None, return_attention_scores=False):
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        training=None,
+        return_attention_scores=False,
+        query_length=None,
+    ):
         scores = bool(return_attention_scores)
         if not (self.remat and training):
-            return self._block(inputs, padding_mask, training, return_attention_scores=scores)
+            return self._block(
+                inputs,
+                padding_mask,
+                training,
+                return_attention_scores=scores,
+                query_length=query_length,
+            )
         # Keys drawn here, outside the recomputed function, so that its two runs agree.
         dropouts = (
             self.self_attention.probability_dropout,
@@ -156,7 +174,14 @@ class TransformerEncoder(keras.layers.Layer):
             tensors = list(tensors)
             mask = tensors.pop(0) if has_mask else None
             block_seeds = [tensors.pop(0) if use else None for use in used]
-            return self._block(x, mask, True, block_seeds, return_attention_scores=scores)
+            return self._block(
+                x,
+                mask,
+                True,
+                block_seeds,
+                return_attention_scores=scores,
+                query_length=query_length,
+            )
 
         tensors = ([padding_mask] if has_mask else []) + [s for s in seeds if s is not None]
         return keras.remat(block)(inputs, *tensors)
@@ -168,6 +193,7 @@ class TransformerEncoder(keras.layers.Layer):
         training,
         seeds=(None, None, None),
         return_attention_scores=False,
+        query_length=None,
     ):
         x = inputs
         attended = backend.call_sublayer(
@@ -177,7 +203,10 @@ class TransformerEncoder(keras.layers.Layer):
             training=training,
             dropout_seed=seeds[0],
             return_attention_scores=return_attention_scores,
+            query_length=query_length,
         )
+        if query_length is not None:
+            x = x[:, :query_length]  # The residual of the rows computed.
         probabilities = None  # (batch, heads, seq, seq) when asked for
         if return_attention_scores:
             attended, probabilities = attended
@@ -197,13 +226,17 @@ class TransformerEncoder(keras.layers.Layer):
         )
         return (outputs, probabilities) if return_attention_scores else outputs
 
-    def compute_output_shape(self, inputs_shape, *args, **kwargs):
-        return inputs_shape
+    def compute_output_shape(self, inputs_shape, *args, query_length=None, **kwargs):
+        if query_length is None or inputs_shape[1] is not None and inputs_shape[1] <= query_length:
+            return inputs_shape
+        return (inputs_shape[0], int(query_length), *inputs_shape[2:])
 
-    def compute_output_spec(self, inputs, *args, return_attention_scores=False, **kwargs):
-        # The block's output has its input's shape, as the attention's: the same specs.
+    def compute_output_spec(
+        self, inputs, *args, return_attention_scores=False, query_length=None, **kwargs
+    ):
+        # The block's output has the attention's shape: the same specs.
         return self.self_attention.compute_output_spec(
-            inputs, return_attention_scores=return_attention_scores
+            inputs, return_attention_scores=return_attention_scores, query_length=query_length
         )
 
     def get_config(self):

@@ -558,10 +558,41 @@ class BertBackbone(PresetMixin, QuantizationMixin, HostInputChecks, keras.Model)
         """The `ReversibleEmbedding` holding the token table (tied to the MLM decoder)."""
         return self.embeddings.token_embedding
 
-    def call(self, inputs, training=None, mask=None):
+    def call(self, inputs, training=None, mask=None, first_token_only=False):
+        """The outputs dict (see the class docstring) of `inputs`.
+
+        `first_token_only=True` is for heads that read only the [CLS] position (through
+        `pooled_output`): the last block then computes that position alone, its attention
+        still reading every position, so `pooled_output` equals the full call's and
+        `sequence_output` is its first row, `(batch_size, 1, hidden_dim)`; the last block's
+        feed-forward and attention output run on one row instead of `sequence_length`. A
+        backbone with `packed`, `output_hidden_states` or `output_attentions` runs in full.
+        """
         check_input_keys(inputs, self.input_names, "BertBackbone")
         check_model_inputs(inputs, self)
-        return super().call(inputs, training=training, mask=mask)
+        if not (first_token_only and self._computes_first_token_only()):
+            return super().call(inputs, training=training, mask=mask)
+        token_ids, segment_ids, padding_mask = (
+            _int32_tensor(inputs[name]) for name in ("token_ids", "segment_ids", "padding_mask")
+        )
+        x = self.embeddings(token_ids, segment_ids, training=training)
+        last = len(self.transformer_layers) - 1
+        for index, layer in enumerate(self.transformer_layers):
+            query_length = 1 if index == last else None
+            x = layer(x, padding_mask=padding_mask, training=training, query_length=query_length)
+        return {"pooled_output": self.pooler(x), "sequence_output": x}
+
+    def compute_output_spec(self, inputs, training=None, mask=None, first_token_only=False):
+        spec = super().compute_output_spec(inputs, training=training, mask=mask)
+        if first_token_only and self._computes_first_token_only():
+            batch, _, hidden = spec["sequence_output"].shape
+            first = keras.KerasTensor((batch, 1, hidden), dtype=spec["sequence_output"].dtype)
+            spec = {**spec, "sequence_output": first}
+        return spec
+
+    def _computes_first_token_only(self):
+        """Whether `call(first_token_only=True)` can skip the last block's other rows."""
+        return not (self.packed or self.output_hidden_states or self.output_attentions)
 
     def get_config(self):
         return {
@@ -648,6 +679,14 @@ class BertBackbone(PresetMixin, QuantizationMixin, HostInputChecks, keras.Model)
         compare it with the weights' shapes and build anything.
         """
         validate_backbone_config(config, source=source)
+
+
+def _int32_tensor(x):
+    """`x` as an int32 backend tensor (the dtype of the backbone's `keras.Input`s)."""
+    x = keras.ops.convert_to_tensor(x)
+    if keras.backend.standardize_dtype(x.dtype) != "int32":
+        x = keras.ops.cast(x, "int32")
+    return x
 
 
 # A backbone is its own preset class (`PresetMixin.from_preset` builds `backbone_cls`).

@@ -112,7 +112,8 @@ class BertClassifier(BertTask):
 
         # === Functional model ===
         inputs = dict(backbone.input)
-        pooled = backbone(inputs)["pooled_output"]  # (batch, hidden)
+        # The head reads [CLS] alone: the last block computes that row only.
+        pooled = backbone(inputs, first_token_only=True)["pooled_output"]  # (batch, hidden)
         logits = output_dense(output_dropout(pooled))  # (batch, num_classes)
         super().__init__(
             inputs=inputs,

@@ -205,7 +205,9 @@ class BertMultipleChoice(BertTask):
             for name in BACKBONE_INPUTS
         }  # each (batch, choices, seq)
         pairs = flatten_choices(inputs)  # each (batch * choices, seq)
-        pooled = backbone(pairs)["pooled_output"]  # (batch * choices, hidden)
+        pooled = backbone(pairs, first_token_only=True)[
+            "pooled_output"
+        ]  # (batch * choices, hidden)
         scores = output_dense(output_dropout(pooled))  # (batch * choices, 1)
         logits = choice_logits(scores, inputs["padding_mask"])  # (batch, choices)
         super().__init__(

@@ -302,7 +302,10 @@ class BertTextEmbedder(TextEncoding, BertTask):
 
         # === Functional model ===
         inputs = dict(backbone.input)
-        sequence = backbone(inputs)["sequence_output"]  # (batch, seq, hidden)
+        # [CLS] pooling alone reads one row: the last block computes only that row.
+        first_token_only = pooling == ["cls"]
+        # (batch, seq, hidden); (batch, 1, hidden) with first_token_only
+        sequence = backbone(inputs, first_token_only=first_token_only)["sequence_output"]
         embeddings = pooler(sequence, inputs["padding_mask"])  # (batch, dim)
         super().__init__(
             inputs=inputs,

@@ -294,7 +294,8 @@ class TestAttentionPaths(TestCase):
 
     def test_mask_reaching_the_fused_op_is_full_and_boolean(self, monkeypatch):
         """cuDNN refuses (batch, 1, 1, seq) masks: the Keras op gets (batch, 1, seq, seq)
-        booleans. torch's SDPA kernels broadcast a (batch, 1, 1, seq) boolean mask themselves."""
+        booleans. torch's SDPA kernels broadcast a (batch, 1, 1, seq) boolean mask themselves.
+        JAX on CPU gets the keys as an added (batch, 1, 1, seq) bias, 0 or -1e9, and no mask."""
         x, padding_mask = _inputs(seed=4)
         padding_mask[0, :] = 0  # An all-padding row attends everywhere instead.
         layer = BertSelfAttention(num_heads=2, hidden_dim=8)
@@ -304,19 +305,30 @@ class TestAttentionPaths(TestCase):
         original = getattr(module, name)
         mask_keyword = "attn_mask" if BACKEND == "torch" else "mask"
 
+        biases = []
+
         def recording(query, key, value, *args, **kwargs):
-            masks.append(to_numpy(kwargs.get(mask_keyword)))
+            mask = kwargs.get(mask_keyword)
+            masks.append(None if mask is None else to_numpy(mask))
+            biases.append(kwargs.get("bias"))
             return original(query, key, value, *args, **kwargs)
 
         monkeypatch.setattr(module, name, recording)
         output = to_numpy(layer(x, padding_mask=padding_mask))
-        (mask,) = masks
         expected_keys = padding_mask.astype(bool)
         expected_keys[0, :] = True
+        expected = _reference_attention(layer, x, np.where(expected_keys, 1, 0))
+        np.testing.assert_allclose(output, expected, atol=2e-5, rtol=1e-5)
+        if BACKEND == "jax" and keras.distribution.list_devices()[0].lower().startswith("cpu"):
+            (bias,), (mask,) = biases, masks
+            assert mask is None
+            np.testing.assert_array_equal(
+                to_numpy(bias), np.where(expected_keys, 0.0, -1e9)[:, None, None, :]
+            )
+            return
+        (mask,) = masks
         expected_shape = (2, 1, 1, 6) if BACKEND == "torch" else (2, 1, 6, 6)
         assert mask.dtype == bool and mask.shape == expected_shape
         np.testing.assert_array_equal(
             mask, np.broadcast_to(expected_keys[:, None, None, :], expected_shape)
         )
-        expected = _reference_attention(layer, x, np.where(expected_keys, 1, 0))
-        np.testing.assert_allclose(output, expected, atol=2e-5, rtol=1e-5)

@@ -73,6 +73,10 @@ def _numpy_attention(weights, x, mask, return_probabilities=False):
     return (context @ wo + bo, probabilities) if return_probabilities else context @ wo + bo
 
 
+def _on_cpu():
+    return keras.distribution.list_devices()[0].lower().startswith("cpu")
+
+
 def _real(output, mask):
     """The rows of real queries (padding rows carry no meaning)."""
     queries = mask if mask.ndim == 2 else mask.any(-1)
@@ -84,10 +88,13 @@ class _Calls:
 
     def __init__(self, monkeypatch):
         self.keras_op = self.torch_sdpa = 0
+        self.masked_by = []  # per Keras-op call: "bias", "mask" or None
         original = keras.ops.dot_product_attention
 
         def keras_op(*args, **kwargs):
             self.keras_op += 1
+            given = [k for k in ("bias", "mask") if kwargs.get(k) is not None]
+            self.masked_by.append(given[0] if len(given) == 1 else None)
             return original(*args, **kwargs)
 
         monkeypatch.setattr(keras.ops, "dot_product_attention", keras_op)
@@ -127,6 +134,11 @@ class TestAttentionRoutes(TestCase):
                 output = to_numpy(layer(X, padding_mask=mask, training=training))
             used = (calls.keras_op - before[0], calls.torch_sdpa - before[1])
             assert used != (0, 0), f"{name} ran no fused attention"
+            if used[0] and not training:
+                # JAX on CPU, float32: key padding as an added bias (`key_mask_as_bias`);
+                # pairwise masks and the other backends: a boolean mask.
+                bias = mask is KEY_MASK and keras.config.backend() == "jax" and _on_cpu()
+                assert calls.masked_by[-1] == ("bias" if bias else "mask"), name
             np.testing.assert_allclose(
                 _real(output, mask), _real(expected, mask), err_msg=name, **TOLERANCE
             )
@@ -152,6 +164,44 @@ class TestAttentionRoutes(TestCase):
                 err_msg=name,
                 **TOLERANCE,
             )
+
+    @pytest.mark.parametrize("mask", [KEY_MASK, PAIR_MASK], ids=["key_mask", "pairwise_mask"])
+    def test_query_length_gives_the_first_rows_on_every_route(self, mask):
+        """`query_length=n` attends from the first `n` positions to every key: the first `n`
+        rows of the full attention (NumPy's), with their probabilities."""
+        weights = _layer().get_weights()
+        expected, probabilities = _numpy_attention(weights, X, mask, return_probabilities=True)
+        queries = (mask if mask.ndim == 2 else mask.any(-1)).astype(bool)
+        for name, kwargs in [("plain", {"attention_implementation": "plain"}), *_routes()]:
+            layer = _layer(weights, **kwargs)
+            for n in (1, 3):
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", "`flash_attention=True` was requested")
+                    output = to_numpy(layer(X, padding_mask=mask, query_length=n))
+                assert output.shape == (3, n, HIDDEN), name
+                real = queries[:, :n]
+                np.testing.assert_allclose(
+                    output[real], expected[:, :n][real], err_msg=f"{name}, {n}", **TOLERANCE
+                )
+            output, scores = layer(
+                X, padding_mask=mask, query_length=2, return_attention_scores=True
+            )
+            assert tuple(scores.shape) == (3, NUM_HEADS, 2, 7)
+            np.testing.assert_allclose(
+                to_numpy(scores).transpose(0, 2, 1, 3)[queries[:, :2]],
+                probabilities[:, :, :2].transpose(0, 2, 1, 3)[queries[:, :2]],
+                err_msg=name,
+                **TOLERANCE,
+            )
+        # The comparison can fail: the first row attending to itself alone is far off.
+        alone = to_numpy(
+            _layer(weights)(
+                X[:, :1], padding_mask=mask[:, :1, :1] if mask.ndim == 3 else mask[:, :1]
+            )
+        )
+        assert np.abs(alone[:, 0] - expected[:, 0]).max() > 1e-1
+        with pytest.raises(ValueError, match="`query_length` must be a positive integer"):
+            _layer(weights)(X, padding_mask=mask, query_length=0)
 
     def test_backbone_switch_gives_the_same_outputs_and_round_trips(self):
         kwargs = tiny_backbone_kwargs(num_layers=1)

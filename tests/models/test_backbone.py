@@ -92,6 +92,47 @@ class TestBertBackbone(TestCase):
         leaked = to_numpy(backbone(unmasked))["sequence_output"]
         assert np.abs(leaked[mask] - reference["sequence_output"][mask]).max() > 1e-3
 
+    def test_first_token_only_computes_the_pooled_output_from_one_row(self, monkeypatch):
+        """`first_token_only=True` (what the [CLS] heads call): the same `pooled_output`, the
+        first row of `sequence_output`, and the last block's feed-forward on that row alone."""
+        keras.utils.set_random_seed(3)
+        backbone = BertBackbone(**tiny_backbone_kwargs(num_layers=3))
+        # Large weights, so that attention over the other positions moves [CLS] far.
+        backbone.set_weights([w * 20 if w.ndim == 2 else w for w in backbone.get_weights()])
+        inputs = random_backbone_inputs(batch_size=3, sequence_length=10)
+        full = to_numpy(backbone(inputs))
+        rows = []
+        for layer in backbone.transformer_layers:
+            dense = layer.intermediate_dense
+            monkeypatch.setattr(
+                dense, "call", lambda x, call=dense.call: rows.append(x.shape[1]) or call(x)
+            )
+        first = to_numpy(backbone(inputs, first_token_only=True))
+        assert rows == [10, 10, 1]
+        assert first["sequence_output"].shape == (3, 1, 32)
+        assert_all_close(first["pooled_output"], full["pooled_output"], atol=1e-5)
+        assert_all_close(first["sequence_output"][:, 0], full["sequence_output"][:, 0], atol=1e-5)
+        # The comparison can fail: the last block on [CLS] alone (no other keys) is far off.
+        last = backbone.transformer_layers[-1]
+        hidden = backbone.transformer_layers[-2](
+            backbone.transformer_layers[0](
+                backbone.embeddings(inputs["token_ids"], inputs["segment_ids"]),
+                padding_mask=inputs["padding_mask"],
+            ),
+            padding_mask=inputs["padding_mask"],
+        )
+        alone = to_numpy(
+            backbone.pooler(last(hidden[:, :1], padding_mask=inputs["padding_mask"][:, :1]))
+        )
+        assert np.abs(alone - full["pooled_output"]).max() > 1e-2
+        # Backbones whose outputs need every row of every block run in full.
+        for option in ("output_hidden_states", "output_attentions"):
+            other = BertBackbone(**tiny_backbone_kwargs(num_layers=3, **{option: True}))
+            other.set_weights(backbone.get_weights())
+            outputs = to_numpy(other(inputs, first_token_only=True))
+            assert outputs["sequence_output"].shape == (3, 10, 32), option
+            assert_all_close(outputs["pooled_output"], full["pooled_output"], atol=1e-5)
+
     def test_all_padding_rows_are_finite(self):
         backbone = BertBackbone(**tiny_backbone_kwargs())
         inputs = random_backbone_inputs(batch_size=2, sequence_length=8)
