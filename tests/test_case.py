@@ -57,6 +57,16 @@ def assert_all_close(actual, expected, atol=1e-5, rtol=1e-5, mask=None):
     np.testing.assert_allclose(actual, expected, atol=atol, rtol=rtol)
 
 
+def on_cpu():
+    """True when the backend computes on a CPU."""
+    try:
+        return keras.distribution.list_devices()[0].lower().startswith("cpu")
+    except Exception:  # torch: no keras.distribution; the tests run on CPU machines.
+        import torch
+
+        return not torch.cuda.is_available()
+
+
 def tiny_backbone_kwargs(**overrides):
     kwargs = dict(
         vocabulary_size=97,

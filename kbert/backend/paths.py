@@ -249,11 +249,16 @@ def attention_with_dropout(query, key, value, mask, rate):
 
 
 @functools.cache
+def _first_device_is_cpu():
+    """True when Keras' first device (JAX, TensorFlow) is a CPU."""
+    return keras.distribution.list_devices()[0].lower().startswith("cpu")
+
+
 def fused_attention_unsupported(compute_dtype):
     """XLA on CPU has no float16 x float16 -> float32 dot, which the fused JAX path asks for."""
     if compute_dtype != "float16" or keras.backend.backend() != "jax":
         return False
-    return keras.distribution.list_devices()[0].lower().startswith("cpu")
+    return _first_device_is_cpu()
 
 
 def key_mask_as_bias(compute_dtype):
@@ -266,7 +271,7 @@ def key_mask_as_bias(compute_dtype):
     the form the fused kernels take; TensorFlow's attention measured no faster either way."""
     if compute_dtype != "float32" or keras.backend.backend() != "jax":
         return False
-    return keras.distribution.list_devices()[0].lower().startswith("cpu")
+    return _first_device_is_cpu()
 
 
 @functools.cache
@@ -280,7 +285,7 @@ def flash_unavailable_reason():
 
         on_cpu = not torch_paths.cuda_available()
     else:
-        on_cpu = keras.distribution.list_devices()[0].lower().startswith("cpu")
+        on_cpu = _first_device_is_cpu()
     if on_cpu:
         return f"the {backend} backend has no flash attention kernel on CPU"
     return None

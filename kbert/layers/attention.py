@@ -162,18 +162,16 @@ class BertSelfAttention(keras.layers.Layer):
         query_length=None,
     ):
         x = inputs
+        # The projections of every position: the query's too unless `query_length` cuts it.
+        projections = (self.key_dense, self.value_dense)
         if query_length is None:
-            projections = (self.query_dense, self.key_dense, self.value_dense)
-            projected = backend.int8_dense_group(projections, x, training)  # int8 on torch: one
-            if projected is None:
-                projected = [backend.call_sublayer(dense, x) for dense in projections]
+            projections = (self.query_dense, *projections)
         else:
             query_length = _check_query_length(query_length)
-            projected = backend.int8_dense_group((self.key_dense, self.value_dense), x, training)
-            if projected is None:
-                projected = [
-                    backend.call_sublayer(d, x) for d in (self.key_dense, self.value_dense)
-                ]
+        projected = backend.int8_dense_group(projections, x, training)  # int8 on torch: one
+        if projected is None:
+            projected = [backend.call_sublayer(dense, x) for dense in projections]
+        if query_length is not None:
             query = backend.call_sublayer(self.query_dense, x[:, :query_length])
             projected = [query, *projected]
         # (batch, seq, heads, head_dim) each; the query (batch, query_length, ...) when given
@@ -323,12 +321,7 @@ class BertSelfAttention(keras.layers.Layer):
 
 def _check_query_length(query_length):
     """`query_length` as an int, or a ValueError saying what was received."""
-    if (
-        isinstance(query_length, bool)
-        or not isinstance(query_length, int)
-        and not hasattr(query_length, "__index__")
-        or int(query_length) < 1
-    ):
+    if isinstance(query_length, bool) or not hasattr(query_length, "__index__") or query_length < 1:
         raise ValueError(
             f"`query_length` must be a positive integer or None. Received: {query_length!r}"
         )

@@ -205,9 +205,8 @@ class BertMultipleChoice(BertTask):
             for name in BACKBONE_INPUTS
         }  # each (batch, choices, seq)
         pairs = flatten_choices(inputs)  # each (batch * choices, seq)
-        pooled = backbone(pairs, first_token_only=True)[
-            "pooled_output"
-        ]  # (batch * choices, hidden)
+        # (batch * choices, hidden); the last block computes the [CLS] row only.
+        pooled = backbone(pairs, first_token_only=True)["pooled_output"]
         scores = output_dense(output_dropout(pooled))  # (batch * choices, 1)
         logits = choice_logits(scores, inputs["padding_mask"])  # (batch, choices)
         super().__init__(

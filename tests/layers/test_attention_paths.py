@@ -14,18 +14,9 @@ import pytest
 
 from kbert.layers import BertSelfAttention, TransformerEncoder
 from kbert.layers.attention import HashDropout
-from tests.test_case import TestCase, run_in_backend, to_numpy
+from tests.test_case import TestCase, on_cpu, run_in_backend, to_numpy
 
 BACKEND = keras.backend.backend()
-
-
-def _on_cpu():
-    try:
-        return keras.distribution.list_devices()[0].lower().startswith("cpu")
-    except Exception:  # torch: no keras.distribution; the tests run on CPU machines.
-        import torch
-
-        return not torch.cuda.is_available()
 
 
 def _reference_attention(layer, x, padding_mask):
@@ -181,9 +172,7 @@ class TestAttentionPaths(TestCase):
             fused[real], _reference_attention(layer, x, padding_mask)[real], atol=2e-5, rtol=1e-5
         )
 
-    @pytest.mark.skipif(
-        not _on_cpu(), reason="the fallback is exercised where flash is unavailable"
-    )
+    @pytest.mark.skipif(not on_cpu(), reason="the fallback is exercised where flash is unavailable")
     def test_flash_attention_falls_back_with_one_warning_per_process(self):
         """`flash_attention=True` where the backend cannot do it: identical outputs, one warning
         per process however many layers and calls, nothing logged; with training attention dropout
@@ -319,7 +308,7 @@ class TestAttentionPaths(TestCase):
         expected_keys[0, :] = True
         expected = _reference_attention(layer, x, np.where(expected_keys, 1, 0))
         np.testing.assert_allclose(output, expected, atol=2e-5, rtol=1e-5)
-        if BACKEND == "jax" and keras.distribution.list_devices()[0].lower().startswith("cpu"):
+        if BACKEND == "jax" and on_cpu():
             (bias,), (mask,) = biases, masks
             assert mask is None
             np.testing.assert_array_equal(

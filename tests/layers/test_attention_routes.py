@@ -15,7 +15,13 @@ import pytest
 
 from kbert.layers import BertSelfAttention
 from kbert.models import BertBackbone
-from tests.test_case import TestCase, random_backbone_inputs, tiny_backbone_kwargs, to_numpy
+from tests.test_case import (
+    TestCase,
+    on_cpu,
+    random_backbone_inputs,
+    tiny_backbone_kwargs,
+    to_numpy,
+)
 
 NUM_HEADS, HIDDEN = 4, 16
 RNG = np.random.default_rng(7)
@@ -71,10 +77,6 @@ def _numpy_attention(weights, x, mask, return_probabilities=False):
     probabilities /= probabilities.sum(-1, keepdims=True)
     context = (probabilities @ v).transpose(0, 2, 1, 3).reshape(x.shape)
     return (context @ wo + bo, probabilities) if return_probabilities else context @ wo + bo
-
-
-def _on_cpu():
-    return keras.distribution.list_devices()[0].lower().startswith("cpu")
 
 
 def _real(output, mask):
@@ -137,7 +139,7 @@ class TestAttentionRoutes(TestCase):
             if used[0] and not training:
                 # JAX on CPU, float32: key padding as an added bias (`key_mask_as_bias`);
                 # pairwise masks and the other backends: a boolean mask.
-                bias = mask is KEY_MASK and keras.config.backend() == "jax" and _on_cpu()
+                bias = mask is KEY_MASK and keras.config.backend() == "jax" and on_cpu()
                 assert calls.masked_by[-1] == ("bias" if bias else "mask"), name
             np.testing.assert_allclose(
                 _real(output, mask), _real(expected, mask), err_msg=name, **TOLERANCE
