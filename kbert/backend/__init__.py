@@ -22,9 +22,9 @@ The speed paths:
                             `torch.utils.checkpoint`), a counter-based hash on JAX and TF;
                             over several replicas each takes its slice of the global mask.
     attention_path, torch_attention, attention_with_dropout, flash_unavailable_reason,
-    fused_attention_unsupported, key_mask_as_bias
-                            which attention kernel `BertSelfAttention` uses, and how it
-                            masks padded keys.
+    fused_attention_unsupported, key_mask_as_bias, one_row_attention_by_products
+                            which attention kernel `BertSelfAttention` uses, how it
+                            masks padded keys, and how it attends from one row.
     needs_dense_embedding_gradient
                             TensorFlow: dense embedding gradients instead of `IndexedSlices`.
     has_multi_tensor_adamw, adamw_update
@@ -53,6 +53,7 @@ from kbert.backend.paths import (
     key_mask_as_bias,
     native_dropout,
     needs_dense_embedding_gradient,
+    one_row_attention_by_products,
     replicas_gradient_sum,
     strategy_build_inputs,
     torch_attention,
@@ -76,6 +77,7 @@ __all__ = [
     "key_mask_as_bias",
     "native_dropout",
     "needs_dense_embedding_gradient",
+    "one_row_attention_by_products",
     "replicas_gradient_sum",
     "strategy_build_inputs",
     "torch_attention",

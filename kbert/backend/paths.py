@@ -274,6 +274,21 @@ def key_mask_as_bias(compute_dtype):
     return _first_device_is_cpu()
 
 
+def one_row_attention_by_products():
+    """True where `BertSelfAttention` attends from a one-row query (`query_length=1`, the
+    [CLS] row of `BertBackbone(first_token_only=True)`) by broadcast products and sums instead
+    of einsums: TensorFlow on CPU. There, outside XLA (Keras trains TensorFlow models on a CPU
+    without it), `tf.einsum` runs oneDNN's kernels, and training through the einsums of a
+    one-row query (a matrix-vector product forward, inner dimension 1 in their gradients)
+    corrupted the heap in about one fresh process in twenty (segmentation faults and "corrupted
+    double-linked list" aborts in `MklEinsum`, reproduced with `tf.einsum` alone; not seen with
+    queries of 2 or more rows). A one-row product is a matrix-vector product either way: the
+    sums measured as fast in `predict`."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    return _first_device_is_cpu()
+
+
 @functools.cache
 def flash_unavailable_reason():
     """Why `flash_attention=True` cannot be honoured on this backend and device, or `None`."""

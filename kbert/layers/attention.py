@@ -135,6 +135,7 @@ class BertSelfAttention(keras.layers.Layer):
             self.compute_dtype, flash_attention, attention_implementation
         )
         self._key_bias = backend.key_mask_as_bias(self.compute_dtype)
+        self._one_row_products = backend.one_row_attention_by_products()
         self._flash_unavailable = False
         self._flash_unavailable_reason = (
             backend.flash_unavailable_reason() if flash_attention else None
@@ -196,7 +197,10 @@ class BertSelfAttention(keras.layers.Layer):
             keys = ops.logical_or(keys, empty)
 
         probabilities = None  # (batch, heads, seq, seq), formed by the explicit route only
-        explicit = return_attention_scores or self._attention_path == "explicit"
+        # TensorFlow on CPU: a one-row query by products and sums, not oneDNN's einsums (see
+        # `kbert.backend.one_row_attention_by_products`).
+        by_products = query_length == 1 and self._one_row_products
+        explicit = return_attention_scores or self._attention_path == "explicit" or by_products
         if self._attention_path == "torch" and not return_attention_scores:
             # torch's SDPA kernels broadcast a (batch, 1, 1, seq) boolean mask themselves.
             mask = pairs if keys is None else keys[:, None, None, :]
@@ -228,7 +232,7 @@ class BertSelfAttention(keras.layers.Layer):
                     )
             if context is None and (dropout_active or explicit):
                 context, probabilities = self._explicit_attention(
-                    query, key, value, mask, training, dropout_seed
+                    query, key, value, mask, training, dropout_seed, by_products
                 )
             elif context is None:
                 context = self._fused_attention(query, key, value, mask, bias)
@@ -277,10 +281,20 @@ class BertSelfAttention(keras.layers.Layer):
             stacklevel=3,
         )
 
-    def _explicit_attention(self, query, key, value, mask, training, dropout_seed=None):
-        """`(context, probabilities)` of `softmax(q k^T / sqrt(d) + mask)` in `keras.ops`."""
+    def _explicit_attention(
+        self, query, key, value, mask, training, dropout_seed=None, by_products=False
+    ):
+        """`(context, probabilities)` of `softmax(q k^T / sqrt(d) + mask)` in `keras.ops`: by
+        einsums, or (`by_products`) by broadcast products summed over the contracted axis."""
         scale = 1.0 / math.sqrt(self.head_dim)
-        scores = ops.einsum("bqhd,bkhd->bhqk", query * ops.cast(scale, query.dtype), key)
+        query = query * ops.cast(scale, query.dtype)
+        if by_products:  # (batch, q, 1, heads, hd) x (batch, 1, k, heads, hd), summed over hd
+            # in float32, as a matmul accumulates.
+            products = ops.cast(query, "float32")[:, :, None] * ops.cast(key, "float32")[:, None]
+            scores = ops.sum(products, axis=-1)
+            scores = ops.transpose(scores, (0, 3, 1, 2))  # (batch, heads, q, k)
+        else:
+            scores = ops.einsum("bqhd,bkhd->bhqk", query, key)
         scores = ops.cast(scores, "float32")  # (batch, heads, seq, seq), softmax in float32
         if mask is not None:
             scores = ops.where(mask, scores, ops.cast(-1e9, "float32"))
@@ -288,8 +302,13 @@ class BertSelfAttention(keras.layers.Layer):
         probabilities = self.probability_dropout(
             probabilities, training=training, seed=dropout_seed
         )
-        context = ops.einsum("bhqk,bkhd->bqhd", probabilities, value)  # (batch, seq, heads, hd)
-        return context, probabilities
+        if by_products:  # (batch, q, k, heads, 1) x (batch, 1, k, heads, hd), summed over k
+            weights = ops.cast(ops.transpose(probabilities, (0, 2, 3, 1)), "float32")[..., None]
+            context = ops.sum(weights * ops.cast(value, "float32")[:, None], axis=2)
+            context = ops.cast(context, value.dtype)
+        else:
+            context = ops.einsum("bhqk,bkhd->bqhd", probabilities, value)
+        return context, probabilities  # context: (batch, q, heads, hd)
 
     def compute_output_spec(
         self, inputs, *args, return_attention_scores=False, query_length=None, **kwargs

@@ -205,6 +205,40 @@ class TestAttentionRoutes(TestCase):
         with pytest.raises(ValueError, match="`query_length` must be a positive integer"):
             _layer(weights)(X, padding_mask=mask, query_length=0)
 
+    @pytest.mark.skipif(
+        keras.config.backend() != "tensorflow" or not on_cpu(), reason="TensorFlow on CPU"
+    )
+    def test_one_row_training_graph_has_no_batched_matmul_on_tensorflow_cpu(self):
+        """TensorFlow on CPU: a one-row query trains through broadcast products and sums, not
+        oneDNN's einsums, whose one-row form corrupted the heap in some fresh processes
+        (`kbert.backend.one_row_attention_by_products`); the gradients equal the einsum
+        route's (two rows, cut to the first)."""
+        import tensorflow as tf
+
+        weights = _layer().get_weights()
+        layer = _layer(weights, attention_implementation="plain")
+        x, mask = tf.constant(X), tf.constant(KEY_MASK)
+
+        def traced(query_length):
+            @tf.function
+            def gradients(x):
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    rows = layer(x, padding_mask=mask, query_length=query_length, training=True)
+                    loss = tf.reduce_sum(rows[:, :1] ** 2)
+                return tape.gradient(loss, [x, *layer.trainable_variables])
+
+            graph = gradients.get_concrete_function(x).graph
+            return gradients(x), {op.type for op in graph.get_operations()}
+
+        (one, one_ops), (two, two_ops) = traced(1), traced(2)
+        # (Keras' TensorFlow einsum runs some equations as batched matmuls.)
+        batched = {"Einsum", "BatchMatMulV2", "BatchMatMulV3"}
+        assert not one_ops & batched and two_ops & batched, (one_ops, two_ops)
+        for a, b in zip(one, two):
+            np.testing.assert_allclose(to_numpy(a), to_numpy(b), **TOLERANCE)
+        assert np.abs(to_numpy(one[0])).max() > 1e-2  # the gradients are not all zero
+
     def test_backbone_switch_gives_the_same_outputs_and_round_trips(self):
         kwargs = tiny_backbone_kwargs(num_layers=1)
         plain = BertBackbone(**kwargs, attention_implementation="plain")
