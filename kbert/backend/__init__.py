@@ -9,12 +9,17 @@ Modules:
     paths       the hooks, one per speed path, each deciding by `keras.config.backend()`;
                 re-exported here, so callers write `backend.fused_dense(layer, x)`.
     torch       the torch calls behind the hooks (imported only on the torch backend).
+    torch_encoder
+                the backbone's forward pass in torch calls (the lean eager path on torch).
     tensorflow  TensorFlow as an optional dependency: the one place kbert imports it from.
 
 The speed paths:
     fused_dense             torch: matmul and bias in one BLAS call (`kbert.layers.Dense`).
     int8_dense              torch: an int8 `Dense` through torch's dynamic int8 linear kernel.
     int8_dense_group        torch: the attention's int8 query, key and value in one product.
+    lean_backbone_outputs   eager torch: `BertBackbone`'s forward pass as plain torch calls
+                            (`torch_encoder`), one call per kernel; `prepare_lean_backbone`
+                            gathers its weights when a backbone is made.
     call_sublayer           eager torch: a built sublayer's `call` without Keras' `__call__`
                             bookkeeping, where `__call__` would change nothing.
     native_dropout, hash_dropout_backend, batch_slice
@@ -51,9 +56,11 @@ from kbert.backend.paths import (
     int8_dense,
     int8_dense_group,
     key_mask_as_bias,
+    lean_backbone_outputs,
     native_dropout,
     needs_dense_embedding_gradient,
     one_row_attention_by_products,
+    prepare_lean_backbone,
     replicas_gradient_sum,
     strategy_build_inputs,
     torch_attention,
@@ -75,9 +82,11 @@ __all__ = [
     "has_multi_tensor_adamw",
     "hash_dropout_backend",
     "key_mask_as_bias",
+    "lean_backbone_outputs",
     "native_dropout",
     "needs_dense_embedding_gradient",
     "one_row_attention_by_products",
+    "prepare_lean_backbone",
     "replicas_gradient_sum",
     "strategy_build_inputs",
     "torch_attention",

@@ -41,6 +41,46 @@ def call_sublayer(layer, inputs, **kwargs):
     return layer(inputs, **kwargs)
 
 
+# Whether `BertBackbone.call` takes the lean path on eager torch (tests turn it off to compare
+# it with the functional graph).
+LEAN_TORCH_BACKBONE = True
+
+
+def lean_backbone_outputs(backbone, inputs, training=None, first_token_only=False):
+    """`backbone`'s outputs dict computed by `kbert.backend.torch_encoder`, or `None` where the
+    functional graph runs.
+
+    On eager torch (backend tensors, not symbolic ones), `BertBackbone.call` computes its
+    outputs with one torch call per kernel instead of one Keras layer call per sublayer (see
+    `kbert.backend.torch_encoder`, which also lists what it leaves to the graph). Same
+    function, same weights, same dropout draws; under a mixed policy each weight is cast
+    once per call. Elsewhere `None`.
+    """
+    if keras.backend.backend() != "torch" or not LEAN_TORCH_BACKBONE:
+        return None
+    token_ids = inputs["token_ids"]
+    if not ops.is_tensor(token_ids) or isinstance(token_ids, keras.KerasTensor):
+        return None
+    from kbert.backend import torch_encoder
+
+    ids = [_int32(inputs[name]) for name in ("token_ids", "segment_ids", "padding_mask")]
+    return torch_encoder.backbone_outputs(backbone, *ids, training, first_token_only)
+
+
+def prepare_lean_backbone(backbone):
+    """Gathers what `lean_backbone_outputs` reads from `backbone` (on torch), so that a call
+    traced by `torch.compile` finds it; called when a backbone is made."""
+    if keras.backend.backend() == "torch" and LEAN_TORCH_BACKBONE:
+        from kbert.backend import torch_encoder
+
+        torch_encoder.prepare(backbone)
+
+
+def _int32(x):
+    x = ops.convert_to_tensor(x)
+    return x if keras.backend.standardize_dtype(x.dtype) == "int32" else ops.cast(x, "int32")
+
+
 def fused_dense(layer, inputs):
     """The output of `layer` (a `keras.layers.Dense`) with the bias added inside the matrix
     product, or `None` where Keras' own `Dense.call` is used.

@@ -81,6 +81,15 @@ def dropout(inputs, rate, batch_slice=(0, 1)):
 def attention(query, key, value, mask, rate=0.0):
     """Softmax attention (with dropout on the probabilities when `rate > 0`), in torch ops.
 
+    Inputs and output are `(batch, seq, heads, head_dim)`; see `attention_heads`.
+    """
+    query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # (batch, heads, seq, dim)
+    return attention_heads(query, key, value, mask, rate).transpose(1, 2)
+
+
+def attention_heads(query, key, value, mask, rate=0.0):
+    """Softmax attention of `(batch, heads, seq, head_dim)` inputs, in that layout.
+
     Without dropout: `torch.nn.functional.scaled_dot_product_attention` with the boolean
     `mask` (true where a key may be attended; it broadcasts to `(batch, heads, seq, seq)`),
     on every device. With dropout, on GPU: `torch.nn.functional.scaled_dot_product_attention(...,
@@ -90,25 +99,19 @@ def attention(query, key, value, mask, rate=0.0):
     `dropout`'s cheaper mask is faster forward + backward. Either way: scale
     1/sqrt(head_dim), boolean key mask, probabilities dropped with `rate` and scaled by
     1/(1-rate), masks from torch's generator (so `torch.utils.checkpoint` replays them).
-    Inputs and output are `(batch, seq, heads, head_dim)`.
     """
-    query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # (batch, heads, seq, dim)
     if not rate:
-        context = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask
-        )
-        return context.transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
     if query.device.type != "cpu":
-        context = torch.nn.functional.scaled_dot_product_attention(
+        return torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, dropout_p=rate
         )
-        return context.transpose(1, 2)
     scores = torch.matmul(query * query.shape[-1] ** -0.5, key.transpose(-1, -2)).float()
     if mask is not None:
         scores = scores.masked_fill(~mask, -1e9)
     probabilities = torch.softmax(scores, dim=-1).to(value.dtype)
     probabilities = dropout(probabilities, rate, process_slice())
-    return torch.matmul(probabilities, value).transpose(1, 2)
+    return torch.matmul(probabilities, value)
 
 
 def adamw_update(optimizer, grads, variables, learning_rate):

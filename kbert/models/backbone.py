@@ -382,6 +382,7 @@ class BertBackbone(PresetMixin, QuantizationMixin, HostInputChecks, keras.Model)
         for name, value in config.items():
             setattr(self, name, value)
         self.input_names = PACKED_BACKBONE_INPUTS if packed else BACKBONE_INPUTS
+        backend.prepare_lean_backbone(self)
 
     @staticmethod
     def _build_layers(config, dtype):
@@ -570,6 +571,9 @@ class BertBackbone(PresetMixin, QuantizationMixin, HostInputChecks, keras.Model)
         """
         check_input_keys(inputs, self.input_names, "BertBackbone")
         check_model_inputs(inputs, self)
+        outputs = backend.lean_backbone_outputs(self, inputs, training, first_token_only)
+        if outputs is not None:
+            return outputs
         if not (first_token_only and self._computes_first_token_only()):
             return super().call(inputs, training=training, mask=mask)
         token_ids, segment_ids, padding_mask = (

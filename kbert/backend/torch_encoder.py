@@ -1,0 +1,349 @@
+"""`BertBackbone`'s forward pass as plain torch calls: the lean eager path on torch.
+
+On eager torch every Keras layer call runs Python bookkeeping (argument binding, name scopes,
+autocast, masks) and every weight read under a mixed-precision policy casts the weight again;
+for a small model on short texts that host work costs more than the arithmetic (figures in
+BENCHMARKS.md, "Host cost on torch"). `backbone_outputs` computes what the backbone's
+functional graph computes, from the same Keras variables, with one torch call per kernel:
+
+- each projection is one `addmm` (the bias added inside the product) on the kernel in Keras'
+  `(in, out)` layout, no transpose; the query, key and value kernels are joined into one
+  product (`cat` of the kernels, one cast of the joined kernel under mixed precision);
+- attention is `scaled_dot_product_attention` with the boolean key mask (with dropout:
+  `kbert.backend.torch.attention_heads`, the same random draws as the layers' route);
+- under a mixed policy each weight is cast to the compute dtype once per forward pass (what
+  `torch.autocast` does), LayerNorms compute in float32 as the layers do, and the three
+  embeddings are summed in float32 before their LayerNorm (the layers sum them in the
+  compute dtype: the same value up to the compute dtype's rounding);
+- dropout masks are drawn by `kbert.backend.torch.dropout` in the layers' order (embeddings,
+  then per block: attention probabilities, attention output, feed-forward output), so a
+  seeded training step draws the masks the layers draw.
+
+Gradients reach the Keras variables themselves (their torch `Parameter`s), so `fit`, the
+optimizer, checkpoints and LoRA see no difference. `backbone_outputs` answers `None` for what
+it does not cover, and the caller runs the functional graph: packed rows, attention
+probabilities as outputs, rematerialisation in training, quantized layers, another attention
+implementation than the default, meta-device (symbolic) tensors.
+"""
+
+import weakref
+
+import keras
+import torch
+import torch.nn.functional as F
+
+from kbert.backend import torch as torch_paths
+
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_approximate": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "tanh": torch.tanh,
+}
+
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+
+
+class _Linear:
+    """A Keras `Dense` (with bias) as its torch kernel `(in, out)` and bias."""
+
+    __slots__ = ("layer", "policy", "kernel", "bias")
+
+    def __init__(self, layer):
+        self.layer = layer
+        self.policy = layer.dtype_policy
+        self.kernel = _parameter(layer, layer.kernel)
+        self.bias = _parameter(layer, layer.bias)
+
+    def current(self):
+        """Whether the layer still computes from the variables read at build (no
+        quantization, no other dtype policy)."""
+        return self.layer.dtype_policy is self.policy
+
+    def weights(self):
+        """`(kernel, bias)` as the layer computes with them: LoRA's update added."""
+        if self.layer.lora_enabled:
+            return torch_kernel(self.layer), self.bias
+        return self.kernel, self.bias
+
+
+def torch_kernel(layer):
+    """A LoRA-enabled `Dense`'s kernel with the update added (Keras' `kernel` property)."""
+    return keras.ops.convert_to_tensor(layer.kernel)
+
+
+def _parameter(layer, variable):
+    """The torch `Parameter` that holds `variable` (a variable of `layer`), or a ValueError.
+
+    Read inside `_OwnValues`' call, where no autocast scope casts it.
+    """
+    parameter = variable.value
+    dtype = _TORCH_DTYPES.get(keras.backend.standardize_dtype(variable.dtype))
+    if (
+        not isinstance(parameter, torch.nn.Parameter)
+        or parameter.dtype != dtype
+        or tuple(parameter.shape) != tuple(variable.shape)
+    ):
+        raise ValueError(f"No torch parameter of the variable {variable.path}")
+    return parameter
+
+
+class _OwnValues(keras.layers.Layer):
+    """Runs `function()` inside a Keras layer call that does not autocast.
+
+    Under a mixed-precision policy a Keras variable read inside a layer's call is cast to the
+    compute dtype (a new tensor); a layer made with `autocast=False` reads the variables'
+    own values (the torch `Parameter`s that gradients must reach) even inside another
+    layer's call.
+    """
+
+    def __init__(self, function):
+        super().__init__(autocast=False, dtype="float32")
+        self.function = function
+        self.result = None
+
+    def call(self, inputs):
+        self.result = self.function()
+        return inputs
+
+
+def _without_autocast(function):
+    reader = _OwnValues(function)
+    reader(torch.zeros(()))
+    return reader.result
+
+
+class _Block:
+    """One `TransformerEncoder`'s weights and settings."""
+
+    def __init__(self, layer):
+        attention = layer.self_attention
+        self.layer = layer
+        self.query = _Linear(attention.query_dense)
+        self.key = _Linear(attention.key_dense)
+        self.value = _Linear(attention.value_dense)
+        self.attention_output = _Linear(attention.output_dense)
+        self.intermediate = _Linear(layer.intermediate_dense)
+        self.output = _Linear(layer.output_dense)
+        self.linears = (
+            self.query,
+            self.key,
+            self.value,
+            self.attention_output,
+            self.intermediate,
+            self.output,
+        )
+        self.attention_norm = _norm(layer.attention_layer_norm)
+        self.output_norm = _norm(layer.output_layer_norm)
+        self.num_heads = attention.num_heads
+        self.head_dim = attention.head_dim
+        self.attention_rate = attention.dropout
+        self.attention_output_rate = layer.attention_dropout_layer.rate
+        self.output_rate = layer.output_dropout_layer.rate
+        self.activation = _ACTIVATIONS[layer.activation]
+
+
+def _norm(layer):
+    """`(gamma, beta, epsilon)` of a `keras.layers.LayerNormalization`."""
+    if not (layer.center and layer.scale) or tuple(layer.axis) != (-1,) and layer.axis != -1:
+        raise ValueError("Only a last-axis LayerNormalization with center and scale")
+    return _parameter(layer, layer.gamma), _parameter(layer, layer.beta), layer.epsilon
+
+
+class _Plan:
+    """Everything `backbone_outputs` reads from a backbone, gathered once."""
+
+    def __init__(self, backbone):
+        embeddings = backbone.embeddings
+        self.tables = tuple(
+            _parameter(layer, layer.embeddings)
+            for layer in (
+                embeddings.token_embedding,
+                embeddings.position_embedding,
+                embeddings.segment_embedding,
+            )
+        )
+        self.embedding_layers = (
+            embeddings.token_embedding,
+            embeddings.position_embedding,
+            embeddings.segment_embedding,
+        )
+        self.embedding_policies = tuple(layer.dtype_policy for layer in self.embedding_layers)
+        self.embedding_norm = _norm(embeddings.layer_norm)
+        self.embedding_rate = embeddings.dropout_layer.rate
+        self.pad_token_id = embeddings.pad_token_id
+        self.blocks = [_Block(layer) for layer in backbone.transformer_layers]
+        self.pooler = _Linear(backbone.pooler.dense)
+        self.linears = [linear for block in self.blocks for linear in block.linears]
+        self.linears.append(self.pooler)
+        self.compute_dtype = _TORCH_DTYPES[backbone.dtype_policy.compute_dtype]
+
+    def current(self):
+        return all(linear.current() for linear in self.linears) and all(
+            layer.dtype_policy is policy
+            for layer, policy in zip(self.embedding_layers, self.embedding_policies)
+        )
+
+
+_PLANS = weakref.WeakKeyDictionary()
+
+
+def _plan(backbone):
+    """The backbone's `_Plan`, built on first use and again after a quantization; `None`
+    where the lean path does not apply to its layers, and while `torch.compile` traces a
+    call for which no plan was built eagerly (building one makes a Keras layer)."""
+    plan = _PLANS.get(backbone)
+    if plan is not None and plan.current():
+        return plan
+    if torch.compiler.is_compiling():
+        return None
+    return prepare(backbone, _without_autocast)
+
+
+def prepare(backbone, run=lambda function: function()):
+    """Builds (or rebuilds) `backbone`'s plan, so that a later compiled call finds it."""
+    try:
+        plan = run(lambda: _Plan(backbone))
+    except (ValueError, KeyError, AttributeError, TypeError):
+        plan = None
+    if plan is None or not plan.current():
+        _PLANS.pop(backbone, None)
+        return None
+    _PLANS[backbone] = plan
+    return plan
+
+
+def supported(backbone, training):
+    """Whether `backbone_outputs` computes this backbone's call."""
+    if backbone.packed or backbone.output_attentions or (backbone.remat and training):
+        return False
+    return all(
+        layer.self_attention._attention_path == "torch" for layer in backbone.transformer_layers
+    )
+
+
+def backbone_outputs(backbone, token_ids, segment_ids, padding_mask, training, first_token_only):
+    """The outputs dict of `backbone` on int32 torch tensors `(batch, seq)`, or `None`.
+
+    `first_token_only`: the last block computes the first row only (see
+    `BertBackbone.call`). Hidden states are returned when the backbone was built with
+    `output_hidden_states`.
+    """
+    if token_ids.device.type == "meta" or not supported(backbone, training):
+        return None
+    plan = _plan(backbone)
+    if plan is None:
+        return None
+    dtype = plan.compute_dtype
+    training = bool(training)
+    x = _embeddings(plan, token_ids, segment_ids, training)  # (batch, seq, hidden)
+    keys = padding_mask.bool()
+    # Rows with no real key at all would softmax over nothing: let them see everything.
+    keys = keys | ~keys.any(dim=-1, keepdim=True)
+    mask = keys[:, None, None, :]  # (batch, 1, 1, seq): torch's SDPA broadcasts it
+    hidden_states = [x] if backbone.output_hidden_states else None
+    last = len(plan.blocks) - 1
+    cut = first_token_only and not backbone.output_hidden_states
+    for index, block in enumerate(plan.blocks):
+        x = _block(block, x, mask, training, dtype, 1 if cut and index == last else None)
+        if hidden_states is not None:
+            hidden_states.append(x)
+    kernel, bias = plan.pooler.weights()
+    pooled = torch.tanh(torch.addmm(_cast(bias, dtype), x[:, 0], _cast_kernel(kernel, dtype)))
+    outputs = {"sequence_output": x, "pooled_output": pooled}
+    if hidden_states is not None:
+        outputs["hidden_states"] = tuple(hidden_states)
+    return outputs
+
+
+def _cast(tensor, dtype):
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
+def _dropout(x, rate, training):
+    if not training or rate <= 0:
+        return x
+    if rate >= 1:
+        return torch.zeros_like(x)
+    return torch_paths.dropout(x, rate, torch_paths.process_slice())
+
+
+def _layer_norm(x, norm, dtype):
+    gamma, beta, epsilon = norm
+    y = F.layer_norm(_cast(x, torch.float32), gamma.shape, gamma, beta, epsilon)
+    return _cast(y, dtype)
+
+
+def _embeddings(plan, token_ids, segment_ids, training):
+    token_table, position_table, segment_table = plan.tables
+    length = token_ids.shape[1]
+    tokens = F.embedding(token_ids, token_table)  # (batch, seq, hidden)
+    if plan.pad_token_id is not None and tokens.requires_grad:
+        # The [PAD] row takes no gradient (Hugging Face's `padding_idx`).
+        tokens = torch.where((token_ids == plan.pad_token_id)[..., None], tokens.detach(), tokens)
+    x = tokens + position_table[:length] + F.embedding(segment_ids, segment_table)
+    x = _layer_norm(x, plan.embedding_norm, plan.compute_dtype)
+    return _dropout(x, plan.embedding_rate, training)
+
+
+def _cast_kernel(kernel, dtype):
+    """`kernel` `(in, out)` in `dtype`; a cast copy is laid out as `(out, in)` (the transposed
+    view of a contiguous `(out, in)` tensor), the layout whose bfloat16 product runs on
+    oneDNN's kernel on the CPU (4-10x faster there than the `(in, out)` layout; the same
+    on a GPU)."""
+    if kernel.dtype == dtype:
+        return kernel
+    return kernel.t().to(dtype, memory_format=torch.contiguous_format).t()
+
+
+def _joined_kernel(kernels, dtype):
+    """The `(in, sum of outs)` kernel of several `(in, out)` kernels side by side, laid out as
+    `(out, in)` rows (one copy, cast with it)."""
+    return _cast(torch.cat([kernel.t() for kernel in kernels]), dtype).t()
+
+
+def _project(x, kernel, bias, dtype):
+    """`x @ kernel + bias` for `x` `(batch, seq, in)`, in one `addmm`; `kernel` already in
+    `dtype`."""
+    batch, length = x.shape[0], x.shape[1]
+    y = torch.addmm(_cast(bias, dtype), x.reshape(batch * length, -1), kernel)
+    return y.view(batch, length, -1)
+
+
+def _linear(x, linear, dtype):
+    kernel, bias = linear.weights()
+    return _project(x, _cast_kernel(kernel, dtype), bias, dtype)
+
+
+def _block(block, x, mask, training, dtype, query_length):
+    batch, length, hidden = x.shape
+    heads, head_dim = block.num_heads, block.head_dim
+    (wq, bq), (wk, bk), (wv, bv) = (p.weights() for p in (block.query, block.key, block.value))
+    if query_length is None:
+        qkv = _project(x, _joined_kernel((wq, wk, wv), dtype), torch.cat((bq, bk, bv)), dtype)
+        # (3, batch, heads, seq, head_dim)
+        qkv = qkv.view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+        query, key, value = qkv.unbind(0)
+        residual = x
+    else:
+        kv = _project(x, _joined_kernel((wk, wv), dtype), torch.cat((bk, bv)), dtype)
+        kv = kv.view(batch, length, 2, heads, head_dim).permute(2, 0, 3, 1, 4)
+        key, value = kv.unbind(0)
+        residual = x[:, :query_length]
+        query = _project(residual, _cast_kernel(wq, dtype), bq, dtype)
+        query = query.view(batch, query_length, heads, head_dim).transpose(1, 2)
+    rate = block.attention_rate if training else 0.0
+    context = torch_paths.attention_heads(query, key, value, mask, rate)  # (b, h, q, d)
+    context = context.transpose(1, 2).reshape(batch, -1, hidden)
+    attended = _linear(context, block.attention_output, dtype)
+    attended = _dropout(attended, block.attention_output_rate, training)
+    x = _layer_norm(residual + attended, block.attention_norm, dtype)
+    intermediate = block.activation(_linear(x, block.intermediate, dtype))
+    output = _linear(intermediate, block.output, dtype)
+    output = _dropout(output, block.output_rate, training)
+    return _layer_norm(x + output, block.output_norm, dtype)

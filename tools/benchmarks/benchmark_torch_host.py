@@ -1,0 +1,277 @@
+"""Host cost of kbert on torch against Hugging Face, on the CPU: issue #44's CPU goals.
+
+    KERAS_BACKEND=torch python tools/benchmarks/benchmark_torch_host.py --rounds 7 \
+        --json host.json --chart host.png
+
+One process, one torch thread, random weights; every ratio is kbert / Hugging Face (below 1.0:
+kbert costs less), the median over `--rounds` rounds that time kbert and HF alternately
+(`--calls` calls each per round), so a machine that slows down mid-run slows both:
+
+* **ops**: a BERT-Base forward (batch 2, length 16, no gradient) under `mixed_bfloat16`:
+  the `aten::` ops `torch.profiler` records, and among them the casts (`aten::to` +
+  `aten::_to_copy`), against HF `BertModel` (sdpa) under `torch.autocast("cpu", bfloat16)`;
+* **backbone call / predict_on_batch**: a tiny backbone (2 layers, hidden 128, 2 heads,
+  intermediate 512; batch 8, length 16, float32) against HF eager `BertModel` under
+  `torch.no_grad()`;
+* **train_on_batch**: a tiny classifier (same shape, vocabulary 1,024, 2 classes) compiled
+  with `compile()`'s defaults (BERT's AdamW recipe, gradient clipping), under
+  `mixed_bfloat16` and float32, against HF `BertForSequenceClassification` + `torch.optim.AdamW(
+  foreach=True)` under `torch.autocast("cpu", bfloat16)` (float32: without autocast).
+
+Prints a table with the goals; `--json` writes the figures, `--chart` a bar chart of the ratios.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+GOALS = {
+    "ops": 1.0,
+    "casts": 1.0,
+    "backbone_call": 1.0,
+    "predict_on_batch": 1.0,
+    "train_on_batch_mixed_bfloat16": 1.0,
+}
+TINY = dict(num_layers=2, hidden_dim=128, num_heads=2, intermediate_dim=512)
+BASE = dict(num_layers=12, hidden_dim=768, num_heads=12, intermediate_dim=3072)
+
+
+def _hf_config(shape, vocabulary_size, **extra):
+    import transformers
+
+    return transformers.BertConfig(
+        vocab_size=vocabulary_size,
+        hidden_size=shape["hidden_dim"],
+        num_hidden_layers=shape["num_layers"],
+        num_attention_heads=shape["num_heads"],
+        intermediate_size=shape["intermediate_dim"],
+        attn_implementation="sdpa",
+        **extra,
+    )
+
+
+def _inputs(batch, length, vocabulary_size, seed=0):
+    """kbert's and HF's inputs for the same random batch (the last quarter of half the rows
+    padding)."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, vocabulary_size, (batch, length))
+    mask = np.ones((batch, length), "int64")
+    mask[: batch // 2, length - length // 4 :] = 0
+    ids = ids * mask
+    kbert_inputs = {
+        "token_ids": torch.tensor(ids, dtype=torch.int32),
+        "segment_ids": torch.zeros((batch, length), dtype=torch.int32),
+        "padding_mask": torch.tensor(mask, dtype=torch.int32),
+    }
+    hf_inputs = {
+        "input_ids": torch.tensor(ids),
+        "attention_mask": torch.tensor(mask),
+        "token_type_ids": torch.zeros((batch, length), dtype=torch.long),
+    }
+    return kbert_inputs, hf_inputs
+
+
+def _backbone(shape, vocabulary_size, dtype):
+    from kbert.models import BertBackbone
+
+    return BertBackbone(vocabulary_size=vocabulary_size, dtype=dtype, **shape)
+
+
+def count_ops(run):
+    """`(aten ops, casts)` that `torch.profiler` records for one call of `run`."""
+    from torch.profiler import profile
+
+    run()
+    with profile() as prof:
+        run()
+    names = [event.name for event in prof.events() if event.name.startswith("aten::")]
+    return len(names), sum(name in ("aten::to", "aten::_to_copy") for name in names)
+
+
+def op_counts():
+    """BERT-Base forward under mixed bfloat16: kbert's and HF's op and cast counts."""
+    import torch
+    import transformers
+
+    kbert_inputs, hf_inputs = _inputs(2, 16, 30522)
+    backbone = _backbone(BASE, 30522, "mixed_bfloat16")
+    hf = transformers.BertModel(_hf_config(BASE, 30522)).eval()
+
+    def kbert_call():
+        with torch.no_grad():
+            backbone(kbert_inputs)
+
+    def hf_call():
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            hf(**hf_inputs)
+
+    (kbert_ops, kbert_casts), (hf_ops, hf_casts) = count_ops(kbert_call), count_ops(hf_call)
+    return {
+        "kbert_ops": kbert_ops,
+        "hf_ops": hf_ops,
+        "kbert_casts": kbert_casts,
+        "hf_casts": hf_casts,
+        "ops": kbert_ops / hf_ops,
+        "casts": kbert_casts / hf_casts,
+    }
+
+
+def alternate(kbert_run, hf_run, rounds, calls):
+    """Median of `rounds` ratios kbert / HF of the time of `calls` calls, timed alternately;
+    with the per-call medians in milliseconds."""
+    for run in (kbert_run, hf_run):
+        for _ in range(5):
+            run()
+    ratios, kbert_times, hf_times = [], [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            kbert_run()
+        middle = time.perf_counter()
+        for _ in range(calls):
+            hf_run()
+        end = time.perf_counter()
+        kbert_times.append((middle - start) / calls)
+        hf_times.append((end - middle) / calls)
+        ratios.append(kbert_times[-1] / hf_times[-1])
+    return {
+        "ratio": statistics.median(ratios),
+        "kbert_ms": 1e3 * statistics.median(kbert_times),
+        "hf_ms": 1e3 * statistics.median(hf_times),
+    }
+
+
+def backbone_host(rounds, calls):
+    """Tiny backbone, float32: `backbone(inputs)` and `predict_on_batch` against HF eager."""
+    import torch
+    import transformers
+
+    kbert_inputs, hf_inputs = _inputs(8, 16, 1024)
+    backbone = _backbone(TINY, 1024, "float32")
+    hf = transformers.BertModel(_hf_config(TINY, 1024)).eval()
+
+    def kbert_call():
+        with torch.no_grad():
+            backbone(kbert_inputs)
+
+    def hf_call():
+        with torch.no_grad():
+            hf(**hf_inputs)
+
+    return {
+        "backbone_call": alternate(kbert_call, hf_call, rounds, calls),
+        "predict_on_batch": alternate(
+            lambda: backbone.predict_on_batch(kbert_inputs), hf_call, rounds, calls
+        ),
+    }
+
+
+def train_host(policy, rounds, calls):
+    """Tiny classifier: `train_on_batch` with `compile()`'s defaults against HF + AdamW."""
+    import keras
+    import torch
+    import transformers
+
+    from kbert.models import BertClassifier
+
+    kbert_inputs, hf_inputs = _inputs(8, 16, 1024)
+    labels = torch.tensor([0, 1] * 4)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        classifier = BertClassifier(_backbone(TINY, 1024, policy), num_classes=2)
+        classifier.compile()
+    finally:
+        keras.config.set_dtype_policy(previous)
+    hf = transformers.BertForSequenceClassification(_hf_config(TINY, 1024, num_labels=2))
+    hf.train()
+    optimizer = torch.optim.AdamW(hf.parameters(), lr=2e-5, foreach=True)
+    mixed = policy != "float32"
+
+    def hf_step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
+            loss = hf(**hf_inputs, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+
+    return alternate(
+        lambda: classifier.train_on_batch(kbert_inputs, labels), hf_step, rounds, calls
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds (median)")
+    parser.add_argument("--calls", type=int, default=50, help="calls per system per round")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--chart", help="write a PNG bar chart of the ratios here")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.calls < 1:
+        parser.error(f"--rounds and --calls must be >= 1. Received {args.rounds}, {args.calls}")
+    if os.environ.get("KERAS_BACKEND") != "torch":
+        parser.error("run with KERAS_BACKEND=torch")
+    import torch
+
+    torch.set_num_threads(1)
+    results = {"ops": op_counts()}
+    results.update(backbone_host(args.rounds, args.calls))
+    for policy in ("mixed_bfloat16", "float32"):
+        results[f"train_on_batch_{policy}"] = train_host(policy, args.rounds, args.calls)
+    ratios = {
+        "ops": results["ops"]["ops"],
+        "casts": results["ops"]["casts"],
+        **{
+            name: value["ratio"]
+            for name, value in results.items()
+            if isinstance(value, dict) and "ratio" in value
+        },
+    }
+    counts = results["ops"]
+    print(
+        f"BERT-Base forward, mixed_bfloat16: aten ops kbert {counts['kbert_ops']} / HF "
+        f"{counts['hf_ops']}, casts kbert {counts['kbert_casts']} / HF {counts['hf_casts']}"
+    )
+    print(f"{'measure':34s} {'kbert / HF':>10s} {'goal':>6s}  {'kbert ms':>9s} {'HF ms':>8s}")
+    for name, ratio in ratios.items():
+        goal = GOALS.get(name)
+        row = results.get(name, {})
+        times = f"{row['kbert_ms']:9.3f} {row['hf_ms']:8.3f}" if "kbert_ms" in row else " " * 18
+        verdict = "" if goal is None else ("met" if ratio <= goal else "NOT met")
+        goal_text = "" if goal is None else f"<={goal:.1f}"
+        print(f"{name:34s} {ratio:10.2f} {goal_text:>6s}  {times}  {verdict}")
+    if args.json:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from bench.harness import command_line, write_json
+
+        write_json(
+            args.json,
+            {"command": command_line(__file__, argv), "ratios": ratios, "results": results},
+        )
+    if args.chart:
+        _chart(ratios, args.chart)
+
+
+def _chart(ratios, path):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench.charts import pyplot, save
+
+    plt = pyplot()
+    figure, axis = plt.subplots(figsize=(8, 3.5))
+    names = list(ratios)
+    bars = axis.barh(names, [ratios[name] for name in names], color="#4c72b0")
+    axis.axvline(1.0, color="black", linewidth=0.8)
+    axis.bar_label(bars, [f"{ratios[name]:.2f}x" for name in names], padding=3)
+    axis.set_xlabel("kbert / Hugging Face (lower is better; goal <= 1.0)")
+    axis.set_title("Host cost on torch (CPU, one thread)")
+    axis.invert_yaxis()
+    save(figure, path)
+
+
+if __name__ == "__main__":
+    main()
