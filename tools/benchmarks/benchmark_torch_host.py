@@ -24,7 +24,6 @@ Prints a table with the goals; `--json` writes the figures, `--chart` a bar char
 import argparse
 import os
 import statistics
-import sys
 import time
 
 GOALS = {
@@ -246,7 +245,6 @@ def main(argv=None):
         goal_text = "" if goal is None else f"<={goal:.1f}"
         print(f"{name:34s} {ratio:10.2f} {goal_text:>6s}  {times}  {verdict}")
     if args.json:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from bench.harness import command_line, write_json
 
         write_json(
@@ -258,7 +256,6 @@ def main(argv=None):
 
 
 def _chart(ratios, path):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench.charts import pyplot, save
 
     plt = pyplot()
