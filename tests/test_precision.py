@@ -61,9 +61,19 @@ MODELS = {
 }
 
 
+@pytest.fixture
+def layer_calls(monkeypatch):
+    """Every sublayer called through Keras' `__call__`, which the layer-call record needs: on
+    eager torch the backbone otherwise computes in plain torch calls (its precision is
+    tested in tests/backend/test_torch_encoder.py)."""
+    from kbert.backend import paths
+
+    monkeypatch.setattr(paths, "LEAN_TORCH_BACKBONE", False)
+
+
 class TestPrecision(TestCase):
     @pytest.mark.parametrize("name", sorted(MODELS))
-    def test_every_kernel_layer_computes_in_low_precision(self, name, tmp_path):
+    def test_every_kernel_layer_computes_in_low_precision(self, name, tmp_path, layer_calls):
         model_fn, inputs, output_dtypes = MODELS[name]
         self.run_precision_test(
             model_fn,
@@ -76,7 +86,7 @@ class TestPrecision(TestCase):
             else None,  # loss scaling under float16
         )
 
-    def test_pretrainer_tied_decoder_and_heads_follow_the_backbone_policy(self):
+    def test_pretrainer_tied_decoder_and_heads_follow_the_backbone_policy(self, layer_calls):
         model = BertPretrainer(_backbone("mixed_bfloat16"))
         head = model.masked_lm_head
         assert head.dtype_policy.name == "mixed_bfloat16"

@@ -157,6 +157,32 @@ def test_lora_hidden_states_and_mixed_precision(lean_calls, monkeypatch):
     assert lean_calls.count(True) == 2
 
 
+def test_mixed_precision_products_run_in_bfloat16_and_norms_in_float32():
+    """Under mixed_bfloat16 every product and attention of the lean path takes bfloat16
+    operands, every LayerNorm float32 ones (as the layers' policies say)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            if name in ("addmm", "scaled_dot_product_attention", "layer_norm"):
+                seen.append((name, {a.dtype for a in args if isinstance(a, torch.Tensor)}))
+            return func(*args, **(kwargs or {}))
+
+    backbone = BertBackbone(**tiny_backbone_kwargs(dtype="mixed_bfloat16"))
+    inputs = _tensors(random_backbone_inputs(2, 12))
+    with Record():
+        backbone(inputs)
+    names = [name for name, _ in seen]
+    assert names.count("addmm") == 2 * 4 + 1 and names.count("layer_norm") == 2 * 2 + 1
+    for name, dtypes in seen:
+        expected = torch.float32 if name == "layer_norm" else torch.bfloat16
+        assert dtypes == {expected}, (name, dtypes)
+
+
 def test_what_the_lean_path_leaves_to_the_graph(lean_calls):
     """Packed rows, attention outputs, remat in training, a quantized backbone and another
     attention implementation run through the graph (and still compute)."""

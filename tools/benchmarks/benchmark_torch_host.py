@@ -19,6 +19,16 @@ kbert costs less), the median over `--rounds` rounds that time kbert and HF alte
   foreach=True)` under `torch.autocast("cpu", bfloat16)` (float32: without autocast).
 
 Prints a table with the goals; `--json` writes the figures, `--chart` a bar chart of the ratios.
+
+`--before-after` checks instead that nothing a user runs on the CPU got slower: kbert with
+the lean backbone path (`kbert.backend.paths.LEAN_TORCH_BACKBONE`, the default) against the
+functional graph, alternately in one process with the machine's threads: `encode` of SQuAD
+dev questions and paragraphs with all-MiniLM-L6-v2 (`BertTextEmbedder`, batch 32), and
+`fit` steps of a classifier on all-MiniLM-L6-v2 (SST-2 sentences, batch 32, `compile()`'s
+recipe). Ratios are lean / graph time (below 1.0: faster now).
+
+    KERAS_BACKEND=torch python tools/benchmarks/benchmark_torch_host.py --before-after \
+        --data-dir DATA --rounds 3
 """
 
 import argparse
@@ -120,11 +130,11 @@ def op_counts():
     }
 
 
-def alternate(kbert_run, hf_run, rounds, calls):
+def alternate(kbert_run, hf_run, rounds, calls, warmup=5):
     """Median of `rounds` ratios kbert / HF of the time of `calls` calls, timed alternately;
     with the per-call medians in milliseconds."""
     for run in (kbert_run, hf_run):
-        for _ in range(5):
+        for _ in range(warmup):
             run()
     ratios, kbert_times, hf_times = [], [], []
     for _ in range(rounds):
@@ -204,10 +214,57 @@ def train_host(policy, rounds, calls):
     )
 
 
+def before_after(data_dir, rounds):
+    """Raw-text encode and fine-tuning steps, lean path against the graph (`--before-after`)."""
+    import numpy as np
+    from bench.data import (
+        check_data_files,
+        minilm_directory,
+        squad_dev_paragraphs,
+        sst2_dev_sentences,
+    )
+
+    from kbert.backend import paths
+    from kbert.models import BertClassifier, BertTextEmbedder
+
+    check_data_files(data_dir, "squad/dev-v1.1.json", "glue/SST-2/dev.tsv")
+    paragraphs = squad_dev_paragraphs(data_dir)
+    questions = [q["question"] for p in paragraphs for q in p["qas"]][:512]
+    contexts = [p["context"] for p in paragraphs][:128]
+    sentences = list(sst2_dev_sentences(data_dir))[:256]
+    checkpoint = str(minilm_directory())
+    embedder = BertTextEmbedder.from_preset(checkpoint)
+    classifier = BertClassifier.from_preset(checkpoint, num_classes=2)
+    classifier.compile()
+    labels = np.arange(len(sentences)) % 2
+
+    def lean(flag, run):
+        def timed():
+            paths.LEAN_TORCH_BACKBONE = flag
+            try:
+                run()
+            finally:
+                paths.LEAN_TORCH_BACKBONE = True
+
+        return timed
+
+    workloads = {
+        "encode_questions": lambda: embedder.encode(questions, batch_size=32),
+        "encode_paragraphs": lambda: embedder.encode(contexts, batch_size=32),
+        "fit_steps": lambda: classifier.fit(sentences, labels, batch_size=32, epochs=1, verbose=0),
+    }
+    return {
+        name: alternate(lean(True, run), lean(False, run), rounds, 1, warmup=1)
+        for name, run in workloads.items()
+    }
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds (median)")
     parser.add_argument("--calls", type=int, default=50, help="calls per system per round")
+    parser.add_argument("--before-after", action="store_true", help="lean path vs graph")
+    parser.add_argument("--data-dir", default=None, help="shared data (--before-after)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--chart", help="write a PNG bar chart of the ratios here")
     args = parser.parse_args(argv)
@@ -215,6 +272,21 @@ def main(argv=None):
         parser.error(f"--rounds and --calls must be >= 1. Received {args.rounds}, {args.calls}")
     if os.environ.get("KERAS_BACKEND") != "torch":
         parser.error("run with KERAS_BACKEND=torch")
+    if args.before_after:
+        from bench.data import default_data_dir
+
+        results = before_after(args.data_dir or default_data_dir(), args.rounds)
+        print(f"{'workload':20s} {'lean / graph':>12s} {'lean s':>8s} {'graph s':>8s}")
+        for name, row in results.items():
+            print(
+                f"{name:20s} {row['ratio']:12.3f} {row['kbert_ms'] / 1e3:8.2f} "
+                f"{row['hf_ms'] / 1e3:8.2f}"
+            )
+        if args.json:
+            from bench.harness import command_line, write_json
+
+            write_json(args.json, {"command": command_line(__file__, argv), "results": results})
+        return
     import torch
 
     torch.set_num_threads(1)
