@@ -158,6 +158,16 @@ def _merge_top_k(best_scores, best_rows, scores, start, top_k):
     """Running top-k after a chunk of scores for rows `start, start + 1, ...`: by score
     descending, then row ascending."""
     rows = np.broadcast_to(np.arange(start, start + scores.shape[1]), scores.shape)
+    if scores.shape[1] > top_k:
+        # Keep each query's entries scoring at least its k-th best (ties included) before the
+        # sort: a partition and a stable boolean sort instead of sorting the whole chunk.
+        kth = -np.partition(-scores, top_k - 1, axis=1)[:, top_k - 1 : top_k]
+        keep = scores >= kth
+        width = int(keep.sum(axis=1).max())
+        columns = np.argsort(~keep, axis=1, kind="stable")[:, :width]
+        kept = np.take_along_axis(keep, columns, axis=1)
+        scores = np.where(kept, np.take_along_axis(scores, columns, axis=1), -np.inf)
+        rows = np.take_along_axis(rows, columns, axis=1)
     scores = np.concatenate([best_scores, scores], axis=1)
     rows = np.concatenate([best_rows, rows], axis=1)
     order = np.lexsort((rows, -scores), axis=1)[:, :top_k]

@@ -128,6 +128,30 @@ def test_equals_semantic_search_usearch(backend, precision):
 
 
 @independent
+@pytest.mark.parametrize("precision", ["int8", "binary"])
+def test_numpy_candidates_equal_brute_force_with_ties(precision):
+    """Chunked NumPy candidate search equals sorting every row by (score descending, row
+    ascending): binary Hamming distances over 16 bits and int8 in 1 dimension tie often."""
+    corpus, queries = _data(rows=500, dim=16 if precision == "binary" else 1)
+    index = EmbeddingIndex.from_embeddings(corpus, precision=precision, similarity="dot")
+    scores, ids = index.search(queries, top_k=25, rescore=False, chunk_size=60)
+    np.testing.assert_array_equal(
+        ids, index.search(queries, top_k=25, rescore=False, chunk_size=1000)[1]
+    )
+    codes = retrieval.quantize(queries, precision, index.ranges)
+    stored = index._vectors()
+    if precision == "binary":
+        full = -np.unpackbits(codes[:, None, :] ^ stored[None], axis=-1).sum(-1, dtype=np.int64)
+    else:
+        full = codes.astype(np.int64) @ stored.astype(np.int64).T
+    assert len(np.unique(full[0])) <= 256  # many ties among 500 rows
+    rows = np.arange(500)
+    expected = np.stack([np.lexsort((rows, -row))[:25] for row in full])
+    np.testing.assert_array_equal(ids, expected)
+    np.testing.assert_array_equal(scores, np.take_along_axis(full, expected, axis=1))
+
+
+@independent
 def test_quantized_rows_and_ranges():
     """int8 rows use the first rows' per-dimension ranges (as sentence-transformers'
     `quantize_embeddings` with those ranges); binary rows pack 8 dimensions per byte."""
