@@ -514,8 +514,17 @@ def retrieve_then_rerank(
         best first (one row for a single string query too).
 
     Example:
-    >>> scores, ids = retrieve_then_rerank(  # doctest: +SKIP
-    ...     ["where is the cat?"], passages, reranker, index=index, embedder=embedder)
+    >>> class Words:  # stand-ins: a bag-of-words embedder and a word-overlap reranker
+    ...     def encode_query(self, texts):
+    ...         return np.array([[w in t for w in ("cat", "dog", "mat")] for t in texts]) + 0.01
+    ...     def predict(self, pairs, batch_size=32):
+    ...         return [len(set(q.split()) & set(d.split())) for q, d in pairs]
+    >>> docs = ["the cat on the mat", "a dog", "the cat"]
+    >>> index = EmbeddingIndex.from_embeddings(Words().encode_query(docs))
+    >>> scores, ids = retrieve_then_rerank(["where is the cat"], docs, Words(), index=index,
+    ...                                    embedder=Words(), candidates=2, top_k=2)
+    >>> ids, scores  # both share "the cat": the first stage's order is kept
+    (array([[2, 0]]), array([[2., 2.]], dtype=float32))
     """
     if isinstance(queries, str):
         queries = [queries]

@@ -80,8 +80,10 @@ def embedder_fingerprint(embedder):
         str: 64 hex digits.
 
     Example:
-    >>> fingerprint = embedder_fingerprint(embedder)  # doctest: +SKIP
-    >>> index = EmbeddingIndex.from_embeddings(vectors, identity=fingerprint)  # doctest: +SKIP
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    >>> fingerprint = embedder_fingerprint(model)
+    >>> len(fingerprint), fingerprint == embedder_fingerprint(model)
+    (64, True)
     """
     from keras import ops
 
@@ -206,8 +208,8 @@ class EmbeddingIndex:
     >>> corpus = rng.normal(size=(100, 16)).astype("float32")
     >>> index = EmbeddingIndex.from_embeddings(corpus, ids=[f"doc{i}" for i in range(100)])
     >>> scores, ids = index.search(corpus[[7]], top_k=2)
-    >>> ids[0, 0]
-    'doc7'
+    >>> print(ids[0, 0])
+    doc7
     """
 
     def __init__(
@@ -301,8 +303,12 @@ class EmbeddingIndex:
             `EmbeddingIndex`.
 
         Example:
-        >>> paths = embedder.encode(texts, output_dir="shards")  # doctest: +SKIP
-        >>> index = EmbeddingIndex.from_shards("shards", embedder=embedder)  # doctest: +SKIP
+        >>> from kbert.models.process_inference import write_shards
+        >>> vectors = {"a": [1.0, 0.0], "b": [0.0, 1.0], "c": [0.6, 0.8]}
+        >>> _ = write_shards(list("abc"), "shards", 2, {}, lambda t: [vectors[x] for x in t])
+        >>> index = EmbeddingIndex.from_shards("shards")  # or embedder.encode(..., output_dir=)
+        >>> len(index), index.search(np.array([[0.0, 1.0]]), top_k=2)[1]
+        (3, array([[1, 2]]))
         """
         from kbert.models.process_inference import MANIFEST as SHARDS_MANIFEST
 
@@ -666,7 +672,10 @@ class EmbeddingIndex:
             path: str or path of the directory.
 
         Example:
-        >>> index.save("my_index")  # doctest: +SKIP
+        >>> index = EmbeddingIndex.from_embeddings(np.eye(3), ids=["x", "y", "z"])
+        >>> index.save("my_index")
+        >>> sorted(p.name for p in Path("my_index").iterdir())
+        ['ids.npy', 'index.json', 'vectors.npy']
         """
         from kbert.checkpoints.atomic import atomic_directory
 
@@ -711,7 +720,9 @@ class EmbeddingIndex:
             `EmbeddingIndex`.
 
         Example:
-        >>> index = EmbeddingIndex.load("my_index", embedder=embedder)  # doctest: +SKIP
+        >>> EmbeddingIndex.from_embeddings(np.eye(3), identity="toy").save("my_index")
+        >>> EmbeddingIndex.load("my_index", identity="toy").search(np.eye(3)[2:], top_k=1)[1]
+        array([[2]])
         """
         from kbert.checkpoints.atomic import recover
 
