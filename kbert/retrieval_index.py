@@ -133,7 +133,7 @@ def quantize(embeddings, precision, ranges=None):
     """
     embeddings = np.asarray(embeddings)
     if precision == "float32":
-        return embeddings.astype(np.float32)
+        return embeddings.astype(np.float32, copy=False)
     if precision == "binary":
         return np.packbits(embeddings > 0, axis=-1)
     if precision == "int8":
@@ -465,6 +465,7 @@ class EmbeddingIndex:
         >>> len(index.add(np.array([[1.0, 0.0]])).add(np.array([[0.0, 1.0]]), ids=[9]))
         2
         """
+        given = embeddings
         embeddings = self._prepare(embeddings, "embeddings")
         ids = self._check_ids(ids, len(embeddings))
         if self.precision == "int8" and self.ranges is None:
@@ -477,8 +478,9 @@ class EmbeddingIndex:
         codes = quantize(embeddings, self.precision, self.ranges)
         if self._faiss is not None:
             self._faiss.add(codes.astype(np.float32) if self.precision == "int8" else codes)
-        else:
-            self._chunks.append(codes)
+        else:  # a copy of its own, never a view of the caller's array or a memory-mapped shard
+            own = isinstance(given, np.ndarray) and np.may_share_memory(codes, given)
+            self._chunks.append(codes.copy() if own else codes)
         self._ids = ids if self._ids is None else np.concatenate([self._ids, ids])
         return self
 

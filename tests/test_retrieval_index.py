@@ -431,7 +431,7 @@ def test_shards_identity_and_retrieve_then_rerank(tiny_models, tmp_path):
     embedder, other, reranker = tiny_models
     assert retrieval.embedder_fingerprint(embedder) == retrieval.embedder_fingerprint(embedder)
     assert retrieval.embedder_fingerprint(embedder) != retrieval.embedder_fingerprint(other)
-    embedder.encode_document(TEXTS, output_dir=tmp_path / "shards", shard_rows=3)
+    embedder.encode_document(TEXTS, output_dir=tmp_path / "shards", shard_rows=4)
     from_shards = EmbeddingIndex.from_shards(tmp_path / "shards", embedder=embedder)
     from_array = EmbeddingIndex.from_embeddings(embedder.encode_document(TEXTS), embedder=embedder)
     queries = embedder.encode_query(["the cat", "good film"])
@@ -460,10 +460,10 @@ def test_shards_identity_and_retrieve_then_rerank(tiny_models, tmp_path):
         top_k=3,
     )
     candidates = loaded.search(["the cat", "good film"], top_k=4, embedder=embedder)[1]
-    for q, query in enumerate(["the cat", "good film"]):
-        pair_scores = np.asarray(
-            reranker.predict([(query, TEXTS[i]) for i in candidates[q]])
-        ).reshape(-1)
-        order = np.argsort(-pair_scores, kind="stable")[:3]
-        np.testing.assert_array_equal(ids[q], candidates[q][order])
-        np.testing.assert_allclose(scores[q], pair_scores[order], rtol=1e-5, atol=1e-6)
+    pairs = [(q, TEXTS[i]) for q, row in zip(["the cat", "good film"], candidates) for i in row]
+    pair_scores = np.asarray(reranker.predict(pairs)).reshape(candidates.shape)
+    order = np.argsort(-pair_scores, axis=1, kind="stable")[:, :3]
+    np.testing.assert_array_equal(ids, np.take_along_axis(candidates, order, axis=1))
+    np.testing.assert_allclose(
+        scores, np.take_along_axis(pair_scores, order, axis=1), rtol=1e-5, atol=1e-6
+    )
