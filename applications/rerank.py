@@ -10,10 +10,13 @@ Face sequence-classification directory, a kbert `BertCrossEncoder` preset or an 
 handle (e.g. hf://cross-encoder/ms-marco-MiniLM-L6-v2). DATA_DIR holds
 `squad/dev-v1.1.json`.
 
-`evaluate` (the default mode): each of the 10,570 questions searches the 2,067 paragraphs
-exactly by cosine (`kbert.retrieval.search`); its `--top-k` best paragraphs (default 20) are
-scored with the question by the cross-encoder (`BertCrossEncoder.predict`, one batched call)
-and re-sorted, highest score first (ties keep the first stage's order). Printed and written
+`evaluate` (the default mode): the 2,067 paragraphs go into a `kbert.retrieval.EmbeddingIndex`
+(exact cosine; `--index-precision int8` or `binary` stores them quantized and rescores
+`--top-k x --rescore-multiplier` candidates with the float question, as sentence-transformers'
+`semantic_search_faiss`); each of the 10,570 questions searches it, and its `--top-k` best
+paragraphs (default 20) are scored with the question by the cross-encoder
+(`kbert.retrieval.rerank`: `BertCrossEncoder.predict`, one batched call) and re-sorted,
+highest score first (ties keep the first stage's order). Printed and written
 to `metrics.json` (x 100): MAP, recall@1, recall@10, MRR@10 and nDCG@10 of the first-stage
 order and of the reranked order, and recall@top-k, the ceiling no reranking of those
 candidates can pass. The first stage with all-MiniLM-L6-v2 reaches recall@1 62.51 and MRR@10
@@ -129,6 +132,18 @@ def build_parser():
         action="store_true",
         help="train: also train sentence-transformers' CrossEncoder the same way and compare.",
     )
+    parser.add_argument(
+        "--index-precision",
+        choices=("float32", "int8", "binary"),
+        default="float32",
+        help="evaluate: how the index stores the paragraphs. Default: float32.",
+    )
+    parser.add_argument(
+        "--rescore-multiplier",
+        type=int,
+        default=2,
+        help="evaluate, int8 / binary index: candidates rescored per result. Default: 2.",
+    )
     common.add_save_model_flag(parser, "reranker (train)")
     return parser
 
@@ -149,14 +164,12 @@ def ranking_metrics(ranked, relevant, top_k):
 
 def rerank(reranker, questions, paragraphs, candidates, batch_size):
     """`candidates` `(num_questions, k)` paragraph indices re-sorted by the reranker's score
-    of each (question, paragraph) pair, highest first (ties keep the given order). Any model
-    with `predict(pairs, batch_size=...)` will do (sentence-transformers' `CrossEncoder` too)."""
-    import numpy as np
+    of each (question, paragraph) pair, highest first (ties keep the given order): the ids of
+    `kbert.retrieval.rerank`. Any model with `predict(pairs, batch_size=...)` will do
+    (sentence-transformers' `CrossEncoder` too)."""
+    from kbert import retrieval
 
-    pairs = [(q, paragraphs[i]) for q, row in zip(questions, candidates) for i in row]
-    scores = np.asarray(reranker.predict(pairs, batch_size=batch_size)).reshape(candidates.shape)
-    order = np.argsort(-scores, axis=1, kind="stable")
-    return np.take_along_axis(candidates, order, axis=1)
+    return retrieval.rerank(reranker, questions, paragraphs, candidates, batch_size)[1]
 
 
 def hard_negatives(ranked, relevant, num_negatives):
@@ -245,9 +258,15 @@ def run_evaluate(args, embedder, reranker):
     top_k = min(args.top_k, len(paragraphs))
     print(f"SQuAD dev: {len(questions)} questions over {len(paragraphs)} paragraphs; top {top_k}")
     start = time.perf_counter()
-    corpus = embedder.encode(paragraphs, batch_size=32, verbose=True)
+    index = retrieval.EmbeddingIndex.from_embeddings(
+        embedder.encode(paragraphs, batch_size=32, verbose=True),
+        precision=args.index_precision,
+        embedder=embedder,
+    )
     queries = embedder.encode(questions, batch_size=32, verbose=True)
-    _, candidates = retrieval.search(queries, corpus, top_k=top_k)
+    _, candidates = index.search(
+        queries, top_k=top_k, rescore_multiplier=args.rescore_multiplier, embedder=embedder
+    )
     retrieve_seconds = time.perf_counter() - start
     start = time.perf_counter()
     reranked = rerank(reranker, questions, paragraphs, candidates, args.batch_size)
@@ -465,7 +484,7 @@ def run_train(args, embedder, reranker, training):
 
 def main(argv=None):
     args = common.parse_args(build_parser(), argv)
-    for name in ("top_k", "max_eval_questions", "batch_size", "negatives"):
+    for name in ("top_k", "max_eval_questions", "batch_size", "negatives", "rescore_multiplier"):
         value = getattr(args, name)
         if value is not None and value < 1:
             common.fail(f"--{name.replace('_', '-')} must be >= 1. Received: {value}")

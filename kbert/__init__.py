@@ -10,8 +10,9 @@ Subpackages:
     kbert.metrics      MCC, Pearson/Spearman, entity F1, SQuAD EM/F1.
     kbert.losses       Contrastive embedding losses: in-batch negatives, CoSENT, Matryoshka.
     kbert.losses_sparse  SPLADE training: in-batch negatives + FLOPS regularisers, active dims.
-    kbert.retrieval    Exact chunked top-k search (dense, sparse); recall@k, MRR@k, nDCG@k,
-                       Spearman of cosine.
+    kbert.retrieval    Exact chunked top-k search (dense, sparse); EmbeddingIndex (float32 /
+                       int8 / binary, saved, FAISS HNSW optional) with rescoring;
+                       retrieve-then-rerank; recall@k, MRR@k, nDCG@k, Spearman of cosine.
     kbert.checkpoints  Readers/writers for HF, Google TF and keras-hub checkpoints.
     kbert.hub          `hf://` handles and preset names: download, cache, offline (huggingface_hub).
     kbert.callbacks    Resumable training: atomic backups every N steps, exact resume.

@@ -13,10 +13,36 @@
 - `spearman_cosine`: Spearman correlation between the cosine similarity of embedding pairs
   and gold scores (STS benchmarks), ties ranked by their average rank.
 
+- `EmbeddingIndex` (from `kbert.retrieval_index`): a saved, growable index of float32, int8
+  or binary embeddings with ids and the embedder's identity; exact NumPy search, or FAISS flat
+  / HNSW; quantized search with float rescoring as sentence-transformers'
+  `semantic_search_faiss` / `semantic_search_usearch`.
+- `retrieve_then_rerank` and `reciprocal_rank_fusion`: dense and/or sparse first stage, then a
+  cross-encoder, in one call.
+
 NumPy only (and SciPy for `sparse_search`); inputs may be NumPy arrays or backend tensors.
 """
 
 import numpy as np
+
+from kbert.retrieval_index import EmbeddingIndex, embedder_fingerprint, quantize
+
+__all__ = [
+    "EmbeddingIndex",
+    "average_precision",
+    "embedder_fingerprint",
+    "mrr_at_k",
+    "ndcg_at_k",
+    "quantize",
+    "recall_at_k",
+    "reciprocal_rank_fusion",
+    "reranking_metrics",
+    "retrieve_then_rerank",
+    "search",
+    "sparse_search",
+    "spearman",
+    "spearman_cosine",
+]
 
 
 def _as_matrix(x, name):
@@ -343,3 +369,216 @@ def reranking_metrics(scores, relevance, k=10):
         )
     means = totals / max(len(scores), 1)
     return {"map": float(means[0]), f"mrr@{k}": float(means[1]), f"ndcg@{k}": float(means[2])}
+
+
+def reciprocal_rank_fusion(rankings, k=60, top_k=None):
+    """Fuses several rankings of the same documents by reciprocal rank.
+
+    Each document's fused score is the sum over the rankings that hold it of
+    `1 / (k + rank)` (rank 1 for the best); the fused ranking sorts by that score, ties
+    keeping the order in which documents first appear (first ranking first, best first).
+
+    Args:
+        rankings: a list of `(num_queries, n_r)` arrays of document ids, best first (e.g. the
+            ids of `EmbeddingIndex.search` and the indices of `sparse_search`).
+        k: int. The rank offset (60 in Cormack et al., 2009). Defaults to `60`.
+        top_k: int. Results per query. Defaults to the longest ranking's `n_r` (every query
+            has at least that many distinct documents).
+
+    Returns:
+        `(scores, ids)`: float64 fused scores and the ids, `(num_queries, top_k)`.
+
+    Example:
+    >>> scores, ids = reciprocal_rank_fusion([np.array([[3, 1, 2]]), np.array([[1, 5, 3]])],
+    ...                                      k=60, top_k=3)
+    >>> ids  # 1: 1/62 + 1/61; 3: 1/61 + 1/63; 5: 1/62
+    array([[1, 3, 5]])
+    """
+    if not rankings:
+        raise ValueError("`rankings` must hold at least one ranking. Received none")
+    rankings = [np.asarray(r) for r in rankings]
+    if any(r.ndim != 2 or r.shape[0] != rankings[0].shape[0] for r in rankings):
+        raise ValueError(
+            "`rankings` must be (num_queries, n) arrays with the same number of queries. "
+            f"Received shapes {[r.shape for r in rankings]}"
+        )
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+        raise ValueError(f"`k` must be a non-negative integer. Received: k={k!r}")
+    longest = max(r.shape[1] for r in rankings)
+    top_k = longest if top_k is None else top_k
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
+        raise ValueError(f"`top_k` must be a positive integer. Received: top_k={top_k!r}")
+    if top_k > longest:
+        raise ValueError(
+            f"`top_k` must be at most the longest ranking's length ({longest}). "
+            f"Received top_k={top_k}"
+        )
+    all_scores, all_ids = [], []
+    for rows in zip(*rankings):
+        fused = {}  # insertion order: first appearance
+        for row in rows:
+            for rank, doc in enumerate(row.tolist(), 1):
+                fused[doc] = fused.get(doc, 0.0) + 1.0 / (k + rank)
+        docs = list(fused)
+        scores = np.array([fused[d] for d in docs])
+        order = np.argsort(-scores, kind="stable")[:top_k]
+        all_scores.append(scores[order])
+        all_ids.append([docs[i] for i in order])
+    return np.array(all_scores), np.array(all_ids)
+
+
+def rerank(reranker, queries, documents, candidates, batch_size=32):
+    """Scores each query's candidate documents with a cross-encoder and sorts them.
+
+    Args:
+        reranker: a model with `predict(pairs, batch_size=...)` returning one score per pair
+            (`kbert.models.BertCrossEncoder`; sentence-transformers' `CrossEncoder` too).
+        queries: list of query strings.
+        documents: the texts by id: a sequence (ids are positions) or a mapping.
+        candidates: `(num_queries, n)` document ids per query.
+        batch_size: int. Pairs per `predict` batch. Defaults to `32`.
+
+    Returns:
+        `(scores, ids)`: the reranker's float32 scores and the ids, `(num_queries, n)`, highest
+        score first; ties keep the candidates' order. All pairs are scored in one call.
+
+    Example:
+    >>> class Overlap:  # a stand-in reranker: shared words
+    ...     def predict(self, pairs, batch_size=32):
+    ...         return [len(set(q.split()) & set(d.split())) for q, d in pairs]
+    >>> rerank(Overlap(), ["red cat"], ["a dog", "the red cat"], np.array([[0, 1]]))[1]
+    array([[1, 0]])
+    """
+    candidates = np.asarray(candidates)
+    if candidates.ndim != 2 or len(candidates) != len(queries):
+        raise ValueError(
+            f"`candidates` must be (num_queries, n) = ({len(queries)}, n) ids. Received shape "
+            f"{candidates.shape}"
+        )
+    pairs = []
+    for query, row in zip(queries, candidates):
+        for doc in row.tolist():
+            try:
+                pairs.append((query, documents[doc]))
+            except (KeyError, IndexError) as error:
+                raise ValueError(
+                    f"Candidate id {doc!r} is not in `documents` ({len(documents)} documents)."
+                ) from error
+    scores = np.asarray(reranker.predict(pairs, batch_size=batch_size), np.float32)
+    scores = scores.reshape(candidates.shape)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(candidates, order, axis=1)
+
+
+def retrieve_then_rerank(
+    queries,
+    documents,
+    reranker,
+    index=None,
+    embedder=None,
+    sparse_encoder=None,
+    sparse_corpus=None,
+    sparse_ids=None,
+    candidates=20,
+    top_k=10,
+    fusion_k=60,
+    rescore_multiplier=2,
+    batch_size=32,
+):
+    """Retrieve candidates (dense, sparse or both fused), then rerank them, in one call.
+
+    Dense: `embedder.encode_query(queries)` searches `index` (an `EmbeddingIndex`; the
+    embedder is checked against the index's identity). Sparse:
+    `sparse_encoder.encode_query(queries)` searches `sparse_corpus` (the documents'
+    `encode_document` rows) by `sparse_search`. Given both, each retrieves `candidates` and
+    the two rankings are fused by `reciprocal_rank_fusion(k=fusion_k)` into `candidates`.
+    The reranker then scores every (query, candidate text) pair (`rerank`).
+
+    Args:
+        queries: a string or a list of strings.
+        documents: the texts by id: a sequence (ids are positions) or a mapping.
+        reranker: a model with `predict(pairs, batch_size=...)`, e.g. `BertCrossEncoder`.
+        index: `EmbeddingIndex` of the documents (dense retrieval, with `embedder`).
+        embedder: `BertTextEmbedder` that wrote the index.
+        sparse_encoder: `BertSparseEncoder` (sparse retrieval, with `sparse_corpus`).
+        sparse_corpus: SciPy sparse `(num_documents, vocabulary_size)` document vectors.
+        sparse_ids: ids of `sparse_corpus`' rows. Defaults to row numbers.
+        candidates: int. First-stage results per query. Defaults to `20`.
+        top_k: int. Results returned per query (at most `candidates`). Defaults to `10`.
+        fusion_k: int. Reciprocal rank fusion's offset. Defaults to `60`.
+        rescore_multiplier: int. The index's rescoring factor. Defaults to `2`.
+        batch_size: int. Pairs per reranker batch. Defaults to `32`.
+
+    Returns:
+        `(scores, ids)`: the reranker's scores and the document ids, `(num_queries, top_k)`,
+        best first (one row for a single string query too).
+
+    Example:
+    >>> class Words:  # stand-ins: a bag-of-words embedder and a word-overlap reranker
+    ...     def encode_query(self, texts):
+    ...         return np.array([[w in t for w in ("cat", "dog", "mat")] for t in texts]) + 0.01
+    ...     def predict(self, pairs, batch_size=32):
+    ...         return [len(set(q.split()) & set(d.split())) for q, d in pairs]
+    >>> docs = ["the cat on the mat", "a dog", "the cat"]
+    >>> index = EmbeddingIndex.from_embeddings(Words().encode_query(docs))
+    >>> scores, ids = retrieve_then_rerank(["where is the cat"], docs, Words(), index=index,
+    ...                                    embedder=Words(), candidates=2, top_k=2)
+    >>> ids, scores  # both share "the cat": the first stage's order is kept
+    (array([[2, 0]]), array([[2., 2.]], dtype=float32))
+    """
+    if isinstance(queries, str):
+        queries = [queries]
+    if not queries or not all(isinstance(q, str) for q in queries):
+        raise ValueError(f"`queries` must be a non-empty list of strings. Received: {queries!r}")
+    dense = index is not None or embedder is not None
+    sparse = sparse_encoder is not None or sparse_corpus is not None
+    if dense and (index is None or embedder is None):
+        raise ValueError("Dense retrieval needs both `index` and `embedder`.")
+    if sparse and (sparse_encoder is None or sparse_corpus is None):
+        raise ValueError("Sparse retrieval needs both `sparse_encoder` and `sparse_corpus`.")
+    if not (dense or sparse):
+        raise ValueError(
+            "Pass `index` and `embedder` (dense), `sparse_encoder` and `sparse_corpus` "
+            "(sparse), or both (fused by reciprocal rank)."
+        )
+    for name, value in (("candidates", candidates), ("top_k", top_k)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    if top_k > candidates:
+        raise ValueError(
+            f"`top_k` must be at most `candidates` ({candidates}). Received top_k={top_k}"
+        )
+    rankings = []
+    if dense:
+        query_vectors = embedder.encode_query(list(queries))
+        rankings.append(
+            index.search(
+                query_vectors,
+                top_k=candidates,
+                rescore_multiplier=rescore_multiplier,
+                embedder=embedder,
+            )[1]
+        )
+    if sparse:
+        if candidates > sparse_corpus.shape[0]:
+            raise ValueError(
+                f"`candidates` must be at most the number of sparse documents "
+                f"({sparse_corpus.shape[0]}). Received candidates={candidates}"
+            )
+        _, rows = sparse_search(
+            sparse_encoder.encode_query(list(queries)), sparse_corpus, top_k=candidates
+        )
+        if sparse_ids is not None:
+            if len(sparse_ids) != sparse_corpus.shape[0]:
+                raise ValueError(
+                    f"`sparse_ids` must have one id per row of `sparse_corpus` "
+                    f"({sparse_corpus.shape[0]}). Received {len(sparse_ids)}"
+                )
+            rows = np.asarray(sparse_ids)[rows]
+        rankings.append(rows)
+    if len(rankings) == 1:
+        first_stage = rankings[0]
+    else:
+        first_stage = reciprocal_rank_fusion(rankings, k=fusion_k, top_k=candidates)[1]
+    scores, ids = rerank(reranker, list(queries), documents, first_stage, batch_size)
+    return scores[:, :top_k], ids[:, :top_k]
