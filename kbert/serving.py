@@ -11,7 +11,17 @@ model's take and return what they return:
   the tagger's own `predict` splits them), `BertQuestionAnswerer` (`(questions, contexts)`:
   start and end logits of each window) or backbone, in the caller's row order;
 - `encode(texts, normalize=..., truncate_dim=..., prompt=..., prompt_name=...,
-  precision=...)` for a `BertTextEmbedder`: its sentence embeddings.
+  precision=...)` for a `BertTextEmbedder`: its sentence embeddings;
+- `predict(pairs)` and `rank(query, documents, top_k=..., return_documents=...)` for a
+  `BertCrossEncoder` (`ExportedCrossEncoder`): pairs cut by Hugging Face's `longest_first`
+  rule and the logits through the head's activation, as `BertCrossEncoder.predict` / `rank`;
+- `encode(texts, max_active_dims=..., prompt=..., prompt_name=...)`, `encode_query` and
+  `encode_document` for a `BertSparseEncoder` (`ExportedSparseEncoder`): SciPy sparse rows, as
+  `BertSparseEncoder.encode` (prompts, lower-casing, length and `max_active_dims` its own).
+
+A `BertMultipleChoice` is not served (its serving exports and `load` raise a ValueError that
+says what to use instead), and no export takes a model quantized by `model.quantize(...)`
+("Dequantize first": export the float model, with `quantize="int8"` for int8 weights).
 
 The route is the Keras model's: the same tokenizer and packer (`kbert.text`), rows planned
 into batches of similar length and each batch cut to its longest row (`kbert.data.batching`:
