@@ -82,6 +82,8 @@ def flat_outputs(outputs):
 
 
 def _check_exportable(model, what):
+    from kbert.models.quantization import check_not_quantized
+
     if not isinstance(model, keras.Model):
         raise ValueError(f"{what} exports a keras.Model. Received: {type(model).__name__}")
     if not model.built:
@@ -89,6 +91,7 @@ def _check_exportable(model, what):
             f"{what}: the model {model.name!r} was never built, so its input shapes and weights "
             "are unknown. Build it first (call it on a batch, or `model.build(input_shape)`)."
         )
+    check_not_quantized(model, what)
 
 
 def _check_path(path, what):
@@ -434,6 +437,7 @@ def export_onnx(
             )
     if path.suffix != ".onnx":
         _check_path(path, "export_onnx (to a path not ending in `.onnx`)")
+        _check_servable(model, "export_onnx (to a path not ending in `.onnx`)")
     elif path.is_dir():
         raise ValueError(
             f"export_onnx writes the file {str(path)!r}, but it is an existing directory."
@@ -496,6 +500,7 @@ def export_openvino(model, path, quantize=None):
     _check_exportable(model, "export_openvino")
     _check_quantize(quantize, "export_openvino")
     path = _check_path(path, "export_openvino")
+    _check_servable(model, "export_openvino")
     try:
         import openvino
     except ImportError as error:
@@ -552,6 +557,28 @@ def write_onnx_file(model, target, batch_size=None, sequence_length=None, interf
 
 
 QUANTIZE_MODES = (None, "int8")
+# Tasks whose serving directories kbert.serving does not run, and what to do instead.
+UNSERVED_TASKS = {
+    "BertMultipleChoice": (
+        "kbert.serving does not serve multiple choice: its rows of (context, choices) need "
+        "their own packing. Export it to one ONNX file "
+        "(`kbert.export.export_onnx(model, 'model.onnx')`, packed inputs `(rows, choices, "
+        "sequence)`) or to a SavedModel on raw text (`kbert.export.export_saved_model`), or "
+        "run the Keras model's `predict`."
+    ),
+}
+
+
+def _check_servable(model, what):
+    """Refuses a serving directory of a task kbert.serving does not run (`UNSERVED_TASKS`)."""
+    for cls in type(model).__mro__:
+        if cls.__name__ in UNSERVED_TASKS:
+            raise ValueError(
+                f"{what} writes a kbert.serving directory, and this model is a "
+                f"{type(model).__name__}. {UNSERVED_TASKS[cls.__name__]}"
+            )
+
+
 # The model file of each serving format inside a serving directory.
 SERVING_FILES = {"onnx": "model.onnx", "openvino": "openvino_model.xml"}
 SERVING_CONFIG = "kbert_serving.json"

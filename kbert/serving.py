@@ -11,7 +11,17 @@ model's take and return what they return:
   the tagger's own `predict` splits them), `BertQuestionAnswerer` (`(questions, contexts)`:
   start and end logits of each window) or backbone, in the caller's row order;
 - `encode(texts, normalize=..., truncate_dim=..., prompt=..., prompt_name=...,
-  precision=...)` for a `BertTextEmbedder`: its sentence embeddings.
+  precision=...)` for a `BertTextEmbedder`: its sentence embeddings;
+- `predict(pairs)` and `rank(query, documents, top_k=..., return_documents=...)` for a
+  `BertCrossEncoder` (`ExportedCrossEncoder`): pairs cut by Hugging Face's `longest_first`
+  rule and the logits through the head's activation, as `BertCrossEncoder.predict` / `rank`;
+- `encode(texts, max_active_dims=..., prompt=..., prompt_name=...)`, `encode_query` and
+  `encode_document` for a `BertSparseEncoder` (`ExportedSparseEncoder`): SciPy sparse rows, as
+  `BertSparseEncoder.encode` (prompts, lower-casing, length and `max_active_dims` its own).
+
+A `BertMultipleChoice` is not served (its serving exports and `load` raise a ValueError that
+says what to use instead), and no export takes a model quantized by `model.quantize(...)`
+("Dequantize first": export the float model, with `quantize="int8"` for int8 weights).
 
 The route is the Keras model's: the same tokenizer and packer (`kbert.text`), rows planned
 into batches of similar length and each batch cut to its longest row (`kbert.data.batching`:
@@ -37,7 +47,7 @@ import keras
 import numpy as np
 
 from kbert.data import batching
-from kbert.export import SERVING_CONFIG, SERVING_FILES
+from kbert.export import SERVING_CONFIG, SERVING_FILES, UNSERVED_TASKS
 from kbert.models.pipeline import is_raw_text, text_parts
 from kbert.models.text_embedder import PRECISIONS, quantize_embeddings
 
@@ -96,12 +106,15 @@ def load(path, threads=None, sequence_length=None):
             f"{str(config_file)!r} names the format {format!r}. Expected one of "
             f"{sorted(SERVING_FILES)}"
         )
+    task = config.get("task")
+    if task in UNSERVED_TASKS:
+        raise ValueError(f"{str(path)!r} holds a {task} export. {UNSERVED_TASKS[task]}")
     graph = path / SERVING_FILES[format]
     if format == "onnx":
         runner = _OnnxRunner(graph, threads)
     else:
         runner = _OpenVinoRunner(graph, threads)
-    return ExportedModel(config, runner)
+    return _SERVED.get(task, ExportedModel)(config, runner)
 
 
 # `from_model`'s runtimes: (exporter name in kbert.export, quantize).
@@ -471,6 +484,214 @@ class ExportedModel:
         if precision != "float32":
             embeddings = quantize_embeddings(embeddings, precision)
         return embeddings[0] if single else embeddings
+
+
+class ExportedCrossEncoder(ExportedModel):
+    """A `BertCrossEncoder` export: `predict(pairs)` and `rank(query, documents)` as the
+    Keras model's (`kbert.models.BertCrossEncoder`), on onnxruntime or OpenVINO.
+
+    Pairs are cut to the exported preprocessor's `sequence_length` by Hugging Face's
+    `"longest_first"` rule (`kbert.models.cross_encoder.tokenize_pairs`, as the Keras model
+    and sentence-transformers' `CrossEncoder` cut them) and the logits go through the
+    model's activation (its `activation` setting: sigmoid for one label by default).
+    """
+
+    def _pack_pairs(self, x):
+        from kbert.models.cross_encoder import read_pairs, tokenize_pairs
+
+        firsts, seconds, single = read_pairs(x)
+        preprocessor = self._require_preprocessor("raw (query, document) pairs")
+        length = int(preprocessor.sequence_length)
+        chunks = []
+        for start in range(0, len(firsts), _CHUNK):
+            ids = tokenize_pairs(
+                preprocessor.tokenizer,
+                length,
+                firsts[start : start + _CHUNK],
+                seconds[start : start + _CHUNK],
+            )
+            chunks.append(preprocessor.packer(ids, sequence_length=length))
+        packed = {k: np.concatenate([chunk[k] for chunk in chunks]) for k in _PACKED_INPUTS}
+        return packed, single
+
+    def predict(self, x, batch_size=32, activation=None, apply_softmax=False, verbose=0):
+        """Scores of (query, document) pairs, as `BertCrossEncoder.predict`.
+
+        Args:
+            x: one pair `(query, document)`, a list of pairs, a tuple of two columns of
+                strings, or a dict of packed int arrays `token_ids`, `segment_ids`,
+                `padding_mask` `(batch, sequence)`.
+            batch_size: int. Pairs per run. Defaults to `32`.
+            activation: `None` (the model's `activation`), `"sigmoid"`, `"identity"`,
+                `"tanh"` or a callable on NumPy arrays. Defaults to `None`.
+            apply_softmax: bool. Softmax over the labels of a several-label model.
+                Defaults to `False`.
+            verbose: a Keras progress bar over the batches when true. Defaults to `0`.
+
+        Returns:
+            float32 NumPy array `(n,)` for one label, `(n, num_labels)` otherwise; for one
+            pair a scalar (one label) or one row.
+        """
+        from kbert.models.cross_encoder import _check_activation, scores_from_logits
+
+        if activation is not None and not callable(activation):
+            _check_activation(activation)
+        if isinstance(x, dict):
+            packed, single = self._check_packed(x), False
+        else:
+            packed, single = self._pack_pairs(x)
+        logits = self._run(packed, batch_size, verbose)[self.output_names[0]]
+        scores = scores_from_logits(
+            logits,
+            self.settings["activation"] if activation is None else activation,
+            int(self.settings.get("num_labels", 1)),
+            apply_softmax,
+        )
+        return scores[0] if single else scores
+
+    def rank(self, query, documents, top_k=None, return_documents=False, batch_size=32):
+        """Documents ranked by their score for `query`, as `BertCrossEncoder.rank` (one-label
+        models only).
+
+        Args:
+            query: str.
+            documents: non-empty list of str.
+            top_k: int >= 1 or `None` (all). Defaults to `None`.
+            return_documents: bool. Add each document's `"text"`. Defaults to `False`.
+            batch_size: int. Pairs per run. Defaults to `32`.
+
+        Returns:
+            A list of dicts `{"corpus_id": int, "score": float(, "text": str)}`, highest
+            score first (ties keep the documents' order).
+        """
+        from kbert.models.cross_encoder import check_rank_arguments, ranked
+
+        query, documents = check_rank_arguments(
+            query, documents, top_k, int(self.settings.get("num_labels", 1))
+        )
+        scores = self.predict([(query, d) for d in documents], batch_size=batch_size)
+        return ranked(scores, documents, top_k, return_documents)
+
+
+class ExportedSparseEncoder(ExportedModel):
+    """A `BertSparseEncoder` export: `encode`, `encode_query` and `encode_document` return
+    the Keras model's SciPy sparse rows (`kbert.models.BertSparseEncoder`), on onnxruntime
+    or OpenVINO.
+
+    The exported graph holds the backbone, the masked-LM head and the SPLADE pooling and
+    activation; texts are prepared as the Keras model prepares them (the prompt prepended,
+    lower-cased when the model lower-cases, cut to the preprocessor's `sequence_length`),
+    and `max_active_dims` keeps each row's largest weights.
+    """
+
+    def encode(
+        self,
+        texts,
+        batch_size=32,
+        convert_to_sparse=True,
+        max_active_dims=None,
+        prompt=None,
+        prompt_name=None,
+        verbose=False,
+    ):
+        """Sparse vectors of raw strings, in the order given, as `BertSparseEncoder.encode`.
+
+        Args:
+            texts: str or list / NumPy array of str.
+            batch_size: int. Rows per run. Defaults to `32`.
+            convert_to_sparse: bool. Return a float32 `scipy.sparse.csr_matrix`
+                `(len(texts), vocabulary_size)` (one string: one row); `False` returns a
+                dense NumPy array (one string: a vector). Defaults to `True`.
+            max_active_dims: int or `None`. Non-zero weights kept per vector. Defaults to
+                the model's `max_active_dims` (`None`: all).
+            prompt: str or `None`. Text prepended to every input (overrides `prompt_name`).
+            prompt_name: str or `None`. A key of the model's `prompts`.
+            verbose: bool. Show a progress bar. Defaults to `False`.
+
+        Returns:
+            float32 `scipy.sparse.csr_matrix` or NumPy array.
+        """
+        from kbert.models.sparse_encoder import (
+            _ENCODE_BLOCK_ROWS,
+            _check_max_active_dims,
+            _require_scipy,
+            keep_top_dims,
+        )
+
+        single = isinstance(texts, (str, bytes))
+        if not single and not isinstance(texts, (list, tuple, np.ndarray)):
+            raise ValueError(
+                "`encode` takes a string or a list of strings. Received "
+                f"{type(texts).__name__}: {texts!r:.80}"
+            )
+        if not single and len(texts) == 0:
+            raise ValueError(
+                "`encode` received an empty list of texts. Expected at least one string."
+            )
+        parts = text_parts(texts)
+        if len(parts) != 1:
+            raise ValueError("`encode` takes a batch of strings, not sentence pairs.")
+        texts = parts[0]
+        batch_size = _check_batch_size(batch_size)
+        if not isinstance(convert_to_sparse, bool):
+            raise ValueError(
+                f"`convert_to_sparse` must be True or False. Received: {convert_to_sparse!r}"
+            )
+        default = self.settings.get("max_active_dims")
+        max_active_dims = _check_max_active_dims(
+            default if max_active_dims is None else max_active_dims
+        )
+        sparse = _require_scipy() if convert_to_sparse else None
+        preprocessor = self._require_preprocessor("raw strings")
+        prompt = self._resolve_prompt(prompt, prompt_name)
+        if prompt:
+            texts = [prompt + text for text in texts]
+        if self.settings.get("lowercase_input"):
+            texts = [text.lower() for text in texts]
+        length = int(preprocessor.sequence_length)
+        rows = [ids[: length - 2] for ids in preprocessor.tokenizer.tokenize(texts)]
+        # Blocks of rows of similar length (longest first), each block's dense
+        # `(rows, vocabulary_size)` output made sparse before the next runs.
+        order = np.argsort(-np.array([len(row) for row in rows]), kind="stable")
+        blocks = []
+        for start in range(0, len(order), _ENCODE_BLOCK_ROWS):
+            block_rows = [rows[i] for i in order[start : start + _ENCODE_BLOCK_ROWS]]
+            packed = preprocessor.packer(block_rows, sequence_length=length)
+            block = self._run(packed, batch_size, verbose)[self.output_names[0]]
+            block = np.asarray(block, np.float32)
+            if max_active_dims is not None:
+                block = keep_top_dims(block, max_active_dims)
+            blocks.append(sparse.csr_matrix(block) if sparse is not None else block)
+        inverse = np.argsort(order)
+        if sparse is not None:
+            return sparse.vstack(blocks, format="csr")[inverse]
+        dense = np.concatenate(blocks, axis=0)[inverse]
+        return dense[0] if single else dense
+
+    def encode_query(self, texts, prompt=None, prompt_name=None, **kwargs):
+        """`encode` with the model's `"query"` prompt (`""` when it has none), as
+        `BertSparseEncoder.encode_query`. Other arguments as `encode`."""
+        if prompt is None and prompt_name is None:
+            prompt = (self.settings.get("prompts") or {}).get("query", "")
+        return self.encode(texts, prompt=prompt, prompt_name=prompt_name, **kwargs)
+
+    def encode_document(self, texts, prompt=None, prompt_name=None, **kwargs):
+        """`encode` with the first of the model's `"document"`, `"passage"` and `"corpus"`
+        prompts (a `"document"` prompt always exists, `""` unless set), as
+        `BertSparseEncoder.encode_document`. Other arguments as `encode`."""
+        if prompt is None and prompt_name is None:
+            prompts = {"document": "", **(self.settings.get("prompts") or {})}
+            name = next(n for n in ("document", "passage", "corpus") if n in prompts)
+            prompt = prompts[name]
+        return self.encode(texts, prompt=prompt, prompt_name=prompt_name, **kwargs)
+
+
+# Tasks `load` serves with their own methods; the others' `predict` / `encode` are
+# `ExportedModel`'s.
+_SERVED = {
+    "BertCrossEncoder": ExportedCrossEncoder,
+    "BertSparseEncoder": ExportedSparseEncoder,
+}
 
 
 def _check_batch_size(batch_size):

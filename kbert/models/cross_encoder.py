@@ -136,6 +136,90 @@ def apply_activation(logits, activation):
     return logits
 
 
+def tokenize_pairs(tokenizer, sequence_length, firsts, seconds):
+    """Token ids of each (first, second) text pair, cut to fit `sequence_length` with `[CLS]`
+    and two `[SEP]` by Hugging Face's `"longest_first"` rule (`truncated_pair_lengths`), as
+    `BertCrossEncoder.predict` and its served exports (`kbert.serving`) cut them.
+
+    Args:
+        tokenizer: `kbert.text.BertTokenizer`.
+        sequence_length: int. Packed length, `[CLS]` and both `[SEP]` included.
+        firsts, seconds: equally long lists of str.
+
+    Returns:
+        `(first_ids, second_ids)`: two lists of lists of int.
+    """
+    first_ids, second_ids = tokenizer.tokenize(firsts), tokenizer.tokenize(seconds)
+    keep_first, keep_second = truncated_pair_lengths(
+        [len(ids) for ids in first_ids], [len(ids) for ids in second_ids], sequence_length - 3
+    )
+    first_ids = [ids[:n] for ids, n in zip(first_ids, keep_first.tolist())]
+    second_ids = [ids[:n] for ids, n in zip(second_ids, keep_second.tolist())]
+    return first_ids, second_ids
+
+
+def scores_from_logits(logits, activation, num_labels, apply_softmax=False):
+    """sentence-transformers' `CrossEncoder.predict` scores of logits `(n, num_labels)`:
+    `activation` (`"sigmoid"`, `"identity"`, `"tanh"` or a callable), then `(n,)` for one
+    label, then a softmax over the labels if `apply_softmax`. float32 NumPy."""
+    scores = apply_activation(logits, activation)
+    if num_labels == 1 and scores.ndim > 1:
+        scores = scores[..., 0]
+    if apply_softmax and scores.ndim > 1:
+        shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        scores = (shifted / shifted.sum(axis=-1, keepdims=True)).astype(np.float32)
+    return scores
+
+
+def check_rank_arguments(query, documents, top_k, num_labels):
+    """Checks `rank`'s arguments; returns `(query, documents)` as `str` and a list of `str`."""
+    if num_labels != 1:
+        raise ValueError(
+            f"`rank` needs a one-label cross-encoder; this one has {num_labels} labels. "
+            "Use `predict` on the pairs instead."
+        )
+    if not _is_string(query):
+        raise ValueError(
+            f"`query` must be a string. Received {type(query).__name__}: {query!r:.80}"
+        )
+    if isinstance(documents, np.ndarray):
+        documents = documents.tolist()
+    if _is_string(documents) or not isinstance(documents, (list, tuple)):
+        raise ValueError(
+            "`documents` must be a list of strings. Received "
+            f"{type(documents).__name__}: {documents!r:.80}"
+        )
+    if not documents:
+        raise ValueError(
+            "`rank` received no documents for the query. Expected a non-empty list of strings."
+        )
+    for index, document in enumerate(documents):
+        if not _is_string(document):
+            raise ValueError(
+                "`documents` must be strings. The document at index "
+                f"{index} is {type(document).__name__}: {document!r:.80}"
+            )
+    if top_k is not None and (
+        isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1
+    ):
+        raise ValueError(f"`top_k` must be a positive integer or None. Received: {top_k!r}")
+    return _text(query), [_text(d) for d in documents]
+
+
+def ranked(scores, documents, top_k=None, return_documents=False):
+    """`CrossEncoder.rank`'s results of one query's document `scores` `(n,)`: a list of
+    `{"corpus_id", "score"(, "text")}` dicts, highest score first (ties keep the documents'
+    order), the first `top_k` (all when `None`)."""
+    results = []
+    for index, score in enumerate(np.asarray(scores).tolist()):
+        result = {"corpus_id": index, "score": score}
+        if return_documents:
+            result["text"] = documents[index]
+        results.append(result)
+    results.sort(key=lambda result: result["score"], reverse=True)
+    return results[:top_k]
+
+
 @keras.saving.register_keras_serializable(package="kbert")
 class BertCrossEncoder(BertClassifier):
     """BERT reranker: `[CLS] query [SEP] document [SEP]` -> pooled `[CLS]` -> dropout -> dense.
@@ -306,13 +390,7 @@ class BertCrossEncoder(BertClassifier):
         """Token ids of each pair's two texts, cut to fit `sequence_length` with `[CLS]` and
         two `[SEP]` (see `truncated_pair_lengths`). Two lists of lists."""
         tokenizer, sequence_length = self._require_tokenizer()
-        first_ids, second_ids = tokenizer.tokenize(firsts), tokenizer.tokenize(seconds)
-        keep_first, keep_second = truncated_pair_lengths(
-            [len(ids) for ids in first_ids], [len(ids) for ids in second_ids], sequence_length - 3
-        )
-        first_ids = [ids[:n] for ids, n in zip(first_ids, keep_first.tolist())]
-        second_ids = [ids[:n] for ids, n in zip(second_ids, keep_second.tolist())]
-        return first_ids, second_ids
+        return tokenize_pairs(tokenizer, sequence_length, firsts, seconds)
 
     def pack_pairs(self, first_ids, second_ids, length=None, training=False):
         """Packs token-id pairs (from `tokenize_pairs`) into the model's int32 input arrays
@@ -360,13 +438,8 @@ class BertCrossEncoder(BertClassifier):
     def scores_from_logits(self, logits, activation=None, apply_softmax=False):
         """sentence-transformers' scores of logits `(n, num_labels)`: `activation` (default
         the model's), then `(n,)` for one label, then a softmax over labels if asked."""
-        scores = apply_activation(logits, self.activation if activation is None else activation)
-        if self.num_classes == 1 and scores.ndim > 1:
-            scores = scores[..., 0]
-        if apply_softmax and scores.ndim > 1:
-            shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            scores = (shifted / shifted.sum(axis=-1, keepdims=True)).astype(np.float32)
-        return scores
+        activation = self.activation if activation is None else activation
+        return scores_from_logits(logits, activation, self.num_classes, apply_softmax)
 
     def predict(self, x, batch_size=32, activation=None, apply_softmax=False, verbose=0, **kwargs):
         """Scores of (query, document) pairs, as sentence-transformers' `CrossEncoder.predict`.
@@ -418,47 +491,9 @@ class BertCrossEncoder(BertClassifier):
             A list of dicts `{"corpus_id": int, "score": float(, "text": str)}`, highest
             score first (ties keep the documents' order).
         """
-        if self.num_classes != 1:
-            raise ValueError(
-                f"`rank` needs a one-label cross-encoder; this one has {self.num_classes} labels. "
-                "Use `predict` on the pairs instead."
-            )
-        if not _is_string(query):
-            raise ValueError(
-                f"`query` must be a string. Received {type(query).__name__}: {query!r:.80}"
-            )
-        if isinstance(documents, np.ndarray):
-            documents = documents.tolist()
-        if _is_string(documents) or not isinstance(documents, (list, tuple)):
-            raise ValueError(
-                "`documents` must be a list of strings. Received "
-                f"{type(documents).__name__}: {documents!r:.80}"
-            )
-        if not documents:
-            raise ValueError(
-                "`rank` received no documents for the query. Expected a non-empty list of strings."
-            )
-        for index, document in enumerate(documents):
-            if not _is_string(document):
-                raise ValueError(
-                    "`documents` must be strings. The document at index "
-                    f"{index} is {type(document).__name__}: {document!r:.80}"
-                )
-        if top_k is not None and (
-            isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1
-        ):
-            raise ValueError(f"`top_k` must be a positive integer or None. Received: {top_k!r}")
-        query = _text(query)
-        documents = [_text(d) for d in documents]
+        query, documents = check_rank_arguments(query, documents, top_k, self.num_classes)
         scores = self.predict([(query, d) for d in documents], batch_size=batch_size)
-        results = []
-        for index, score in enumerate(scores.tolist()):
-            result = {"corpus_id": index, "score": score}
-            if return_documents:
-                result["text"] = documents[index]
-            results.append(result)
-        results.sort(key=lambda result: result["score"], reverse=True)
-        return results[:top_k]
+        return ranked(scores, documents, top_k, return_documents)
 
     def evaluate_reranking(self, samples, at_k=10, always_rerank_positives=True, batch_size=64):
         """MAP, MRR@k and nDCG@k of candidate lists reranked by this model, as

@@ -4,19 +4,21 @@
         --chart r.png
 
 Scores (query, document) pairs of two lengths: `short`, the first `--short` SQuAD v1.1 dev
-questions each paired with the SST-2 dev sentence of the same position (a short document, as
-in the serving benchmark's short texts), and `long`, the first `--long` SQuAD dev questions
-each paired with its own paragraph (cut at the model's maximum length, 512 tokens for the
-default checkpoint, as Hugging Face's tokenizer cuts a pair). Every pair is scored with
-`BertCrossEncoder.from_preset(checkpoint).predict(pairs, batch_size)` on each Keras backend and
-with `CrossEncoder(checkpoint).predict(pairs, batch_size)`, CPU, float32, on the same
-cross-encoder directory (`--checkpoint`). Without one, the script writes a cross-encoder
-directory in a temporary folder: all-MiniLM-L6-v2's architecture and vocabulary with random
-weights and a one-label classification head (the work per pair of a trained reranker of that
-size, e.g. cross-encoder/ms-marco-MiniLM-L6-v2; the scores mean nothing). Every system runs in
-its own process (the `bench` harness): one untimed pass over each workload, then `--repeats`
-timed passes, the best kept; `--rounds N` keeps each system's fastest of N rounds. Prints
-pairs per second, the ratio to sentence-transformers and the largest difference between each
+questions each paired with the SST-2 dev sentence of the same position (a short document, as in the
+serving benchmark's short texts), and `long`, the first `--long` SQuAD dev questions each paired
+with its own paragraph (cut at the model's maximum length, 512 tokens for the default checkpoint,
+as Hugging Face's tokenizer cuts a pair). Every pair is scored with
+`BertCrossEncoder.from_preset(checkpoint).predict(pairs, batch_size)` on each Keras backend, with
+its serving exports (`kbert-onnx`, `kbert-onnx-int8`, `kbert-openvino`:
+`kbert.serving.from_model(model, runtime).predict(pairs, batch_size)`, exported untimed in the
+worker) and with `CrossEncoder(checkpoint).predict(pairs, batch_size)`, CPU, float32 (int8 weights
+for `kbert-onnx-int8`), on the same cross-encoder directory (`--checkpoint`). Without one, the
+script writes a cross-encoder directory in a temporary folder: all-MiniLM-L6-v2's architecture and
+vocabulary with random weights and a one-label classification head (the work per pair of a trained
+reranker of that size, e.g. cross-encoder/ms-marco-MiniLM-L6-v2; the scores mean nothing). Every
+system runs in its own process (the `bench` harness): one untimed pass over each workload, then
+`--repeats` timed passes, the best kept; `--rounds N` keeps each system's fastest of N rounds.
+Prints pairs per second, the ratio to sentence-transformers and the largest difference between each
 kbert system's scores and sentence-transformers'; `--json` writes the results, `--chart` a bar
 chart of them.
 """
@@ -43,7 +45,17 @@ from bench.harness import (
 )
 from bench.tables import ratio_table
 
-SYSTEMS = ("kbert-torch", "kbert-jax", "kbert-tensorflow", "sentence-transformers")
+SYSTEMS = (
+    "kbert-torch",
+    "kbert-jax",
+    "kbert-tensorflow",
+    "kbert-onnx",
+    "kbert-onnx-int8",
+    "kbert-openvino",
+    "sentence-transformers",
+)
+# kbert's served exports (`kbert.serving.from_model(model, runtime)`), by system name.
+SERVED = {"kbert-onnx": "onnx", "kbert-onnx-int8": "onnx-int8", "kbert-openvino": "openvino"}
 WORKLOADS = ("short", "long")
 TITLES = {
     "short": "SQuAD dev question, SST-2 dev sentence",
@@ -97,6 +109,10 @@ def build_scorer(spec):
     from kbert.models import BertCrossEncoder
 
     model = BertCrossEncoder.from_preset(spec["checkpoint"])
+    if spec["system"] in SERVED:  # exported once, here, untimed
+        import kbert.serving
+
+        model = kbert.serving.from_model(model, SERVED[spec["system"]])
     return lambda pairs: model.predict(pairs, batch_size=batch_size)
 
 

@@ -3,20 +3,21 @@
     python tools/benchmarks/benchmark_sparse.py --data-dir DATA --rounds 2 --json s.json \
         --chart s.png
 
-Encodes SQuAD v1.1 dev questions (short texts, the first `--questions`) and paragraphs (long
-texts, the first `--paragraphs`) with `BertSparseEncoder.from_preset(checkpoint).encode(texts,
-batch_size)` on each Keras backend and with `SparseEncoder(checkpoint).encode(texts,
-batch_size)`, CPU, float32, on the same SparseEncoder directory (`--checkpoint`). Without
+Encodes SQuAD v1.1 dev questions (short texts, the first `--questions`) and paragraphs (long texts,
+the first `--paragraphs`) with `BertSparseEncoder.from_preset(checkpoint).encode(texts,
+batch_size)` on each Keras backend, with its serving exports (`kbert-onnx`, `kbert-onnx-int8`,
+`kbert-openvino`: `kbert.serving.from_model(encoder, runtime).encode(texts, batch_size)`, exported
+untimed in the worker) and with `SparseEncoder(checkpoint).encode(texts, batch_size)`, CPU, float32
+(int8 weights for `kbert-onnx-int8`), on the same SparseEncoder directory (`--checkpoint`). Without
 one, the script writes a SparseEncoder directory in a temporary folder: all-MiniLM-L6-v2's
-architecture and 30,522-token vocabulary with random masked-LM weights (the same work per
-text as a trained model of that size; the vectors mean nothing, and nearly every vocabulary
-entry is active where a trained model keeps ~100, so building the sparse output weighs more
-than it would). Every system runs in its own
-process, as `benchmark_embeddings.py` does (the `bench` harness): one untimed pass over each
-workload, then `--repeats` timed passes, the best kept; `--rounds N` keeps each system's
-fastest of N rounds. Prints texts per second, the ratio to sentence-transformers, and the
-largest difference between each kbert system's vectors and sentence-transformers';
-`--json` writes the results, `--chart` a bar chart of them.
+architecture and 30,522-token vocabulary with random masked-LM weights (the same work per text as a
+trained model of that size; the vectors mean nothing, and nearly every vocabulary entry is active
+where a trained model keeps ~100, so building the sparse output weighs more than it would). Every
+system runs in its own process, as `benchmark_embeddings.py` does (the `bench` harness): one
+untimed pass over each workload, then `--repeats` timed passes, the best kept; `--rounds N` keeps
+each system's fastest of N rounds. Prints texts per second, the ratio to sentence-transformers, and
+the largest difference between each kbert system's vectors and sentence-transformers'; `--json`
+writes the results, `--chart` a bar chart of them.
 """
 
 import argparse
@@ -40,7 +41,17 @@ from bench.harness import (
 )
 from bench.tables import ratio_table
 
-SYSTEMS = ("kbert-torch", "kbert-jax", "kbert-tensorflow", "sentence-transformers")
+SYSTEMS = (
+    "kbert-torch",
+    "kbert-jax",
+    "kbert-tensorflow",
+    "kbert-onnx",
+    "kbert-onnx-int8",
+    "kbert-openvino",
+    "sentence-transformers",
+)
+# kbert's served exports (`kbert.serving.from_model(model, runtime)`), by system name.
+SERVED = {"kbert-onnx": "onnx", "kbert-onnx-int8": "onnx-int8", "kbert-openvino": "openvino"}
 WORKLOADS = ("questions", "paragraphs")
 TITLES = {"questions": "SQuAD dev questions", "paragraphs": "SQuAD dev paragraphs"}
 REFERENCE = "sentence-transformers"
@@ -94,6 +105,10 @@ def build_encoder(spec):
     from kbert.models import BertSparseEncoder
 
     model = BertSparseEncoder.from_preset(spec["checkpoint"])
+    if spec["system"] in SERVED:  # exported once, here, untimed
+        import kbert.serving
+
+        model = kbert.serving.from_model(model, SERVED[spec["system"]])
     return lambda texts: model.encode(texts, batch_size=batch_size)
 
 
