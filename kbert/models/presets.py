@@ -6,7 +6,9 @@ depend on checkpoints, never the reverse.
 """
 
 import inspect
+import json
 import os
+from pathlib import Path
 
 from kbert import checkpoints, hub
 from kbert.checkpoints.atomic import recover
@@ -155,7 +157,7 @@ class PresetMixin:
         if path is None:  # A built-in name without installed weights, load_weights=False.
             config = {**BACKBONE_PRESETS[os.fspath(source)]["config"], **backbone_arguments}
             return cls.from_backbone(backbone_cls(**config), **model_arguments)
-        return checkpoints.load_checkpoint(
+        model = checkpoints.load_checkpoint(
             cls,
             path,
             backbone_cls,
@@ -164,6 +166,9 @@ class PresetMixin:
             backbone_arguments=backbone_arguments,
             model_arguments=model_arguments,
         )
+        if load_weights:  # The model card's `base_model` (kbert.checkpoints.model_card).
+            model.base_model = _base_model(source, path)
+        return model
 
     @classmethod
     def _split_preset_arguments(cls, kwargs):
@@ -235,6 +240,22 @@ def _explicit_parameters(function):
         if name != "self"
         and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     }
+
+
+def _base_model(source, path):
+    """The Hub repository a model loaded from `source` (read at `path`) started from, or None:
+    the handle's repository, a preset name's, or what a kbert preset's config records."""
+    name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else ""
+    if hub.is_hub_handle(name):
+        return hub.parse_handle(name)[0]
+    if name in hub.PRESET_HANDLES and not Path(name).exists():
+        return hub.parse_handle(hub.PRESET_HANDLES[name])[0]
+    config = Path(path) / "config.json"
+    try:
+        recorded = json.loads(config.read_text()).get("base_model") if config.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return recorded if isinstance(recorded, str) else None
 
 
 def _preset_directory(source, load_weights):
