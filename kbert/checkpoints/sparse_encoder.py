@@ -189,9 +189,9 @@ def export_to_sparse_encoder(encoder, path):
     `model.safetensors`, `vocab.txt`, `tokenizer_config.json`; see
     `kbert.checkpoints.export_to_huggingface`) and `modules.json` (`MLMTransformer` ->
     `SpladePooling`), `1_SpladePooling/config.json`, `sentence_bert_config.json`,
-    `config_sentence_transformers.json` and the model card `README.md`. `sentence_transformers.SparseEncoder(path)` then
-    encodes as the encoder does. The write is atomic: a kill leaves the old or the new
-    complete directory.
+    `config_sentence_transformers.json` and the model card `README.md`.
+    `sentence_transformers.SparseEncoder(path)` then encodes as the encoder does. The write
+    is atomic: a kill leaves the old or the new complete directory.
 
     Args:
         encoder: a `kbert.models.BertSparseEncoder` with a vocabulary (a preprocessor or the
