@@ -1,5 +1,6 @@
 """The documentation: every public name has an API entry, every link of the README and of the
-pages points at a file that exists, every guide links to the API pages.
+pages points at a file that exists, every guide links to the API pages, the README stays short
+and links every guide.
 
 The site itself is built (strict) by `make docs`, a leg of `make test`; the pages' code blocks
 run in tests/test_readme.py. These checks read files only.
@@ -103,6 +104,15 @@ def test_every_guide_links_to_the_api_pages():
     for guide in guides:
         # The second click: each guide links to the API page of what it describes.
         assert any("api/" in link for link in relative_links(guide)), guide.name
+
+
+def test_readme_is_short_and_links_every_guide():
+    # A newcomer goes README -> guide -> API entry: two clicks.
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    links = set(relative_links(REPO / "README.md"))
+    for guide in sorted((DOCS / "guides").glob("*.md")):
+        assert f"docs/guides/{guide.name}" in links, f"the README does not link {guide.name}"
 
 
 def test_every_page_is_in_the_navigation():
