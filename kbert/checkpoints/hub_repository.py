@@ -5,7 +5,8 @@ Its top holds the files another library loads, where a format exists for the mod
 Hugging Face BERT directory for the backbone, the pretrainer and the task heads
 (`export_to_huggingface`: `transformers`' `AutoModel...` classes), a sentence-transformers
 directory for a text embedder, a cross-encoder directory for a reranker and a SparseEncoder
-directory for a SPLADE encoder (each also a Hugging Face directory). kbert's own preset
+directory for a SPLADE encoder (each also a Hugging Face directory); a quantized model
+(`quantize`) is uploaded as kbert's preset alone. kbert's own preset
 (`save_to_preset`: the configuration, weights, tokenizer and preprocessor settings,
 quantization) is the `kbert/` folder (`kbert.hub.KBERT_FOLDER`), which `from_preset` reads
 on such a repository. The model card `README.md` at the top says how to load the model in
@@ -62,7 +63,8 @@ def write_repository(model, path, location, tokenizer=None):
     path = Path(path)
     if path.exists():
         raise ValueError(f"`path` must be a new directory. Received an existing path: {path}")
-    kind = repository_format(model)
+    # A quantized model's int8 weights have no Hugging Face names: kbert's preset alone.
+    kind = None if getattr(model, "quantization_record", None) else repository_format(model)
     if kind == "sentence-transformers":
         export_to_sentence_transformers(model, path)
     elif kind == "cross-encoder":

@@ -187,3 +187,15 @@ def test_upload_refuses_bad_input(server, tmp_path):
     with pytest.raises(ValueError, match="hf://<owner>/<name> handle"):
         _classifier().push_to_hub("not a handle")
     assert server.requests == []  # nothing was sent
+
+
+@pytest.mark.backend_independent
+def test_quantized_model_is_pushed_as_kbert_preset_alone(server):
+    classifier = _classifier()
+    classifier.quantize("int8")  # int8 kernels: no transformers format for them
+    classifier.push_to_hub(f"hf://{OWNER}/int8")
+    _, files = _head(server.repositories[f"{OWNER}/int8"])
+    assert "kbert/config.json" in files and "config.json" not in files
+    assert json.loads(files["kbert/config.json"])["quantization"]
+    card = files["README.md"].decode()
+    assert "from_preset(" in card and "from_pretrained(" not in card
