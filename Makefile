@@ -15,7 +15,7 @@ TESTS ?= tests
 NOTF_TESTS ?= tests/no_tensorflow
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install install-notf demo lint test test-notf test-tensorflow test-jax test-torch clean
+.PHONY: install install-notf demo docs lint test test-notf test-tensorflow test-jax test-torch clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,14 +42,20 @@ install-notf: $(NOTF_VENV)/.installed
 demo: install
 	$(PY) applications/demo.py
 
+# The documentation site (mkdocs.yml, docs/): strict, so a broken link, a missing page or an
+# unresolved API reference fails; writes site/. NO_MKDOCS_2_WARNING quiets Material's banner.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 # ruff: lint and formatting (configured in pyproject.toml), over the whole repository.
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# Lints; runs the backend-independent tests once (marker `backend_independent`, under
-# KERAS_BACKEND=$(ONCE_BACKEND)), every other test once per backend, then the no-TensorFlow
-# suite on JAX and PyTorch; prints each leg's wall time; fails if any leg fails.
+# Lints; builds the documentation site (strict, `make docs`); runs the backend-independent
+# tests once (marker `backend_independent`, under KERAS_BACKEND=$(ONCE_BACKEND)), every other
+# test once per backend, then the no-TensorFlow suite on JAX and PyTorch; prints each leg's
+# wall time; fails if any leg fails.
 # PYTEST_ARGS is added to every pytest leg (`make test PYTEST_ARGS="-x"`); LEG_ARGS to the
 # per-backend legs (parallel workers by default, `LEG_ARGS=` runs them in one process).
 ONCE_BACKEND ?= torch
@@ -73,6 +79,7 @@ test:
 	$(call timed,install,$(MAKE) --no-print-directory -j2 install install-notf) \
 	[ $$status -eq 0 ] || exit 1; \
 	$(call timed,lint,$(MAKE) --no-print-directory lint) \
+	$(call timed,docs,$(MAKE) --no-print-directory docs) \
 	echo "===== backend-independent tests, once (KERAS_BACKEND=$(ONCE_BACKEND)) ====="; \
 	$(call timed,once,KERAS_BACKEND=$(ONCE_BACKEND) $(PY) -m pytest -q $(LEG_ARGS) $(PYTEST_ARGS) -m backend_independent $(TESTS)) \
 	for backend in $(BACKENDS); do \

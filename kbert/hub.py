@@ -30,6 +30,13 @@ dropped connection is resumed (HTTP range request) up to five times. A stalled t
 after `HF_HUB_DOWNLOAD_TIMEOUT` seconds without data (10 by default, read by huggingface_hub
 when it is imported) on each of those attempts.
 
+`upload_preset` sends a directory to a Hub repository in one commit (`create_repo`,
+`create_commit` of huggingface_hub; the token from huggingface_hub's usual places:
+`token=`, `HF_TOKEN`, `huggingface-cli login`). A repository written by a model's
+`push_to_hub` holds kbert's preset in its `kbert/` folder and, at its top, the files
+`transformers` or `sentence-transformers` load; `from_preset` on such a repository reads
+the `kbert/` folder.
+
 This module imports nothing from kbert: `kbert.text` and `kbert.checkpoints` both use it.
 """
 
@@ -41,6 +48,7 @@ from pathlib import Path
 __all__ = [
     "DEFAULT_TIMEOUT",
     "HANDLE_PREFIX",
+    "KBERT_FOLDER",
     "PRESET_HANDLES",
     "download",
     "hub_cache_dir",
@@ -49,9 +57,12 @@ __all__ = [
     "parse_handle",
     "resolve_preset_source",
     "select_files",
+    "upload_preset",
 ]
 
 HANDLE_PREFIX = "hf://"
+# The folder of a repository written by `push_to_hub` that holds kbert's own preset.
+KBERT_FOLDER = "kbert"
 
 # The canonical Hugging Face repository of each built-in preset name: Google's own uploads of
 # the original BERT checkpoints (Devlin et al., 2018) and of the small English BERTs of Turc et
@@ -317,13 +328,24 @@ def download(handle, load_weights=True):
     return _load_cached(hub, errors, handle, load_weights, reach_error, where)
 
 
+def _selection(files, load_weights):
+    """`(selected, subfolder)`: the files to read, relative to `subfolder`, which is
+    `KBERT_FOLDER` in a repository written by `push_to_hub` (kbert's own preset is read, not
+    the other libraries' files beside it) and "" otherwise."""
+    prefix = f"{KBERT_FOLDER}/"
+    if f"{prefix}config.json" in files:
+        inner = [f[len(prefix) :] for f in files if f.startswith(prefix)]
+        return select_files(inner, load_weights), KBERT_FOLDER
+    return select_files(files, load_weights), ""
+
+
 def _patterns(selected):
     return [glob.escape(name) for name in selected]
 
 
 def _download_listed(hub, errors, handle, files, load_weights, endpoint, where):
     repo_id, revision = parse_handle(handle)
-    selected = select_files(files, load_weights)
+    selected, subfolder = _selection(files, load_weights)
     if load_weights and not any(name in selected for name in _CONFIG_FILES):
         raise FileNotFoundError(
             f"{handle} holds no BERT checkpoint kbert can read: expected config.json (Hugging "
@@ -336,7 +358,7 @@ def _download_listed(hub, errors, handle, files, load_weights, endpoint, where):
             revision=revision,
             cache_dir=hub_cache_dir(),
             endpoint=endpoint,
-            allow_patterns=_patterns(selected),
+            allow_patterns=_patterns([f"{subfolder}/{f}" if subfolder else f for f in selected]),
             etag_timeout=_timeout(),
         )
     except (
@@ -363,7 +385,7 @@ def _download_listed(hub, errors, handle, files, load_weights, endpoint, where):
             f"{_first_line(error)}. Files that were complete stay in {hub_cache_dir()}; load it "
             "again to download the rest."
         ) from error
-    return Path(folder)
+    return Path(folder) / subfolder if subfolder else Path(folder)
 
 
 def _load_cached(hub, errors, handle, load_weights, reach_error, where):
@@ -390,21 +412,21 @@ def _load_cached(hub, errors, handle, load_weights, reach_error, where):
             f"Cannot load {handle}: {why}, and huggingface_hub's cache ({cache_dir}) does not "
             f"hold it. {todo}"
         ) from reach_error
-    selected = select_files([entry.path for entry in tree], load_weights)
+    selected, subfolder = _selection([entry.path for entry in tree], load_weights)
     try:
         folder = hub.snapshot_download(
             repo_id,
             revision=revision,
             cache_dir=cache_dir,
             local_files_only=True,
-            allow_patterns=_patterns(selected),
+            allow_patterns=_patterns([f"{subfolder}/{f}" if subfolder else f for f in selected]),
         )
     except errors.LocalEntryNotFoundError as error:
         raise (ConnectionError if reach_error is not None else FileNotFoundError)(
             f"Cannot load {handle}: {why}, and huggingface_hub's cache ({cache_dir}) holds only "
             f"part of it ({_first_line(error)}). {todo}"
         ) from reach_error
-    return Path(folder)
+    return Path(folder) / subfolder if subfolder else Path(folder)
 
 
 def _first_line(error):
@@ -445,3 +467,109 @@ def _hub_error(handle, error, where):
             "`@<commit>`."
         )
     return FileNotFoundError(f"{handle}: {where} refused the request ({_first_line(error)}).")
+
+
+def upload_preset(handle, directory, private=None, revision=None, commit_message=None, token=None):
+    """Uploads a preset directory to a Hugging Face Hub model repository, in one commit.
+
+    Creates the repository when it does not exist (`private` then sets its visibility) and
+    the branch `revision` when it is not `main`, then commits every file of `directory`
+    (subfolders included, hidden files left out) at once: the repository shows the old or
+    the new version, never part of the upload. Files of the repository that `directory` does
+    not hold stay as they were. Weights go through the Hub's large-file storage, as
+    huggingface_hub sends them.
+
+    Args:
+        handle: str. `hf://<owner>/<name>[@revision]`.
+        directory: str or path. A preset directory (`save_to_preset`) or the directory
+            `push_to_hub` writes: it must hold `config.json` or `kbert/config.json`.
+        private: optional bool. Visibility of a repository this call creates (an existing
+            repository keeps its own). Defaults to the Hub's default (public).
+        revision: optional str. The branch to commit to, created from `main` if needed.
+            Defaults to the handle's `@revision`, else `main`.
+        commit_message: optional str. Defaults to "Upload <directory name> with kbert".
+        token: optional str. A Hub token with write access. Defaults to huggingface_hub's
+            (`HF_TOKEN`, then the token saved by `hf auth login`).
+
+    Returns:
+        The new commit's hash (str).
+
+    Raises:
+        ValueError: a malformed handle, two different revisions, or a directory that holds
+            no preset.
+        ImportError: huggingface_hub is not installed.
+        PermissionError: the token may not write to the repository.
+        ConnectionError: the upload failed; the repository is as it was.
+
+    Example:
+    >>> upload_preset("my-models/bert", "my_bert")  # a handle starts with hf://
+    Traceback (most recent call last):
+    ...
+    ValueError: `handle` must be an hf://<owner>/<name> handle. Received: 'my-models/bert'
+    """
+    if not isinstance(handle, str) or not is_hub_handle(handle):
+        raise ValueError(f"`handle` must be an hf://<owner>/<name> handle. Received: {handle!r}")
+    repo_id, handle_revision = parse_handle(handle)
+    if revision is not None and handle_revision is not None and revision != handle_revision:
+        raise ValueError(
+            f"Two revisions: {handle!r} names {handle_revision!r} and revision={revision!r}. "
+            "Give one of them."
+        )
+    revision = revision or handle_revision or "main"
+    folder = Path(directory) if isinstance(directory, (str, os.PathLike)) else None
+    if folder is None or not (
+        (folder / "config.json").is_file() or (folder / KBERT_FOLDER / "config.json").is_file()
+    ):
+        raise ValueError(
+            "`directory` must be a preset directory holding config.json or "
+            f"{KBERT_FOLDER}/config.json. Received: {directory!r}"
+        )
+    hub = _import_huggingface_hub(handle)
+    from huggingface_hub import errors
+
+    files = sorted(
+        path
+        for path in folder.rglob("*")
+        if path.is_file()
+        and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    )
+    endpoint = (os.environ.get("HF_ENDPOINT") or "").rstrip("/") or None
+    where = f"the Hub at {endpoint or 'https://huggingface.co'}"
+    api = hub.HfApi(endpoint=endpoint, token=token)
+    operations = [
+        hub.CommitOperationAdd(
+            path_in_repo=path.relative_to(folder).as_posix(), path_or_fileobj=str(path)
+        )
+        for path in files
+    ]
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        if revision != "main":
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
+        info = api.create_commit(
+            repo_id,
+            operations,
+            commit_message=commit_message or f"Upload {folder.name} with kbert",
+            revision=revision,
+        )
+    except ValueError as error:  # huggingface_hub's repository-id validation
+        raise ValueError(f"{handle} is not a valid Hugging Face repository: {error}") from None
+    except errors.HfHubHTTPError as error:
+        status = error.response.status_code if error.response is not None else None
+        if status in (401, 403) and "lfs" not in str(error.response.url):
+            raise PermissionError(
+                f"Uploading to {handle} on {where} was refused ({status}): "
+                f"{_first_line(error)}. Give a token with write access (token=, HF_TOKEN or "
+                "`hf auth login`)."
+            ) from error
+        raise ConnectionError(
+            f"Uploading {folder} to {handle} on {where} failed: {_first_line(error)}. The "
+            "repository is as it was (an upload is one commit); upload again."
+        ) from error
+    except Exception as error:  # The network failed.
+        raise ConnectionError(
+            f"Uploading {folder} to {handle} on {where} failed: {type(error).__name__}: "
+            f"{_first_line(error)}. The repository is as it was (an upload is one commit); "
+            "upload again."
+        ) from error
+    return info.oid

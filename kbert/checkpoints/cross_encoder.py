@@ -22,10 +22,12 @@ module reads JSON only and never imports sentence-transformers or torch.
 """
 
 import json
+import os
 import warnings
 from pathlib import Path
 
 from kbert.checkpoints._config import read_json
+from kbert.checkpoints.model_card import CARD_FILE, model_card
 
 MODULES_FILE = "modules.json"
 SENTENCE_BERT_CONFIG_FILE = "sentence_bert_config.json"
@@ -167,8 +169,9 @@ def export_cross_encoder(model, path):
     (`config.json` with `num_labels` and `id2label`, `model.safetensors`, `vocab.txt`,
     `tokenizer_config.json` with `model_max_length` = the preprocessor's
     `sequence_length`), `modules.json`, `sentence_bert_config.json` and
-    `config_sentence_transformers.json` (the activation). `sentence_transformers.
-    CrossEncoder(path)` then predicts the scores the model predicts. The write is atomic.
+    `config_sentence_transformers.json` (the activation) and the model card `README.md`.
+    `sentence_transformers.CrossEncoder(path)` then predicts the scores the model predicts.
+    The write is atomic.
 
     Args:
         model: a `kbert.models.BertCrossEncoder` with a vocabulary (a preprocessor or the
@@ -192,6 +195,7 @@ def export_cross_encoder(model, path):
     check_not_quantized(model, "export_to_sentence_transformers (a cross-encoder)")
     path = Path(path)
     owned = (
+        CARD_FILE,
         MODULES_FILE,
         SENTENCE_BERT_CONFIG_FILE,
         SENTENCE_TRANSFORMERS_CONFIG_FILE,
@@ -253,6 +257,10 @@ def export_cross_encoder(model, path):
         }
         (staging / SENTENCE_TRANSFORMERS_CONFIG_FILE).write_text(
             json.dumps(st_config, indent=2) + "\n"
+        )
+        # The model card (kbert.checkpoints.model_card), replacing any a nested export wrote.
+        (staging / CARD_FILE).write_text(
+            model_card(model, os.fspath(path), formats=("cross-encoder",)), encoding="utf-8"
         )
         fix_file_modes(staging)
     return path

@@ -16,6 +16,7 @@ Safetensors files are read with NumPy alone (`kbert.checkpoints.safetensors_io`)
 """
 
 import json
+import os
 from pathlib import Path
 
 import keras
@@ -25,6 +26,7 @@ from safetensors.numpy import save_file
 from kbert.checkpoints import _weights
 from kbert.checkpoints._config import config_float, config_int, read_json
 from kbert.checkpoints.atomic import atomic_directory, fix_file_modes
+from kbert.checkpoints.model_card import CARD_FILE, model_card
 from kbert.checkpoints.safetensors_io import read_safetensors, read_safetensors_header
 from kbert.checkpoints.vocabulary import (
     TOKENIZER_CONFIG_FILE,
@@ -595,7 +597,8 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None, tokenize
     Writes `config.json` (`model_type: bert`, `architectures` from the model's
     `transformers` class: `BertModel`, `BertForPreTraining` or a task class),
     `model.safetensors` (float32, written with NumPy; backbone names without prefix for
-    `BertModel`, with `bert.` otherwise) and, when a vocabulary is known, `vocab.txt` and
+    `BertModel`, with `bert.` otherwise), the model card `README.md`
+    (`kbert.checkpoints.model_card`) and, when a vocabulary is known, `vocab.txt` and
     `tokenizer_config.json`. The directory is replaced atomically (see
     `kbert.checkpoints.atomic`): a kill leaves the old or the new complete export.
 
@@ -646,7 +649,7 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None, tokenize
         tensors[name] = _weights.from_variable_layout(value, entry)
     tokens = resolve_vocabulary(model, vocabulary, config["vocab_size"])
 
-    owned = (CONFIG_FILE, SAFETENSORS_FILE, VOCABULARY_FILE, TOKENIZER_CONFIG_FILE)
+    owned = (CONFIG_FILE, SAFETENSORS_FILE, VOCABULARY_FILE, TOKENIZER_CONFIG_FILE, CARD_FILE)
     with atomic_directory(path, owned_files=owned) as staging:
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
@@ -657,5 +660,9 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None, tokenize
             write_tokenizer_files(
                 staging, tokens, model_max_length=config["max_position_embeddings"], **settings
             )
+        # The model card (kbert.checkpoints.model_card), replacing any a nested export wrote.
+        (staging / CARD_FILE).write_text(
+            model_card(model, os.fspath(path), formats=("transformers",)), encoding="utf-8"
+        )
         fix_file_modes(staging)  # safetensors writes 0600; every file gets the usual mode.
     return path

@@ -6,12 +6,14 @@ used when the same class is loaded again.
 """
 
 import json
+import os
 from pathlib import Path
 
 import keras
 
 from kbert import processes
 from kbert.checkpoints._config import read_json
+from kbert.checkpoints.model_card import CARD_FILE, model_card
 from kbert.checkpoints.vocabulary import (
     TOKENIZER_CONFIG_FILE,
     VOCABULARY_FILE,
@@ -43,6 +45,7 @@ PREPROCESSOR_FILE = "preprocessor.json"
 # Files a kbert preset save owns: an old copy is dropped unless the new save writes it again.
 OWNED_FILES = (
     CONFIG_FILE,
+    CARD_FILE,
     BACKBONE_WEIGHTS_FILE,
     TASK_WEIGHTS_FILE,
     VOCABULARY_FILE,
@@ -105,7 +108,9 @@ def save_preset(model, path, tokenizer=None, include_optimizer=False):
     """Writes `model` as a kbert preset directory at `path`, atomically.
 
     Writes `config.json`, `model.weights.h5` (the backbone), `task.weights.h5` (the whole
-    model, when it is more than a backbone), and when the model has a tokenizer (its
+    model, when it is more than a backbone), the model card `README.md` (the Hub's metadata,
+    how to load the model, its training run and architecture; see
+    `kbert.checkpoints.model_card`), and when the model has a tokenizer (its
     preprocessor's, the `tokenizer` argument, or the vocabulary of the preset it was loaded
     from): `vocab.txt`, `tokenizer_config.json` (casing, for any BERT tokenizer) and
     `preprocessor.json` (tokenizer settings and, with a preprocessor, its `sequence_length`
@@ -130,6 +135,7 @@ def save_preset(model, path, tokenizer=None, include_optimizer=False):
 
     if not processes.is_writer():  # Several processes: process 0 writes the preset.
         return
+    card = model_card(model, os.fspath(path))
     path = Path(path)
     backbone = getattr(model, "backbone", model)
     config = {
@@ -141,6 +147,8 @@ def save_preset(model, path, tokenizer=None, include_optimizer=False):
             include_optimizer and getattr(model, "optimizer", None) is not None
         ),
     }
+    if getattr(model, "base_model", None):  # The Hub repository it started from.
+        config["base_model"] = model.base_model
     quantization = getattr(model, "quantization_record", None)
     if quantization:  # Rebuilt quantized before the weights load (`kbert.models.quantization`).
         config["quantization"] = quantization
@@ -168,6 +176,7 @@ def save_preset(model, path, tokenizer=None, include_optimizer=False):
         file_settings = tokenizer_file_settings(arguments)
     with atomic_directory(path, owned_files=OWNED_FILES) as staging:
         (staging / CONFIG_FILE).write_text(config_text)
+        (staging / CARD_FILE).write_text(card, encoding="utf-8")
         _save_weights(
             backbone, staging / BACKBONE_WEIGHTS_FILE, include_optimizer and backbone is model
         )

@@ -18,9 +18,11 @@ sentence-transformers.
 """
 
 import json
+import os
 from pathlib import Path
 
 from kbert.checkpoints._config import read_json
+from kbert.checkpoints.model_card import CARD_FILE, model_card
 
 MODULES_FILE = "modules.json"
 SENTENCE_BERT_CONFIG_FILE = "sentence_bert_config.json"
@@ -264,7 +266,8 @@ def export_to_sentence_transformers(embedder, path, onnx=False):
     The directory holds the Hugging Face BERT files (`config.json`, `model.safetensors`,
     `vocab.txt`, `tokenizer_config.json`, see `kbert.checkpoints.export_to_huggingface`)
     and `modules.json`, `1_Pooling/config.json`, `2_Normalize/` (when the embedder
-    normalises), `sentence_bert_config.json` and `config_sentence_transformers.json`.
+    normalises), `sentence_bert_config.json`, `config_sentence_transformers.json` and the
+    model card `README.md` (`kbert.checkpoints.model_card`).
     `sentence_transformers.SentenceTransformer(path)` then encodes as the embedder does.
     The write is atomic: a kill leaves the old or the new complete directory.
 
@@ -294,8 +297,9 @@ def export_to_sentence_transformers(embedder, path, onnx=False):
     >>> embedder = kbert.models.BertTextEmbedder.from_preset("my_bert")
     >>> path = export_to_sentence_transformers(embedder, "my_st_model")
     >>> sorted(file.name for file in path.iterdir())  # no 2_Normalize: it does not normalise
-    ['1_Pooling', 'config.json', 'config_sentence_transformers.json', 'model.safetensors',
-     'modules.json', 'sentence_bert_config.json', 'tokenizer_config.json', 'vocab.txt']
+    ['1_Pooling', 'README.md', 'config.json', 'config_sentence_transformers.json',
+     'model.safetensors', 'modules.json', 'sentence_bert_config.json', 'tokenizer_config.json',
+     'vocab.txt']
     >>> import sentence_transformers
     >>> vectors = sentence_transformers.SentenceTransformer(str(path)).encode(["a a"])
     >>> np.allclose(vectors, embedder.encode(["a a"]), atol=1e-5)
@@ -317,6 +321,7 @@ def export_to_sentence_transformers(embedder, path, onnx=False):
     check_not_quantized(embedder, "export_to_sentence_transformers")
     path = Path(path)
     owned = (
+        CARD_FILE,
         MODULES_FILE,
         SENTENCE_BERT_CONFIG_FILE,
         SENTENCE_TRANSFORMERS_CONFIG_FILE,
@@ -363,6 +368,11 @@ def export_to_sentence_transformers(embedder, path, onnx=False):
                     quantize=quantize,
                     interface="huggingface",
                 )
+        # The model card (kbert.checkpoints.model_card), replacing any a nested export wrote.
+        (staging / CARD_FILE).write_text(
+            model_card(embedder, os.fspath(path), formats=("sentence-transformers",)),
+            encoding="utf-8",
+        )
         fix_file_modes(staging)
     return path
 

@@ -18,10 +18,12 @@ sentence-transformers.
 """
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 from kbert.checkpoints._config import read_json
+from kbert.checkpoints.model_card import CARD_FILE, model_card
 from kbert.checkpoints.sentence_transformers import (
     MODULES_FILE,
     SENTENCE_BERT_CONFIG_FILE,
@@ -186,10 +188,10 @@ def export_to_sparse_encoder(encoder, path):
     The directory holds the Hugging Face `BertForMaskedLM` files (`config.json`,
     `model.safetensors`, `vocab.txt`, `tokenizer_config.json`; see
     `kbert.checkpoints.export_to_huggingface`) and `modules.json` (`MLMTransformer` ->
-    `SpladePooling`), `1_SpladePooling/config.json`, `sentence_bert_config.json` and
-    `config_sentence_transformers.json`. `sentence_transformers.SparseEncoder(path)` then
-    encodes as the encoder does. The write is atomic: a kill leaves the old or the new
-    complete directory.
+    `SpladePooling`), `1_SpladePooling/config.json`, `sentence_bert_config.json`,
+    `config_sentence_transformers.json` and the model card `README.md`.
+    `sentence_transformers.SparseEncoder(path)` then encodes as the encoder does. The write
+    is atomic: a kill leaves the old or the new complete directory.
 
     Args:
         encoder: a `kbert.models.BertSparseEncoder` with a vocabulary (a preprocessor or the
@@ -207,8 +209,9 @@ def export_to_sparse_encoder(encoder, path):
     >>> encoder = kbert.models.BertSparseEncoder.from_preset("my_bert", fresh_heads=True)
     >>> path = export_to_sparse_encoder(encoder, "my_splade")
     >>> sorted(file.name for file in path.iterdir())
-    ['1_SpladePooling', 'config.json', 'config_sentence_transformers.json', 'model.safetensors',
-     'modules.json', 'sentence_bert_config.json', 'tokenizer_config.json', 'vocab.txt']
+    ['1_SpladePooling', 'README.md', 'config.json', 'config_sentence_transformers.json',
+     'model.safetensors', 'modules.json', 'sentence_bert_config.json', 'tokenizer_config.json',
+     'vocab.txt']
     """
     from kbert.checkpoints.atomic import atomic_directory, fix_file_modes
     from kbert.checkpoints.huggingface import export_to_huggingface
@@ -224,6 +227,7 @@ def export_to_sparse_encoder(encoder, path):
     check_not_quantized(encoder, "export_to_sparse_encoder")
     path = Path(path)
     owned = (
+        CARD_FILE,
         MODULES_FILE,
         SENTENCE_BERT_CONFIG_FILE,
         SENTENCE_TRANSFORMERS_CONFIG_FILE,
@@ -246,5 +250,9 @@ def export_to_sparse_encoder(encoder, path):
                 "vocabulary); a SparseEncoder directory needs one to decode its dimensions."
             )
         write_settings(encoder, staging)
+        # The model card (kbert.checkpoints.model_card), replacing any a nested export wrote.
+        (staging / CARD_FILE).write_text(
+            model_card(encoder, os.fspath(path), formats=("sparse-encoder",)), encoding="utf-8"
+        )
         fix_file_modes(staging)
     return path

@@ -578,6 +578,8 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         for tf.data).
         """
         x, y, sample_weight = self._prepare(x, y, sample_weight, "fit", batch_size)
+        # The model card's data size (kbert.checkpoints.model_card); None for datasets.
+        self.training_examples = _row_count(x)
         validation_data = self._prepare_validation_data(validation_data, batch_size)
         x, y, sample_weight, batch_size, validation_data, validation_split = self._batch_fit_data(
             x, y, sample_weight, batch_size, validation_data, validation_split, kwargs
@@ -621,9 +623,12 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         if self._can_batch_by_length(x, y, sample_weight):
             x = self._length_batches(x, y, sample_weight, batch_size)[0]
             y = sample_weight = batch_size = None
-        return super().evaluate(
+        results = super().evaluate(
             x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, **kwargs
         )
+        # The model card's evaluation results (kbert.checkpoints.model_card).
+        self.evaluation_results = dict(self.get_metrics_result())
+        return results
 
     def predict(self, x, batch_size=None, **kwargs):
         """`keras.Model.predict` through the pipeline.
@@ -685,3 +690,10 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         """`keras.Model.predict_on_batch` through the pipeline (steps 1 and 2)."""
         x, _, _ = self._prepare(x, mode="predict")
         return super().predict_on_batch(x)
+
+
+def _row_count(x):
+    """The number of rows of packed inputs (a dict of arrays or an array), else None."""
+    if isinstance(x, dict) and all(hasattr(v, "shape") for v in x.values()) or hasattr(x, "shape"):
+        return _num_rows(x)
+    return None

@@ -6,9 +6,11 @@ depend on checkpoints, never the reverse.
 """
 
 import inspect
+import json
 import os
+from pathlib import Path
 
-from kbert import checkpoints, hub
+from kbert import checkpoints, hub, processes
 from kbert.checkpoints.atomic import recover
 
 _UNCASED_VOCABULARY_SIZE = 30522
@@ -155,7 +157,7 @@ class PresetMixin:
         if path is None:  # A built-in name without installed weights, load_weights=False.
             config = {**BACKBONE_PRESETS[os.fspath(source)]["config"], **backbone_arguments}
             return cls.from_backbone(backbone_cls(**config), **model_arguments)
-        return checkpoints.load_checkpoint(
+        model = checkpoints.load_checkpoint(
             cls,
             path,
             backbone_cls,
@@ -164,6 +166,9 @@ class PresetMixin:
             backbone_arguments=backbone_arguments,
             model_arguments=model_arguments,
         )
+        if load_weights:  # The model card's `base_model` (kbert.checkpoints.model_card).
+            model.base_model = _base_model(source, path)
+        return model
 
     @classmethod
     def _split_preset_arguments(cls, kwargs):
@@ -219,6 +224,72 @@ class PresetMixin:
             self, path, tokenizer=tokenizer, include_optimizer=include_optimizer
         )
 
+    def push_to_hub(
+        self,
+        handle,
+        tokenizer=None,
+        private=None,
+        revision=None,
+        commit_message=None,
+        token=None,
+    ):
+        """Uploads the model to a Hugging Face Hub repository, in one commit.
+
+        The repository serves kbert, `transformers` and `sentence-transformers`: kbert's
+        preset (what `save_to_preset` writes) goes into its `kbert/` folder, which
+        `from_preset("hf://<owner>/<name>")` reads; its top holds the files the other
+        libraries load where a format exists (a Hugging Face BERT directory for the backbone,
+        the pretrainer and the task heads; a sentence-transformers directory for a text
+        embedder, a cross-encoder or a sparse encoder) and the model card `README.md`. See
+        `kbert.checkpoints.hub_repository` and `kbert.hub.upload_preset`.
+
+        Args:
+            handle: str. `hf://<owner>/<name>[@revision]`.
+            tokenizer: optional `kbert.text.BertTokenizer` to store with the model when it
+                has none (a backbone or a pretrainer).
+            private: optional bool. Visibility of a repository this call creates.
+            revision: optional str. The branch to commit to (created from `main` if
+                needed). Defaults to the handle's `@revision`, else `main`.
+            commit_message: optional str. Defaults to "Upload <name> with kbert".
+            token: optional str. A Hub token with write access. Defaults to
+                huggingface_hub's (`HF_TOKEN`, then the saved login).
+
+        Returns:
+            The new commit's hash (str); None on a process other than process 0 of a
+            multi-process run (`kbert.distribution.initialize`), which uploads nothing.
+
+        Raises:
+            ValueError: a malformed handle or two different revisions.
+            PermissionError: the token may not write to the repository.
+            ConnectionError: the upload failed; the repository is as it was.
+        """
+        import tempfile
+
+        from kbert.checkpoints.hub_repository import write_repository
+
+        if not isinstance(handle, str) or not hub.is_hub_handle(handle):
+            raise ValueError(
+                f"`handle` must be an hf://<owner>/<name> handle. Received: {handle!r}"
+            )
+        repo_id, _ = hub.parse_handle(handle)
+        if not processes.is_writer():  # Several processes: process 0 uploads.
+            return None
+        with tempfile.TemporaryDirectory(prefix="kbert-push-") as scratch:
+            directory = write_repository(
+                self,
+                Path(scratch) / repo_id.rsplit("/", 1)[-1],
+                f"{hub.HANDLE_PREFIX}{repo_id}",
+                tokenizer=tokenizer,
+            )
+            return hub.upload_preset(
+                handle,
+                directory,
+                private=private,
+                revision=revision,
+                commit_message=commit_message,
+                token=token,
+            )
+
     @classmethod
     def from_backbone(cls, backbone, **kwargs):
         """Wraps a backbone into this model class (the backbone itself for `BertBackbone`)."""
@@ -235,6 +306,22 @@ def _explicit_parameters(function):
         if name != "self"
         and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     }
+
+
+def _base_model(source, path):
+    """The Hub repository a model loaded from `source` (read at `path`) started from, or None:
+    the handle's repository, a preset name's, or what a kbert preset's config records."""
+    name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else ""
+    if hub.is_hub_handle(name):
+        return hub.parse_handle(name)[0]
+    if name in hub.PRESET_HANDLES and not Path(name).exists():
+        return hub.parse_handle(hub.PRESET_HANDLES[name])[0]
+    config = Path(path) / "config.json"
+    try:
+        recorded = json.loads(config.read_text()).get("base_model") if config.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return recorded if isinstance(recorded, str) else None
 
 
 def _preset_directory(source, load_weights):

@@ -19,9 +19,30 @@ client's resumption or restart) with 500;
 `metadata_status` (e.g. 503) answers every `/api/` request with that server error; a file
 whose bytes are None is listed but answered with `EntryNotFound`.
 
+Uploads, as `huggingface_hub`'s `create_repo`, `create_branch` and `create_commit` send them
+(with `HF_HUB_DISABLE_XET`, the LFS protocol instead of Xet storage):
+
+- `POST /api/repos/create` (`name`, `organization`, `visibility`): a new empty repository,
+  `409` when it exists; `private` records the visibility;
+- `POST /api/models/<repo>/branch/<branch>`: a branch at the current `main`, `409` if it exists;
+- `POST /api/validate-yaml`: no errors, no warnings (the model card's header is checked by
+  the tests themselves);
+- `POST /api/models/<repo>/preupload/<rev>`: `lfs` for weights (`*.safetensors`, `*.h5`,
+  `*.onnx`, `*.bin`, `*.npz`) and any file over 100 kB, `regular` otherwise;
+- `POST /<repo>.git/info/lfs/objects/batch`: a basic-transfer `upload` action per object
+  not stored yet, pointing at `PUT /lfs/<oid>`, which checks the bytes' sha256;
+- `POST /api/models/<repo>/commit/<rev>` (NDJSON: header, `file` in base64, `lfsFile` by
+  oid, `deletedFile`): the new commit, all files or nothing; an `lfsFile` whose object was
+  never uploaded is a `400` and changes nothing.
+
+`reject_lfs` answers every LFS upload with `403`, `reject_commit` every commit with `422`
+(the failures after which the repository must be as it was); `authorizations` records the
+`Authorization` header of every upload request.
+
 `SilentServer` accepts connections on 127.0.0.1 and never answers (a Hub that hangs).
 """
 
+import base64
 import hashlib
 import http.server
 import json
@@ -35,10 +56,12 @@ class Repository:
     """A model repository: `revisions` maps branch/tag names to commits, `commits` maps
     commit hashes to `{path: bytes}`."""
 
-    def __init__(self, files, gated=False):
+    def __init__(self, files, gated=False, private=False):
         self.commits = {}
         self.revisions = {}
         self.gated = gated
+        self.private = private
+        self.messages = {}  # commit -> the commit message of an upload
         self.add_commit("main", files)
 
     def add_commit(self, revision, files):
@@ -69,6 +92,10 @@ class HubServer:
         self.stalled = threading.Event()  # set once a stalled transfer has sent its half
         self.release = threading.Event()
         self.metadata_status = None  # e.g. 503: every /api/ request fails with it
+        self.lfs_objects = {}  # sha256 hex -> bytes uploaded through the LFS protocol
+        self.reject_lfs = False  # every LFS upload answered with 403
+        self.reject_commit = False  # every commit answered with 422
+        self.authorizations = []  # the Authorization header of every upload request
         self._lock = threading.Lock()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -122,6 +149,17 @@ class SilentServer:
 _INFO = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)(/revision/(?P<rev>[^/]+))?")
 _TREE = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/]+)(?P<path>/.*)?")
 _RESOLVE = re.compile(r"/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)")
+_BRANCH = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)/branch/(?P<branch>[^/]+)")
+_PREUPLOAD = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)/preupload/(?P<rev>[^/]+)")
+_COMMIT = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)/commit/(?P<rev>[^/]+)")
+_LFS_BATCH = re.compile(r"/(?P<repo>[^/]+/[^/]+)\.git/info/lfs/objects/batch")
+_LFS_PUT = re.compile(r"/lfs/(?P<oid>[0-9a-f]{64})")
+_LFS_SUFFIXES = (".safetensors", ".h5", ".onnx", ".bin", ".npz")
+
+
+def _is_lfs(entry):
+    """The Hub's choice for a file: LFS for weights and anything over 100 kB."""
+    return entry["path"].endswith(_LFS_SUFFIXES) or entry["size"] > 100_000
 
 
 def _etag(data):
@@ -141,6 +179,130 @@ def _handler(hub):
 
         def do_GET(self):
             self._serve(head=False)
+
+        def do_POST(self):
+            path = unquote(urlsplit(self.path).path)
+            body = self._body()
+            with hub._lock:
+                hub.requests.append((self.command, path))
+                hub.authorizations.append(self.headers.get("Authorization"))
+            if path == "/api/repos/create":
+                return self._create_repo(json.loads(body))
+            if path == "/api/validate-yaml":
+                return self._json({"errors": [], "warnings": []})
+            for pattern, serve in (
+                (_BRANCH, self._create_branch),
+                (_PREUPLOAD, self._preupload),
+                (_COMMIT, self._commit),
+                (_LFS_BATCH, self._lfs_batch),
+            ):
+                match = pattern.fullmatch(path)
+                if match:
+                    return serve(match, body)
+            self._error(404, None, "Not found")
+
+        def do_PUT(self):
+            path = unquote(urlsplit(self.path).path)
+            body = self._body()
+            with hub._lock:
+                hub.requests.append((self.command, path))
+            match = _LFS_PUT.fullmatch(path)
+            if not match:
+                return self._error(404, None, "Not found")
+            if hub.reject_lfs:
+                return self._error(403, None, "LFS upload refused")
+            if hashlib.sha256(body).hexdigest() != match["oid"]:
+                return self._error(400, None, "sha256 mismatch")
+            with hub._lock:
+                hub.lfs_objects[match["oid"]] = body
+            self._json({})
+
+        def _body(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            return self.rfile.read(length) if length else b""
+
+        def _create_repo(self, payload):
+            repo_id = f"{payload.get('organization') or 'user'}/{payload['name']}"
+            with hub._lock:
+                exists = repo_id in hub.repositories
+                if not exists:
+                    hub.repositories[repo_id] = Repository(
+                        {}, private=payload.get("visibility") == "private"
+                    )
+            url = f"{hub.endpoint}/{repo_id}"
+            if exists:  # The Hub's 409 names the repository too.
+                return self._error(409, None, "You already created this model repo", url=url)
+            self._json({"url": url, "name": repo_id})
+
+        def _create_branch(self, match, body):
+            repository = hub.repositories.get(match["repo"])
+            if repository is None:
+                return self._error(404, "RepoNotFound", "Repository not found")
+            with hub._lock:
+                if match["branch"] in repository.revisions:
+                    return self._error(409, None, "Reference already exists")
+                repository.revisions[match["branch"]] = repository.revisions["main"]
+            self._json({})
+
+        def _preupload(self, match, body):
+            found = self._repository(match)
+            if found:
+                files = json.loads(body)["files"]
+                self._json(
+                    {
+                        "files": [
+                            {
+                                "path": entry["path"],
+                                "uploadMode": "lfs" if _is_lfs(entry) else "regular",
+                                "shouldIgnore": False,
+                            }
+                            for entry in files
+                        ]
+                    },
+                    found[1],
+                )
+
+        def _lfs_batch(self, match, body):
+            if match["repo"] not in hub.repositories:
+                return self._error(404, "RepoNotFound", "Repository not found")
+            objects = []
+            for item in json.loads(body)["objects"]:
+                entry = {"oid": item["oid"], "size": item["size"]}
+                if item["oid"] not in hub.lfs_objects:
+                    href = f"{hub.endpoint}/lfs/{item['oid']}"
+                    entry["actions"] = {"upload": {"href": href}}
+                objects.append(entry)
+            self._json({"transfer": "basic", "objects": objects})
+
+        def _commit(self, match, body):
+            found = self._repository(match)
+            if not found:
+                return
+            repository, commit = found
+            if hub.reject_commit:
+                return self._error(422, None, "Commit refused")
+            files = dict(repository.commits[commit])
+            message = None
+            for line in body.splitlines():
+                item = json.loads(line)
+                value = item["value"]
+                if item["key"] == "header":
+                    message = value.get("summary")
+                elif item["key"] == "file":
+                    files[value["path"]] = base64.b64decode(value["content"])
+                elif item["key"] == "lfsFile":
+                    data = hub.lfs_objects.get(value["oid"])
+                    if data is None:
+                        return self._error(400, None, f"LFS object of {value['path']} missing")
+                    files[value["path"]] = data
+                elif item["key"] == "deletedFile":
+                    files.pop(value["path"], None)
+            with hub._lock:
+                new = repository.add_commit(match["rev"] or "main", files)
+                repository.messages[new] = message
+            self._json(
+                {"commitUrl": f"{hub.endpoint}/{match['repo']}/commit/{new}", "commitOid": new}
+            )
 
         def _serve(self, head):
             path = unquote(urlsplit(self.path).path)
@@ -252,17 +414,18 @@ def _handler(hub):
                 return
             self.wfile.write(data[start:])
 
-        def _json(self, value, commit):
+        def _json(self, value, commit=None):
             body = json.dumps(value).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
-            self.send_header("X-Repo-Commit", commit)
+            if commit:
+                self.send_header("X-Repo-Commit", commit)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
-        def _error(self, status, code, message, commit=None):
-            body = json.dumps({"error": message}).encode()
+        def _error(self, status, code, message, commit=None, url=None):
+            body = json.dumps({"error": message, **({"url": url} if url else {})}).encode()
             self.send_response(status)
             if code:
                 self.send_header("X-Error-Code", code)
