@@ -177,5 +177,17 @@ class QuantizationMixin:
     @property
     def quantization_record(self):
         """What `quantize` did to this model, as written into a preset's `config.json`: a list
-        of `{"mode", "config", "layers"}` (layer paths), or `None` for a float model."""
-        return getattr(self, "_quantization_record", None) or None
+        of `{"mode", "config", "layers"}` (layer paths), or `None` for a float model.
+
+        A task built on a backbone quantized before (e.g. loaded from another task's
+        quantized preset) includes the backbone's entries, so that its own preset reloads."""
+        own = getattr(self, "_quantization_record", None) or []
+        backbone = getattr(self, "backbone", None)
+        if backbone is not None and backbone is not self:
+            covered = {path for entry in own for path in entry["layers"]}
+            inherited = [
+                dict(entry, layers=[p for p in entry["layers"] if p not in covered])
+                for entry in getattr(backbone, "_quantization_record", None) or []
+            ]
+            own = [entry for entry in inherited if entry["layers"]] + own
+        return own or None
