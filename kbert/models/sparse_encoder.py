@@ -567,8 +567,28 @@ class BertSparseEncoder(TextEncoding, BertTask):
                 "fresh_heads=True to start from a fresh head."
             )
         pretrainer = BertPretrainer.from_preset(path)
-        for source, target in zip(pretrainer.masked_lm_head.weights, model.masked_lm_head.weights):
-            target.assign(ops.cast(source, target.dtype))
+        # A quantized pretrainer's head: quantize this head's layers as the record says
+        # (the backbone's are quantized already), so that the variables correspond.
+        head_layers = {layer.path for layer in model.masked_lm_head._flatten_layers()}
+        record = [
+            dict(entry, layers=[p for p in entry["layers"] if p in head_layers])
+            for entry in pretrainer.quantization_record or []
+        ]
+        record = [entry for entry in record if entry["layers"]]
+        if record:
+            model.apply_quantization_record(record)
+        # Copied by variable path, every one of them (the token embedding is tied).
+        sources = {v.path: v for v in pretrainer.masked_lm_head.weights}
+        targets = {v.path: v for v in model.masked_lm_head.weights}
+        if sorted(sources) != sorted(targets) or any(
+            tuple(sources[p].shape) != tuple(targets[p].shape) for p in targets
+        ):
+            raise ValueError(
+                f"The masked-LM head of the BertPretrainer in {path} does not match this "
+                f"sparse encoder's: variables {sorted(sources)} against {sorted(targets)}."
+            )
+        for name, target in targets.items():
+            target.assign(ops.cast(sources[name], target.dtype))
         return model
 
 
