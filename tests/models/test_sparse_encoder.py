@@ -13,6 +13,7 @@ import shutil
 import keras
 import numpy as np
 import pytest
+import scipy.sparse as scipy_sparse  # `dev` installs it (the `sparse` extra): no skip
 
 from kbert.checkpoints import export_to_sparse_encoder
 from kbert.layers import SpladePooling
@@ -23,7 +24,6 @@ from kbert.retrieval import sparse_search
 from tests.checkpoints import _reference as R
 
 st = pytest.importorskip("sentence_transformers")
-scipy_sparse = pytest.importorskip("scipy.sparse")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
