@@ -433,8 +433,8 @@ def test_unreachable_coordinator_fails_within_the_timeout(monkeypatch):
     assert kd.processes.process_group() is None
 
 
-@pytest.mark.skipif(
-    BACKEND != "jax",
+@pytest.mark.backends(
+    "jax",
     reason="model_parallel spans processes on JAX only (keras.distribution.ModelParallel); "
     "TensorFlow and torch train over processes data-parallel.",
 )

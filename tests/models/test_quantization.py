@@ -271,7 +271,7 @@ class TestQuantize(TestCase):
         assert cosine.min() > 0.99 and not np.array_equal(actual, expected)
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch's int8 kernel")
+@pytest.mark.backends("torch", reason="torch's int8 kernel")
 class TestTorchInt8Kernel(TestCase):
     def test_dense_runs_torch_int8_kernel_on_keras_int8_weights(self):
         import torch
