@@ -123,10 +123,12 @@ class TestQuantize(TestCase):
             quantized = to_numpy_tree(model(_inputs_of(name, inputs)))
             for key, expected in float_outputs[name].items():
                 # Quantized, and close: int8 rounding of weights and inputs moves outputs by
-                # 0.4-2 % of their range on torch; up to 5.4 % on JAX (multiple choice's two
-                # logits). The weights' per-channel rounding is checked exactly above.
+                # 0.4-2 % of their range on torch; the two or three logits of the
+                # multiple-choice and cross-encoder heads up to 6.7 % (JAX, TensorFlow), so
+                # those few-value outputs keep 10 %. The weights' per-channel rounding is
+                # checked exactly above.
                 error = _relative_error(quantized[key], expected)
-                assert 0 < error < 0.06, (name, key, error)
+                assert 0 < error < (0.03 if expected.size >= 8 else 0.1), (name, key, error)
 
     def test_modes_and_errors(self):
         backbone = _backbone()
