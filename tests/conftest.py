@@ -1,4 +1,9 @@
-"""Shared pytest set-up: quiet TensorFlow, deterministic seeds, backend marker."""
+"""Shared pytest set-up: quiet TensorFlow, deterministic seeds, backend markers.
+
+`@pytest.mark.backends("torch", reason=...)` (one or more of "tensorflow", "jax", "torch")
+runs a test only under those KERAS_BACKEND values: on the other legs it is deselected (not
+collected), instead of each test file gating on `keras.backend.backend()` by hand.
+"""
 
 import os
 
@@ -23,6 +28,37 @@ if keras.backend.backend() == "torch":
     # Tiny test models gain nothing from intra-op threads, and spinning OpenMP workers on a
     # shared 2-core machine make each small matmul orders of magnitude slower.
     torch.set_num_threads(1)
+
+
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "backends(*names, reason=None): runs only under these KERAS_BACKEND values "
+        "(tensorflow, jax, torch); deselected under the others",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselects tests whose `backends` marker leaves out the current backend."""
+    backend = keras.backend.backend()
+    kept, deselected = [], []
+    for item in items:
+        names = [name for marker in item.iter_markers("backends") for name in marker.args]
+        unknown = sorted(set(names) - set(BACKENDS))
+        if unknown or (item.get_closest_marker("backends") and not names):
+            raise pytest.UsageError(
+                f"{item.nodeid}: @pytest.mark.backends takes names among {BACKENDS}. "
+                f"Received: {names}"
+            )
+        # Markers of the test, its class and its module must all allow the backend.
+        allowed = all(backend in marker.args for marker in item.iter_markers("backends"))
+        (kept if allowed else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 def pytest_report_header(config):

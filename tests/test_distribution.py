@@ -291,7 +291,7 @@ def jax_distributed(tmp_path_factory):
     )
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX")
+@pytest.mark.backends("jax", reason="keras.distribution runs on JAX")
 @pytest.mark.parametrize("mode", ["data_parallel", "model_parallel"])
 def test_jax_distributed_fit_equals_single_device(jax_distributed, mode):
     assert jax_distributed["devices"] == 8
@@ -301,7 +301,7 @@ def test_jax_distributed_fit_equals_single_device(jax_distributed, mode):
     assert differences["predictions"] < 1e-5, differences
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX")
+@pytest.mark.backends("jax", reason="keras.distribution runs on JAX")
 def test_jax_weights_are_sharded(jax_distributed):
     replicated = jax_distributed["data_parallel_shards"]
     query = "transformer_layer_1/self_attention/query/kernel"
@@ -325,7 +325,7 @@ def test_jax_weights_are_sharded(jax_distributed):
     assert gamma["shard_shapes"] == [[16]] and set(gamma["spec"]) <= {None}
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX")
+@pytest.mark.backends("jax", reason="keras.distribution runs on JAX")
 def test_jax_batch_not_divisible_is_a_clear_error(jax_distributed):
     message = jax_distributed["data_parallel_bad_batch"]
     assert message and "divisible by the 8 devices" in message and "batch_size=12" in message
@@ -354,7 +354,7 @@ print(t.RESULT_PREFIX + json.dumps(result))
 """
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute runs on TensorFlow")
+@pytest.mark.backends("tensorflow", reason="tf.distribute runs on TensorFlow")
 def test_tf_mirrored_strategy_equals_single_device(tmp_path):
     path = str(tmp_path / "reference.npz")
     # Under a tf.distribute strategy Keras splits the batches as given (no length plan).
@@ -423,7 +423,7 @@ def _saved_activation_bytes(backbone, x):
     return sum(saved)
 
 
-@pytest.mark.skipif(BACKEND == "tensorflow", reason="tf.recompute_grad keeps no inspectable record")
+@pytest.mark.backends("jax", "torch", reason="tf.recompute_grad keeps no inspectable record")
 def test_remat_keeps_fewer_activations():
     x, _ = _data(batch=4, length=16)
     saved = {}

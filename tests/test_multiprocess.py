@@ -228,6 +228,56 @@ def inference_reference(tmp_path_factory):
     return inference_worker.reference(str(tmp_path_factory.mktemp("inference_reference")))
 
 
+# Rows of each call of the inference worker's `run`.
+INFERENCE_ROWS = {
+    "predict": 37,
+    "predict_text": 9,
+    "encode": 23,
+    "encode_binary": 23,
+    "cross_encoder": 13,
+    "rank": 11,
+    "sparse_encoder": 23,
+    "multiple_choice": 11,
+    "evaluate": 37,
+}
+# Shared by the length of their packed rows (the others by the characters of their texts).
+SHARED_BY_PACKED_LENGTH = ("predict", "cross_encoder", "rank", "sparse_encoder", "multiple_choice")
+
+
+def _dealt(lengths, count):
+    """The row-sharing rule written out: rows by length, longest first (ties in row order),
+    dealt to the processes in turn. Returns each process' sorted row indices."""
+    order = sorted(range(len(lengths)), key=lambda row: (-lengths[row], row))
+    shares = [[] for _ in range(count)]
+    for position, row in enumerate(order):
+        shares[position % count].append(row)
+    return [sorted(share) for share in shares]
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_row_share_deals_rows_longest_first_in_turn(count):
+    rng = np.random.default_rng(count)
+    lengths = rng.integers(1, 9, 29)  # many ties
+    shares = [process_inference.row_share(lengths, index=i, count=count) for i in range(count)]
+    for got, expected in zip(shares, _dealt(lengths.tolist(), count), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    # Every row once: sizes differ by at most one, and so does the longest row of each share.
+    np.testing.assert_array_equal(np.sort(np.concatenate(shares)), np.arange(29))
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    if count > 1:
+        # Longest first: process 0 gets the longest row, every process gets long and short.
+        assert lengths.argmax() in shares[0]
+        tops = sorted(lengths, reverse=True)
+        for index, share in enumerate(shares):
+            assert sorted(lengths[share], reverse=True) == tops[index::count]
+    # Raw texts are shared by their characters.
+    words = ["a" * n for n in lengths]
+    np.testing.assert_array_equal(
+        process_inference.row_share([len(w) for w in words], index=0, count=count), shares[0]
+    )
+
+
 def test_predict_evaluate_encode_over_two_processes_equal_one_process(
     tmp_path, inference_reference
 ):
@@ -235,8 +285,25 @@ def test_predict_evaluate_encode_over_two_processes_equal_one_process(
     output, results = tmp_path / "output", tmp_path / "results"
     codes, outputs = _wait(_launch(output, results, worker_module=INFERENCE_WORKER))
     assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    reports = [json.loads((results / f"inference_{i}.json").read_text()) for i in range(2)]
+    # One process ran every row of every call through its model (the counter sees them all;
+    # its evaluate runs Keras' own loop, not counted).
+    one = expected_report["rows_run"]
+    for label, rows in INFERENCE_ROWS.items():
+        assert len(one[label]) == (0 if label == "evaluate" else rows), label
+    one["evaluate"] = one["predict"]  # the same packed rows
+    # Two processes: each ran its share only, the shares dealt longest first in turn.
+    for label, rows in INFERENCE_ROWS.items():
+        ran = [report["rows_run"][label] for report in reports]
+        assert [len(r) for r in ran] == [(rows + 1) // 2, rows // 2], (label, ran)
+        assert sorted(ran[0] + ran[1]) == sorted(one[label]), label
+        if label in SHARED_BY_PACKED_LENGTH + ("evaluate",):
+            tops = sorted(one[label], reverse=True)
+            assert [sorted(r, reverse=True) for r in ran] == [tops[0::2], tops[1::2]], label
+    # Shards k, k + 2, ... per process: 0, 2, 4 (5 + 5 + 3 rows) and 1, 3 (5 + 5).
+    assert [len(report["rows_run"]["shards"]) for report in reports] == [13, 10]
     for index in range(2):
-        report = json.loads((results / f"inference_{index}.json").read_text())
+        report = reports[index]
         assert report["process_count"] == 2
         got = np.load(results / f"inference_{index}.npz")
         # Each process computed its share: every process has every row, in order.
@@ -366,8 +433,8 @@ def test_unreachable_coordinator_fails_within_the_timeout(monkeypatch):
     assert kd.processes.process_group() is None
 
 
-@pytest.mark.skipif(
-    BACKEND != "jax",
+@pytest.mark.backends(
+    "jax",
     reason="model_parallel spans processes on JAX only (keras.distribution.ModelParallel); "
     "TensorFlow and torch train over processes data-parallel.",
 )

@@ -21,8 +21,8 @@ import pytest
 from kbert.models import BertBackbone, BertClassifier, BertPretrainer
 from tests.test_case import random_backbone_inputs, tiny_backbone_kwargs
 
-pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "torch",
+pytestmark = pytest.mark.backends(
+    "torch",
     reason="jit_compile=True compiles with torch.compile only on the torch backend",
 )
 

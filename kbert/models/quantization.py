@@ -177,18 +177,29 @@ class QuantizationMixin:
     @property
     def quantization_record(self):
         """What `quantize` did to this model, as written into a preset's `config.json`: a list
-        of `{"mode", "config", "layers"}` (layer paths), or `None` for a float model."""
-        return getattr(self, "_quantization_record", None) or None
+        of `{"mode", "config", "layers"}` (layer paths), or `None` for a float model.
+
+        A task built on a backbone quantized before (e.g. loaded from another task's
+        quantized preset) includes the backbone's entries, so that its own preset reloads."""
+        own = getattr(self, "_quantization_record", None) or []
+        backbone = getattr(self, "backbone", None)
+        if backbone is not None and backbone is not self:
+            covered = {path for entry in own for path in entry["layers"]}
+            inherited = [
+                dict(entry, layers=[p for p in entry["layers"] if p not in covered])
+                for entry in getattr(backbone, "_quantization_record", None) or []
+            ]
+            own = [entry for entry in inherited if entry["layers"]] + own
+        return own or None
 
 
 def quantized_weights(model):
-    """What makes `model` quantized: its `quantize` records (the model's and its backbone's)
+    """What makes `model` quantized: its `quantize` record (which includes its backbone's)
     and the paths of its variables stored in a non-float dtype (int8 kernels, int4 packed
     into int8, float8 scales). An empty list for a float model."""
     found = []
-    for owner in (model, getattr(model, "backbone", None)):
-        for entry in getattr(owner, "quantization_record", None) or []:
-            found.append(f"quantize({entry['mode']!r}) of {len(entry['layers'])} layers")
+    for entry in getattr(model, "quantization_record", None) or []:
+        found.append(f"quantize({entry['mode']!r}) of {len(entry['layers'])} layers")
     for variable in model.weights:
         dtype = keras.backend.standardize_dtype(variable.dtype)
         if not dtype.startswith(("float", "bfloat")) or dtype.startswith("float8"):

@@ -14,9 +14,11 @@ import keras
 import numpy as np
 from keras import ops
 
+from kbert import processes
 from kbert.data import batching
 from kbert.layers import MaskedLMHead, SpladePooling
 from kbert.layers.sparse import check_splade_settings
+from kbert.models import process_inference
 from kbert.models.input_checks import check_model_inputs
 from kbert.models.pipeline import text_parts
 from kbert.models.task import BertTask
@@ -331,19 +333,32 @@ class BertSparseEncoder(TextEncoding, BertTask):
         )
         check_model_inputs(x, self.backbone)  # once, whole
         # Blocks of rows of similar length (longest first), so each block's batches are
-        # padded as little as a whole-input length sort would pad them.
+        # padded as little as a whole-input length sort would pad them. Over several
+        # processes (`kbert.models.process_inference`) the rows of each block are dealt in
+        # turn (the rows of `row_share`); each block's rows are gathered whole on every
+        # process before the next, so no process holds more than one dense block.
         order = np.argsort(-batching.row_lengths(x["padding_mask"]), kind="stable")
+        sharing = process_inference.sharing_processes() and len(order) >= processes.process_count()
+        index, count = (processes.process_index(), processes.process_count()) if sharing else (0, 1)
+        show = 1 if verbose and processes.is_writer() else 0
+
+        def run(rows):
+            if len(rows) == 0:
+                return np.zeros((0, self.embedding_dim), np.float32)
+            part = {k: v[rows] for k, v in x.items()}
+            block = process_inference.compute_here(
+                self, lambda model: model._predict_by_length(part, int(batch_size), verbose=show)
+            )
+            block = np.asarray(block, np.float32)
+            return keep_top_dims(block, max_active_dims) if max_active_dims is not None else block
+
         blocks = []
         for start in range(0, len(order), _ENCODE_BLOCK_ROWS):
             rows = order[start : start + _ENCODE_BLOCK_ROWS]
-            block = self._predict_by_length(
-                {k: v[rows] for k, v in x.items()},
-                int(batch_size),
-                verbose=1 if verbose else 0,
-            )
-            block = np.asarray(block, np.float32)
-            if max_active_dims is not None:
-                block = keep_top_dims(block, max_active_dims)
+            mine = np.flatnonzero((start + np.arange(len(rows))) % count == index)
+            block = run(rows[mine])
+            if sharing:
+                block = process_inference.gather_rows(block, mine, len(rows), "encode")
             blocks.append(sparse.csr_matrix(block) if sparse is not None else block)
         inverse = np.argsort(order)
         if sparse is not None:
@@ -552,8 +567,28 @@ class BertSparseEncoder(TextEncoding, BertTask):
                 "fresh_heads=True to start from a fresh head."
             )
         pretrainer = BertPretrainer.from_preset(path)
-        for source, target in zip(pretrainer.masked_lm_head.weights, model.masked_lm_head.weights):
-            target.assign(ops.cast(source, target.dtype))
+        # A quantized pretrainer's head: quantize this head's layers as the record says
+        # (the backbone's are quantized already), so that the variables correspond.
+        head_layers = {layer.path for layer in model.masked_lm_head._flatten_layers()}
+        record = [
+            dict(entry, layers=[p for p in entry["layers"] if p in head_layers])
+            for entry in pretrainer.quantization_record or []
+        ]
+        record = [entry for entry in record if entry["layers"]]
+        if record:
+            model.apply_quantization_record(record)
+        # Copied by variable path, every one of them (the token embedding is tied).
+        sources = {v.path: v for v in pretrainer.masked_lm_head.weights}
+        targets = {v.path: v for v in model.masked_lm_head.weights}
+        if sorted(sources) != sorted(targets) or any(
+            tuple(sources[p].shape) != tuple(targets[p].shape) for p in targets
+        ):
+            raise ValueError(
+                f"The masked-LM head of the BertPretrainer in {path} does not match this "
+                f"sparse encoder's: variables {sorted(sources)} against {sorted(targets)}."
+            )
+        for name, target in targets.items():
+            target.assign(ops.cast(sources[name], target.dtype))
         return model
 
 

@@ -17,8 +17,8 @@ from kbert.models import BertBackbone
 pytest.importorskip("tensorflow", reason="the demo's pretraining data is a tf.data pipeline")
 
 
-@pytest.mark.skipif(
-    keras.backend.backend() != "torch",
+@pytest.mark.backends(
+    "torch",
     reason="the whole job, run once (torch's session is the quickest); the models it uses are "
     "tested on every backend",
 )

@@ -18,12 +18,12 @@ def _dense(dtype=None):
     return layer
 
 
+@pytest.mark.backends(
+    "torch",
+    reason="the direct path exists on torch only; elsewhere call_sublayer is Keras' __call__ "
+    "(see test_other_backends_go_through_keras_call)",
+)
 def test_direct_call_equals_keras_call():
-    if keras.backend.backend() != "torch":
-        pytest.skip(
-            "the direct path exists on torch only; elsewhere call_sublayer is Keras' __call__ "
-            "(see test_other_backends_go_through_keras_call)"
-        )
     layer = _dense()
     x = np.random.default_rng(1).normal(size=(3, 6)).astype("float32")
     x = keras.ops.convert_to_tensor(x)
@@ -32,12 +32,15 @@ def test_direct_call_equals_keras_call():
     np.testing.assert_allclose(keras.ops.convert_to_numpy(call_sublayer(layer, x)), expected)
 
 
+@pytest.mark.backends(
+    "jax",
+    "tensorflow",
+    reason="torch: see test_torch_skips_keras_call_only_where_it_changes_nothing",
+)
 def test_other_backends_go_through_keras_call():
     """On JAX and TensorFlow `call_sublayer` is Keras' `__call__`: under mixed precision it
     casts the float32 input and kernel to bfloat16 (`layer.call` alone would compute in
     float32)."""
-    if keras.backend.backend() == "torch":
-        pytest.skip("torch: see test_torch_skips_keras_call_only_where_it_changes_nothing")
     layer = _dense(dtype="mixed_bfloat16")
     x = keras.ops.convert_to_tensor(np.random.default_rng(1).normal(size=(3, 6)), "float32")
     out = call_sublayer(layer, x)
@@ -52,9 +55,8 @@ def test_other_backends_go_through_keras_call():
     )
 
 
+@pytest.mark.backends("torch", reason="the direct path exists on the torch backend only")
 def test_torch_skips_keras_call_only_where_it_changes_nothing():
-    if keras.backend.backend() != "torch":
-        pytest.skip("the direct path exists on the torch backend only")
     import torch
 
     x = torch.tensor(np.random.default_rng(1).normal(size=(3, 6)).astype("float32"))

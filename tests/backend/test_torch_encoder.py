@@ -20,9 +20,7 @@ from kbert.backend import paths
 from kbert.models import BertBackbone, BertClassifier
 from tests.test_case import random_backbone_inputs, tiny_backbone_kwargs
 
-pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "torch", reason="the lean path is the torch backend's"
-)
+pytestmark = pytest.mark.backends("torch", reason="the lean path is the torch backend's")
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 
@@ -92,7 +91,7 @@ def _cached_blobs(hub_env):
     return sorted(p.name for p in (hub_env / "hf_cache").rglob("blobs/*"))
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="a real 22M-parameter model: once")
+@pytest.mark.backends("torch", reason="a real 22M-parameter model: once")
 def test_handle_loads_minilm_equal_to_the_local_directory(
     served, hub_env, minilm_dir, minilm_files
 ):
@@ -428,7 +427,7 @@ def test_killed_download_leaves_nothing_a_later_load_reads(
     )
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="transformers parity: once")
+@pytest.mark.backends("torch", reason="transformers parity: once")
 def test_convert_tool_takes_a_handle(hub_env, monkeypatch, tmp_path):
     from kbert.checkpoints import export_to_huggingface
     from tests.test_bad_inputs import _convert_tool

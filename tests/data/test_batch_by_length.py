@@ -1,6 +1,5 @@
 """kbert.data.batch_by_length: tf.data batches cropped to buckets, every row once, metrics equal."""
 
-import keras
 import numpy as np
 import pytest
 
@@ -48,8 +47,8 @@ def test_per_token_labels_are_cropped_and_bad_input_is_refused():
         batch_by_length(tf.data.Dataset.from_tensor_slices({"token_ids": x["token_ids"]}), 4)
 
 
-@pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow",
+@pytest.mark.backends(
+    "tensorflow",
     reason="tf.data batches are backend-independent; each backend's Keras loop with varying "
     "shapes is tested in tests/models/test_length_batching.py: run once",
 )

@@ -263,7 +263,7 @@ class TestAttentionPaths(TestCase):
         dropped = [int((to_numpy(layer(x, training=True)) == 0).sum()) for _ in range(20)]
         assert sum(dropped) == 0, dropped
 
-    @pytest.mark.skipif(BACKEND != "tensorflow", reason="graph mode with an unknown batch size")
+    @pytest.mark.backends("tensorflow", reason="graph mode with an unknown batch size")
     def test_hash_dropout_in_tf_graph_with_unknown_batch(self):
         import tensorflow as tf
 

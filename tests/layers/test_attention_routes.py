@@ -205,9 +205,8 @@ class TestAttentionRoutes(TestCase):
         with pytest.raises(ValueError, match="`query_length` must be a positive integer"):
             _layer(weights)(X, padding_mask=mask, query_length=0)
 
-    @pytest.mark.skipif(
-        keras.config.backend() != "tensorflow" or not on_cpu(), reason="TensorFlow on CPU"
-    )
+    @pytest.mark.backends("tensorflow")
+    @pytest.mark.skipif(not on_cpu(), reason="TensorFlow on CPU")
     def test_one_row_training_graph_has_no_batched_matmul_on_tensorflow_cpu(self):
         """TensorFlow on CPU: a one-row query trains through broadcast products and sums, not
         oneDNN's einsums, whose one-row form corrupted the heap in some fresh processes

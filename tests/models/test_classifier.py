@@ -180,8 +180,8 @@ class TestBertClassifier(TestCase):
         )
 
     @pytest.mark.large
-    @pytest.mark.skipif(
-        keras.backend.backend() != "torch",
+    @pytest.mark.backends(
+        "torch",
         reason="the backbone's real-checkpoint parity runs on every backend in tests/checkpoints; "
         "this end-to-end check of the preprocessor and head wiring runs once, on the fastest "
         "backend",

@@ -92,8 +92,15 @@ def test_flags_change_only_the_outputs(tmp_path):
         BertBackbone(**tiny_backbone_kwargs(output_hidden_states=True)), num_classes=3
     )
     classifier.backbone.set_weights(plain.get_weights())
+    rng = np.random.default_rng(3)
+    head = classifier.get_layer("classifier")
+    kernel, bias = rng.normal(0, 1.0, (head.kernel.shape[0], 3)), rng.normal(0, 1, 3)
+    head.set_weights([kernel.astype("float32"), bias.astype("float32")])
     logits = to_numpy(classifier.predict_on_batch(inputs))
-    assert logits.shape == (2, 3) and np.isfinite(logits).all()
+    # The head on the plain backbone's pooled output, written out (no dropout at inference).
+    expected = reference["pooled_output"] @ kernel + bias
+    assert np.abs(expected[0] - expected[1]).max() > 0.1
+    np.testing.assert_allclose(logits, expected, atol=1e-5)
 
 
 def test_mixed_precision_outputs_are_in_compute_dtype():

@@ -13,6 +13,7 @@ import shutil
 import keras
 import numpy as np
 import pytest
+import scipy.sparse as scipy_sparse  # `dev` installs it (the `sparse` extra): no skip
 
 from kbert.checkpoints import export_to_sparse_encoder
 from kbert.layers import SpladePooling
@@ -23,7 +24,6 @@ from kbert.retrieval import sparse_search
 from tests.checkpoints import _reference as R
 
 st = pytest.importorskip("sentence_transformers")
-scipy_sparse = pytest.importorskip("scipy.sparse")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -333,3 +333,74 @@ def test_fit_on_query_document_columns_lowers_the_loss(splade, tmp_path):
     assert isinstance(loaded, BertSparseEncoder) and loaded.prompts == encoder.prompts
     packed = encoder.pack_token_ids(encoder.tokenize_texts(documents))
     np.testing.assert_allclose(loaded.predict(packed, verbose=0), _dense(vectors), atol=1e-5)
+
+
+def test_one_fit_step_loss_equals_sentence_transformers_splade_loss(splade):
+    """The loss of `fit`'s first step (before its update) equals sentence-transformers'
+    SpladeLoss on the same checkpoint and (query, document) columns: its in-batch ranking loss,
+    the document regulariser on the document column and the query regulariser on the query
+    column. Queries are shorter than documents, and the two weights differ tenfold, so
+    swapped columns or weights change the loss by far more than the tolerance."""
+    from sentence_transformers.sparse_encoder import losses as st_losses
+
+    queries = [f"tok{i} tok{i + 1}" for i in range(5, 45, 5)]
+    documents = [" ".join(f"tok{i + j}" for j in range(1, 9)) for i in range(5, 45, 5)]
+    weights = dict(document_regularizer_weight=0.3, query_regularizer_weight=3.0)
+    encoder = BertSparseEncoder.from_preset(
+        splade["masked_lm"], sequence_length=16, dropout=0.0, attention_dropout=0.0
+    )
+    encoder.compile(optimizer=keras.optimizers.SGD(1e-3), loss=SpladeLoss(**weights))
+    history = encoder.fit((queries, documents), batch_size=8, epochs=1, verbose=0)
+
+    model = splade["reference"]
+    model.eval()
+    loss = st_losses.SpladeLoss(
+        model, st_losses.SparseMultipleNegativesRankingLoss(model), **weights
+    )
+    with torch.no_grad():
+        features = [model.tokenize(column) for column in (queries, documents)]
+        parts = {k: float(v) for k, v in loss(features, None).items()}
+    # Each term counts: the regularisers differ by far more than the tolerance when swapped.
+    swapped = (
+        parts["base_loss"]
+        + parts["document_regularizer_loss"] / 0.3 * 3.0
+        + parts["query_regularizer_loss"] / 3.0 * 0.3
+    )
+    expected = sum(parts.values())
+    assert abs(swapped - expected) > 1e-2, parts
+    assert history.history["loss"][0] == pytest.approx(expected, abs=1e-4)
+
+
+def test_sum_pooling_cosine_and_upper_case_match_sentence_transformers(splade, tmp_path):
+    """A SparseEncoder directory with sum pooling and cosine similarity, on texts in upper and
+    mixed case (the tokenizer lower-cases them alike) and with a prompt."""
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer
+    from sentence_transformers.sparse_encoder.modules import SpladePooling as StSpladePooling
+
+    st.SparseEncoder(
+        modules=[MLMTransformer(str(splade["masked_lm"])), StSpladePooling("sum")],
+        device="cpu",
+        prompts=PROMPTS,
+        similarity_fn_name="cosine",
+    ).save(str(tmp_path / "sum"))
+    reference = st.SparseEncoder(str(tmp_path / "sum"), device="cpu")
+    encoder = BertSparseEncoder.from_preset(tmp_path / "sum")
+    assert encoder.similarity_function == "cosine"
+    texts = ["TOK1 Tok2 tok3", "Tok5", TEXTS[2].upper(), TEXTS[4]]
+    expected = _dense(reference.encode(texts))
+    # Sums over the tokens: larger than any one token's weight (max pooling).
+    maximum = _dense(splade["reference"].encode(texts, prompt=""))
+    assert (expected.sum(1) > maximum.sum(1) * 1.5).all()
+    scale = np.abs(expected).max()
+    _assert_close(encoder.encode(texts), expected, atol=1e-6 * scale)
+    lower = [t.lower() for t in texts]
+    _assert_close(encoder.encode(lower), expected, atol=1e-6 * scale)  # case folded
+    queries = encoder.encode_query(texts)
+    _assert_close(queries, reference.encode_query(texts), atol=1e-6 * scale)
+    vectors = encoder.encode(texts)
+    np.testing.assert_allclose(
+        encoder.similarity(queries, vectors),
+        _dense(reference.similarity(reference.encode_query(texts), reference.encode(texts))),
+        rtol=1e-5,
+    )
+    np.testing.assert_allclose(np.diag(encoder.similarity(vectors, vectors)), 1.0, rtol=1e-5)

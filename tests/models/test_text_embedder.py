@@ -476,8 +476,8 @@ def _reference_matryoshka_loss(columns, dimensions):
         return float(loss(features, torch.zeros(len(columns[0]))))
 
 
-@pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow",
+@pytest.mark.backends(
+    "tensorflow",
     reason="slow (a TensorFlow export subprocess); the embedder adds nothing backend-specific",
 )
 def test_saved_model_takes_raw_strings(tmp_path):
@@ -497,9 +497,7 @@ def test_saved_model_takes_raw_strings(tmp_path):
     np.testing.assert_allclose(np.linalg.norm(actual, axis=1), 1.0, atol=1e-5)
 
 
-@pytest.mark.skipif(
-    keras.backend.backend() != "torch", reason="ONNX export runs on torch; checked there once"
-)
+@pytest.mark.backends("torch", reason="ONNX export runs on torch; checked there once")
 def test_onnx_export_equals_encode(tmp_path):
     ort = pytest.importorskip("onnxruntime")
     backbone = BertBackbone(**tiny_backbone_kwargs(vocabulary_size=len(TOY_VOCABULARY)))

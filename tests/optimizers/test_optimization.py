@@ -84,7 +84,7 @@ def test_bert_adamw_equals_torch_adamw_transcription():
     assert max(np.abs(a - e).max() for a, e in zip(keras_placement, expected)) > 100 * 2e-6
 
 
-@pytest.mark.skipif(keras.config.backend() != "torch", reason="torch's multi-tensor update path")
+@pytest.mark.backends("torch", reason="torch's multi-tensor update path")
 def test_torch_update_without_the_fused_kernel_gives_the_same_weights(monkeypatch):
     """The multi-tensor (foreach) form of torch.optim.AdamW computes the fused kernel's update."""
     from kbert.backend import torch as torch_paths
@@ -242,8 +242,9 @@ def test_per_variable_clipnorm_ema_and_loss_scale_factor():
     _assert_matches_only(variables, averages, {"the EMA of the weights before each update": stale})
 
 
-@pytest.mark.skipif(
-    keras.config.backend() == "jax",
+@pytest.mark.backends(
+    "tensorflow",
+    "torch",
     reason="JAX applies a LossScaleOptimizer only statelessly, inside fit",
 )
 def test_loss_scale_optimizer_skips_non_finite_steps_and_unscales():
@@ -383,7 +384,7 @@ def test_kbert_optimizers_use_no_private_keras_attribute():
 
 
 @pytest.mark.large
-@pytest.mark.skipif(keras.config.backend() != "torch", reason="torch.compile of the training step")
+@pytest.mark.backends("torch", reason="torch.compile of the training step")
 def test_compiled_torch_training_step_updates_as_eager():
     """`jit_compile=True` (Dynamo) on torch: the fused update inside the compiled step gives the
     eager weights (before the step counts followed `iterations`, they drifted by ~4e-3 here)."""
