@@ -7,8 +7,9 @@ BENCHMARKS.md, "Host cost on torch"). `backbone_outputs` computes what the backb
 functional graph computes, from the same Keras variables, with one torch call per kernel:
 
 - each projection is one `addmm` (the bias added inside the product) on the kernel in Keras'
-  `(in, out)` layout, no transpose; the query, key and value kernels are joined into one
-  product (`cat` of the kernels, one cast of the joined kernel under mixed precision);
+  `(in, out)` layout, no transpose; under mixed precision the query, key and value kernels
+  are joined into one product (one `cat` and one cast of the joined kernel), in float32 they
+  are read in place by three products (no copy);
 - attention is `scaled_dot_product_attention` with the boolean key mask (with dropout:
   `kbert.backend.torch.attention_heads`, the same random draws as the layers' route);
 - under a mixed policy each weight is cast to the compute dtype once per forward pass (what
@@ -324,7 +325,14 @@ def _block(block, x, mask, training, dtype, query_length):
     batch, length, hidden = x.shape
     heads, head_dim = block.num_heads, block.head_dim
     (wq, bq), (wk, bk), (wv, bv) = (p.weights() for p in (block.query, block.key, block.value))
-    if query_length is None:
+    if query_length is None and wq.dtype == dtype:
+        # No cast to share: three products read the kernels in place (no joined copy).
+        query, key, value = (
+            _project(x, w, b, dtype).view(batch, length, heads, head_dim).transpose(1, 2)
+            for w, b in ((wq, bq), (wk, bk), (wv, bv))
+        )
+        residual = x
+    elif query_length is None:
         qkv = _project(x, _joined_kernel((wq, wk, wv), dtype), torch.cat((bq, bk, bv)), dtype)
         # (3, batch, heads, seq, head_dim)
         qkv = qkv.view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
