@@ -20,9 +20,11 @@ kbert costs less), the median over `--rounds` rounds that time kbert and HF alte
 
 Prints a table with the goals; `--json` writes the figures, `--chart` a bar chart of the ratios.
 
-`--before-after` checks instead that nothing a user runs on the CPU got slower: kbert with
-the lean backbone path (`kbert.backend.paths.LEAN_TORCH_BACKBONE`, the default) against the
-functional graph, alternately in one process with the machine's threads: `encode` of SQuAD
+`--graph` runs kbert's backbone through its functional graph of Keras layers (the code
+before the lean path), for a before / after comparison. `--before-after` checks instead that
+nothing a user runs on the CPU got slower: kbert with the lean backbone path
+(`kbert.backend.paths.LEAN_TORCH_BACKBONE`, the default) against the functional graph,
+alternately in one process with the machine's threads: `encode` of SQuAD
 dev questions and paragraphs with all-MiniLM-L6-v2 (`BertTextEmbedder`, batch 32), and
 `fit` steps of a classifier on all-MiniLM-L6-v2 (SST-2 sentences, batch 32, `compile()`'s
 recipe). Ratios are lean / graph time (below 1.0: faster now).
@@ -264,6 +266,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds (median)")
     parser.add_argument("--calls", type=int, default=50, help="calls per system per round")
     parser.add_argument("--before-after", action="store_true", help="lean path vs graph")
+    parser.add_argument(
+        "--graph", action="store_true", help="kbert through its functional graph (as before)"
+    )
     parser.add_argument("--data-dir", default=None, help="shared data (--before-after)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--chart", help="write a PNG bar chart of the ratios here")
@@ -289,6 +294,10 @@ def main(argv=None):
         return
     import torch
 
+    if args.graph:
+        from kbert.backend import paths
+
+        paths.LEAN_TORCH_BACKBONE = False
     torch.set_num_threads(1)
     results = {"ops": op_counts()}
     results.update(backbone_host(args.rounds, args.calls))
