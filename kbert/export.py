@@ -82,7 +82,7 @@ def flat_outputs(outputs):
 
 
 def _check_exportable(model, what):
-    from kbert.models.quantization import check_not_quantized
+    from kbert.checkpoints.quantized import check_not_quantized
 
     if not isinstance(model, keras.Model):
         raise ValueError(f"{what} exports a keras.Model. Received: {type(model).__name__}")

@@ -26,6 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
+# The manifest `BertTextEmbedder.encode(..., output_dir=...)` writes beside its shards
+# (`kbert.models.process_inference.MANIFEST`; the name is repeated here so that the retrieval
+# modules import nothing of `kbert.models`, which imports them; `from_shards`' example writes
+# shards with the encoder's own writer and reads them back).
+SHARDS_MANIFEST = "embeddings.json"
+
 FORMAT_VERSION = 1
 PRECISIONS = ("float32", "int8", "binary")
 SIMILARITIES = ("cosine", "dot")
@@ -310,8 +316,6 @@ class EmbeddingIndex:
         >>> len(index), index.search(np.array([[0.0, 1.0]]), top_k=2)[1]
         (3, array([[1, 2]]))
         """
-        from kbert.models.process_inference import MANIFEST as SHARDS_MANIFEST
-
         output_dir = Path(output_dir)
         manifest_path = output_dir / SHARDS_MANIFEST
         if not manifest_path.is_file():

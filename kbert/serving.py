@@ -532,10 +532,10 @@ class ExportedCrossEncoder(ExportedModel):
             float32 NumPy array `(n,)` for one label, `(n, num_labels)` otherwise; for one
             pair a scalar (one label) or one row.
         """
-        from kbert.models.cross_encoder import _check_activation, scores_from_logits
+        from kbert.models.cross_encoder import check_activation, scores_from_logits
 
         if activation is not None and not callable(activation):
-            _check_activation(activation)
+            check_activation(activation)
         if isinstance(x, dict):
             packed, single = self._check_packed(x), False
         else:
@@ -612,10 +612,10 @@ class ExportedSparseEncoder(ExportedModel):
             float32 `scipy.sparse.csr_matrix` or NumPy array.
         """
         from kbert.models.sparse_encoder import (
-            _ENCODE_BLOCK_ROWS,
-            _check_max_active_dims,
-            _require_scipy,
+            ENCODE_BLOCK_ROWS,
+            check_max_active_dims,
             keep_top_dims,
+            require_scipy,
         )
 
         single = isinstance(texts, (str, bytes))
@@ -638,10 +638,10 @@ class ExportedSparseEncoder(ExportedModel):
                 f"`convert_to_sparse` must be True or False. Received: {convert_to_sparse!r}"
             )
         default = self.settings.get("max_active_dims")
-        max_active_dims = _check_max_active_dims(
+        max_active_dims = check_max_active_dims(
             default if max_active_dims is None else max_active_dims
         )
-        sparse = _require_scipy() if convert_to_sparse else None
+        sparse = require_scipy() if convert_to_sparse else None
         preprocessor = self._require_preprocessor("raw strings")
         prompt = self._resolve_prompt(prompt, prompt_name)
         if prompt:
@@ -654,8 +654,8 @@ class ExportedSparseEncoder(ExportedModel):
         # `(rows, vocabulary_size)` output made sparse before the next runs.
         order = np.argsort(-np.array([len(row) for row in rows]), kind="stable")
         blocks = []
-        for start in range(0, len(order), _ENCODE_BLOCK_ROWS):
-            block_rows = [rows[i] for i in order[start : start + _ENCODE_BLOCK_ROWS]]
+        for start in range(0, len(order), ENCODE_BLOCK_ROWS):
+            block_rows = [rows[i] for i in order[start : start + ENCODE_BLOCK_ROWS]]
             packed = preprocessor.packer(block_rows, sequence_length=length)
             block = self._run(packed, batch_size, verbose)[self.output_names[0]]
             block = np.asarray(block, np.float32)

@@ -190,7 +190,7 @@ def export_cross_encoder(model, path):
         raise ValueError(
             f"export_cross_encoder needs a kbert BertCrossEncoder. Received: {type(model).__name__}"
         )
-    from kbert.models.quantization import check_not_quantized
+    from kbert.checkpoints.quantized import check_not_quantized
 
     check_not_quantized(model, "export_to_sentence_transformers (a cross-encoder)")
     path = Path(path)

@@ -627,7 +627,7 @@ def export_to_huggingface(model, path, vocabulary=None, lowercase=None, tokenize
     >>> model.config.num_hidden_layers, model.config.hidden_size
     (1, 16)
     """
-    from kbert.models.quantization import check_not_quantized
+    from kbert.checkpoints.quantized import check_not_quantized
 
     check_not_quantized(model, "export_to_huggingface")
     path = Path(path)

@@ -316,7 +316,7 @@ def export_to_sentence_transformers(embedder, path, onnx=False):
                 "export_to_sentence_transformers needs a kbert BertTextEmbedder. "
                 f"Received: {type(embedder).__name__}"
             )
-    from kbert.models.quantization import check_not_quantized
+    from kbert.checkpoints.quantized import check_not_quantized
 
     check_not_quantized(embedder, "export_to_sentence_transformers")
     path = Path(path)

@@ -222,7 +222,7 @@ def export_to_sparse_encoder(encoder, path):
                 "export_to_sparse_encoder needs a kbert BertSparseEncoder. "
                 f"Received: {type(encoder).__name__}"
             )
-    from kbert.models.quantization import check_not_quantized
+    from kbert.checkpoints.quantized import check_not_quantized
 
     check_not_quantized(encoder, "export_to_sparse_encoder")
     path = Path(path)

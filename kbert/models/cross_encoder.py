@@ -115,7 +115,7 @@ def _looks_like_pairs(x):
     return isinstance(x, (list, tuple))
 
 
-def _check_activation(activation, name="activation"):
+def check_activation(activation, name="activation"):
     if activation not in ACTIVATIONS:
         raise ValueError(
             f"`{name}` must be one of {list(ACTIVATIONS)}. Received: {name}={activation!r}"
@@ -128,7 +128,7 @@ def apply_activation(logits, activation):
     logits = np.asarray(logits, np.float32)
     if callable(activation):
         return np.asarray(activation(logits), np.float32)
-    _check_activation(activation)
+    check_activation(activation)
     if activation == "sigmoid":
         return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
     if activation == "tanh":
@@ -302,7 +302,7 @@ class BertCrossEncoder(BertClassifier):
         num_labels = int(num_labels)
         if activation is None:
             activation = "sigmoid" if num_labels == 1 else "identity"
-        _check_activation(activation)
+        check_activation(activation)
         if labels is not None:
             labels = list(labels)
             if len(labels) != num_labels or not all(isinstance(n, str) for n in labels):
@@ -467,7 +467,7 @@ class BertCrossEncoder(BertClassifier):
         ):
             raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size!r}")
         if activation is not None and not callable(activation):
-            _check_activation(activation)
+            check_activation(activation)
         single = False
         if not (is_dataset(x) or isinstance(x, dict)):
             firsts, seconds, single = read_pairs(x)

@@ -27,10 +27,10 @@ from kbert.models.text_embedder import TextColumnBatches, TextEncoding, is_text_
 SIMILARITY_FUNCTIONS = ("dot", "cosine")
 # Rows sent through the model and into one sparse block at a time by `encode`: the dense
 # `(rows, vocabulary_size)` output of a block is all that is ever held at once.
-_ENCODE_BLOCK_ROWS = 1024
+ENCODE_BLOCK_ROWS = 1024
 
 
-def _require_scipy():
+def require_scipy():
     try:
         import scipy.sparse
     except ImportError:  # pragma: no cover - scipy comes with JAX and TensorFlow
@@ -41,7 +41,7 @@ def _require_scipy():
     return scipy.sparse
 
 
-def _check_max_active_dims(value):
+def check_max_active_dims(value):
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -188,7 +188,7 @@ class BertSparseEncoder(TextEncoding, BertTask):
     ):
         self._check_backbone(backbone, "BertSparseEncoder")
         check_splade_settings(pooling_strategy, activation)
-        max_active_dims = _check_max_active_dims(max_active_dims)
+        max_active_dims = check_max_active_dims(max_active_dims)
         prompts = self.check_text_settings(prompts, default_prompt_name, similarity_function)
         # The [CLS] pooler plays no part in the vectors: frozen, it gets no (missing)
         # gradient in `fit` and no optimizer slots.
@@ -323,10 +323,10 @@ class BertSparseEncoder(TextEncoding, BertTask):
             raise ValueError(
                 f"`convert_to_sparse` must be True or False. Received: {convert_to_sparse!r}"
             )
-        max_active_dims = _check_max_active_dims(
+        max_active_dims = check_max_active_dims(
             self.max_active_dims if max_active_dims is None else max_active_dims
         )
-        sparse = _require_scipy() if convert_to_sparse else None
+        sparse = require_scipy() if convert_to_sparse else None
         prompt = self.resolve_prompt(prompt, prompt_name)
         x = self.pack_token_ids(
             self.tokenize_texts(texts, prompt), self.preprocessor.sequence_length
@@ -353,8 +353,8 @@ class BertSparseEncoder(TextEncoding, BertTask):
             return keep_top_dims(block, max_active_dims) if max_active_dims is not None else block
 
         blocks = []
-        for start in range(0, len(order), _ENCODE_BLOCK_ROWS):
-            rows = order[start : start + _ENCODE_BLOCK_ROWS]
+        for start in range(0, len(order), ENCODE_BLOCK_ROWS):
+            rows = order[start : start + ENCODE_BLOCK_ROWS]
             mine = np.flatnonzero((start + np.arange(len(rows))) % count == index)
             block = run(rows[mine])
             if sharing:
