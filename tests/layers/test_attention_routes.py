@@ -235,7 +235,12 @@ class TestAttentionRoutes(TestCase):
         batched = {"Einsum", "BatchMatMulV2", "BatchMatMulV3"}
         assert not one_ops & batched and two_ops & batched, (one_ops, two_ops)
         for a, b in zip(one, two):
-            np.testing.assert_allclose(to_numpy(a), to_numpy(b), **TOLERANCE)
+            # Relative to each gradient's largest entry: the two routes sum in other orders, and
+            # on CPUs without AVX-512 oneDNN's einsum kernels round differently (up to 2.5e-5
+            # of the largest entry seen); a wrong route is off by far more.
+            a, b = to_numpy(a), to_numpy(b)
+            scale = max(float(np.abs(b).max()), 1e-3)
+            np.testing.assert_allclose(a / scale, b / scale, atol=1e-4)
         assert np.abs(to_numpy(one[0])).max() > 1e-2  # the gradients are not all zero
 
     def test_backbone_switch_gives_the_same_outputs_and_round_trips(self):
