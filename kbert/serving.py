@@ -614,29 +614,14 @@ class ExportedSparseEncoder(ExportedModel):
         from kbert.models.sparse_encoder import (
             ENCODE_BLOCK_ROWS,
             check_max_active_dims,
+            encode_texts,
             keep_top_dims,
             require_scipy,
+            rows_in_caller_order,
         )
 
-        single = isinstance(texts, (str, bytes))
-        if not single and not isinstance(texts, (list, tuple, np.ndarray)):
-            raise ValueError(
-                "`encode` takes a string or a list of strings. Received "
-                f"{type(texts).__name__}: {texts!r:.80}"
-            )
-        if not single and len(texts) == 0:
-            raise ValueError(
-                "`encode` received an empty list of texts. Expected at least one string."
-            )
-        parts = text_parts(texts)
-        if len(parts) != 1:
-            raise ValueError("`encode` takes a batch of strings, not sentence pairs.")
-        texts = parts[0]
+        single, texts = encode_texts(texts, convert_to_sparse)
         batch_size = _check_batch_size(batch_size)
-        if not isinstance(convert_to_sparse, bool):
-            raise ValueError(
-                f"`convert_to_sparse` must be True or False. Received: {convert_to_sparse!r}"
-            )
         default = self.settings.get("max_active_dims")
         max_active_dims = check_max_active_dims(
             default if max_active_dims is None else max_active_dims
@@ -662,11 +647,7 @@ class ExportedSparseEncoder(ExportedModel):
             if max_active_dims is not None:
                 block = keep_top_dims(block, max_active_dims)
             blocks.append(sparse.csr_matrix(block) if sparse is not None else block)
-        inverse = np.argsort(order)
-        if sparse is not None:
-            return sparse.vstack(blocks, format="csr")[inverse]
-        dense = np.concatenate(blocks, axis=0)[inverse]
-        return dense[0] if single else dense
+        return rows_in_caller_order(blocks, order, sparse, single)
 
     def encode_query(self, texts, prompt=None, prompt_name=None, **kwargs):
         """`encode` with the model's `"query"` prompt (`""` when it has none), as

@@ -299,30 +299,13 @@ class BertSparseEncoder(TextEncoding, BertTask):
             float32 `scipy.sparse.csr_matrix` (see "Output format" in the class docstring)
             or NumPy array.
         """
-        single = isinstance(texts, (str, bytes))
-        if not single and not isinstance(texts, (list, tuple, np.ndarray)):
-            raise ValueError(
-                "`encode` takes a string or a list of strings. Received "
-                f"{type(texts).__name__}: {texts!r:.80}"
-            )
-        if not single and len(texts) == 0:
-            raise ValueError(
-                "`encode` received an empty list of texts. Expected at least one string."
-            )
-        texts = text_parts(texts)
-        if len(texts) != 1:
-            raise ValueError("`encode` takes a batch of strings, not sentence pairs.")
-        texts = texts[0]
+        single, texts = encode_texts(texts, convert_to_sparse)
         if (
             not isinstance(batch_size, (int, np.integer))
             or isinstance(batch_size, bool)
             or batch_size < 1
         ):
             raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size!r}")
-        if not isinstance(convert_to_sparse, bool):
-            raise ValueError(
-                f"`convert_to_sparse` must be True or False. Received: {convert_to_sparse!r}"
-            )
         max_active_dims = check_max_active_dims(
             self.max_active_dims if max_active_dims is None else max_active_dims
         )
@@ -360,11 +343,7 @@ class BertSparseEncoder(TextEncoding, BertTask):
             if sharing:
                 block = process_inference.gather_rows(block, mine, len(rows), "encode")
             blocks.append(sparse.csr_matrix(block) if sparse is not None else block)
-        inverse = np.argsort(order)
-        if sparse is not None:
-            return sparse.vstack(blocks, format="csr")[inverse]
-        dense = np.concatenate(blocks, axis=0)[inverse]
-        return dense[0] if single else dense
+        return rows_in_caller_order(blocks, order, sparse, single)
 
     def decode(self, embeddings, top_k=None):
         """The weighted tokens of sparse vectors, largest weight first.
@@ -599,3 +578,36 @@ def _l2_normalize_rows(x):
         return x.multiply(scale[:, None]).tocsr()
     norms = np.linalg.norm(x, axis=-1, keepdims=True)
     return x / np.maximum(norms, 1e-12)
+
+
+def encode_texts(texts, convert_to_sparse):
+    """`(single, texts)`: the strings `encode` received (one string: `single`), checked, with
+    `convert_to_sparse`; a ValueError names what was received. Shared with the served
+    sparse encoder (`kbert.serving`)."""
+    single = isinstance(texts, (str, bytes))
+    if not single and not isinstance(texts, (list, tuple, np.ndarray)):
+        raise ValueError(
+            "`encode` takes a string or a list of strings. Received "
+            f"{type(texts).__name__}: {texts!r:.80}"
+        )
+    if not single and len(texts) == 0:
+        raise ValueError("`encode` received an empty list of texts. Expected at least one string.")
+    parts = text_parts(texts)
+    if len(parts) != 1:
+        raise ValueError("`encode` takes a batch of strings, not sentence pairs.")
+    if not isinstance(convert_to_sparse, bool):
+        raise ValueError(
+            f"`convert_to_sparse` must be True or False. Received: {convert_to_sparse!r}"
+        )
+    return single, parts[0]
+
+
+def rows_in_caller_order(blocks, order, sparse, single):
+    """The encoded `blocks` (rows in `order`, longest first) back in the caller's order: a
+    `scipy.sparse` CSR matrix when `sparse` (the SciPy module) is given, else a dense array
+    (one vector for a `single` string)."""
+    inverse = np.argsort(order)
+    if sparse is not None:
+        return sparse.vstack(blocks, format="csr")[inverse]
+    dense = np.concatenate(blocks, axis=0)[inverse]
+    return dense[0] if single else dense
