@@ -383,6 +383,23 @@ class ExportedModel:
         return outputs[self.output_names[0]] if len(self.output_names) == 1 else outputs
 
     # ------------------------------------------------------------- embeddings
+    def _token_rows(self, texts, prompt, prompt_name):
+        """`(preprocessor, sequence_length, rows)`: the token ids of `texts` with the prompt
+        prepended and the model's casing, each cut to leave room for [CLS] and [SEP] (the
+        embedder's and the sparse encoder's `encode`)."""
+        preprocessor = self._require_preprocessor("raw strings")
+        prompt = self._resolve_prompt(prompt, prompt_name)
+        if prompt:
+            texts = [prompt + text for text in texts]
+        if self.settings.get("lowercase_input"):
+            texts = [text.lower() for text in texts]
+        length = int(preprocessor.sequence_length)
+        return (
+            preprocessor,
+            length,
+            [ids[: length - 2] for ids in preprocessor.tokenizer.tokenize(texts)],
+        )
+
     def _resolve_prompt(self, prompt, prompt_name):
         prompts = self.settings.get("prompts") or {}
         if prompt is not None:
@@ -456,15 +473,8 @@ class ExportedModel:
         if len(parts) != 1:
             raise ValueError("`encode` takes a batch of strings, not sentence pairs.")
         texts = parts[0]
-        preprocessor = self._require_preprocessor("raw strings")
+        preprocessor, length, rows = self._token_rows(texts, prompt, prompt_name)
         truncate_dim = self.settings.get("truncate_dim") if truncate_dim is None else truncate_dim
-        prompt = self._resolve_prompt(prompt, prompt_name)
-        if prompt:
-            texts = [prompt + text for text in texts]
-        if self.settings.get("lowercase_input"):
-            texts = [text.lower() for text in texts]
-        length = int(preprocessor.sequence_length)
-        rows = [ids[: length - 2] for ids in preprocessor.tokenizer.tokenize(texts)]
         packed = preprocessor.packer(rows, sequence_length=length)
         embeddings = self._run(packed, batch_size, verbose)[self.output_names[0]]
         if truncate_dim is not None:
@@ -627,14 +637,7 @@ class ExportedSparseEncoder(ExportedModel):
             default if max_active_dims is None else max_active_dims
         )
         sparse = require_scipy() if convert_to_sparse else None
-        preprocessor = self._require_preprocessor("raw strings")
-        prompt = self._resolve_prompt(prompt, prompt_name)
-        if prompt:
-            texts = [prompt + text for text in texts]
-        if self.settings.get("lowercase_input"):
-            texts = [text.lower() for text in texts]
-        length = int(preprocessor.sequence_length)
-        rows = [ids[: length - 2] for ids in preprocessor.tokenizer.tokenize(texts)]
+        preprocessor, length, rows = self._token_rows(texts, prompt, prompt_name)
         # Blocks of rows of similar length (longest first), each block's dense
         # `(rows, vocabulary_size)` output made sparse before the next runs.
         order = np.argsort(-np.array([len(row) for row in rows]), kind="stable")

@@ -61,7 +61,6 @@ def _both_ways(backbone, inputs, monkeypatch, seed=3, **call_kwargs):
         )
         variables = [v.value for v in backbone.trainable_weights]
         grads = torch.autograd.grad(loss, variables, allow_unused=True)
-        outputs = {k: v for k, v in outputs.items()}
         results.append((outputs, [None if g is None else g.detach().numpy() for g in grads]))
     return results
 
