@@ -11,6 +11,7 @@ Modules:
     torch       the torch calls behind the hooks (imported only on the torch backend).
     torch_encoder
                 the backbone's forward pass in torch calls (the lean eager path on torch).
+    torch_steps the train / test / predict steps `compile(jit_compile=True)` runs on torch.
     tensorflow  TensorFlow as an optional dependency: the one place kbert imports it from.
 
 The speed paths:
@@ -35,6 +36,8 @@ The speed paths:
     has_multi_tensor_adamw, adamw_update
                             torch: `BertAdamW`'s update of every variable by one fused kernel.
     xla_predict_function    TensorFlow: `predict` compiled with XLA.
+    torch_step_function     torch with `jit_compile=True`: kbert's compiled steps (static
+                            shapes per bucket, no graph break, fused optimizer update).
     replicas_gradient_sum   TensorFlow: gradients summed over a strategy's replicas before
                             `BertAdamW` clips them (Keras clips each replica's own).
     strategy_build_inputs   TensorFlow: integer ids for Keras' symbolic build in a strategy's
@@ -64,6 +67,7 @@ from kbert.backend.paths import (
     replicas_gradient_sum,
     strategy_build_inputs,
     torch_attention,
+    torch_step_function,
     xla_predict_function,
 )
 
@@ -90,5 +94,6 @@ __all__ = [
     "replicas_gradient_sum",
     "strategy_build_inputs",
     "torch_attention",
+    "torch_step_function",
     "xla_predict_function",
 ]

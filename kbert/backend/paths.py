@@ -454,3 +454,28 @@ def xla_predict_function(model, make_predict_function, force=False, allowed=True
         return make_predict_function(force)
     finally:
         model.jit_compile = False
+
+
+# ------------------------------------------------------------------------ compiled steps
+def torch_step_function(model, kind, force=False):
+    """`model`'s `kind` function (`"train"`, `"test"` or `"predict"`) as kbert compiles it on
+    torch, or `None` where Keras' own is used.
+
+    On torch with `compile(jit_compile=True)`, the step is `kbert.backend.torch_steps`': the
+    forward pass (and loss) compiled with static shapes, one program per input shape, the
+    backward through the graph compiled with it, the optimizer update as one call after it.
+    Keras' own `jit_compile=True` on torch compiles its whole step with one bare
+    `torch.compile`, which breaks at `loss.backward()`, turns shapes dynamic and falls back to
+    eager past 8 shapes. Elsewhere (other backends, `jit_compile=False`) `None`.
+    """
+    if keras.backend.backend() != "torch" or not getattr(model, "jit_compile", False):
+        return None
+    attribute = f"{kind}_function"
+    existing = getattr(model, attribute, None)
+    if existing is not None and not force:
+        return existing
+    from kbert.backend import torch_steps
+
+    function = getattr(torch_steps, attribute)(model)
+    setattr(model, attribute, function)
+    return function

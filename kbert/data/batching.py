@@ -127,12 +127,14 @@ def model_buckets(model, sequence_length, training=False, granularity=None):
       real tokens on 1,024 SQuAD questions, 4-token steps 1.13x; at most 24, 32 and 40 shapes
       at lengths 128, 256 and 512); `fit` (`training=True`), whose step costs more to compile,
       to the steps of `bucket_lengths` (16 up to length 128, else 32: at most 8 and 16 shapes
-      at lengths 128 and 512).
+      at lengths 128 and 512). On torch with `jit_compile=True`, where a compile (Inductor's
+      code generation) costs far more than XLA's, `predict` and `evaluate` take the steps of
+      `bucket_lengths` too.
     """
     if granularity is None:
         if not compiles_per_shape(model):
             granularity = 1
-        elif not training:
+        elif not training and keras.backend.backend() != "torch":
             return inference_buckets(sequence_length)
     return bucket_lengths(sequence_length, granularity)
 

@@ -341,8 +341,27 @@ class BertTask(PresetMixin, QuantizationMixin, PipelineModel):
             **kwargs,
         )
 
+    def make_train_function(self, force=False):
+        """Keras' train function; on torch with `jit_compile=True`, kbert's compiled step.
+
+        There the forward pass and loss are compiled with static shapes, one program per
+        input shape (kbert's length buckets bound them), without a graph break; the backward
+        runs the graph compiled with them and the optimizer updates every variable in one call
+        after it. A partial last batch runs eagerly. See `kbert.backend.torch_steps`.
+        """
+        function = backend.torch_step_function(self, "train", force)
+        return function if function is not None else super().make_train_function(force)
+
+    def make_test_function(self, force=False):
+        """Keras' test function; on torch with `jit_compile=True`, kbert's compiled step (the
+        forward pass and loss compiled per input shape; see `make_train_function`)."""
+        function = backend.torch_step_function(self, "test", force)
+        return function if function is not None else super().make_test_function(force)
+
     def make_predict_function(self, force=False):
-        """Keras' predict function; on TensorFlow compiled with XLA unless told otherwise.
+        """Keras' predict function; on TensorFlow compiled with XLA unless told otherwise; on
+        torch with `jit_compile=True`, kbert's compiled forward pass (one program per input
+        shape; a partial batch is padded to the full one and its padding rows dropped).
 
         Keras' `jit_compile="auto"` turns XLA off for TensorFlow on machines without an
         accelerator. For a BERT forward pass XLA is the faster choice there too (fused
@@ -353,6 +372,9 @@ class BertTask(PresetMixin, QuantizationMixin, PipelineModel):
         Keras' choice. `compile(jit_compile=False)` keeps XLA off everywhere. The switch is
         `kbert.backend.xla_predict_function`.
         """
+        function = backend.torch_step_function(self, "predict", force)
+        if function is not None:
+            return function
         return backend.xla_predict_function(
             self,
             super().make_predict_function,
