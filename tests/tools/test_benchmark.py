@@ -151,6 +151,36 @@ def test_gpu_goal_lines_judge_each_goal(bench):
     assert "finetune: kbert/torch vs hf >= 1.50x: not measured" in text
     assert "inference: kbert/jax >= 12,000 seq/s: not measured" in text
     assert "inference: kbert/torch vs hf = 1.01x (goal >= 1.00x): met" in text
+    # kbert's compiled torch steps have goal lines of their own.
+    assert "finetune: kbert-compile/torch vs hf >= 1.50x: not measured" in text
+    records.append(_record("finetune", "kbert", "torch", 950, label="kbert-compile"))
+    text = bench.report.check_suite_goals("GPU", bench.cells.GPU_GOALS, records)
+    assert "finetune: kbert-compile/torch vs hf = 1.58x (goal >= 1.50x): met" in text
+
+
+def test_gpu_goals_time_kbert_compiled_steps_in_their_own_process(bench):
+    """gpu-goals runs kbert on torch twice: eagerly (the default) and with `jit_compile=True` in
+    a process of its own, whose rows are labelled "kbert-compile"; `--kbert-compile off` drops
+    it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_main", BENCHMARKS / "benchmark.py")
+    main = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(main)
+    args = main.parse_args(["--suite", "gpu-goals", "--config", "tiny"])
+    specs = main._processes(args, bench.cells.build_cells(args))
+    compiled = [s for _, s in specs if s.get("kbert_compile")]
+    assert len(compiled) == 1 and compiled[0]["jit_compile"] is True
+    assert compiled[0]["backend"] == "torch" and compiled[0]["frameworks"] == ["kbert"]
+    assert {c["workload"] for c in compiled[0]["cells"]} == {"pretrain", "finetune", "inference"}
+    eager = [
+        s for b, s in specs if b == "torch" and s["family"] == "keras" and s is not compiled[0]
+    ]
+    assert eager and all(s["jit_compile"] == "auto" for s in eager)
+    args = main.parse_args(["--suite", "gpu-goals", "--config", "tiny", "--kbert-compile", "off"])
+    assert not [
+        s for _, s in main._processes(args, bench.cells.build_cells(args)) if s.get("kbert_compile")
+    ]
 
 
 def test_absolute_goals_are_not_judged_on_another_shape(bench):
@@ -192,6 +222,10 @@ def test_gpu_goals_and_host_overhead_suites_run_end_to_end_on_a_tiny_config(tmp_
         "--json",
         str(out),
         "--check-plain",
+        # kbert's compiled torch steps: Inductor compiles each for minutes on a small CPU; their
+        # processes are checked by test_gpu_goals_time_kbert_compiled_steps_in_their_own_process.
+        "--kbert-compile",
+        "off",
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1500)
     assert result.returncode == 0, result.stderr[-3000:]

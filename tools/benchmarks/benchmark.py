@@ -104,7 +104,7 @@ def _spawn(spec, backend, args, hugepages):
 def _processes(args, cells):
     """The worker specs of a run: (backend, spec) per Keras backend, then HF eager and compiled."""
     backends, frameworks = list(args.backend), list(args.framework)
-    hf_compile = set()
+    hf_compile, kbert_compile = set(), set()
     suites = args.suite or []
     if suites and not args.cell and all(s in SUITE_PROCESSES for s in suites):
         backends = [b for b in BACKENDS if any(b in SUITE_PROCESSES[s]["backends"] for s in suites)]
@@ -113,6 +113,8 @@ def _processes(args, cells):
         ]
     for suite in suites:
         hf_compile.update(SUITE_PROCESSES.get(suite, {}).get("hf_compile", ()))
+        if getattr(args, "kbert_compile", "on") == "on":
+            kbert_compile.update(SUITE_PROCESSES.get(suite, {}).get("kbert_compile", ()))
     common = {
         "cells": cells,
         "warmup": args.warmup,
@@ -134,6 +136,27 @@ def _processes(args, cells):
                     dict(common, family="keras", backend=backend, frameworks=keras_frameworks),
                 )
             )
+    compiled = [c for c in cells if c["workload"] in kbert_compile]
+    if (
+        "kbert" in keras_frameworks
+        and "torch" in backends
+        and compiled
+        and common["jit_compile"] is not True
+    ):
+        specs.append(
+            (
+                "torch",
+                dict(
+                    common,
+                    family="keras",
+                    backend="torch",
+                    frameworks=["kbert"],
+                    cells=compiled,
+                    jit_compile=True,
+                    kbert_compile=True,
+                ),
+            )
+        )
     if "hf" in frameworks:
         specs.append(("torch", dict(common, family="hf", backend="torch", frameworks=["hf"])))
         compiled = [c for c in cells if c["workload"] in hf_compile]
@@ -269,6 +292,12 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--torch-compile", action="store_true", help="torch.compile the Hugging Face model"
+    )
+    parser.add_argument(
+        "--kbert-compile",
+        choices=("on", "off"),
+        default="on",
+        help="also time kbert's compiled torch steps (jit_compile=True) where a suite asks",
     )
     parser.add_argument("--nice", type=int, default=0, help="run workers under `nice -n N`")
     parser.add_argument(

@@ -31,6 +31,13 @@ recipe). Ratios are lean / graph time (below 1.0: faster now).
 
     KERAS_BACKEND=torch python tools/benchmarks/benchmark_torch_host.py --before-after \
         --data-dir DATA --rounds 3
+
+`--compiled` measures kbert's compiled steps (`compile(jit_compile=True)`, Inductor,
+`kbert.backend.torch_steps`) on the tiny classifier, float32, one thread: `train_on_batch`
+and `predict_on_batch` against kbert's eager step, HF eager and HF `torch.compile` (its
+model's forward compiled, AdamW foreach), with each side's compile time (the first calls).
+
+    KERAS_BACKEND=torch python tools/benchmarks/benchmark_torch_host.py --compiled --rounds 5
 """
 
 import argparse
@@ -216,6 +223,73 @@ def train_host(policy, rounds, calls):
     )
 
 
+def compiled_host(rounds, calls):
+    """kbert's compiled steps against its eager ones and HF's, tiny classifier, float32."""
+    import keras
+    import torch
+    import transformers
+
+    from kbert.models import BertClassifier
+
+    kbert_inputs, hf_inputs = _inputs(8, 16, 1024)
+    labels = torch.tensor([0, 1] * 4)
+    keras.utils.set_random_seed(0)
+    eager = BertClassifier(_backbone(TINY, 1024, "float32"), num_classes=2)
+    compiled = BertClassifier(_backbone(TINY, 1024, "float32"), num_classes=2)
+    eager.compile()
+    compiled.compile(jit_compile=True)
+    hf = transformers.BertForSequenceClassification(_hf_config(TINY, 1024, num_labels=2))
+    hf_compiled = transformers.BertForSequenceClassification(_hf_config(TINY, 1024, num_labels=2))
+    hf_forward = torch.compile(hf_compiled)
+
+    def hf_step(model, forward):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, foreach=True)
+        model.train()
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            forward(**hf_inputs, labels=labels).loss.backward()
+            optimizer.step()
+
+        return step
+
+    def hf_predict(forward):
+        def predict():
+            with torch.no_grad():
+                forward(**hf_inputs)
+
+        return predict
+
+    def first_call_seconds(run):
+        start = time.perf_counter()
+        run()
+        return time.perf_counter() - start
+
+    kbert_train = lambda: compiled.train_on_batch(kbert_inputs, labels)  # noqa: E731
+    kbert_predict = lambda: compiled.predict_on_batch(kbert_inputs)  # noqa: E731
+    hf_train_compiled = hf_step(hf_compiled, hf_forward)
+    compile_seconds = {
+        "kbert_train": first_call_seconds(kbert_train),
+        "kbert_predict": first_call_seconds(kbert_predict),
+        "hf_train": first_call_seconds(hf_train_compiled),
+    }
+    hf_train = hf_step(hf, hf)
+    hf_compiled.eval()
+    compile_seconds["hf_predict"] = first_call_seconds(hf_predict(hf_forward))
+    hf_compiled.train()
+    return {
+        "compile_seconds": compile_seconds,
+        "train_compiled_vs_hf_eager": alternate(kbert_train, hf_train, rounds, calls),
+        "train_compiled_vs_kbert_eager": alternate(
+            kbert_train, lambda: eager.train_on_batch(kbert_inputs, labels), rounds, calls
+        ),
+        "train_compiled_vs_hf_compiled": alternate(kbert_train, hf_train_compiled, rounds, calls),
+        "predict_compiled_vs_hf_eager": alternate(
+            kbert_predict, hf_predict(hf.eval()), rounds, calls
+        ),
+    }
+
+
 def before_after(data_dir, rounds):
     """Raw-text encode and fine-tuning steps, lean path against the graph (`--before-after`)."""
     import numpy as np
@@ -269,6 +343,9 @@ def main(argv=None):
     parser.add_argument(
         "--graph", action="store_true", help="kbert through its functional graph (as before)"
     )
+    parser.add_argument(
+        "--compiled", action="store_true", help="kbert's compiled steps (jit_compile=True)"
+    )
     parser.add_argument("--data-dir", default=None, help="shared data (--before-after)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--chart", help="write a PNG bar chart of the ratios here")
@@ -294,6 +371,20 @@ def main(argv=None):
         return
     import torch
 
+    if args.compiled:
+        torch.set_num_threads(1)
+        results = compiled_host(args.rounds, args.calls)
+        seconds = results.pop("compile_seconds")
+        print("first calls (compile), s: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
+        print(f"{'measure':32s} {'ratio':>6s}  {'kbert ms':>9s} {'other ms':>9s}")
+        for name, row in results.items():
+            print(f"{name:32s} {row['ratio']:6.2f}  {row['kbert_ms']:9.3f} {row['hf_ms']:9.3f}")
+        if args.json:
+            from bench.harness import command_line, write_json
+
+            results["compile_seconds"] = seconds
+            write_json(args.json, {"command": command_line(__file__, argv), "results": results})
+        return
     if args.graph:
         from kbert.backend import paths
 

@@ -150,10 +150,9 @@ def _keras_predict_times(model, x, warmup, steps, jit_compile):
 
 def _keras_models(framework, shape, precision, workload, remat=False):
     """Builds the Keras model of a workload for kbert or keras-hub (fresh weights)."""
-    import keras
 
     if framework == "kbert":
-        from kbert.models import BertBackbone, BertPretrainer
+        from kbert.models import BertBackbone, BertClassifier, BertPretrainer
 
         extra = {"remat": True} if remat else {}
         backbone = BertBackbone(**shape, dtype=precision, **extra)
@@ -161,10 +160,9 @@ def _keras_models(framework, shape, precision, workload, remat=False):
             return backbone
         if workload == "pretrain":
             return BertPretrainer(backbone)
-        pooled = backbone(backbone.input)["pooled_output"]
-        pooled = keras.layers.Dropout(0.1, dtype=backbone.dtype_policy)(pooled)
-        logits = keras.layers.Dense(2, dtype=backbone.dtype_policy, name="logits")(pooled)
-        return keras.Model(backbone.input, logits)
+        # What a user fine-tunes (pooled output, dropout 0.1, dense logits): its train step
+        # is kbert's compiled one under `jit_compile=True` on torch.
+        return BertClassifier(backbone, num_classes=2, dropout=0.1)
 
     import keras_hub
 

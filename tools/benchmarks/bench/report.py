@@ -228,9 +228,10 @@ def check_suite_goals(title, goals, records, full_preset=None):
         )
 
     lines = [f"\ngoals ({title}, this run):"]
-    for workload, backend, measure, threshold in goals:
-        ours = row(workload, "kbert", backend)
-        what = f"kbert/{backend}"
+    for workload, backend, measure, threshold, *name in goals:
+        name = name[0] if name else "kbert"
+        ours = row(workload, name, backend)
+        what = f"{name}/{backend}"
         if measure.startswith("vs "):
             reference = row(workload, measure[3:])
             goal = f"{what} {measure} >= {threshold:.2f}x"

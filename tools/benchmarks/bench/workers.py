@@ -115,7 +115,11 @@ def worker_main(spec):
         precision = cell["precision"]
         shape = resolve_preset(cell["preset"])
         for framework, optimizer in _runs(spec, cell):
-            name = "hf-compile" if framework == "hf" and spec["torch_compile"] else framework
+            name = framework
+            if framework == "hf" and spec["torch_compile"]:
+                name = "hf-compile"
+            elif framework == "kbert" and spec.get("kbert_compile"):
+                name = "kbert-compile"  # kbert's compiled torch steps (jit_compile=True)
             label = (
                 f"[{name}/{backend}] {cell['preset']} {cell['workload']} "
                 f"b={cell['batch_size']} s={cell['sequence_length']} {precision}"
@@ -123,6 +127,8 @@ def worker_main(spec):
             )
             log(f"  running {label} ...")
             record = dict(cell, framework=framework, backend=backend)
+            if name != framework:
+                record["label"] = name
             try:
                 if framework == "hf":
                     times, extra = run_hf_cell(
