@@ -8,7 +8,10 @@ sentence-transformers' `semantic_search_faiss` / `semantic_search_usearch` do: t
 quantized like the corpus, finds `top_k * rescore_multiplier` candidates (Hamming distance
 for binary, integer dot product for int8); the float query then rescores them against the
 candidates' stored values (bits 0/1, or int8 values mapped back to their ranges) and the
-best `top_k` are kept.
+best `top_k` are kept. With `rescore_vectors="float32"` the index also keeps each row's float
+vector for that second stage, on disk once saved (`load` maps the file, and a search reads the
+candidates' rows only): the quantized codes stay the memory the search holds, and rescoring
+orders the candidates as exact float search would.
 
 `save(path)` writes a directory (`index.json`, the vectors as `.npy` or FAISS's own index
 file, the ids as `.npy`) through a temporary sibling and renames, so a kill never leaves a
@@ -37,8 +40,9 @@ PRECISIONS = ("float32", "int8", "binary")
 SIMILARITIES = ("cosine", "dot")
 BACKENDS = ("numpy", "faiss")
 APPROXIMATE = (None, "hnsw")
+RESCORE_VECTORS = ("stored", "float32")
 MANIFEST = "index.json"
-_FILES = ("vectors.npy", "faiss.index", "ids.npy")
+_FILES = ("vectors.npy", "faiss.index", "ids.npy", "rescore.npy")
 
 
 def _positive_int(name, value):
@@ -206,6 +210,10 @@ class EmbeddingIndex:
         ef_search: int. HNSW search beam width (at least the candidates asked for is used).
             Defaults to `128`.
         ranges: optional float `(2, dim)` minimum and maximum per dimension (int8).
+        rescore_vectors: what quantized candidates are rescored against: `"stored"` (their
+            codes, as sentence-transformers does) or `"float32"` (each row's float vector,
+            kept beside the codes: in memory while building, in `rescore.npy` once saved,
+            memory-mapped by `load`). Defaults to `"stored"`.
         embedder: optional embedder whose `embedder_fingerprint` the index records.
         identity: optional string naming the embedder instead (e.g. a model name + version).
 
@@ -229,6 +237,7 @@ class EmbeddingIndex:
         ef_construction=200,
         ef_search=128,
         ranges=None,
+        rescore_vectors="stored",
         embedder=None,
         identity=None,
     ):
@@ -244,6 +253,17 @@ class EmbeddingIndex:
         if approximate not in APPROXIMATE:
             raise ValueError(
                 f"`approximate` must be one of {list(APPROXIMATE)}. Received: {approximate!r}"
+            )
+        if rescore_vectors not in RESCORE_VECTORS:
+            raise ValueError(
+                f"`rescore_vectors` must be one of {list(RESCORE_VECTORS)}. "
+                f"Received: {rescore_vectors!r}"
+            )
+        if rescore_vectors == "float32" and precision == "float32":
+            raise ValueError(
+                'rescore_vectors="float32" keeps float vectors to rescore a quantized index\'s '
+                'candidates. Received precision="float32", which searches the float vectors '
+                'themselves; use precision="int8" or "binary".'
             )
         if backend is None:
             backend = "numpy" if approximate is None else "faiss"
@@ -264,7 +284,9 @@ class EmbeddingIndex:
         if ranges is not None:
             self.ranges = self._check_ranges(ranges)
         self._ids = None  # NumPy array of the rows' ids (int64 or str)
+        self.rescore_vectors = rescore_vectors
         self._chunks = []  # numpy backend: stored rows, concatenated lazily
+        self._float_chunks = []  # rescore_vectors="float32": the rows' float vectors
         self._faiss = None
         if backend == "faiss":
             self._faiss = self._new_faiss_index()
@@ -368,9 +390,16 @@ class EmbeddingIndex:
 
     @property
     def nbytes(self):
-        """Bytes of the stored vectors (FAISS: its codes; HNSW graphs not included)."""
+        """Bytes of the stored vectors (FAISS: its codes; HNSW graphs not included); the float
+        vectors of `rescore_vectors="float32"` are not counted (see `rescore_nbytes`)."""
         per_row = {"float32": 4 * self.dim, "int8": self.dim, "binary": math.ceil(self.dim / 8)}
         return len(self) * per_row[self.precision]
+
+    @property
+    def rescore_nbytes(self):
+        """Bytes of the float vectors kept for rescoring (`rescore_vectors="float32"`; on disk
+        once saved and loaded), else 0."""
+        return 4 * self.dim * len(self) if self.rescore_vectors == "float32" else 0
 
     def _check_ranges(self, ranges):
         ranges = np.asarray(ranges, np.float32)
@@ -480,6 +509,9 @@ class EmbeddingIndex:
                 )
             self.ranges = np.stack([embeddings.min(0), embeddings.max(0)]).astype(np.float32)
         codes = quantize(embeddings, self.precision, self.ranges)
+        if self.rescore_vectors == "float32":
+            shared = isinstance(given, np.ndarray) and np.may_share_memory(embeddings, given)
+            self._float_chunks.append(embeddings.copy() if shared else embeddings)
         if self._faiss is not None:
             self._faiss.add(codes.astype(np.float32) if self.precision == "int8" else codes)
         else:  # a copy of its own, never a view of the caller's array or a memory-mapped shard
@@ -492,6 +524,23 @@ class EmbeddingIndex:
         if len(self._chunks) > 1:
             self._chunks = [np.concatenate(self._chunks)]
         return self._chunks[0]
+
+    def _float_vectors(self):
+        if len(self._float_chunks) > 1:
+            self._float_chunks = [np.concatenate(self._float_chunks)]
+        return self._float_chunks[0]
+
+    def _rescore_values(self, rows):
+        """`(queries, candidates, dim)` values the float query rescores the candidates with."""
+        if self.rescore_vectors == "float32":
+            vectors = self._float_vectors()
+            flat = rows.reshape(-1)
+            unique, inverse = np.unique(flat, return_inverse=True)  # sorted reads of a mapping
+            return np.asarray(vectors[unique])[inverse].reshape(*rows.shape, self.dim)
+        candidates = self._rows(rows)
+        if self.precision == "binary":
+            return np.unpackbits(candidates, axis=-1)[..., : self.dim].astype(np.int64)
+        return _dequantize(candidates, self.ranges)
 
     def _rows(self, rows):
         """Stored codes of the given rows `(..., width)`."""
@@ -550,7 +599,8 @@ class EmbeddingIndex:
         (`rescore=True`) or `top_k` (`rescore=False`), as sentence-transformers'
         `semantic_search_faiss` / `semantic_search_usearch`: binary by Hamming distance, int8
         by integer dot product; with `rescore` the float query's dot product with each
-        candidate's stored values (bits as 0/1; int8 mapped back into its range) orders them.
+        candidate's stored values (bits as 0/1; int8 mapped back into its range) orders them,
+        or with its float vector when the index keeps them (`rescore_vectors="float32"`).
 
         Args:
             queries: float array or tensor `(num_queries, dim)` (or `(dim,)`), or a list of
@@ -604,11 +654,7 @@ class EmbeddingIndex:
         else:
             scores, rows = self._numpy_search(codes, count, chunk_size)
         if rescoring:
-            candidates = self._rows(rows)
-            if self.precision == "binary":
-                values = np.unpackbits(candidates, axis=-1)[..., : self.dim].astype(np.int64)
-            else:
-                values = _dequantize(candidates, self.ranges)
+            values = self._rescore_values(rows)
             rescored = np.einsum("ij,ikj->ik", queries, values).astype(np.float64, copy=False)
             order = np.argsort(-rescored, axis=1, kind="stable")[:, :top_k]
             scores = np.take_along_axis(rescored, order, axis=1)
@@ -665,6 +711,7 @@ class EmbeddingIndex:
             "hnsw_m": self.hnsw_m,
             "ef_construction": self.ef_construction,
             "ef_search": self.ef_search,
+            "rescore_vectors": self.rescore_vectors,
         }
 
     def save(self, path):
@@ -699,6 +746,9 @@ class EmbeddingIndex:
                 files["vectors"] = "vectors.npy"
             np.save(staging / "ids.npy", self._ids, allow_pickle=False)
             files["ids"] = "ids.npy"
+            if self.rescore_vectors == "float32":
+                np.save(staging / "rescore.npy", self._float_vectors(), allow_pickle=False)
+                files["rescore"] = "rescore.npy"
             manifest = {
                 "format": "kbert.retrieval.EmbeddingIndex",
                 "version": FORMAT_VERSION,
@@ -773,6 +823,20 @@ class EmbeddingIndex:
             vectors = np.load(vectors_file, allow_pickle=False)
             index._chunks = [vectors]
             stored = len(vectors)
+        if index.rescore_vectors == "float32":
+            record = manifest["files"].get("rescore")
+            if record is None:
+                raise ValueError(
+                    f"{str(path)!r} keeps float vectors for rescoring ({MANIFEST}) but lists "
+                    "no rescore file."
+                )
+            floats = np.load(path / record["name"], mmap_mode="r", allow_pickle=False)
+            if floats.shape != (len(ids), index.dim) or floats.dtype != np.float32:
+                raise ValueError(
+                    f"{path / record['name']} holds {floats.dtype} vectors of shape "
+                    f"{floats.shape}; expected float32 ({len(ids)}, {index.dim})."
+                )
+            index._float_chunks = [floats]
         if stored != len(ids) or len(ids) != manifest["rows"]:
             raise ValueError(
                 f"{str(path)!r} holds {stored} vectors and {len(ids)} ids; {MANIFEST} says "

@@ -248,6 +248,49 @@ def test_add_save_load(backend, approximate, precision, tmp_path):
 
 
 @independent
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("precision", ["int8", "binary"])
+def test_float_rescore_vectors_order_candidates_as_exact_search_and_stay_on_disk(
+    backend, precision, tmp_path
+):
+    """`rescore_vectors="float32"`: candidates covering the corpus are ordered exactly as float
+    search orders them (the stored codes order them otherwise); saved, the float vectors load
+    memory-mapped, with the same results, and the codes stay the index's memory."""
+    corpus, queries = _data()
+    kwargs = dict(precision=precision, backend=backend)
+    exact = retrieval.search(queries, corpus, top_k=10)
+    stored = EmbeddingIndex.from_embeddings(corpus, **kwargs)
+    floats = EmbeddingIndex.from_embeddings(corpus, rescore_vectors="float32", **kwargs)
+    everything = {"top_k": 10, "rescore_multiplier": 30}  # 300 candidates: the corpus
+    scores, rows = floats.search(queries, **everything)
+    np.testing.assert_array_equal(rows, exact[1])
+    np.testing.assert_allclose(scores, exact[0], rtol=1e-5, atol=1e-6)
+    # Against its codes the same candidates come out in another order.
+    assert (stored.search(queries, **everything)[1] != exact[1]).any()
+    assert floats.nbytes == stored.nbytes and floats.rescore_nbytes == corpus.nbytes
+
+    floats.save(tmp_path / "index")
+    loaded = EmbeddingIndex.load(tmp_path / "index")
+    assert isinstance(loaded._float_chunks[0], np.memmap)
+    for multiplier in (4, 30):
+        np.testing.assert_array_equal(
+            loaded.search(queries, top_k=10, rescore_multiplier=multiplier)[1],
+            floats.search(queries, top_k=10, rescore_multiplier=multiplier)[1],
+        )
+    # Rows added after loading are rescored with their float vectors too.
+    loaded.add(queries[:2] * 3, ids=[1000, 1001])
+    assert list(loaded.search(queries[:2], top_k=1, rescore_multiplier=50)[1][:, 0]) == [1000, 1001]
+    with pytest.raises(ValueError, match="rescore_vectors"):
+        EmbeddingIndex(8, rescore_vectors="float16")
+    with pytest.raises(ValueError, match='precision="float32"'):
+        EmbeddingIndex(8, rescore_vectors="float32")
+    with open(tmp_path / "index" / "rescore.npy", "r+b") as file:
+        file.truncate(1000)
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        EmbeddingIndex.load(tmp_path / "index")
+
+
+@independent
 def test_bad_inputs(tmp_path):
     corpus, queries = _data(rows=30, dim=8)
     with pytest.raises(ValueError, match="index is empty"):

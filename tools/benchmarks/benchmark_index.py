@@ -13,8 +13,9 @@ distractors, and speed and memory of exact, HNSW and binary + rescoring search a
    reuses them), the questions (`--questions`, seeded sample; default all 10,570) by
    `encode_query`. Each question's relevant document is its paragraph. Recall@10 and MRR@10
    of: exact float32 search, int8 and binary indexes with and without float rescoring
-   (`rescore_multiplier` 1 = no rescoring, 2, 4, 10), and the float32 HNSW index; with the
-   bytes each index stores per the whole corpus.
+   (`rescore_multiplier` 1 = no rescoring, 2, 4, 10), the same candidates rescored with
+   the float vectors the index keeps on disk (`rescore_vectors="float32"`), and the float32
+   HNSW index; with the bytes each index holds in memory for the whole corpus.
 2. Scale. `--scale-rows` vectors (default 1,000,000) made from the real document embeddings:
    row `i` is document `j` (drawn uniformly, seed 0) plus Gaussian noise of standard
    deviation `--noise` per dimension (default 0.02: a copy keeps a cosine of about 0.93 with
@@ -22,7 +23,8 @@ distractors, and speed and memory of exact, HNSW and binary + rescoring search a
    documents, searched by `--scale-queries` real questions (default 1,000). Reported for the
    exact NumPy float32 index, the FAISS HNSW float32 index (`--hnsw-m`,
    `--ef-construction`, `--ef-search`) and the FAISS binary flat index with float
-   rescoring (`--rescore-multiplier`, default 4): build time, bytes of the stored vectors,
+   rescoring (`--rescore-multiplier`, default 4) against its bits and against the float
+   vectors saved beside them (loaded memory-mapped): build time, bytes of the stored vectors,
    resident memory growth of the process while building, query latency p50 / p99 (one query
    per call; `--latency-queries` for the exact index, every scale query for the others), and
    recall@10 against the exact index's top 10. The speed ratio is exact p50 / HNSW p50.
@@ -137,6 +139,7 @@ def quality_part(args, documents, queries, relevant, retrieval):
             "recall@10": 100 * retrieval.recall_at_k(ids, relevant, 10),
             "mrr@10": 100 * retrieval.mrr_at_k(ids, relevant, 10),
             "index_bytes": index.nbytes,
+            "rescore_bytes_on_disk": index.rescore_nbytes,
             "search_seconds": seconds,
         }
         rows.append(row)
@@ -156,6 +159,14 @@ def quality_part(args, documents, queries, relevant, retrieval):
                 index,
                 rescore=multiplier > 1,
                 rescore_multiplier=multiplier,
+            )
+        # The candidates rescored with the float vectors kept on disk beside the codes.
+        index = EmbeddingIndex.from_shards(
+            args.cache, precision=precision, rescore_vectors="float32"
+        )
+        for multiplier in MULTIPLIERS[1:]:
+            evaluate(
+                f"{precision} float rescore x{multiplier}", index, rescore_multiplier=multiplier
             )
     hnsw = EmbeddingIndex.from_embeddings(
         documents,
@@ -189,6 +200,14 @@ def built(label, make):
     growth = rss_bytes() - before
     log(f"  built {label} in {seconds:.1f} s (+{growth / 2**20:.0f} MiB resident)")
     return index, seconds, growth
+
+
+def on_disk(index, path):
+    """`index` saved to `path` and loaded back: its float rescoring vectors memory-mapped."""
+    from kbert.retrieval import EmbeddingIndex
+
+    index.save(path)
+    return EmbeddingIndex.load(path)
 
 
 def scale_part(args, documents, question_vectors):
@@ -243,6 +262,20 @@ def scale_part(args, documents, question_vectors):
             ),
             {"rescore_multiplier": args.rescore_multiplier},
         ),
+        (
+            f"binary + float rescore x{args.rescore_multiplier} (FAISS flat, floats on disk)",
+            lambda: on_disk(
+                EmbeddingIndex.from_embeddings(
+                    corpus,
+                    similarity="dot",
+                    precision="binary",
+                    backend="faiss",
+                    rescore_vectors="float32",
+                ),
+                Path(args.cache).parent / "benchmark_index_scale",
+            ),
+            {"rescore_multiplier": args.rescore_multiplier},
+        ),
     ):
         index, seconds, growth = built(label, make)
         times = latencies(index, queries, top_k=10, **kwargs)
@@ -253,6 +286,7 @@ def scale_part(args, documents, question_vectors):
                 "build_seconds": seconds,
                 "resident_growth": growth,
                 "index_bytes": index.nbytes,
+                "rescore_bytes_on_disk": index.rescore_nbytes,
                 "p50_ms": percentile(times, 50),
                 "p99_ms": percentile(times, 99),
                 "latency_queries": len(times),
@@ -283,7 +317,7 @@ def goals(quality, scale):
     )
     float_row = quality[0]
     for row in quality:
-        if row["index"].startswith("binary rescore"):
+        if row["index"].startswith(("binary rescore", "binary float rescore")):
             gap = float_row["recall@10"] - row["recall@10"]
             share = row["index_bytes"] / float_row["index_bytes"]
             ok = gap <= 1 and share <= 1 / 16
