@@ -152,6 +152,7 @@ def export_saved_model(model, path, preprocessor=None):
             _write_saved_model(model, preprocessor, target)
         else:
             _export_in_tensorflow_process(model, preprocessor, target, staging)
+        write_card(model, target, path, "saved_model")
         _move_into_place(target, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -471,6 +472,7 @@ def export_onnx(
             directory.mkdir()
             target.rename(directory / SERVING_FILES["onnx"])
             write_serving_config(model, directory, "onnx", quantize)
+            write_card(model, directory, path, "onnx", quantize)
             _move_into_place(directory, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -533,6 +535,7 @@ def export_openvino(model, path, quantize=None):
             converted, str(directory / SERVING_FILES["openvino"]), compress_to_fp16=False
         )
         write_serving_config(model, directory, "openvino", quantize)
+        write_card(model, directory, path, "openvino", quantize)
         _move_into_place(directory, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -615,6 +618,16 @@ def _json_safe(value):
         return json.loads(json.dumps(value))
     except (TypeError, ValueError):
         return None
+
+
+def write_card(model, directory, path, runtime, quantize=None):
+    """Writes the model card (`README.md`, `kbert.checkpoints.model_card`) of a serving export
+    into its staging `directory`: how to serve it from `path`, the training run, the
+    architecture."""
+    from kbert.checkpoints.model_card import CARD_FILE, model_card
+
+    card = model_card(model, os.fspath(path), serving=runtime, quantize=quantize)
+    (Path(directory) / CARD_FILE).write_text(card, encoding="utf-8")
 
 
 def write_serving_config(model, directory, format, quantize):

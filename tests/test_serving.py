@@ -14,6 +14,7 @@ from kbert.models import (
     BertTagger,
     BertTextEmbedder,
 )
+from tests.checkpoints.test_model_card import python_block
 from tests.models.test_classifier import toy_backbone, toy_preprocessor
 from tests.test_case import tiny_backbone_kwargs
 
@@ -64,6 +65,7 @@ def test_onnx_serving_equals_keras_float_and_close_int8(tmp_path, capsys):
     export.export_onnx(embedder, tmp_path / "int8", quantize="int8")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["float", "int8"]  # No staging left.
     assert sorted(p.name for p in (tmp_path / "float").iterdir()) == [
+        "README.md",  # its model card
         "kbert_serving.json",
         "model.onnx",
     ]
@@ -83,6 +85,14 @@ def test_onnx_serving_equals_keras_float_and_close_int8(tmp_path, capsys):
     int8 = serving.load(tmp_path / "int8").encode(TEXTS)
     assert np.mean(cosines(int8, expected)) >= 0.99
     assert np.max(np.abs(int8 - expected)) > 1e-4  # Really quantized.
+    # The export's model card: the Hub reads it, and its snippet serves the export as written.
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    card = huggingface_hub.ModelCard.load(tmp_path / "int8" / "README.md")
+    assert {"onnx", "int8", "sentence-similarity"} <= set(card.data.tags)
+    namespace = {}
+    exec(python_block(card.text), namespace)
+    assert isinstance(namespace["served"], serving.ExportedModel)
+    np.testing.assert_allclose(namespace["served"].encode(TEXTS), int8, atol=1e-6)
 
     classifier = BertClassifier(toy_backbone(), num_classes=3, preprocessor=toy_preprocessor(16))
     spread(classifier)
@@ -165,6 +175,7 @@ def test_openvino_serving_float_and_int8(tmp_path):
     export.export_openvino(embedder, tmp_path / "float")
     served = serving.load(tmp_path / "float")
     assert served.format == "openvino"
+    assert "kbert.serving.load(" in (tmp_path / "float" / "README.md").read_text()  # its card
     np.testing.assert_allclose(served.encode(TEXTS, batch_size=2), expected, atol=2e-5)
     served = serving.from_model(embedder, "openvino")  # Export and load in one call.
     assert served.format == "openvino" and served.quantize is None

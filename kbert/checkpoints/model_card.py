@@ -49,6 +49,8 @@ _CLASSES = {
 # Directory formats a card can announce next to kbert's own preset.
 CARD_FILE = "README.md"
 FORMATS = ("transformers", "sentence-transformers", "cross-encoder", "sparse-encoder")
+# Serving exports a card can describe instead of a preset (`kbert.export`): runtime -> its tag.
+SERVING = {"onnx": "onnx", "openvino": "openvino", "saved_model": "tensorflow"}
 CARD_KEYS = ("license", "datasets", "language", "model_name", "dataset_name", "tags")
 
 
@@ -164,9 +166,15 @@ def training_record(model):
     return record
 
 
-def _metadata(model, class_name, pipeline_tag, base_model, formats, data, record, title):
+def _metadata(
+    model, class_name, pipeline_tag, base_model, formats, data, record, title, serving=None
+):
     library = "kbert"
     tags = ["kbert", "keras", "bert"]
+    if serving:
+        tags.append(SERVING[serving[0]])
+        if serving[1]:
+            tags.append(serving[1])
     if "transformers" in formats:
         tags.append("transformers")
     if {"sentence-transformers", "cross-encoder", "sparse-encoder"} & set(formats):
@@ -274,6 +282,51 @@ def _usage(class_name, auto_class, location, formats, in_subfolder):
     return lines
 
 
+# The call a served model answers, per task class (`kbert.serving.ExportedModel`).
+_SERVED_CALLS = {
+    "BertTextEmbedder": 'served.encode(["A sentence to embed."])',
+    "BertSparseEncoder": 'served.encode(["A sentence to encode."])  # SciPy sparse rows',
+    "BertCrossEncoder": 'served.rank("a query", ["a document", "another document"])',
+}
+
+
+def _serving_usage(class_name, location, serving):
+    runtime, quantize = serving
+    weights = "int8" if quantize else "float32"
+    if runtime == "saved_model":
+        return [
+            "## How to use",
+            "",
+            "A TensorFlow SavedModel that answers raw text (its tokenizer is in the graph); "
+            "serving needs TensorFlow and tensorflow-text, not kbert:",
+            "",
+            "```python",
+            "import tensorflow as tf",
+            "import tensorflow_text  # registers the tokenizer's ops",
+            "",
+            f'served = tf.saved_model.load("{location}")',
+            'outputs = served.signatures["serving_default"](text=tf.constant(["A sentence."]))',
+            "```",
+            "",
+        ]
+    name = {"onnx": "onnxruntime", "openvino": "OpenVINO"}[runtime]
+    call = _SERVED_CALLS.get(class_name, 'served.predict(["A sentence."])')
+    return [
+        "## How to use",
+        "",
+        f"A `kbert.models.{class_name}` exported for {name} ({weights} weights), served on raw "
+        "text by `kbert.serving` without a Keras backend:",
+        "",
+        "```python",
+        "import kbert",
+        "",
+        f'served = kbert.serving.load("{location}")',
+        call,
+        "```",
+        "",
+    ]
+
+
 def _training(record):
     if not record.get("history") and not record.get("evaluation"):
         return ["## Training", "", "This model was not trained with `fit` since it was loaded.", ""]
@@ -353,7 +406,9 @@ def _architecture(model, class_name, description):
     return lines
 
 
-def model_card(model, location, formats=(), base_model=None, in_subfolder=False):
+def model_card(
+    model, location, formats=(), base_model=None, in_subfolder=False, serving=None, quantize=None
+):
     """The model card of `model` as Markdown text with the Hub's YAML header.
 
     Args:
@@ -365,6 +420,9 @@ def model_card(model, location, formats=(), base_model=None, in_subfolder=False)
             the one it was loaded from (`model.base_model`), if any.
         in_subfolder: bool. kbert's preset is the `kbert/` folder of a repository whose top
             holds the other formats. Defaults to `False`.
+        serving: `None`, or the runtime of a serving export the card describes instead of a
+            preset: `"onnx"`, `"openvino"` (a `kbert.serving` directory) or `"saved_model"`.
+        quantize: `None` or `"int8"`: the serving export's weights.
 
     Returns:
         The card's text.
@@ -379,18 +437,26 @@ def model_card(model, location, formats=(), base_model=None, in_subfolder=False)
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
         raise ValueError(f"Unknown formats {unknown}. Expected formats among {list(FORMATS)}.")
+    if serving is not None and serving not in SERVING:
+        raise ValueError(f"`serving` must be one of {list(SERVING)} or None. Received {serving!r}")
     data = card_data(model)
     class_name, (pipeline_tag, auto_class, description) = _class_info(model)
     record = training_record(model)
     base_model = base_model or getattr(model, "base_model", None)
     title = data.get("model_name") or str(location).rstrip("/").rsplit("/", 1)[-1]
-    header = _metadata(model, class_name, pipeline_tag, base_model, formats, data, record, title)
+    served = None if serving is None else (serving, quantize)
+    header = _metadata(
+        model, class_name, pipeline_tag, base_model, formats, data, record, title, served
+    )
     lines = ["---", *_yaml_value(header, 0), "---", "", f"# {title}", ""]
     summary = f"A `kbert.models.{class_name}` ({description})"
     if base_model:
         summary += f" from [{base_model}](https://huggingface.co/{base_model})"
     lines += [summary + ", written by kbert.", ""]
-    lines += _usage(class_name, auto_class, str(location), formats, in_subfolder)
+    if served:
+        lines += _serving_usage(class_name, str(location), served)
+    else:
+        lines += _usage(class_name, auto_class, str(location), formats, in_subfolder)
     lines += _training(record)
     lines += _architecture(model, class_name, description)
     return "\n".join(lines)

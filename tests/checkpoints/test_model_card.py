@@ -116,3 +116,25 @@ def test_exports_write_the_card_of_their_format(tmp_path, caplog):
     card = _load_card(tmp_path / "st" / "README.md", caplog)  # the embedder's, not the backbone's
     assert card.data.to_dict()["pipeline_tag"] == "sentence-similarity"
     assert "SentenceTransformer(" in card.text
+
+
+def python_block(text):
+    """The first ```python block of a card."""
+    return text.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_serving_cards_say_how_to_serve_instead_of_a_preset():
+    """A serving export's card (tests/test_serving.py runs the ONNX one's snippet) shows the
+    runtime's call, not `from_preset`; a SavedModel's shows TensorFlow's."""
+    classifier = _classifier()
+    text = model_card.model_card(classifier, "served", serving="openvino", quantize="int8")
+    block = python_block(text)
+    assert 'kbert.serving.load("served")' in block and "served.predict(" in block
+    assert "from_preset" not in text and "OpenVINO (int8 weights)" in text
+    assert '"openvino"' in text.split("---")[1] and '"int8"' in text.split("---")[1]
+    text = model_card.model_card(classifier, "exported", serving="saved_model")
+    block = python_block(text)
+    assert 'tf.saved_model.load("exported")' in block and "import tensorflow_text" in block
+    assert '"tensorflow"' in text.split("---")[1] and "from_preset" not in text
+    with pytest.raises(ValueError, match="`serving` must be one of"):
+        model_card.model_card(classifier, "x", serving="tflite")
