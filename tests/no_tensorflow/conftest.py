@@ -1,7 +1,8 @@
 """The no-TensorFlow suite.
 
 `make test` runs it (target `test-notf`) in `.venv-notf`, an environment with Keras, JAX,
-PyTorch, transformers and pytest but no TensorFlow, under KERAS_BACKEND=jax and torch. Where
+PyTorch, transformers, SciPy, ONNX (onnx, onnxscript, onnxruntime) and pytest but no
+TensorFlow (the `notf-test` extra), under KERAS_BACKEND=jax and torch. Where
 TensorFlow is installed these files are not collected: the main suite covers the same code
 there, and these tests exist to prove that nothing needs TensorFlow.
 """

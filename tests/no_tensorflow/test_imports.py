@@ -29,6 +29,12 @@ def test_tensorflow_is_not_installed():
         "kbert.distribution",
         "kbert.callbacks",
         "kbert.export",
+        # The serving runtime, retrieval and SPLADE losses of the newer models (issue #45
+        # item 7; tests/no_tensorflow/test_new_models.py runs them).
+        "kbert.serving",
+        "kbert.retrieval",
+        "kbert.retrieval_index",
+        "kbert.losses_sparse",
     ],
 )
 def test_every_subpackage_imports(module):
