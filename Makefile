@@ -57,7 +57,9 @@ lint: install
 # test once per backend, then the no-TensorFlow suite on JAX and PyTorch; prints each leg's
 # wall time; fails if any leg fails.
 # PYTEST_ARGS is added to every pytest leg (`make test PYTEST_ARGS="-x"`); LEG_ARGS to the
-# per-backend legs (parallel workers by default, `LEG_ARGS=` runs them in one process).
+# parallel part of each leg (parallel workers by default, `LEG_ARGS=` runs them in one
+# process). Each leg runs the tests that launch several processes (marker `processes`) after
+# the others, alone (tools/test_leg.sh): their timeouts never compete with other tests.
 ONCE_BACKEND ?= torch
 LEG_ARGS ?= -n 2
 # The JAX and TensorFlow legs compile hundreds of tiny models with XLA: LLVM's optimisation of
@@ -81,11 +83,11 @@ test:
 	$(call timed,lint,$(MAKE) --no-print-directory lint) \
 	$(call timed,docs,$(MAKE) --no-print-directory docs) \
 	echo "===== backend-independent tests, once (KERAS_BACKEND=$(ONCE_BACKEND)) ====="; \
-	$(call timed,once,KERAS_BACKEND=$(ONCE_BACKEND) $(PY) -m pytest -q $(LEG_ARGS) $(PYTEST_ARGS) -m backend_independent $(TESTS)) \
+	$(call timed,once,KERAS_BACKEND=$(ONCE_BACKEND) LEG_ARGS="$(LEG_ARGS)" tools/test_leg.sh $(PY) backend_independent $(PYTEST_ARGS) $(TESTS)) \
 	for backend in $(BACKENDS); do \
 	  echo "===== KERAS_BACKEND=$$backend ====="; \
 	  xla_flags="$$XLA_FLAGS"; [ $$backend = torch ] || xla_flags="$$XLA_FLAGS $(XLA_LEG_FLAGS)"; \
-	  $(call timed,$$backend,XLA_FLAGS="$$xla_flags" KERAS_BACKEND=$$backend $(PY) -m pytest -q $(LEG_ARGS) $(PYTEST_ARGS) -m "not backend_independent" $(TESTS)) \
+	  $(call timed,$$backend,XLA_FLAGS="$$xla_flags" KERAS_BACKEND=$$backend LEG_ARGS="$(LEG_ARGS)" tools/test_leg.sh $(PY) "not backend_independent" $(PYTEST_ARGS) $(TESTS)) \
 	done; \
 	$(call timed,no-tensorflow,$(MAKE) --no-print-directory test-notf) \
 	echo "===== wall time per leg (seconds) ====="; \

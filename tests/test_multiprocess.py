@@ -42,6 +42,9 @@ from tests import _multiprocess_inference_worker as inference_worker
 from tests import _multiprocess_worker as worker
 from tests.test_case import REPO_ROOT
 
+# Several processes each, with timeouts: `make test` runs these alone (tools/test_leg.sh).
+pytestmark = pytest.mark.processes
+
 BACKEND = keras.backend.backend()
 # Seconds a process waits for the others (joining, and each collective afterwards).
 TIMEOUT = 20
