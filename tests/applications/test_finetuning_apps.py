@@ -358,6 +358,29 @@ def test_glue_without_train_file_splits_dev_and_scores_openvino_int8(preset, tmp
     }
 
 
+@pytest.mark.backends("torch", reason="The reader and the split only; no model is built.")
+def test_glue_without_train_file_notes_skipped_dev_rows_once(tmp_path):
+    """QQP with dev.tsv alone: the dev row with missing fields is skipped and said once (the
+    split's training rows are that same file), and the split covers the other rows."""
+    folder = tmp_path / "glue" / "QQP"
+    folder.mkdir(parents=True)
+    rows = [f"{k}\t{k}\t{k}\tq {k}\tp {k}\t{k % 2}\n" for k in range(10)]
+    rows.insert(3, "3b\t1\t2\tmissing fields\n")
+    (folder / "dev.tsv").write_text(
+        "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n" + "".join(rows)
+    )
+    with pytest.warns(UserWarning, match="skipped 1 malformed rows"):
+        (train_x, train_y, devs, notes) = glue.load_splits("qqp", tmp_path, 0, None)
+    assert notes == [
+        "qqp: no train file; trained on a seeded 80% of dev (8 rows) and evaluated on the "
+        "other 2 rows.",
+        "qqp dev: skipped 1 malformed rows (lines [5]).",
+    ]
+    ((_, dev_x, dev_y, _),) = devs
+    assert sorted(train_x[0] + dev_x[0]) == sorted(f"q {k}" for k in range(10))
+    assert [int(x[2:]) % 2 for x in train_x[0]] == train_y.tolist()
+
+
 def test_ner_runs_on_tiny_data(preset, tmp_path):
     _write_conll(tmp_path / "data")
     out, saved = tmp_path / "out", tmp_path / "model"
