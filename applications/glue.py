@@ -155,7 +155,8 @@ def load_splits(task, data_dir, seed, max_train_examples):
             f"{task}: no train file; trained on a seeded {_DEV_ONLY_TRAIN_FRACTION:.0%} of dev "
             f"({len(train_indices)} rows) and evaluated on the other {len(dev_indices[0])} rows."
         )
-    for data in [train] + [dev for _, dev in devs]:
+    # Without a train file `train` is the first dev set: its skipped rows are said once.
+    for data in {id(data): data for data in [train] + [dev for _, dev in devs]}.values():
         if data.skipped_lines:
             notes.append(
                 f"{task} {data.split}: skipped {len(data.skipped_lines)} malformed rows "

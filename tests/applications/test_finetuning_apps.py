@@ -219,6 +219,168 @@ def test_glue_mnli_predict_test_writes_what_the_model_predicts(preset, tmp_path)
         assert (folder / name).read_text() == "index\tprediction\n" + expected, name
 
 
+def _binary_scores(labels, predictions):
+    """GLUE's accuracy and F1 of the positive class (1), as the official scorer (scikit-learn's
+    `f1_score`, binary) computes them: F1 = 2 TP / (2 TP + FP + FN)."""
+    labels, predictions = np.asarray(labels), np.asarray(predictions)
+    tp = int(np.sum((predictions == 1) & (labels == 1)))
+    fp = int(np.sum((predictions == 1) & (labels == 0)))
+    fn = int(np.sum((predictions == 0) & (labels == 1)))
+    return float(np.mean(predictions == labels)), 2 * tp / (2 * tp + fp + fn)
+
+
+def _pair_rows(count, seed, flipped=()):
+    """`(first, second, label)` rows a tiny model learns in a few steps: the label is 1 when the
+    second sentence's words are among "good great fine", 0 when among "bad awful dull"; rows in
+    `flipped` carry the other label (what the model gets wrong once it learned the rule)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k in range(count):
+        label = k % 2
+        first = " ".join(rng.choice(WORDS[8:], 3))
+        second = " ".join(rng.choice(WORDS[1:4] if label else WORDS[4:7], 3))
+        rows.append((first, second, 1 - label if k in flipped else label))
+    return rows
+
+
+@pytest.fixture
+def kept_export(monkeypatch, tmp_path):
+    """Makes the app's `--quantize onnx-int8 / openvino-int8` export (`kbert.serving.from_model`)
+    stay in `tmp_path / "served"` (the app's call itself unchanged), for the test to load."""
+    import kbert.serving
+
+    from_model, kept = kbert.serving.from_model, tmp_path / "served"
+
+    def keeping(model, runtime="onnx", directory=None, threads=None):
+        assert directory is None  # the app's own call: a temporary export
+        return from_model(model, runtime, directory=kept, threads=threads)
+
+    monkeypatch.setattr(kbert.serving, "from_model", keeping)
+    return kept
+
+
+def _load_export(directory, runtime):
+    """The app's export (kept by `kept_export`), checked to be `runtime`'s int8 graph."""
+    import kbert.serving
+
+    assert (directory / "kbert_serving.json").is_file(), "the app exported no serving directory"
+    config = json.loads((directory / "kbert_serving.json").read_text())
+    assert (config["format"], config["quantize"]) == (runtime, "int8"), config
+    return kbert.serving.load(directory)
+
+
+@pytest.mark.backends(
+    "torch",
+    reason="Application logic (QQP's F1, the ONNX int8 export's "
+    "scores); the export traces on torch whatever the backend.",
+)
+def test_glue_qqp_reports_f1_and_the_onnx_int8_export_scores(preset, tmp_path, kept_export):
+    """QQP: accuracy and F1 of the positive class, as GLUE's scorer computes them, of the saved
+    model; `--quantize onnx-int8`: the same metrics of that model's ONNX int8 export; a train
+    row with missing fields is skipped and said."""
+    folder = tmp_path / "data" / "glue" / "QQP"
+    folder.mkdir(parents=True)
+    header = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+
+    def tsv(rows):
+        return header + "".join(
+            f"{k}\t{2 * k}\t{2 * k + 1}\t{a}\t{b}\t{y}\n" for k, (a, b, y) in enumerate(rows)
+        )
+
+    # Dev: 5 rows labelled against the rule, so that F1 (positive class) and accuracy differ.
+    dev = _pair_rows(16, seed=1, flipped=(0, 1, 3, 5, 7))
+    (folder / "train.tsv").write_text(tsv(_pair_rows(64, seed=0)) + "99\t1\t2\tmissing fields\n")
+    (folder / "dev.tsv").write_text(tsv(dev))
+    out, saved = tmp_path / "out", tmp_path / "model"
+    argv = ["--task", "qqp", "--preset", str(preset), "--data-dir", str(tmp_path / "data")]
+    argv += ["--epochs", "6", "--batch-size", "16", "--max-length", "16", "--learning-rate"]
+    argv += ["5e-3", "--classifier-dropout", "0", "--output-dir", str(out)]
+    metrics = glue.main([*argv, "--save-model", str(saved), "--quantize", "onnx-int8"])
+    record = _check_outputs(out, "f1")
+    assert record["train_examples"] == 64
+    assert "qqp train: skipped 1 malformed rows (lines [66])." in record["note"]
+    x, labels = ([a for a, _, _ in dev], [b for _, b, _ in dev]), [y for _, _, y in dev]
+    logits = np.asarray(BertClassifier.from_preset(saved).predict(x, verbose=0))
+    accuracy, f1 = _binary_scores(labels, logits.argmax(-1))
+    assert accuracy != f1 and 0 < f1 < 1  # a report of one for the other would show
+    served = np.asarray(_load_export(kept_export, "onnx").predict(x))
+    # The export is the saved model's, quantized: near its logits, not equal (int8 weights and
+    # activations quantized per call move this tiny model's logits by up to ~10 %).
+    assert 1e-5 < np.abs(served - logits).max() < 0.25 * np.abs(logits).max()
+    accuracy8, f1_8 = _binary_scores(labels, served.argmax(-1))
+    assert metrics == {
+        "accuracy": accuracy,
+        "f1": f1,
+        "accuracy_onnx-int8": accuracy8,
+        "f1_onnx-int8": f1_8,
+    }
+    assert record["quantized"] == {"accuracy_onnx-int8": accuracy8, "f1_onnx-int8": f1_8}
+
+
+@pytest.mark.backends(
+    "torch",
+    reason="Application logic (the split of dev without a train "
+    "file, the OpenVINO int8 export's scores); the export traces on torch.",
+)
+def test_glue_without_train_file_splits_dev_and_scores_openvino_int8(preset, tmp_path, kept_export):
+    """WNLI with a dev file alone: trained on a seeded 80 % of dev, scored (accuracy) on the
+    other 20 %, as said in the output; `--quantize openvino-int8` scores the model's OpenVINO
+    int8 export on those rows."""
+    folder = tmp_path / "data" / "glue" / "WNLI"
+    folder.mkdir(parents=True)
+    rows = _pair_rows(80, seed=2, flipped=range(0, 80, 5))
+    (folder / "dev.tsv").write_text(
+        "index\tsentence1\tsentence2\tlabel\n"
+        + "".join(f"{k}\t{a}\t{b}\t{y}\n" for k, (a, b, y) in enumerate(rows))
+    )
+    out, saved = tmp_path / "out", tmp_path / "model"
+    argv = ["--task", "wnli", "--preset", str(preset), "--data-dir", str(tmp_path / "data")]
+    argv += ["--epochs", "6", "--batch-size", "16", "--max-length", "16", "--learning-rate"]
+    argv += ["5e-3", "--classifier-dropout", "0", "--output-dir", str(out), "--seed", "3"]
+    metrics = glue.main([*argv, "--save-model", str(saved), "--quantize", "openvino-int8"])
+    record = _check_outputs(out, "accuracy")
+    note = "wnli: no train file; trained on a seeded 80% of dev (64 rows) and evaluated on the "
+    assert record["note"] == note + "other 16 rows."
+    assert record["train_examples"] == 64 and record["dev_examples"] == {"dev": 16}
+    # The held-out rows: the last fifth of NumPy's permutation seeded with --seed.
+    held_out = np.sort(np.random.default_rng(3).permutation(80)[64:])
+    x = ([rows[k][0] for k in held_out], [rows[k][1] for k in held_out])
+    labels = np.array([rows[k][2] for k in held_out])
+    counts = np.bincount(labels, minlength=2)
+    assert record["baseline"] == {"name": "majority class", "accuracy": counts.max() / 16}
+    logits = np.asarray(BertClassifier.from_preset(saved).predict(x, verbose=0))
+    served = np.asarray(_load_export(kept_export, "openvino").predict(x))
+    # The saved model's export with int8 weights (activations float): near its logits.
+    assert 1e-5 < np.abs(served - logits).max() < 0.05 * np.abs(logits).max()
+    assert metrics == {
+        "accuracy": float(np.mean(logits.argmax(-1) == labels)),
+        "accuracy_openvino-int8": float(np.mean(served.argmax(-1) == labels)),
+    }
+
+
+@pytest.mark.backends("torch", reason="The reader and the split only; no model is built.")
+def test_glue_without_train_file_notes_skipped_dev_rows_once(tmp_path):
+    """QQP with dev.tsv alone: the dev row with missing fields is skipped and said once (the
+    split's training rows are that same file), and the split covers the other rows."""
+    folder = tmp_path / "glue" / "QQP"
+    folder.mkdir(parents=True)
+    rows = [f"{k}\t{k}\t{k}\tq {k}\tp {k}\t{k % 2}\n" for k in range(10)]
+    rows.insert(3, "3b\t1\t2\tmissing fields\n")
+    (folder / "dev.tsv").write_text(
+        "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n" + "".join(rows)
+    )
+    with pytest.warns(UserWarning, match="skipped 1 malformed rows"):
+        (train_x, train_y, devs, notes) = glue.load_splits("qqp", tmp_path, 0, None)
+    assert notes == [
+        "qqp: no train file; trained on a seeded 80% of dev (8 rows) and evaluated on the "
+        "other 2 rows.",
+        "qqp dev: skipped 1 malformed rows (lines [5]).",
+    ]
+    ((_, dev_x, dev_y, _),) = devs
+    assert sorted(train_x[0] + dev_x[0]) == sorted(f"q {k}" for k in range(10))
+    assert [int(x[2:]) % 2 for x in train_x[0]] == train_y.tolist()
+
+
 def test_ner_runs_on_tiny_data(preset, tmp_path):
     _write_conll(tmp_path / "data")
     out, saved = tmp_path / "out", tmp_path / "model"

@@ -14,6 +14,7 @@ the processes are killed on failure; ports are free ports of 127.0.0.1.
 """
 
 import json
+import math
 import os
 import signal
 import socket
@@ -286,6 +287,9 @@ def test_glue_over_two_processes(preset, tmp_path):
 
 
 def test_pretrain_over_two_processes(preset, tmp_path):
+    from kbert.models import BertPretrainer
+    from kbert.text import BertTokenizer
+
     text = write_text(tmp_path / "corpus.txt", num_documents=12)
     output = tmp_path / "out"
     writes, log = _run_two_processes(tmp_path, [
@@ -304,9 +308,19 @@ def test_pretrain_over_two_processes(preset, tmp_path):
     assert record["steps_per_epoch"] >= 1
     assert record["total_steps"] == len(record["step_loss"]) == 2 * record["steps_per_epoch"]
     assert log.count("Counting the batches of one pass") == 1  # process 1 prints nothing
-    assert all(value == value for value in record["step_loss"])  # finite, not NaN
-    from kbert.models import BertPretrainer
-    from kbert.text import BertTokenizer
-
+    # Every step's loss finite (neither NaN nor inf) and, at the start, that of fresh heads
+    # guessing: ln(vocabulary) for the masked tokens plus ln(2) for the next sentence.
+    losses, metrics = record["step_loss"], record["metrics"]
+    assert all(math.isfinite(value) for value in losses), losses
+    vocabulary = len(BertTokenizer.from_preset(preset).vocabulary)
+    assert 0.5 < losses[0] / (math.log(vocabulary) + math.log(2)) < 1.5, losses
+    # The final metrics: finite, the last epoch's means of the steps (the loss the sum of the
+    # two tasks'), accuracies among [0, 1].
+    assert set(metrics) == {"mlm_accuracy", "mlm_loss", "nsp_accuracy", "nsp_loss", "loss"}
+    assert all(math.isfinite(value) for value in metrics.values()), metrics
+    last_epoch = losses[-record["steps_per_epoch"] :]
+    assert metrics["loss"] == pytest.approx(sum(last_epoch) / len(last_epoch), rel=1e-4)
+    assert metrics["loss"] == pytest.approx(metrics["mlm_loss"] + metrics["nsp_loss"], rel=1e-4)
+    assert 0 <= metrics["mlm_accuracy"] <= 1 and 0 <= metrics["nsp_accuracy"] <= 1
     model = BertPretrainer.from_preset(output / "preset")
     assert model.backbone.vocabulary_size == len(BertTokenizer.from_preset(preset).vocabulary)

@@ -1,4 +1,5 @@
-"""The SWAG / HellaSwag readers (once) and a smoke run of applications/swag.py on tiny files."""
+"""The SWAG / HellaSwag readers (once) and applications/swag.py on tiny files, its scores
+checked against the model it saves."""
 
 import json
 
@@ -7,7 +8,7 @@ import pytest
 
 from applications import swag
 from kbert.data import read_hellaswag, read_swag
-from kbert.models import BertBackbone
+from kbert.models import BertBackbone, BertMultipleChoice
 from kbert.text import BertTokenizer
 from tests.applications.test_finetuning_apps import VOCABULARY
 from tests.test_case import tiny_backbone_kwargs
@@ -57,7 +58,10 @@ def test_readers_follow_the_swag_and_hellaswag_layouts(tmp_path):
         read_hellaswag(tmp_path / "bad.jsonl")
 
 
-def test_swag_app_reports_the_accuracy_of_its_saved_predictions(tmp_path):
+def test_swag_app_reports_the_accuracy_of_the_saved_model(tmp_path):
+    """The reported dev accuracy and `dev_predictions` are those of the model written by
+    `--save-model`, reloaded here and run on the dev rows (not the app's own predictions file
+    checked against itself)."""
     preset = tmp_path / "preset"
     BertBackbone(
         **tiny_backbone_kwargs(
@@ -72,9 +76,11 @@ def test_swag_app_reports_the_accuracy_of_its_saved_predictions(tmp_path):
         {"ctx": "the dog sat", "endings": ["on the mat .", "in paris ."], "label": 0},
         {"ctx": "mary lives", "endings": ["in paris .", "on the mat .", "at acme ."], "label": 0},
         {"ctx": "a cat ran", "endings": list(endings), "label": 3},
+        {"ctx": "john sat", "endings": ["is dull .", "on the mat .", "in paris ."], "label": 1},
+        {"ctx": "the film", "endings": ["at acme .", "is dull ."], "label": 1},
     ]
     (tmp_path / "dev.jsonl").write_text("\n".join(json.dumps(d) for d in dev) + "\n")
-    out = tmp_path / "out"
+    out, saved = tmp_path / "out", tmp_path / "model"
     metrics = swag.main(
         [
             "--preset",
@@ -89,16 +95,30 @@ def test_swag_app_reports_the_accuracy_of_its_saved_predictions(tmp_path):
             "4",
             "--max-length",
             "16",
+            "--learning-rate",
+            "1e-3",
             "--output-dir",
             str(out),
+            "--save-model",
+            str(saved),
         ]
     )
     record = json.loads((out / "metrics.json").read_text())
-    predictions = np.array(record["dev_predictions"])
-    assert predictions.shape == (3,)
+    model = BertMultipleChoice.from_preset(saved)
+    contexts, choices = [d["ctx"] for d in dev], [d["endings"] for d in dev]
+    logits = np.asarray(model.predict((contexts, choices), verbose=0))
+    predictions = logits.argmax(-1)
     assert all(p < len(d["endings"]) for p, d in zip(predictions, dev))  # never a padded choice
-    recomputed = float(np.mean(predictions == np.array([d["label"] for d in dev])))
-    assert metrics["accuracy"] == record["metrics"]["accuracy"] == recomputed
+    accuracy = float(np.mean(predictions == np.array([d["label"] for d in dev])))
+    assert record["dev_predictions"] == predictions.tolist()
+    assert metrics == record["metrics"] == {"accuracy": accuracy}
     assert len(record["evaluations"]) == 2 and record["train_steps"] == 4
-    assert record["baseline"]["accuracy"] == pytest.approx((1 / 2 + 1 / 3 + 1 / 4) / 3)
+    assert record["evaluations"][-1]["accuracy"] == accuracy
+    assert record["baseline"]["accuracy"] == pytest.approx(
+        (1 / 2 + 1 / 3 + 1 / 4 + 1 / 3 + 1 / 2) / 5
+    )
     assert (out / "training_curve.png").read_bytes().startswith(b"\x89PNG")
+    # The saved model is the trained one, not the preset's initial weights.
+    initial = BertBackbone.from_preset(preset).get_weights()
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(model.backbone.get_weights(), initial))
+    assert moved > 1e-4, moved
