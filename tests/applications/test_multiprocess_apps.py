@@ -32,6 +32,9 @@ from tests.applications.test_pretrain import WORDS as PRETRAIN_WORDS
 from tests.applications.test_pretrain import write_text
 from tests.test_case import REPO_ROOT, tiny_backbone_kwargs
 
+# Two processes each, with launch limits: `make test` runs these alone (tools/test_leg.sh).
+pytestmark = pytest.mark.processes
+
 BACKEND = keras.backend.backend()
 # Seconds one two-process launch may take before the test kills it (a hang).
 LAUNCH_LIMIT = 300
