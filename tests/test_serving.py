@@ -1,6 +1,7 @@
 """kbert.serving on kbert.export's serving directories: ONNX (float, int8) and OpenVINO run
 on raw text equal to the Keras model's `predict` / `encode`; errors on bad input."""
 
+import importlib.util
 import json
 
 import numpy as np
@@ -187,20 +188,29 @@ def test_openvino_serving_float_and_int8(tmp_path):
     assert np.max(np.abs(int8 - expected)) > 1e-5
 
 
-@pytest.mark.backend_independent
-@pytest.mark.large
-def test_sentence_transformers_onnx_files(tmp_path):
-    """`export_to_sentence_transformers(..., onnx=True)` writes onnx/model.onnx and
-    onnx/model_qint8_avx512_vnni.onnx with Hugging Face's names (int64 input_ids,
-    attention_mask, token_type_ids in; last_hidden_state out), the float file equal to the
-    backbone; sentence-transformers' own ONNX backend (through optimum, when installed)
-    encodes as the embedder does."""
-    onnxruntime = pytest.importorskip("onnxruntime")
+@pytest.fixture(scope="module")
+def sentence_transformers_export(tmp_path_factory):
+    """`(embedder, directory)`: a toy embedder exported with
+    `export_to_sentence_transformers(..., onnx=True)`."""
+    pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     from kbert.checkpoints.sentence_transformers import export_to_sentence_transformers
 
     embedder = toy_embedder(normalize=True)
-    path = export_to_sentence_transformers(embedder, tmp_path / "st", onnx=True)
+    path = tmp_path_factory.mktemp("st") / "st"
+    return embedder, export_to_sentence_transformers(embedder, path, onnx=True)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.large
+def test_sentence_transformers_onnx_files(sentence_transformers_export):
+    """`export_to_sentence_transformers(..., onnx=True)` writes onnx/model.onnx and
+    onnx/model_qint8_avx512_vnni.onnx with Hugging Face's names (int64 input_ids,
+    attention_mask, token_type_ids in; last_hidden_state out), the float file equal to the
+    backbone, the int8 one close to it."""
+    import onnxruntime
+
+    embedder, path = sentence_transformers_export
     assert sorted(p.name for p in (path / "onnx").iterdir()) == [
         "model.onnx",
         "model_qint8_avx512_vnni.onnx",
@@ -228,9 +238,22 @@ def test_sentence_transformers_onnx_files(tmp_path):
             np.testing.assert_allclose(actual[real], expected[real], atol=tolerance)
         else:
             assert np.mean(cosines(actual[real], expected[real])) >= 0.99
-    pytest.importorskip("optimum.onnxruntime")  # sentence-transformers' ONNX backend
+            assert np.max(np.abs(actual[real] - expected[real])) > 1e-5  # really int8
+
+
+@pytest.mark.backend_independent
+@pytest.mark.large
+@pytest.mark.skipif(
+    importlib.util.find_spec("optimum") is None,
+    reason="sentence-transformers' ONNX backend needs optimum-onnx, which pins transformers 4.x "
+    "(an environment of its own; the files themselves: test_sentence_transformers_onnx_files)",
+)
+def test_sentence_transformers_onnx_backend_encodes_as_the_embedder(sentence_transformers_export):
+    """sentence-transformers' own ONNX backend (through optimum) loads the export and encodes
+    as the embedder does."""
     import sentence_transformers
 
+    embedder, path = sentence_transformers_export
     model = sentence_transformers.SentenceTransformer(str(path), backend="onnx", device="cpu")
     np.testing.assert_allclose(model.encode(TEXTS), embedder.encode(TEXTS), atol=1e-4)
 
