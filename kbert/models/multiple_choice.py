@@ -113,8 +113,13 @@ class BertMultipleChoice(BertTask):
     """BERT for multiple choice: one score per (context, choice) pair, softmax over choices.
 
     Each choice is packed with its context as a sentence pair, `[CLS] context [SEP] choice
-    [SEP]`; the `batch_size * num_choices` pairs go through the backbone as one batch, and the
-    pooled `[CLS]` output -> dropout -> `Dense(1)` gives one score per pair. The model returns
+    [SEP]`, cut to the preprocessor's `sequence_length` by its `truncate` rule: by default
+    the original BERT rule of `kbert.text.BertPacker` (the reference SWAG code's
+    `_truncate_seq_pair`), which keeps other pieces than Hugging Face tokenizers'
+    `"longest_first"` when both texts are longer than half the budget (the odd piece goes to
+    the first text, not the longer). The `batch_size * num_choices` pairs go through the
+    backbone as one batch, and the pooled `[CLS]` output -> dropout -> `Dense(1)` gives one
+    score per pair. The model returns
     logits `(batch_size, num_choices)` in float32; the default loss is the softmax
     cross-entropy over a row's choices (`SparseCategoricalCrossentropy(from_logits=True)`),
     the metric accuracy. This is the SWAG model of the paper and Hugging Face's

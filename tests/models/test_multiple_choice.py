@@ -1,5 +1,9 @@
-"""BertMultipleChoice: HF BertForMultipleChoice parity (load and export), padded choices,
-the softmax cross-entropy over choices, round-trips through the one pipeline, bad inputs."""
+"""BertMultipleChoice: HF BertForMultipleChoice parity (load and export; raw rows tokenized by
+each library on the real all-MiniLM-L6-v2 vocabulary, rows cut to the sequence length), padded
+choices, the softmax cross-entropy over choices, round-trips through the one pipeline, bad
+inputs."""
+
+import shutil
 
 import keras
 import numpy as np
@@ -10,6 +14,7 @@ from kbert.models import BertMultipleChoice
 from tests.models.test_classifier import (
     TOY_VOCABULARY,
     load_quietly,
+    minilm_dir,
     save_hf_model,
     toy_backbone,
     toy_preprocessor,
@@ -49,7 +54,106 @@ def _hf_logits(reference, preprocessor, context, choices):
         ).logits.numpy()[0]
 
 
+# Rows for the MiniLM parity test, packed to MC_LENGTH (a budget of 21 word pieces per pair):
+# row 0 fits; row 1's long context is cut beside short choices (where kbert's rule and Hugging
+# Face's `longest_first` keep the same pieces); row 2 pairs a long context with long choices,
+# both cut (where the two rules keep different pieces: see the test).
+MC_LENGTH = 24
+MC_CONTEXTS = [
+    "A man sits at the piano.",
+    "The committee, after three long hours of heated debate about the budget, the new library "
+    "and the bridge over the river, finally",
+    "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",
+]
+MC_CHOICES = [
+    ["He plays a waltz.", "He eats an apple."],
+    ["voted yes.", "went home without deciding anything.", "laughed."],
+    [
+        "It then runs away into the forest, chased by three hungry wolves and a bear.",
+        "Nothing happens.",
+        "The dog wakes up, barks loudly at the fox and chases it across the wide open field.",
+    ],
+]
+
+
+def _bert_rule_pair(tokenizer, context, choice, length):
+    """The (token_ids, segment_ids, padding_mask) of one pair as the reference SWAG code packs
+    it: Hugging Face's word pieces of each text, cut by `_truncate_seq_pair` of
+    google-research/bert (also Hugging Face's original `run_swag.py`: while the pair is too
+    long, drop the last piece of the longer text, of the second on a tie), then
+    `[CLS] a [SEP] b [SEP]` padded with `[PAD]` to `length`."""
+    first = tokenizer(context, add_special_tokens=False)["input_ids"]
+    second = tokenizer(choice, add_special_tokens=False)["input_ids"]
+    while len(first) + len(second) > length - 3:
+        (first if len(first) > len(second) else second).pop()
+    ids = [tokenizer.cls_token_id, *first, tokenizer.sep_token_id, *second, tokenizer.sep_token_id]
+    segments = [0] * (len(first) + 2) + [1] * (len(second) + 1)
+    pad = length - len(ids)
+    return (
+        np.array(ids + [tokenizer.pad_token_id] * pad),
+        np.array(segments + [0] * pad),
+        np.array([1] * len(ids) + [0] * pad),
+    )
+
+
 class TestBertMultipleChoice(TestCase):
+    def test_raw_rows_equal_huggingface_tokenizer_and_model_on_minilm(self, tmp_path):
+        """Raw rows through kbert (its tokenizer, packer and model) against Hugging Face's
+        `BertTokenizer` and `BertForMultipleChoice` on all-MiniLM-L6-v2 (a fresh, seeded head):
+        equal packed ids per row and choice, rows cut at the sequence length included, and
+        equal logits."""
+        transformers = pytest.importorskip("transformers")
+        import torch
+
+        source = minilm_dir()
+        reference = transformers.BertForMultipleChoice.from_pretrained(source).eval()
+        with torch.no_grad():  # A large seeded head: a wrong head or token moves the logits.
+            generator = torch.Generator().manual_seed(0)
+            reference.classifier.weight.copy_(torch.randn((1, 384), generator=generator))
+            reference.classifier.bias.fill_(0.5)
+        directory = tmp_path / "minilm_multiple_choice"
+        reference.save_pretrained(directory)
+        for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+            shutil.copy(source / name, directory / name)
+        tokenizer = transformers.BertTokenizer.from_pretrained(source)
+
+        model = BertMultipleChoice.from_preset(directory, sequence_length=MC_LENGTH)
+        packed = model.preprocess_samples((MC_CONTEXTS, MC_CHOICES), mode="predict")[0]
+        logits = model.predict((MC_CONTEXTS, MC_CHOICES), verbose=0)
+        pieces = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+        budget, cut = MC_LENGTH - 3, {"rules_agree": 0, "rules_differ": 0}
+        for row, (context, choices) in enumerate(zip(MC_CONTEXTS, MC_CHOICES)):
+            expected = [_bert_rule_pair(tokenizer, context, c, MC_LENGTH) for c in choices]
+            for index, (choice, arrays) in enumerate(zip(choices, expected)):
+                for key, array in zip(("token_ids", "segment_ids", "padding_mask"), arrays):
+                    np.testing.assert_array_equal(
+                        packed[key][row, index], array, err_msg=f"{key}, row {row}, choice {index}"
+                    )
+                ids, mask = arrays[0], arrays[2]
+                hf_ids = tokenizer(context, choice, truncation=True, max_length=MC_LENGTH)
+                hf_ids = hf_ids["input_ids"]
+                lengths = (pieces(context), pieces(choice))
+                if sum(lengths) <= budget:  # Not cut: Hugging Face's own encoding.
+                    assert ids[mask == 1].tolist() == hf_ids, (row, index)
+                elif 2 * min(lengths) <= budget:  # One text fits in half the budget: the
+                    # other is cut to the rest by both rules.
+                    assert mask.all() and ids.tolist() == hf_ids, (row, index)
+                    cut["rules_agree"] += 1
+                else:  # Both texts cut: Hugging Face's longest_first gives the odd piece to
+                    # the longer text; the original BERT rule (kbert's packer) does not.
+                    assert mask.all() and ids.tolist() != hf_ids, (row, index)
+                    cut["rules_differ"] += 1
+            with torch.no_grad():
+                expected_logits = reference(
+                    input_ids=torch.tensor(np.stack([e[0] for e in expected])[None]),
+                    token_type_ids=torch.tensor(np.stack([e[1] for e in expected])[None]),
+                    attention_mask=torch.tensor(np.stack([e[2] for e in expected])[None]),
+                ).logits.numpy()[0]
+            assert_all_close(logits[row, : len(choices)], expected_logits, atol=1e-5, rtol=1e-5)
+            assert (logits[row, len(choices) :] == MASKED_LOGIT).all()
+        assert cut == {"rules_agree": 3, "rules_differ": 2}, cut  # Rows cut both ways.
+        assert np.ptp(logits[:, :2]) > 0.5  # Logits spread: a wrong token shows.
+
     def test_huggingface_multiple_choice_loads_and_exports_with_equal_logits(self, tmp_path):
         transformers = pytest.importorskip("transformers")
         import torch
