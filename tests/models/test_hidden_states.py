@@ -1,5 +1,6 @@
 """`BertBackbone(output_hidden_states=True, output_attentions=True)`: every layer's output and
-attention probabilities, against Hugging Face's `BertModel` (eager attention).
+attention probabilities, against Hugging Face's `BertModel` (eager attention); a classifier on
+such a backbone against `BertForSequenceClassification`.
 
 The reference is a random `transformers` model with every parameter drawn at scale 0.5
 (`tests/checkpoints/_reference.py`), so consecutive layers differ by far more than the
@@ -26,6 +27,28 @@ def hf_directory(tmp_path_factory):
     config = R.hf_config(attn_implementation="eager")
     model = R.make_hf_model(config, kind="model")
     path = tmp_path_factory.mktemp("hf_bert")
+    model.save_pretrained(path)
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def hf_classifier_directory(hf_directory, tmp_path_factory):
+    """A saved `transformers.BertForSequenceClassification` (3 labels) on the encoder of
+    `hf_directory`, with a large random head, and the model itself."""
+    import torch
+    import transformers
+
+    _, encoder = hf_directory
+    config = R.hf_config(attn_implementation="eager", num_labels=3)
+    model = transformers.BertForSequenceClassification(config).eval()
+    model.bert.load_state_dict(encoder.state_dict())
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        model.classifier.weight.copy_(
+            torch.randn(model.classifier.weight.shape, generator=generator)
+        )
+        model.classifier.bias.copy_(torch.randn(3, generator=generator))
+    path = tmp_path_factory.mktemp("hf_bert_classifier")
     model.save_pretrained(path)
     return path, model
 
@@ -87,20 +110,40 @@ def test_flags_change_only_the_outputs(tmp_path):
         for actual, expected in zip(again[key], outputs[key]):
             np.testing.assert_allclose(to_numpy(actual), to_numpy(expected), atol=1e-6)
 
-    # A task on such a backbone reads `pooled_output` as usual.
-    classifier = BertClassifier(
-        BertBackbone(**tiny_backbone_kwargs(output_hidden_states=True)), num_classes=3
-    )
-    classifier.backbone.set_weights(plain.get_weights())
-    rng = np.random.default_rng(3)
-    head = classifier.get_layer("classifier")
-    kernel, bias = rng.normal(0, 1.0, (head.kernel.shape[0], 3)), rng.normal(0, 1, 3)
-    head.set_weights([kernel.astype("float32"), bias.astype("float32")])
+
+def test_classifier_on_hidden_states_backbone_matches_transformers(hf_classifier_directory):
+    """A classifier whose backbone returns every layer: logits equal Hugging Face's
+    `BertForSequenceClassification`, and the hidden states of the call the classifier makes
+    (`first_token_only=True`, which a backbone with hidden states runs in full) equal HF's
+    `output_hidden_states=True` at real positions."""
+    import torch
+
+    path, hf_model = hf_classifier_directory
+    classifier = BertClassifier.from_preset(path, output_hidden_states=True)
+    assert classifier.backbone.output_hidden_states and classifier.num_classes == 3
+    inputs = R.backbone_inputs(R.random_inputs(hf_model.config))
+    mask = inputs["padding_mask"]
+    with torch.no_grad():
+        expected = hf_model(
+            input_ids=torch.tensor(inputs["token_ids"], dtype=torch.long),
+            token_type_ids=torch.tensor(inputs["segment_ids"], dtype=torch.long),
+            attention_mask=torch.tensor(inputs["padding_mask"], dtype=torch.long),
+            output_hidden_states=True,
+        )
+    hf_logits = expected.logits.double().numpy()
+    hf_states = [h.double().numpy() for h in expected.hidden_states]
+
     logits = to_numpy(classifier.predict_on_batch(inputs))
-    # The head on the plain backbone's pooled output, written out (no dropout at inference).
-    expected = reference["pooled_output"] @ kernel + bias
-    assert np.abs(expected[0] - expected[1]).max() > 0.1
-    np.testing.assert_allclose(logits, expected, atol=1e-5)
+    np.testing.assert_allclose(logits, hf_logits, atol=TOLERANCE, rtol=TOLERANCE)
+    assert np.abs(hf_logits[0] - hf_logits[1]).max() > 0.1  # Rows differ: the check can fail.
+
+    # Backend tensors, as the classifier passes them (on torch: the lean encoder's path).
+    tensors = {key: keras.ops.convert_to_tensor(value) for key, value in inputs.items()}
+    states = classifier.backbone(tensors, first_token_only=True)["hidden_states"]
+    assert len(states) == classifier.backbone.num_layers + 1 == len(hf_states)
+    for index, (actual, reference) in enumerate(zip(states, hf_states)):
+        assert R.max_diff(actual, reference, mask) < TOLERANCE, ("hidden state", index)
+    assert R.max_diff(states[1], hf_states[2], mask) > 0.1
 
 
 def test_mixed_precision_outputs_are_in_compute_dtype():
