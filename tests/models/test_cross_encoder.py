@@ -490,3 +490,161 @@ class TestBertCrossEncoderModel(TestCase):
             scores, np.tanh(keras.ops.convert_to_numpy(model(packed))), atol=1e-6
         )
         np.testing.assert_allclose(restored.predict(pairs), scores, atol=1e-6)
+
+
+@pytest.mark.backend_independent
+def test_argument_and_training_input_errors_are_named():
+    """The errors of the constructor, `predict`, `evaluate_reranking` and ranking-loss `fit`
+    that `test_bad_input` leaves out, each raised before any computation, with its message."""
+    backbone = toy_backbone()
+    with pytest.raises(ValueError, match=r"`labels` must be 2 label names .* labels=\['yes'\]"):
+        BertCrossEncoder(backbone, num_labels=2, labels=["yes"])
+    with pytest.raises(ValueError, match=r"`labels` must be 2 label names"):
+        BertCrossEncoder(backbone, num_labels=2, labels=["yes", 1])
+    with pytest.raises(ValueError, match="needs a preprocessor .* raw \\(query, document\\)"):
+        BertCrossEncoder(backbone).predict([("who wrote it", "ann")])
+    model = BertCrossEncoder(backbone, preprocessor=toy_preprocessor(16))
+    pairs = [("who wrote it", "ann wrote it"), ("a good film", "the plot")]
+    for batch_size in (0, 2.0, True):
+        with pytest.raises(ValueError, match="`batch_size` must be a positive integer"):
+            model.predict(pairs, batch_size=batch_size)
+    with pytest.raises(ValueError, match=r"`activation` must be one of .*'softmax'"):
+        model.predict(pairs, activation="softmax")
+    with pytest.raises(ValueError, match="must be numbers in \\[0, 1\\]. Received dtype <U3"):
+        model.fit(pairs, ["yes", "no"], verbose=0)
+
+    # evaluate_reranking's samples.
+    with pytest.raises(ValueError, match='Sample 1 must be a dict with "query" and "positive"'):
+        model.evaluate_reranking(
+            [{"query": "who", "positive": ["ann"], "negative": ["it"]}, {"query": "who"}]
+        )
+    with pytest.raises(ValueError, match='Sample 0 must have exactly one of "negative" and'):
+        model.evaluate_reranking(
+            [{"query": "who", "positive": ["ann"], "negative": ["it"], "documents": ["ann"]}]
+        )
+    with pytest.raises(ValueError, match='Sample 0 must have exactly one of "negative" and'):
+        model.evaluate_reranking([{"query": "who", "positive": ["ann"]}])
+
+    # Ranking losses: the model, sample weights and in-batch columns.
+    model.compile(loss=RerankingMultipleNegativesLoss())
+    columns = (["who wrote it", "a good film"], ["ann wrote it", "the plot"])
+    with pytest.raises(ValueError, match="Ranking losses take no `sample_weight`"):
+        model.fit(columns, None, sample_weight=np.ones(2), verbose=0)
+    with pytest.raises(ValueError, match=r"need \(queries, positives\[, negatives...\]\) .* 1 "):
+        model.fit((columns[0],), None, verbose=0)
+    three = BertCrossEncoder(backbone, num_labels=3, preprocessor=model.preprocessor)
+    three.compile(loss=LambdaLoss())
+    with pytest.raises(ValueError, match="train one-label cross-encoders. This one has 3"):
+        three.fit((["who"], [["ann", "it"]]), [[1, 0]], verbose=0)
+
+    # LambdaLoss document lists.
+    model.compile(loss=LambdaLoss())
+    lists = (["who wrote it", "a good film"], [["ann", "it"], ["the plot"]])
+    cases = [
+        ("who wrote it", [[1, 0]], "takes \\(queries, document lists\\) .* Received str"),
+        (lists, None, "needs `y`: one list of relevance labels per query"),
+        (lists, [[1, 0]], "one entry per row. Received 2, 2 and 1"),
+        ((["who", 7], lists[1]), [[1, 0], [1]], "Query 1 is not a string: 7"),
+        ((lists[0], [["ann"], []]), [[1], []], "Row 1: the documents must be a non-empty list"),
+        ((lists[0], [["ann"], "plot"]), [[1], [1]], "Row 1: the documents must be a non-empty"),
+        (lists, [[1, 0], [1, 0]], "Row 1 has 1 documents but 2 labels"),
+        (lists, [[1, 0], [np.nan]], "Row 1: labels must be finite numbers"),
+    ]
+    for x, y, message in cases:
+        with pytest.raises(ValueError, match=message):
+            model.fit(x, y, verbose=0)
+
+
+def _distinct_texts(rng, count, words=3):
+    """`count` different short texts of the toy vocabulary's words."""
+    from tests.models.test_classifier import TOY_WORDS
+
+    texts = set()
+    while len(texts) < count:
+        texts.add(" ".join(rng.choice(TOY_WORDS, words, replace=False)))
+    return sorted(texts)
+
+
+@pytest.mark.backend_independent
+def test_sampled_negative_groups():
+    """In-batch groups with sampled negatives, as sentence-transformers' cross-encoder
+    `MultipleNegativesRankingLoss` builds them: each query's positive first, then
+    `num_negatives` different candidates (positives and hard negatives) of the other rows of
+    its batch, never its own, drawn anew each epoch (all of them, column by column, when
+    there are fewer), then its own hard negative; rows shuffled each epoch; a seed repeats
+    the batches and another seed draws others."""
+    rng = np.random.default_rng(0)
+    texts = _distinct_texts(rng, 30)
+    queries, positives, hard = texts[:10], texts[10:20], texts[20:]
+    columns = (queries, positives, hard)
+    model = BertCrossEncoder(toy_backbone(), preprocessor=toy_preprocessor(24))
+    model.compile(loss=RerankingMultipleNegativesLoss(num_negatives=3))
+
+    def epochs(seed, count=6):
+        """Every batch's (rows, groups) over `count` epochs."""
+        batches = _PairGroupBatches(model, columns, None, None, 4, "in_batch", seed=seed)
+        result = []
+        for _ in range(count):
+            for index in range(len(batches)):
+                rows = batches.batch_rows(index).tolist()
+                result.append((rows, batches.groups(rows)[1]))
+            batches.on_epoch_end()
+        return result
+
+    drawn = {row: set() for row in range(10)}
+    history = epochs(seed=7)
+    for epoch in range(6):
+        batches = history[3 * epoch : 3 * epoch + 3]
+        assert sorted(r for rows, _ in batches for r in rows) == list(range(10))
+        for rows, groups in batches:
+            for row, group in zip(rows, groups):
+                others = [positives[r] for r in rows if r != row] + [
+                    hard[r] for r in rows if r != row
+                ]
+                assert group[0] == positives[row] and group[-1] == hard[row], (row, group)
+                negatives = group[1:-1]
+                if len(others) > 3:  # Drawn: 3 different candidates of the other rows.
+                    assert len(negatives) == 3 and len(set(negatives)) == 3, negatives
+                    assert set(negatives) <= set(others), (row, negatives, others)
+                    drawn[row].add(tuple(sorted(negatives)))
+                else:  # A batch of two rows: all the other row's candidates, in order.
+                    assert negatives == others, (row, negatives, others)
+    assert all(len(sets) >= 2 for row, sets in drawn.items() if sets), drawn
+    # In one batch, each call draws anew and every other candidate can be drawn (not the
+    # first three every time).
+    fixed = _PairGroupBatches(model, columns, None, None, 4, "in_batch", shuffle=False)
+    rows = fixed.batch_rows(0).tolist()
+    seen = [set() for _ in rows]
+    for _ in range(20):
+        for drawn_of_row, group in zip(seen, fixed.groups(rows)[1]):
+            drawn_of_row.update(group[1:-1])
+    for row, drawn_of_row in zip(rows, seen):
+        others = {positives[r] for r in rows if r != row} | {hard[r] for r in rows if r != row}
+        assert drawn_of_row == others, (row, drawn_of_row, others)
+    assert history != epochs(seed=8)
+    again = epochs(seed=7)
+    assert [rows for rows, _ in again] == [rows for rows, _ in history]
+    assert [groups for _, groups in again] == [groups for _, groups in history]
+
+    # Batches under keras' global seed repeat; each row of `x` packs the query with its
+    # group's documents in order (the positive first: the loss reads column 0).
+    batches = []
+    for _ in range(2):
+        keras.utils.set_random_seed(3)
+        batches.append(_PairGroupBatches(model, columns, None, None, 4, "in_batch"))
+    twin = _PairGroupBatches(model, columns, None, None, 4, "in_batch", seed=11)
+    reference = _PairGroupBatches(model, columns, None, None, 4, "in_batch", seed=11)
+    rows = reference.batch_rows(0).tolist()
+    groups = reference.groups(rows)[1]
+    x, y = twin[0]
+    assert x["token_ids"].shape[:2] == (4, 5) and (y == 0).all()
+    for i, (row, group) in enumerate(zip(rows, groups)):
+        expected = model.pack_pairs(
+            *model.tokenize_pairs([queries[row]] * 5, group), length=x["token_ids"].shape[-1]
+        )
+        for key in ("token_ids", "segment_ids", "padding_mask"):
+            np.testing.assert_array_equal(x[key][i], expected[key], err_msg=key)
+    first, second = batches
+    np.testing.assert_array_equal(first.order, second.order)
+    for key in ("token_ids", "padding_mask"):
+        np.testing.assert_array_equal(first[0][0][key], second[0][0][key])
