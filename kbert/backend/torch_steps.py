@@ -193,18 +193,23 @@ def _check_steps_per_execution(model):
         )
 
 
-def train_function(model):
-    """`model`'s train function: compiled forward and loss, backward, one optimizer update."""
-    _check_steps_per_execution(model)
+def _forward_and_loss(model, training):
+    """The function a train (`training=True`) or test step compiles: `(y_pred, loss)`."""
 
     def forward_and_loss(x, y, sample_weight):
-        y_pred = model(x, training=True)
+        y_pred = model(x, training=training)
         loss = model.compute_loss(
-            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
         )
         return y_pred, loss
 
-    forward = ShapeCompiled(forward_and_loss, "train")
+    return forward_and_loss
+
+
+def train_function(model):
+    """`model`'s train function: compiled forward and loss, backward, one optimizer update."""
+    _check_steps_per_execution(model)
+    forward = ShapeCompiled(_forward_and_loss(model, training=True), "train")
 
     def step(data):
         x, y, sample_weight = _unpack(data)
@@ -233,15 +238,7 @@ def train_function(model):
 def test_function(model):
     """`model`'s test function: compiled forward and loss, then the metrics."""
     _check_steps_per_execution(model)
-
-    def forward_and_loss(x, y, sample_weight):
-        y_pred = model(x, training=False)
-        loss = model.compute_loss(
-            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False
-        )
-        return y_pred, loss
-
-    forward = ShapeCompiled(forward_and_loss, "test")
+    forward = ShapeCompiled(_forward_and_loss(model, training=False), "test")
 
     def step(data):
         x, y, sample_weight = _unpack(data)

@@ -144,37 +144,20 @@ def _processes(args, cells):
         and common["jit_compile"] is not True
     ):
         specs.append(
-            (
-                "torch",
-                dict(
-                    common,
-                    family="keras",
-                    backend="torch",
-                    frameworks=["kbert"],
-                    cells=compiled,
-                    jit_compile=True,
-                    kbert_compile=True,
-                ),
-            )
+            _torch_spec(common, "keras", "kbert", compiled, jit_compile=True, kbert_compile=True)
         )
     if "hf" in frameworks:
-        specs.append(("torch", dict(common, family="hf", backend="torch", frameworks=["hf"])))
+        specs.append(_torch_spec(common, "hf", "hf", cells))
         compiled = [c for c in cells if c["workload"] in hf_compile]
         if compiled and not args.torch_compile:
-            specs.append(
-                (
-                    "torch",
-                    dict(
-                        common,
-                        family="hf",
-                        backend="torch",
-                        frameworks=["hf"],
-                        cells=compiled,
-                        torch_compile=True,
-                    ),
-                )
-            )
+            specs.append(_torch_spec(common, "hf", "hf", compiled, torch_compile=True))
     return specs
+
+
+def _torch_spec(common, family, framework, cells, **settings):
+    """`("torch", spec)`: a torch worker of `framework` over `cells`, with `settings`."""
+    spec = dict(common, family=family, backend="torch", frameworks=[framework], cells=cells)
+    return "torch", dict(spec, **settings)
 
 
 def run_benchmark(args):
