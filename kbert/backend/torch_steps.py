@@ -173,16 +173,14 @@ class ShapeCompiled:
         return outputs
 
 
-def _loss_tracker(model):
-    """The model's `loss` metric (Keras lists it first in `model.metrics` once compiled)."""
+def _track_loss(model, loss, x):
+    """Adds the batch's loss to the model's `loss` metric (Keras lists it in `model.metrics`
+    once compiled), weighted by the batch's rows, as Keras' own steps do."""
     for metric in model.metrics:
         if metric.name == "loss":
-            return metric
-    return None
-
-
-def _rows(x):
-    return next(t for t in _tensors(x)).shape[0]
+            rows = next(t for t in _tensors(x)).shape[0]
+            metric.update_state(loss.detach(), sample_weight=rows)
+            return
 
 
 def _check_steps_per_execution(model):
@@ -214,9 +212,7 @@ def train_function(model):
     def step(data):
         x, y, sample_weight = _unpack(data)
         y_pred, loss = forward(x, y, sample_weight)
-        tracker = _loss_tracker(model)
-        if tracker is not None:
-            tracker.update_state(loss.detach(), sample_weight=_rows(x))
+        _track_loss(model, loss, x)
         variables = model.trainable_weights[:]
         if variables:
             model.zero_grad()
@@ -244,9 +240,7 @@ def test_function(model):
         x, y, sample_weight = _unpack(data)
         with torch.no_grad():
             y_pred, loss = forward(x, y, sample_weight)
-            tracker = _loss_tracker(model)
-            if tracker is not None:
-                tracker.update_state(loss, sample_weight=_rows(x))
+            _track_loss(model, loss, x)
             return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     step.compiled = forward
