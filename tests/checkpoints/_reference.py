@@ -84,9 +84,9 @@ def random_inputs(config, batch_size=3, sequence_length=11, num_predictions=4, s
 
 def hf_outputs(model, inputs, attentions=False):
     """Reference outputs of a transformers model on kbert-style inputs (numpy, float64):
-    `sequence_output`, every layer's `hidden_states` (HF's order), `pooled_output` and the
-    pretraining heads' logits where the model has them, and (`attentions=True`, an eager-
-    attention model) every layer's attention probabilities."""
+    `sequence_output`, every layer's `hidden_states` (HF's order), `pooled_output`, a task
+    head's `logits` and the pretraining heads' logits where the model has them, and
+    (`attentions=True`, an eager-attention model) every layer's attention probabilities."""
     import torch
 
     with torch.no_grad():
@@ -105,6 +105,8 @@ def hf_outputs(model, inputs, attentions=False):
         result["attentions"] = [a.double().numpy() for a in out.attentions]
     if hasattr(out, "pooler_output"):
         result["pooled_output"] = out.pooler_output.double().numpy()
+    if getattr(out, "logits", None) is not None:  # a task head (sequence classification, ...)
+        result["logits"] = out.logits.double().numpy()
     if hasattr(out, "prediction_logits"):
         positions = inputs["mask_positions"][:, :, None].astype("int64")
         result["mlm"] = np.take_along_axis(out.prediction_logits.double().numpy(), positions, 1)

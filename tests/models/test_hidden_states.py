@@ -116,22 +116,13 @@ def test_classifier_on_hidden_states_backbone_matches_transformers(hf_classifier
     `BertForSequenceClassification`, and the hidden states of the call the classifier makes
     (`first_token_only=True`, which a backbone with hidden states runs in full) equal HF's
     `output_hidden_states=True` at real positions."""
-    import torch
-
     path, hf_model = hf_classifier_directory
     classifier = BertClassifier.from_preset(path, output_hidden_states=True)
     assert classifier.backbone.output_hidden_states and classifier.num_classes == 3
     inputs = R.backbone_inputs(R.random_inputs(hf_model.config))
     mask = inputs["padding_mask"]
-    with torch.no_grad():
-        expected = hf_model(
-            input_ids=torch.tensor(inputs["token_ids"], dtype=torch.long),
-            token_type_ids=torch.tensor(inputs["segment_ids"], dtype=torch.long),
-            attention_mask=torch.tensor(inputs["padding_mask"], dtype=torch.long),
-            output_hidden_states=True,
-        )
-    hf_logits = expected.logits.double().numpy()
-    hf_states = [h.double().numpy() for h in expected.hidden_states]
+    expected = R.hf_outputs(hf_model, inputs)
+    hf_logits, hf_states = expected["logits"], expected["hidden_states"]
 
     logits = to_numpy(classifier.predict_on_batch(inputs))
     np.testing.assert_allclose(logits, hf_logits, atol=TOLERANCE, rtol=TOLERANCE)
