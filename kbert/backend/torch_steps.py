@@ -68,10 +68,8 @@ def _tensors(structure):
     return [leaf for leaf in tree.flatten(structure) if isinstance(leaf, torch.Tensor)]
 
 
-def _signature(args):
-    return (torch.is_grad_enabled(),) + tuple(
-        (tuple(t.shape), t.dtype, t.device) for t in _tensors(args)
-    )
+def _signature(tensors):
+    return (torch.is_grad_enabled(),) + tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
 
 
 def _pad_rows(structure, rows):
@@ -117,9 +115,6 @@ class ShapeCompiled:
         self.eager_calls = 0
         self._warned = False
 
-    def _cuda_graphs(self, args):
-        return CUDA_GRAPHS and any(t.device.type == "cuda" for t in _tensors(args))
-
     def _program(self, signature, cuda_graphs):
         program = self.programs.get(signature)
         if program is None:
@@ -155,8 +150,9 @@ class ShapeCompiled:
                     self.eager_calls += 1
                     return self.function(*args)
                 args, rows = _pad_rows(args, self.rows), self.rows
-        cuda_graphs = self._cuda_graphs(args)
-        program = self._program(_signature(args), cuda_graphs)
+                tensors = _tensors(args)
+        cuda_graphs = CUDA_GRAPHS and any(t.device.type == "cuda" for t in tensors)
+        program = self._program(_signature(tensors), cuda_graphs)
         if program is None:
             self.eager_calls += 1
             outputs = self.function(*args)
