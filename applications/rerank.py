@@ -42,6 +42,11 @@ a new one-label head, e.g. all-MiniLM-L6-v2 as both embedder and starting encode
     python applications/rerank.py train --preset $MINILM --reranker $MINILM --fresh-head \
         --data-dir DATA_DIR --save-model runs/my_reranker
 
+`--quantize int8 / onnx-int8 / openvino-int8` also reranks the same candidates with the
+reranker quantized (evaluate: the --reranker; train: the trained one, after --save-model has
+written it in float) and prints both metrics with the differences in points, written to
+`metrics.json` under "quantized".
+
 `--compare-sentence-transformers` also trains sentence-transformers' `CrossEncoder`
 (`CrossEncoderTrainer` with its `BinaryCrossEntropyLoss`) from the same starting weights
 (kbert's reranker before training, exported) on the same pairs with the same batch size,
@@ -145,6 +150,7 @@ def build_parser():
         help="evaluate, int8 / binary index: candidates rescored per result. Default: 2.",
     )
     common.add_save_model_flag(parser, "reranker (train)")
+    common.add_quantize_flag(parser, "reranker (evaluate: the --reranker; train: the trained one)")
     return parser
 
 
@@ -279,6 +285,12 @@ def run_evaluate(args, embedder, reranker):
     }
     for label in ("retrieved", "reranked"):
         _print(label, results[label])
+
+    def score(model):
+        ranked = rerank(model, questions, paragraphs, candidates, args.batch_size)
+        return ranking_metrics(ranked, relevant, top_k)
+
+    results.update(_quantized(args, reranker, score, results["reranked"]))
     directory = common.output_dir(args, "rerank")
     report = {"application": "rerank", "results": results, "arguments": vars(args)}
     atomic_write_text(directory / "metrics.json", json.dumps(report, indent=2, default=str))
@@ -391,6 +403,17 @@ def check_training_data(args):
     return questions, paragraphs, relevant
 
 
+def _quantized(args, reranker, score, float_metrics):
+    """With `--quantize`: `{"quantized": metrics}`, the same candidates reranked by the
+    quantized reranker (`model.quantize` in place, or its export to a serving runtime), each
+    key suffixed with the mode, and the differences to `float_metrics` printed; else `{}`."""
+    quantized = common.quantized_scores(args, reranker, score)
+    if not quantized:
+        return {}
+    common.print_quantized_differences(float_metrics, quantized, args.quantize)
+    return {"quantized": quantized}
+
+
 def run_train(args, embedder, reranker, training):
     from kbert import retrieval, tracking
 
@@ -454,6 +477,8 @@ def run_train(args, embedder, reranker, training):
         train_questions=[int(i) for i in order],
         negatives=negatives,
     )
+    common.save_model(args, reranker)  # float, before any --quantize
+    results.update(_quantized(args, reranker, score, after))
     directory = common.output_dir(args, "rerank_train")
     paths = tracking.write_run_report(
         directory,
@@ -473,11 +498,11 @@ def run_train(args, embedder, reranker, training):
             "train_pairs": len(pairs),
             "held_out_questions": len(held_questions),
             "train_seconds": seconds,
+            "quantized": results.get("quantized"),
         },
         evaluation_label="held-out",
         plot_metrics=["mrr@10"],
     )
-    common.save_model(args, reranker)
     print("Wrote", *(path for path in paths if path))
     return results
 

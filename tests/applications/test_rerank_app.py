@@ -9,7 +9,11 @@ import pytest
 
 from applications import rerank
 from tests.applications.test_embeddings_app import ADJECTIVES, PLACES, _write_data
-from tests.applications.test_finetuning_apps import preset  # noqa: F401  (fixture)
+from tests.applications.test_finetuning_apps import (  # noqa: F401  (fixtures)
+    _load_export,
+    kept_export,
+    preset,
+)
 
 
 def test_retrieve_then_rerank(tmp_path, preset, capsys):  # noqa: F811
@@ -72,6 +76,78 @@ def test_retrieve_then_rerank(tmp_path, preset, capsys):  # noqa: F811
         )
     assert stop.value.code == 2
     assert "not a cross-encoder" in capsys.readouterr().err
+
+
+@pytest.mark.backends(
+    "torch",
+    reason="Application logic (the served int8 reranker's ranking); the export traces on "
+    "torch whatever the backend.",
+)
+def test_evaluate_reranks_with_the_served_int8_reranker(
+    tmp_path,
+    preset,  # noqa: F811
+    kept_export,  # noqa: F811
+    monkeypatch,
+):
+    import kbert.serving
+    from kbert.models import BertCrossEncoder, BertTextEmbedder
+
+    data = _write_data(tmp_path / "data")
+    questions, paragraphs, relevant = rerank.squad_retrieval_data(data)
+    embedder = BertTextEmbedder.from_preset(preset, sequence_length=32)
+    top = _cosine_ranking(embedder, questions, paragraphs)[:, :5]
+    pairs = [(question, paragraphs[i]) for question, row in zip(questions, top) for i in row]
+    bonus = 10.0 * (top == np.asarray(relevant)[:, None]).ravel()
+    # A tiny random reranker's scores are near ties, so int8 may rank as float does. The app's
+    # export (kept) therefore answers with 10 added to each relevant candidate's score (the
+    # pairs are scored in one call, in the candidates' order): the quantized figures can only
+    # be a perfect reranking if they come from the served model's scores.
+    exporting = kbert.serving.from_model
+
+    def marked(served, scored, batch_size=32):
+        assert [tuple(pair) for pair in scored] == pairs
+        return served.predict(scored, batch_size=batch_size) + bonus
+
+    class Marked:
+        def __init__(self, served):
+            self.served = served
+
+        def predict(self, scored, batch_size=32):
+            return marked(self.served, scored, batch_size)
+
+    monkeypatch.setattr(kbert.serving, "from_model", lambda *a, **k: Marked(exporting(*a, **k)))
+    reranker = BertCrossEncoder.from_preset(preset, sequence_length=48)
+    reranker.save_to_preset(tmp_path / "reranker")
+    results = rerank.main(
+        [
+            *("--preset", str(preset), "--reranker", str(tmp_path / "reranker")),
+            *("--data-dir", str(data), "--output-dir", str(tmp_path / "out")),
+            *("--max-length", "32", "--top-k", "5", "--quantize", "onnx-int8"),
+        ]
+    )
+    # The float figures rank the candidates by the Keras reranker, the quantized ones by the
+    # app's export (checked to be ONNX int8), marked as above.
+    scores = {
+        "float": reranker.predict(pairs),
+        "onnx-int8": marked(_load_export(kept_export, "onnx"), pairs),
+    }
+    by_hand = {
+        name: _metrics_by_hand(
+            np.take_along_axis(top, np.argsort(-value.reshape(top.shape), 1, kind="stable"), 1),
+            relevant,
+        )
+        for name, value in scores.items()
+    }
+    found = np.mean([r in row for row, r in zip(top, relevant)])
+    assert by_hand["onnx-int8"]["map"] == pytest.approx(100 * found)  # the perfect reranking
+    assert by_hand["float"]["map"] < by_hand["onnx-int8"]["map"]  # which float is not
+    quantized = results["quantized"]
+    for name, value in by_hand["float"].items():
+        assert results["reranked"][name] == pytest.approx(value, abs=1e-6), name
+    for name, value in by_hand["onnx-int8"].items():
+        assert quantized[f"{name}_onnx-int8"] == pytest.approx(value, abs=1e-6), name
+    report = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert report["results"]["quantized"] == quantized
 
 
 def _write_held_out_articles(data):
