@@ -62,13 +62,22 @@ lint: install
 # the others, alone (tools/test_leg.sh): their timeouts never compete with other tests.
 ONCE_BACKEND ?= torch
 LEG_ARGS ?= -n 2
-# The JAX and TensorFlow legs compile hundreds of tiny models with XLA: LLVM's optimisation of
-# the generated CPU code costs more than it saves at these sizes (measured on the model tests:
-# about a fifth of JAX's time, up to a tenth of TensorFlow's), so those legs ask XLA for less
-# of it. The programs compute the same
+# The JAX and TensorFlow legs compile hundreds of tiny models, and thousands of single ops run
+# eagerly, with XLA: LLVM's optimisation of the generated CPU code costs more than it saves at
+# these sizes (measured on the model tests: about a fifth of JAX's time, up to a tenth of
+# TensorFlow's), and XLA's older CPU emitters compile a small program in about half the time
+# of its MLIR fusion emitters (a further third of JAX's time on tests/models/test_classifier.py,
+# a tenth of TensorFlow's), so every leg asks XLA for neither (on torch, for the JAX and
+# TensorFlow programs some tests run). The programs compute the same
 # values; the library itself never sets XLA_FLAGS. `make test XLA_LEG_FLAGS=` keeps XLA's
 # defaults.
-XLA_LEG_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true
+XLA_LEG_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true \
+	--xla_cpu_use_fusion_emitters=false
+# The TensorFlow leg runs each test process with one intra-op and one inter-op thread: two
+# workers on two cores run tiny models, where TensorFlow's thread pools only add switching
+# (measured on the model tests: about a tenth of the leg's time). `make test TF_LEG_ENV=`
+# keeps TensorFlow's defaults.
+TF_LEG_ENV ?= TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1 OMP_NUM_THREADS=1
 LEG_TIMES := .test-leg-times
 # $(call timed,NAME,COMMAND): runs COMMAND, records its wall time; pytest's exit code 5 (every
 # test of the leg deselected, as with `TESTS=tests/text`) is not a failure.
@@ -77,7 +86,7 @@ timed = start=$$(date +%s); $(2); code=$$?; [ $$code -eq 0 ] || [ $$code -eq 5 ]
 
 # The two environments install side by side (each is skipped when up to date).
 test:
-	@status=0; rm -f $(LEG_TIMES); \
+	@status=0; rm -f $(LEG_TIMES); export XLA_FLAGS="$$XLA_FLAGS $(XLA_LEG_FLAGS)"; \
 	$(call timed,install,$(MAKE) --no-print-directory -j2 install install-notf) \
 	[ $$status -eq 0 ] || exit 1; \
 	$(call timed,lint,$(MAKE) --no-print-directory lint) \
@@ -86,8 +95,8 @@ test:
 	$(call timed,once,KERAS_BACKEND=$(ONCE_BACKEND) LEG_ARGS="$(LEG_ARGS)" tools/test_leg.sh $(PY) backend_independent $(PYTEST_ARGS) $(TESTS)) \
 	for backend in $(BACKENDS); do \
 	  echo "===== KERAS_BACKEND=$$backend ====="; \
-	  xla_flags="$$XLA_FLAGS"; [ $$backend = torch ] || xla_flags="$$XLA_FLAGS $(XLA_LEG_FLAGS)"; \
-	  $(call timed,$$backend,XLA_FLAGS="$$xla_flags" KERAS_BACKEND=$$backend LEG_ARGS="$(LEG_ARGS)" tools/test_leg.sh $(PY) "not backend_independent" $(PYTEST_ARGS) $(TESTS)) \
+	  leg_env=""; [ $$backend != tensorflow ] || leg_env="$(TF_LEG_ENV)"; \
+	  $(call timed,$$backend,env $$leg_env KERAS_BACKEND=$$backend LEG_ARGS="$(LEG_ARGS)" tools/test_leg.sh $(PY) "not backend_independent" $(PYTEST_ARGS) $(TESTS)) \
 	done; \
 	$(call timed,no-tensorflow,$(MAKE) --no-print-directory test-notf) \
 	echo "===== wall time per leg (seconds) ====="; \
@@ -96,7 +105,7 @@ test:
 
 # tests/no_tensorflow in the environment without TensorFlow, once per backend.
 test-notf: install-notf
-	@status=0; for backend in $(NOTF_BACKENDS); do \
+	@status=0; export XLA_FLAGS="$$XLA_FLAGS $(XLA_LEG_FLAGS)"; for backend in $(NOTF_BACKENDS); do \
 	  echo "===== no TensorFlow, KERAS_BACKEND=$$backend ====="; \
 	  KERAS_BACKEND=$$backend $(NOTF_PY) -m pytest -q $(PYTEST_ARGS) $(NOTF_TESTS) || status=1; \
 	done; exit $$status

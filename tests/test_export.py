@@ -41,6 +41,12 @@ def toy_classifier():
 
 
 @pytest.mark.large
+@pytest.mark.backends(
+    "tensorflow",
+    "torch",
+    reason="TensorFlow exports in process; JAX hands its config and weights to the TensorFlow "
+    "subprocess exactly as torch does (kbert/export.py), so torch covers that path",
+)
 def test_saved_model_answers_raw_strings_without_kbert(tmp_path):
     """Trained (here: LoRA-adapted, adapter randomized) on the current backend, served by plain
     TF."""
@@ -106,6 +112,12 @@ def test_export_errors(tmp_path):
 
 
 @pytest.mark.large
+@pytest.mark.backends(
+    "tensorflow",
+    "torch",
+    reason="torch traces in process; JAX hands its config and weights to the PyTorch subprocess "
+    "exactly as TensorFlow does (kbert/export.py), so TensorFlow covers that path",
+)
 def test_onnx_matches_predict(tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")

@@ -203,6 +203,12 @@ def test_sparse_encoder_served_equals_keras():
             assert np.abs(rows - float_rows).max() > 1e-5  # Really quantized.
 
 
+@pytest.mark.backends(
+    "tensorflow",
+    "torch",
+    reason="torch traces in process; JAX hands its weights to the PyTorch tracer exactly as "
+    "TensorFlow does (kbert/export.py), so TensorFlow covers that path",
+)
 def test_sparse_encoder_served_equals_keras_on_this_backend():
     """The float ONNX export of a sparse encoder built on this backend (its weights handed
     over to the PyTorch tracer) encodes as the Keras model on this backend does."""

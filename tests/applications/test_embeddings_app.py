@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from applications import embeddings
+from tests.applications import ONE_BACKEND
 from tests.applications.test_finetuning_apps import REPO, preset  # noqa: F401  (fixture)
 
 PLACES = ["paris", "london", "acme"]
@@ -70,6 +71,7 @@ def _write_data(data):
     return data
 
 
+@pytest.mark.backends("jax", reason=ONE_BACKEND)
 def test_evaluate_and_train(tmp_path, preset):  # noqa: F811
     data = _write_data(tmp_path / "data")
     results = embeddings.main(

@@ -19,6 +19,7 @@ from kbert.data.readers import read_conll, read_squad
 from kbert.metrics import entity_f1, squad_scores
 from kbert.models import BertBackbone, BertClassifier, BertQuestionAnswerer, BertTagger
 from kbert.text import BertTokenizer
+from tests.applications import ONE_BACKEND
 from tests.test_case import tiny_backbone_kwargs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -192,6 +193,7 @@ def _write_mnli(data):
     )
 
 
+@pytest.mark.backends("tensorflow", reason=ONE_BACKEND)
 def test_glue_mnli_predict_test_writes_what_the_model_predicts(preset, tmp_path):
     data, out, saved = tmp_path / "data", tmp_path / "out", tmp_path / "model"
     _write_mnli(data)
@@ -381,6 +383,7 @@ def test_glue_without_train_file_notes_skipped_dev_rows_once(tmp_path):
     assert [int(x[2:]) % 2 for x in train_x[0]] == train_y.tolist()
 
 
+@pytest.mark.backends("jax", reason=ONE_BACKEND)
 def test_ner_runs_on_tiny_data(preset, tmp_path):
     _write_conll(tmp_path / "data")
     out, saved = tmp_path / "out", tmp_path / "model"
@@ -405,6 +408,7 @@ def test_ner_runs_on_tiny_data(preset, tmp_path):
         ner.main([*argv, "--features", "last", "--save-model", str(saved)])
 
 
+@pytest.mark.backends("torch", reason=ONE_BACKEND)
 def test_ner_feature_based_last4_learns_the_tiny_data(tmp_path):
     """--features last4: the frozen 4-layer backbone's last four hidden states, concatenated,
     train a BiLSTM that tags the one training sentence (also the dev sentence) exactly."""
@@ -484,6 +488,7 @@ def test_word_features_are_each_words_first_piece_and_scalar_mix_weights():
     np.testing.assert_allclose(keras.ops.convert_to_numpy(mix(x)), expected, atol=1e-4)
 
 
+@pytest.mark.backends("tensorflow", reason=ONE_BACKEND)
 def test_lstm_tagger_dropout_acts_in_training_only():
     """`--lstm-dropout`: dropout before each BiLSTM layer and before the tag layer; inference
     is deterministic and padded words stay masked; 0 builds the tagger without dropout."""
@@ -522,6 +527,7 @@ def test_ner_features_need_enough_layers(preset, tmp_path, capsys):
     assert expected in capsys.readouterr().err
 
 
+@pytest.mark.backends("tensorflow", reason=ONE_BACKEND)
 def test_squad_runs_on_tiny_data(preset, tmp_path):
     _write_squad(tmp_path / "data")
     out, saved = tmp_path / "out", tmp_path / "model"

@@ -27,6 +27,7 @@ from pathlib import Path
 import keras
 import pytest
 
+from tests.applications import ONE_BACKEND
 from tests.applications.test_finetuning_apps import VOCABULARY, _write_glue
 from tests.applications.test_pretrain import WORDS as PRETRAIN_WORDS
 from tests.applications.test_pretrain import write_text
@@ -261,6 +262,7 @@ def preset(tmp_path_factory):
     return folder
 
 
+@pytest.mark.backends("jax", reason=ONE_BACKEND)
 def test_glue_over_two_processes(preset, tmp_path):
     _write_glue(tmp_path / "data")
     output = tmp_path / "out"
@@ -289,6 +291,7 @@ def test_glue_over_two_processes(preset, tmp_path):
     assert log.count("GLUE sst2: 24 training examples") == 1  # process 1 prints nothing
 
 
+@pytest.mark.backends("tensorflow", reason=ONE_BACKEND)
 def test_pretrain_over_two_processes(preset, tmp_path):
     from kbert.models import BertPretrainer
     from kbert.text import BertTokenizer

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from applications import rerank
+from tests.applications import ONE_BACKEND
 from tests.applications.test_embeddings_app import ADJECTIVES, PLACES, _write_data
 from tests.applications.test_finetuning_apps import (  # noqa: F401  (fixtures)
     _load_export,
@@ -191,6 +192,7 @@ def _metrics_by_hand(ranked, relevant):
     }
 
 
+@pytest.mark.backends("jax", reason=ONE_BACKEND)
 def test_train_reranker_on_mined_negatives(tmp_path, preset):  # noqa: F811
     from kbert.models import BertCrossEncoder, BertTextEmbedder
 

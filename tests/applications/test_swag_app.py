@@ -10,6 +10,7 @@ from applications import swag
 from kbert.data import read_hellaswag, read_swag
 from kbert.models import BertBackbone, BertMultipleChoice
 from kbert.text import BertTokenizer
+from tests.applications import ONE_BACKEND
 from tests.applications.test_finetuning_apps import VOCABULARY
 from tests.test_case import tiny_backbone_kwargs
 
@@ -58,6 +59,7 @@ def test_readers_follow_the_swag_and_hellaswag_layouts(tmp_path):
         read_hellaswag(tmp_path / "bad.jsonl")
 
 
+@pytest.mark.backends("jax", reason=ONE_BACKEND)
 def test_swag_app_reports_the_accuracy_of_the_saved_model(tmp_path):
     """The reported dev accuracy and `dev_predictions` are those of the model written by
     `--save-model`, reloaded here and run on the dev rows (not the app's own predictions file
