@@ -182,8 +182,8 @@ class TestParity:
 
     def test_encode_precision_equals_sentence_transformers(self, minilm_embedder, minilm_reference):
         """`encode(precision=...)` against sentence-transformers' `encode(precision=...)`:
-        the int8/uint8 ranges come from the embeddings themselves, so a float difference of
-        1e-6 may move a value across a step boundary (one step), and a sign bit may flip only
+        the int8/uint8 ranges come from the embeddings themselves, so a float difference may
+        move a value near a step boundary across it (one step), and a sign bit may flip only
         for a value within float error of 0."""
         texts = TEXTS + ["A woman plays the violin.", "Stocks fell sharply on Monday."]
         floats = minilm_embedder.encode(texts)
@@ -194,8 +194,11 @@ class TestParity:
             if precision == "float32":
                 _assert_close(actual, expected)
             elif precision in ("int8", "uint8"):
+                # One step at most, on a few values: 0.7 % on torch, 1.1 % on JAX under the
+                # test legs' XLA_FLAGS (other float rounding); a wrong range or rounding moves
+                # far more.
                 steps = np.abs(actual.astype("int64") - expected.astype("int64"))
-                assert steps.max() <= 1 and (steps == 0).mean() > 0.99, precision
+                assert steps.max() <= 1 and (steps == 0).mean() > 0.98, precision
             else:
                 flipped = np.unpackbits(actual.view("uint8") ^ expected.view("uint8"))
                 near_zero = (np.abs(floats) < 1e-5).sum()
