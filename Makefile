@@ -98,12 +98,13 @@ test:
 	  leg_env=""; [ $$backend != tensorflow ] || leg_env="$(TF_LEG_ENV)"; \
 	  $(call timed,$$backend,env $$leg_env KERAS_BACKEND=$$backend LEG_ARGS="$(LEG_ARGS)" tools/test_leg.sh $(PY) "not backend_independent" $(PYTEST_ARGS) $(TESTS)) \
 	done; \
-	$(call timed,no-tensorflow,$(MAKE) --no-print-directory test-notf) \
+	$(call timed,no-tensorflow,$(MAKE) --no-print-directory test-notf XLA_LEG_FLAGS=) \
 	echo "===== wall time per leg (seconds) ====="; \
 	awk '{ total += $$2; printf "  %-14s %5d\n", $$1, $$2 } END { printf "  %-14s %5d\n", "total", total }' $(LEG_TIMES); \
 	rm -f $(LEG_TIMES); exit $$status
 
-# tests/no_tensorflow in the environment without TensorFlow, once per backend.
+# tests/no_tensorflow in the environment without TensorFlow, once per backend (`make test`
+# passes XLA_LEG_FLAGS empty: its XLA_FLAGS already carry them).
 test-notf: install-notf
 	@status=0; export XLA_FLAGS="$$XLA_FLAGS $(XLA_LEG_FLAGS)"; for backend in $(NOTF_BACKENDS); do \
 	  echo "===== no TensorFlow, KERAS_BACKEND=$$backend ====="; \
