@@ -15,9 +15,15 @@ task's head. kbert's speed paths step aside for quantized layers, except torch's
   data and a layer structure; kbert does not define them);
 - records which layers it quantized, in which mode and with which `QuantizationConfig`, so
   `save_to_preset` writes it into `config.json` and `from_preset` builds the model quantized
-  before loading the quantized weights (`quantization` in the config).
+  before loading the quantized weights (`quantization` in the config);
+- keeps Keras' garbage collections cheap (`collections_of_new_objects_only`): Keras runs a
+  full `gc.collect()` for every variable a layer deletes, and each walks every object of the
+  process (seconds per call once TensorFlow, torch or transformers are imported: all-MiniLM-L6-v2
+  took about 4x longer to quantize in a fresh process).
 """
 
+import contextlib
+import gc
 import json
 import re
 
@@ -60,6 +66,28 @@ def _check_mode(mode, config, model):
             f"and a layer structure that kbert models do not define. Received: mode={mode!r}"
         )
     return mode
+
+
+@contextlib.contextmanager
+def collections_of_new_objects_only():
+    """Within the block, garbage collections walk only the objects the block creates.
+
+    The objects alive on entry are frozen (`gc.freeze`), so the full collection Keras runs for
+    each variable a layer deletes skips them; on exit they are unfrozen and one full collection
+    reclaims whatever the deleted variables left in reference cycles, as Keras' own would have.
+    A variable no cycle holds is freed when it is deleted, as before. A process that froze
+    objects itself (`gc.get_freeze_count()` above zero) is left exactly as it is: its frozen
+    objects are its own, and unfreezing them would undo its choice.
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.collect()
 
 
 def _merge_lora_in_place(model):
@@ -108,6 +136,10 @@ class QuantizationMixin:
         """
         mode = _check_mode(mode, config, self)
         accept = _user_filter(filters)
+        with collections_of_new_objects_only():
+            self._quantize_layers(mode, config, accept, kwargs)
+
+    def _quantize_layers(self, mode, config, accept, kwargs):
         _merge_lora_in_place(self)
         chosen, already = {}, []
 
