@@ -197,19 +197,22 @@ class TestQuantize(TestCase):
         }
         backbone = _backbone()
         weights = backbone.get_weights()
+        # The models are called on packed inputs (one compiled `predict` per model and way
+        # would only add compile time: `predict` of int8 models is tested above).
+        x = toy_preprocessor(24)(TEXTS)
         for name, quantize in ways.items():
             model = BertClassifier(
                 _backbone(), num_classes=3, dropout=0.0, preprocessor=toy_preprocessor(24)
             )
             model.backbone.set_weights(weights)
-            before = model.predict(TEXTS, verbose=0)
+            before = to_numpy(model(x))
             quantize(model)
-            quantized = model.predict(TEXTS, verbose=0)
+            quantized = to_numpy(model(x))
             assert not np.array_equal(quantized, before), name
             model.save_to_preset(tmp_path / name)
             reloaded = BertClassifier.from_preset(tmp_path / name)
             assert reloaded.quantization_record == model.quantization_record, name
-            np.testing.assert_array_equal(reloaded.predict(TEXTS, verbose=0), quantized, name)
+            np.testing.assert_array_equal(to_numpy(reloaded(x)), quantized, name)
             for a, b in zip(reloaded.weights, model.weights, strict=True):
                 assert a.path == b.path and a.dtype == b.dtype, name
         # The two filtered calls: int8 and int4 layers, each as asked, the rest float.
@@ -338,3 +341,37 @@ class TestTorchInt8Kernel(TestCase):
         separate = to_numpy(backbone(x)["sequence_output"])
         # One input quantisation per tensor either way: the same int8 products.
         np.testing.assert_array_equal(fused, separate)
+
+
+@pytest.mark.backend_independent
+def test_quantize_collections_walk_only_new_objects_and_the_collector_is_restored():
+    """Keras runs a full `gc.collect()` for every variable `quantize` deletes, each walking every
+    object of the process. During kbert's `quantize` the objects alive before it are frozen, so
+    those collections skip them; afterwards nothing stays frozen and a last full collection runs.
+    A process that froze objects itself keeps exactly its own freeze."""
+    import gc
+
+    freeze_counts = []
+
+    def record(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            freeze_counts.append(gc.get_freeze_count())
+
+    model = _backbone()
+    gc.unfreeze()  # tests/conftest.py froze the earlier objects: a fresh process has none.
+    gc.callbacks.append(record)
+    try:
+        model.quantize("int8")
+        left_frozen = gc.get_freeze_count()
+    finally:
+        gc.callbacks.remove(record)
+        gc.freeze()
+    # Keras' own collections (one per deleted kernel or table), then kbert's last one.
+    assert len(freeze_counts) > 10, freeze_counts
+    assert all(count > 0 for count in freeze_counts[:-1]), freeze_counts
+    assert freeze_counts[-1] == 0 and left_frozen == 0
+
+    frozen = gc.get_freeze_count()
+    assert frozen > 0
+    _backbone().quantize("int8")
+    assert gc.get_freeze_count() == frozen
