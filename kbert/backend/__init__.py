@@ -36,6 +36,9 @@ The speed paths:
     has_multi_tensor_adamw, adamw_update
                             torch: `BertAdamW`'s update of every variable by one fused kernel.
     xla_predict_function    TensorFlow: `predict` compiled with XLA.
+    build_optimizer_before_tracing
+                            TensorFlow: the optimizer built before the train step is traced
+                            (one trace instead of two).
     torch_step_function     torch with `jit_compile=True`: kbert's compiled steps (static
                             shapes per bucket, no graph break, fused optimizer update).
     replicas_gradient_sum   TensorFlow: gradients summed over a strategy's replicas before
@@ -50,6 +53,7 @@ from kbert.backend.paths import (
     attention_path,
     attention_with_dropout,
     batch_slice,
+    build_optimizer_before_tracing,
     call_sublayer,
     flash_unavailable_reason,
     fused_attention_unsupported,
@@ -77,6 +81,7 @@ __all__ = [
     "attention_path",
     "attention_with_dropout",
     "batch_slice",
+    "build_optimizer_before_tracing",
     "call_sublayer",
     "flash_unavailable_reason",
     "fused_attention_unsupported",

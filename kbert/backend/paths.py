@@ -456,6 +456,28 @@ def xla_predict_function(model, make_predict_function, force=False, allowed=True
         model.jit_compile = False
 
 
+# --------------------------------------------------------------- TensorFlow train step
+def build_optimizer_before_tracing(model):
+    """Builds `model`'s optimizer before TensorFlow traces its train step (TensorFlow only).
+
+    Without a `tf.distribute` strategy Keras leaves the optimizer unbuilt until the first
+    trace of the train step, which then creates the optimizer's variables; a `tf.function`
+    whose first trace creates variables is traced a second time, so every `fit` traced its
+    whole train step (forward, backward, optimizer update) twice. Under a strategy, and on
+    JAX and torch, Keras builds the optimizer first, with `optimizer.build(model.
+    trainable_variables)`; this does the same on TensorFlow: one trace, the same variables
+    in the same order, the same updates. Nothing happens elsewhere, for a model that is not
+    built or has no optimizer, or when the optimizer is built already.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or optimizer.built or not model.built:
+        return
+    with model.distribute_strategy.scope():
+        optimizer.build(model.trainable_variables)
+
+
 # ------------------------------------------------------------------------ compiled steps
 def torch_step_function(model, kind, force=False):
     """`model`'s `kind` function (`"train"`, `"test"` or `"predict"`) as kbert compiles it on

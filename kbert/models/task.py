@@ -347,10 +347,16 @@ class BertTask(PresetMixin, QuantizationMixin, PipelineModel):
         There the forward pass and loss are compiled with static shapes, one program per
         input shape (kbert's length buckets bound them), without a graph break; the backward
         runs the graph compiled with them and the optimizer updates every variable in one call
-        after it. A partial last batch runs eagerly. See `kbert.backend.torch_steps`.
+        after it. A partial last batch runs eagerly. See `kbert.backend.torch_steps`. On
+        TensorFlow the optimizer is built first, so the step is traced once, not twice
+        (`kbert.backend.build_optimizer_before_tracing`).
         """
         function = backend.torch_step_function(self, "train", force)
-        return function if function is not None else super().make_train_function(force)
+        if function is not None:
+            return function
+        # TensorFlow: the optimizer's variables exist before the step is traced (one trace).
+        backend.build_optimizer_before_tracing(self)
+        return super().make_train_function(force)
 
     def make_test_function(self, force=False):
         """Keras' test function; on torch with `jit_compile=True`, kbert's compiled step (the

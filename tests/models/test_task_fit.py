@@ -159,3 +159,31 @@ class TestTaskFit(TestCase):
         assert int(keras.ops.convert_to_numpy(pretrainer.optimizer.iterations)) == 4
         with pytest.raises(ValueError, match="lamb"):
             pretrainer.compile(update_rule="sgd")
+
+
+@pytest.mark.backends(
+    "tensorflow", reason="a tf.function whose first trace creates variables is traced again"
+)
+def test_fit_traces_the_train_step_once_on_tensorflow():
+    """Keras builds the optimizer inside the first trace of the train step on TensorFlow
+    (without a strategy), which made TensorFlow trace the whole step a second time; kbert
+    builds it first, so `fit`, `evaluate` and `predict` each trace their step once. The
+    optimizer's variables are those of `optimizer.build(model.trainable_variables)`."""
+    model = _classifier(learning_rate=1e-3)
+    traces = {}
+    for name in ("train_step", "test_step", "predict_step"):
+        step = getattr(model, name)
+
+        def counted(*args, _step=step, _name=name, **kwargs):
+            traces[_name] = traces.get(_name, 0) + 1
+            return _step(*args, **kwargs)
+
+        object.__setattr__(model, name, counted)
+    x = random_backbone_inputs(4, 8, vocabulary_size=VOCABULARY_SIZE)
+    y = np.array([0, 1, 1, 0])
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    model.evaluate(x, y, batch_size=4, verbose=0)
+    model.predict(x, batch_size=4, verbose=0)
+    assert traces == {"train_step": 1, "test_step": 1, "predict_step": 1}, traces
+    slots = [v for v in model.optimizer.variables if "momentum" in v.path]
+    assert len(slots) == len(model.trainable_variables)
