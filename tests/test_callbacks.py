@@ -86,7 +86,8 @@ def _run(script, *args, kill_after_steps=None):
         OMP_NUM_THREADS="1",
         TF_NUM_INTRAOP_THREADS="1",
         TF_NUM_INTEROP_THREADS="1",
-        XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",
+        # One XLA thread, added to the flags the caller set (the test legs' faster compiles).
+        XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_multi_thread_eigen=false".strip(),
     )
     process = subprocess.Popen(
         [sys.executable, str(script), *map(str, args)],

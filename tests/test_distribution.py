@@ -285,10 +285,9 @@ def jax_distributed(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("distribution") / "reference.npz")
     _save_reference(path)
     code = _JAX_WORKER.replace("sys.argv[1]", repr(path))
-    return _run_python(
-        code,
-        {"KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
-    )
+    # Eight host devices, added to the XLA flags the caller set (the test legs' faster compiles).
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
+    return _run_python(code, {"KERAS_BACKEND": "jax", "XLA_FLAGS": flags})
 
 
 @pytest.mark.backends("jax", reason="keras.distribution runs on JAX")

@@ -1,6 +1,13 @@
 """`hf://` handles and preset names through the real `huggingface_hub` client, against a loopback
 stand-in of the Hub (`_hub_server.py`) reached through `HF_ENDPOINT`: download, cache hit,
-offline load, every failure, interrupted downloads."""
+offline load, every failure, interrupted downloads.
+
+What these tests check is the download, the cache and the errors: code that never touches the
+backend. They run once (marker `backend_independent`, on the `make test` leg that runs such
+tests); the models they load only show that the files came through whole, and loading a preset
+into a model is tested on every backend by tests/checkpoints/test_huggingface.py and
+test_loading.py.
+"""
 
 import os
 import subprocess
@@ -18,6 +25,8 @@ from tests.checkpoints._hub_server import HubServer, Repository, SilentServer
 from tests.test_case import REPO_ROOT, random_backbone_inputs, tiny_backbone_kwargs, to_numpy
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
+
+pytestmark = pytest.mark.backend_independent
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 TINY = "kbert-test/tiny-classifier"
