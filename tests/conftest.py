@@ -2,7 +2,8 @@
 
 `@pytest.mark.backends("torch", reason=...)` (one or more of "tensorflow", "jax", "torch")
 runs a test only under those KERAS_BACKEND values: on the other legs it is deselected (not
-collected), instead of each test file gating on `keras.backend.backend()` by hand.
+collected), instead of each test file gating on `keras.backend.backend()` by hand. What a test
+expects differently per backend it states for every backend with `tests.per_backend`.
 """
 
 import os
@@ -16,18 +17,27 @@ import re
 import keras
 import pytest
 
+from tests.per_backend import per_backend
+
 HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
 # Test files that import TensorFlow at module level (collected only where it is installed).
 _TENSORFLOW_IMPORT = re.compile(r"^(import|from) tensorflow(_text)?\b", re.MULTILINE)
 _not_collected = []
 
 
-if keras.backend.backend() == "torch":
+def _one_torch_thread():
     import torch
 
     # Tiny test models gain nothing from intra-op threads, and spinning OpenMP workers on a
     # shared 2-core machine make each small matmul orders of magnitude slower.
     torch.set_num_threads(1)
+
+
+def _nothing_to_set():
+    pass
+
+
+per_backend(torch=_one_torch_thread, jax=_nothing_to_set, tensorflow=_nothing_to_set)()
 
 
 BACKENDS = ("tensorflow", "jax", "torch")

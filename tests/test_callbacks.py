@@ -17,7 +17,8 @@ from kbert.callbacks import BatchStream, TrainingBackup, resumable_fit
 EPOCHS, STEPS_PER_EPOCH = 3, 7
 
 # A tiny model with dropout trained on a stream whose passes (5 batches each) depend only on
-# their index; epochs (7 steps) cross pass boundaries. One thread everywhere.
+# their index; epochs (7 steps) cross pass boundaries. One thread everywhere: `_run` sets the
+# thread counts in the child's environment (torch, too, starts with OMP_NUM_THREADS threads).
 TRAINING = (
     textwrap.dedent(
         """
@@ -25,9 +26,6 @@ TRAINING = (
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
     import numpy as np
-    if keras.backend.backend() == "torch":
-        import torch
-        torch.set_num_threads(1)
     from kbert.callbacks import BatchStream, TrainingBackup, resumable_fit
 
     backup_dir, out, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])

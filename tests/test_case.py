@@ -29,6 +29,8 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from tests.per_backend import per_backend
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("KBERT_DATA_DIR", REPO_ROOT.parent / "shared" / "data"))
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -57,14 +59,22 @@ def assert_all_close(actual, expected, atol=1e-5, rtol=1e-5, mask=None):
     np.testing.assert_allclose(actual, expected, atol=atol, rtol=rtol)
 
 
-def on_cpu():
-    """True when the backend computes on a CPU."""
-    try:
-        return keras.distribution.list_devices()[0].lower().startswith("cpu")
-    except Exception:  # torch: no keras.distribution; the tests run on CPU machines.
-        import torch
+def _keras_devices_on_cpu():
+    return keras.distribution.list_devices()[0].lower().startswith("cpu")
 
-        return not torch.cuda.is_available()
+
+def _torch_on_cpu():
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def on_cpu():
+    """True when the backend computes on a CPU (torch: Keras has no `keras.distribution` there,
+    so torch's own CUDA check decides)."""
+    return per_backend(
+        tensorflow=_keras_devices_on_cpu, jax=_keras_devices_on_cpu, torch=_torch_on_cpu
+    )()
 
 
 def tiny_backbone_kwargs(**overrides):

@@ -15,11 +15,19 @@ import numpy as np
 import pytest
 
 from kbert.models import BertBackbone, BertClassifier, BertPretrainer
+from tests.per_backend import per_backend
 from tests.test_case import random_backbone_inputs, tiny_backbone_kwargs
 
 
 class HostTransfer(AssertionError):
     pass
+
+
+def _torch_reads():
+    """`(owner, name)` of the torch methods that read a tensor back to the host."""
+    import torch
+
+    return [(torch.Tensor, name) for name in ("item", "numpy", "tolist", "cpu", "__bool__")]
 
 
 @pytest.fixture
@@ -37,13 +45,11 @@ def no_transfer_in_steps(monkeypatch):
     monkeypatch.setattr(
         keras.ops, "convert_to_numpy", guard("convert_to_numpy", keras.ops.convert_to_numpy)
     )
-    if keras.config.backend() == "torch":
-        import torch
-
-        for method in ("item", "numpy", "tolist", "cpu", "__bool__"):
-            monkeypatch.setattr(
-                torch.Tensor, method, guard(f"Tensor.{method}", getattr(torch.Tensor, method))
-            )
+    # The backend's own read-back methods, besides `convert_to_numpy`.
+    for owner, method in per_backend(torch=_torch_reads, jax=list, tensorflow=list)():
+        monkeypatch.setattr(
+            owner, method, guard(f"{owner.__name__}.{method}", getattr(owner, method))
+        )
 
     def watch(model):
         for name in ("train_step", "test_step", "predict_step"):
@@ -64,12 +70,19 @@ def no_transfer_in_steps(monkeypatch):
     return watch
 
 
-def _guard():
-    if keras.config.backend() == "jax":
-        import jax
+def _jax_transfer_guard():
+    import jax
 
-        return jax.transfer_guard_device_to_host("disallow")
-    return contextlib.nullcontext()
+    return jax.transfer_guard_device_to_host("disallow")
+
+
+def _guard():
+    """JAX's own guard against device-to-host transfers; the other backends have none."""
+    return per_backend(
+        jax=_jax_transfer_guard,
+        tensorflow=contextlib.nullcontext,
+        torch=contextlib.nullcontext,
+    )()
 
 
 def _run_all(model, x, y, sample_weight=None):
@@ -104,20 +117,13 @@ def test_pretrainer_steps_do_not_read_back(no_transfer_in_steps):
     assert no_transfer_in_steps.state["steps"] > 0
 
 
-@pytest.mark.backends(
-    "tensorflow",
-    "torch",
-    reason="On JAX, steps are traced: reading a traced value back already raises.",
-)
-def test_the_spy_catches_a_read_back(no_transfer_in_steps):
-    """The check can fail: a layer that reads its input's values inside the step is caught."""
+def _assert_the_spy_catches(no_transfer_in_steps, read_back, run_eagerly):
+    """The check can fail: a layer that calls `read_back` on its input inside the step is
+    caught."""
 
     class ReadsBack(keras.layers.Layer):
         def call(self, x):
-            if keras.config.backend() == "torch":
-                x.max().item()
-            else:
-                keras.ops.convert_to_numpy(x)
+            read_back(x)
             return x
 
         def compute_output_shape(self, shape):
@@ -125,7 +131,23 @@ def test_the_spy_catches_a_read_back(no_transfer_in_steps):
 
     inputs = keras.Input((3,))
     model = keras.Model(inputs, keras.layers.Dense(1)(ReadsBack()(inputs)))
-    model.compile(optimizer="sgd", loss="mse", run_eagerly=keras.config.backend() == "torch")
+    model.compile(optimizer="sgd", loss="mse", run_eagerly=run_eagerly)
     no_transfer_in_steps(model)
     with pytest.raises(Exception, match="called inside a step"):
         model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0)
+
+
+@pytest.mark.backends(
+    "torch", reason="a torch tensor's own read-back method (`Tensor.item`), in an eager step"
+)
+def test_the_spy_catches_a_read_back_on_torch(no_transfer_in_steps):
+    _assert_the_spy_catches(no_transfer_in_steps, lambda x: x.max().item(), run_eagerly=True)
+
+
+@pytest.mark.backends(
+    "tensorflow",
+    reason="TensorFlow traces the step into a graph, where the spy catches the attempt at trace "
+    "time. On JAX, steps are traced: reading a traced value back already raises.",
+)
+def test_the_spy_catches_a_read_back_on_tensorflow(no_transfer_in_steps):
+    _assert_the_spy_catches(no_transfer_in_steps, keras.ops.convert_to_numpy, run_eagerly=False)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import keras
 
+from tests.per_backend import per_backend
+
 REPO = Path(__file__).resolve().parents[1]
 BACKEND = keras.backend.backend()
 # What a script touches first: every subpackage, and the names most scripts start with.
@@ -31,7 +33,7 @@ TOUCH_KBERT = (
 )
 
 PROBE = r"""
-import importlib.abc, json, os, resource, sys, warnings
+import functools, importlib, importlib.abc, json, os, resource, sys, warnings
 
 backend = os.environ["KERAS_BACKEND"]
 import keras  # Keras' own effects are the baseline.
@@ -50,19 +52,22 @@ def watch(module, *names):
         setattr(module, name, probe)
 
 
-if backend == "jax":
-    import jax
-
-    watch(jax, "devices", "local_devices", "device_count", "local_device_count", "default_backend")
-elif backend == "tensorflow":
-    import tensorflow as tf
-
-    watch(tf.config, "list_physical_devices", "list_logical_devices", "get_visible_devices")
-    watch(tf.config.experimental, "list_physical_devices", "list_logical_devices")
-elif backend == "torch":
-    import torch
-
-    watch(torch.cuda, "is_available", "device_count", "init")
+# Per backend: the device-probing functions watched, as (module path, function names).
+DEVICE_PROBES = {
+    "jax": [
+        ("jax", ["devices", "local_devices", "device_count", "local_device_count",
+                 "default_backend"]),
+    ],
+    "tensorflow": [
+        ("tensorflow.config", ["list_physical_devices", "list_logical_devices",
+                               "get_visible_devices"]),
+        ("tensorflow.config.experimental", ["list_physical_devices", "list_logical_devices"]),
+    ],
+    "torch": [("torch.cuda", ["is_available", "device_count", "init"])],
+}
+for path, names in DEVICE_PROBES[backend]:
+    package, *attributes = path.split(".")
+    watch(functools.reduce(getattr, attributes, importlib.import_module(package)), *names)
 
 
 def descriptor_2():
@@ -131,8 +136,11 @@ def _probe():
 
 def test_import_kbert_leaves_the_process_alone():
     report = _probe()
-    if BACKEND != "tensorflow":
-        assert not report["tensorflow"], "import kbert imported TensorFlow under " + BACKEND
+    # Under JAX and torch nothing imports TensorFlow; under TensorFlow, Keras has imported it.
+    has_tensorflow = per_backend(tensorflow=True, jax=False, torch=False)
+    assert report["tensorflow"] == has_tensorflow, (
+        f"TensorFlow imported: {report['tensorflow']}, under {BACKEND}"
+    )
     assert report["stderr_same"], "import kbert replaced sys.stderr"
     assert report["fd2_same"], "import kbert redirected file descriptor 2"
     assert report["filters_same"], "import kbert changed the warnings filters"

@@ -31,6 +31,7 @@ from tests.applications import ONE_BACKEND
 from tests.applications.test_finetuning_apps import VOCABULARY, _write_glue
 from tests.applications.test_pretrain import WORDS as PRETRAIN_WORDS
 from tests.applications.test_pretrain import write_text
+from tests.per_backend import per_backend
 from tests.test_case import REPO_ROOT, tiny_backbone_kwargs
 
 # Two processes each, with launch limits: `make test` runs these alone (tools/test_leg.sh).
@@ -131,25 +132,32 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _launch_commands(script_args):
-    """The README's launch lines for two processes on one machine: [(argv, extra env)]."""
+def _torchrun_commands(script_args):
+    """torch: one `python -m torch.distributed.run` (torchrun) that starts both processes."""
+    port = _free_port()
+    return [([
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(port), *script_args,
+    ], {})]  # fmt: skip
+
+
+def _keras_distribution_commands(script_args):
+    """JAX: each process with Keras' `KERAS_DISTRIBUTION_*` variables."""
     script = [sys.executable, *script_args]
-    if BACKEND == "torch":
-        port = _free_port()
-        return [([
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_addr", "127.0.0.1", "--master_port", str(port), *script_args,
-        ], {})]  # fmt: skip
-    if BACKEND == "jax":
-        address = f"127.0.0.1:{_free_port()}"
-        return [
-            (script, {
-                "KERAS_DISTRIBUTION_JOB_ADDRESSES": address,
-                "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
-                "KERAS_DISTRIBUTION_PROCESS_ID": str(index),
-            })
-            for index in range(2)
-        ]  # fmt: skip
+    address = f"127.0.0.1:{_free_port()}"
+    return [
+        (script, {
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": address,
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+            "KERAS_DISTRIBUTION_PROCESS_ID": str(index),
+        })
+        for index in range(2)
+    ]  # fmt: skip
+
+
+def _tf_config_commands(script_args):
+    """TensorFlow: each worker with its `TF_CONFIG`."""
+    script = [sys.executable, *script_args]
     workers = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
     return [
         (script, {"TF_CONFIG": json.dumps(
@@ -157,6 +165,15 @@ def _launch_commands(script_args):
         )})
         for index in range(2)
     ]  # fmt: skip
+
+
+def _launch_commands(script_args):
+    """The README's launch lines for two processes on one machine: [(argv, extra env)]."""
+    return per_backend(
+        torch=_torchrun_commands,
+        jax=_keras_distribution_commands,
+        tensorflow=_tf_config_commands,
+    )(script_args)
 
 
 def _run_two_processes(tmp_path, script_args, output):

@@ -14,6 +14,7 @@ import pytest
 
 from kbert.layers import BertSelfAttention, TransformerEncoder
 from kbert.layers.attention import HashDropout
+from tests.per_backend import per_backend
 from tests.test_case import TestCase, on_cpu, run_in_backend, to_numpy
 
 BACKEND = keras.backend.backend()
@@ -50,6 +51,16 @@ def _inputs(batch=2, length=6, hidden=8, seed=0):
     return x, padding_mask
 
 
+def _torch_sdpa():
+    import torch
+
+    return torch.nn.functional, "scaled_dot_product_attention"
+
+
+def _keras_op():
+    return keras.ops, "dot_product_attention"
+
+
 def _fused_op_owner():
     """`(module, name)` of the fused attention op the layer calls on this backend.
 
@@ -57,11 +68,7 @@ def _fused_op_owner():
     Keras op probes flash support with an object Dynamo cannot trace); elsewhere it calls
     `keras.ops.dot_product_attention`.
     """
-    if BACKEND == "torch":
-        import torch
-
-        return torch.nn.functional, "scaled_dot_product_attention"
-    return keras.ops, "dot_product_attention"
+    return per_backend(torch=_torch_sdpa, jax=_keras_op, tensorflow=_keras_op)()
 
 
 class _CallCounter:
@@ -187,7 +194,8 @@ class TestAttentionPaths(TestCase):
         assert len(result["fallback"]) == 1, result["fallback"]
         assert "Falling back" in result["fallback"][0] and BACKEND in result["fallback"][0]
         assert result["logged"] == [], result["logged"]
-        assert len(result["dropout"]) == (0 if BACKEND == "torch" else 1), result["dropout"]
+        dropout_warnings = per_backend(tensorflow=1, jax=1, torch=0)
+        assert len(result["dropout"]) == dropout_warnings, result["dropout"]
 
     def test_training_attention_is_an_unbiased_dropout_of_inference_attention(self):
         """Whatever op does it (explicit softmax + dropout, torch's fused SDPA with dropout_p), the
@@ -292,14 +300,15 @@ class TestAttentionPaths(TestCase):
         masks = []
         module, name = _fused_op_owner()
         original = getattr(module, name)
-        mask_keyword = "attn_mask" if BACKEND == "torch" else "mask"
+        mask_keyword = per_backend(tensorflow="mask", jax="mask", torch="attn_mask")
 
         biases = []
 
         def recording(query, key, value, *args, **kwargs):
             mask = kwargs.get(mask_keyword)
             masks.append(None if mask is None else to_numpy(mask))
-            biases.append(kwargs.get("bias"))
+            bias = kwargs.get("bias")
+            biases.append(None if bias is None else to_numpy(bias))
             return original(query, key, value, *args, **kwargs)
 
         monkeypatch.setattr(module, name, recording)
@@ -308,16 +317,18 @@ class TestAttentionPaths(TestCase):
         expected_keys[0, :] = True
         expected = _reference_attention(layer, x, np.where(expected_keys, 1, 0))
         np.testing.assert_allclose(output, expected, atol=2e-5, rtol=1e-5)
-        if BACKEND == "jax" and on_cpu():
-            (bias,), (mask,) = biases, masks
-            assert mask is None
-            np.testing.assert_array_equal(
-                to_numpy(bias), np.where(expected_keys, 0.0, -1e9)[:, None, None, :]
-            )
-            return
-        (mask,) = masks
-        expected_shape = (2, 1, 1, 6) if BACKEND == "torch" else (2, 1, 6, 6)
-        assert mask.dtype == bool and mask.shape == expected_shape
-        np.testing.assert_array_equal(
-            mask, np.broadcast_to(expected_keys[:, None, None, :], expected_shape)
+        keys = expected_keys[:, None, None, :]  # (batch, 1, 1, seq)
+        # (mask, bias) as the op receives them.
+        full_mask = (np.broadcast_to(keys, (2, 1, 6, 6)), None)
+        key_bias = (None, np.where(keys, 0.0, -1e9).astype("float32"))
+        expected_mask, expected_bias = per_backend(
+            tensorflow=full_mask,
+            jax=key_bias if on_cpu() else full_mask,
+            torch=(keys, None),
         )
+        (mask,), (bias,) = masks, biases
+        for got, expected in ((mask, expected_mask), (bias, expected_bias)):
+            if expected is None:
+                assert got is None, got
+            else:  # Same shape, dtype (boolean masks) and values.
+                np.testing.assert_array_equal(got, expected, strict=True)

@@ -15,6 +15,7 @@ import pytest
 
 from kbert.layers import BertSelfAttention
 from kbert.models import BertBackbone
+from tests.per_backend import per_backend
 from tests.test_case import (
     TestCase,
     on_cpu,
@@ -42,9 +43,8 @@ def _routes():
         ("fused", {"attention_implementation": "fused"}),
         ("flash requested", {"flash_attention": True}),
     ]
-    if keras.config.backend() == "torch":
-        routes.append(("torch_sdpa", {"attention_implementation": "torch_sdpa"}))
-    return routes
+    torch_sdpa = [("torch_sdpa", {"attention_implementation": "torch_sdpa"})]
+    return routes + per_backend(torch=torch_sdpa, jax=[], tensorflow=[])
 
 
 def _layer(weights=None, **kwargs):
@@ -85,6 +85,13 @@ def _real(output, mask):
     return np.asarray(output)[queries.astype(bool)]
 
 
+def _torch_sdpa():
+    """`[(module, name)]` of torch's fused attention op."""
+    import torch
+
+    return [(torch.nn.functional, "scaled_dot_product_attention")]
+
+
 class _Calls:
     """Counts calls of `keras.ops.dot_product_attention` and torch's fused attention."""
 
@@ -100,16 +107,14 @@ class _Calls:
             return original(*args, **kwargs)
 
         monkeypatch.setattr(keras.ops, "dot_product_attention", keras_op)
-        if keras.config.backend() == "torch":
-            import torch
+        for module, name in per_backend(torch=_torch_sdpa, jax=list, tensorflow=list)():
+            sdpa = getattr(module, name)
 
-            sdpa = torch.nn.functional.scaled_dot_product_attention
-
-            def torch_sdpa(*args, **kwargs):
+            def torch_sdpa(*args, _sdpa=sdpa, **kwargs):
                 self.torch_sdpa += 1
-                return sdpa(*args, **kwargs)
+                return _sdpa(*args, **kwargs)
 
-            monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", torch_sdpa)
+            monkeypatch.setattr(module, name, torch_sdpa)
 
 
 class TestAttentionRoutes(TestCase):
@@ -128,6 +133,12 @@ class TestAttentionRoutes(TestCase):
         # tolerance.
         unmasked = to_numpy(plain(X, training=training))
         assert np.abs(_real(unmasked, mask) - _real(expected, mask)).max() > 1e-1
+        # How the Keras op is masked at inference. JAX on CPU, float32: key padding as an added
+        # bias (`key_mask_as_bias`); pairwise masks and the other backends: a boolean mask.
+        key_masked_by = per_backend(
+            tensorflow="mask", jax="bias" if on_cpu() else "mask", torch="mask"
+        )
+        masked_by = key_masked_by if mask is KEY_MASK else "mask"
         for name, kwargs in _routes():
             layer = _layer(weights, **kwargs)
             before = (calls.keras_op, calls.torch_sdpa)
@@ -137,10 +148,7 @@ class TestAttentionRoutes(TestCase):
             used = (calls.keras_op - before[0], calls.torch_sdpa - before[1])
             assert used != (0, 0), f"{name} ran no fused attention"
             if used[0] and not training:
-                # JAX on CPU, float32: key padding as an added bias (`key_mask_as_bias`);
-                # pairwise masks and the other backends: a boolean mask.
-                bias = mask is KEY_MASK and keras.config.backend() == "jax" and on_cpu()
-                assert calls.masked_by[-1] == ("bias" if bias else "mask"), name
+                assert calls.masked_by[-1] == masked_by, name
             np.testing.assert_allclose(
                 _real(output, mask), _real(expected, mask), err_msg=name, **TOLERANCE
             )
@@ -271,6 +279,10 @@ class TestAttentionRoutes(TestCase):
             BertSelfAttention(
                 NUM_HEADS, HIDDEN, attention_implementation="plain", flash_attention=True
             )
-        if keras.config.backend() != "torch":
-            with pytest.raises(ValueError, match="needs the torch backend"):
-                BertSelfAttention(NUM_HEADS, HIDDEN, attention_implementation="torch_sdpa")
+
+    @pytest.mark.backends(
+        "tensorflow", "jax", reason="torch's own fused op: a route of the torch backend only"
+    )
+    def test_torch_sdpa_is_refused_on_the_other_backends(self):
+        with pytest.raises(ValueError, match="needs the torch backend"):
+            BertSelfAttention(NUM_HEADS, HIDDEN, attention_implementation="torch_sdpa")

@@ -13,6 +13,7 @@ import pytest
 from kbert.data import batching
 from kbert.models import BertClassifier, BertQuestionAnswerer, BertTagger
 from tests.models.test_classifier import TOY_WORDS, toy_backbone, toy_preprocessor
+from tests.per_backend import per_backend
 from tests.test_case import assert_all_close
 
 SEQUENCE_LENGTH = 48  # Buckets (16, 32, 48).
@@ -237,10 +238,22 @@ def _expected_lengths(lengths, batch_size, buckets):
     return result
 
 
+def _traced_once_per_bucket(traced, buckets, batches):
+    """One trace per bucket at most (TensorFlow may relax a retrace to a `None` length)."""
+    assert len(traced) <= len(buckets) + 1, traced
+    assert {shape[1] for shape in traced} - {None} <= set(buckets)
+
+
+def _called_at_every_batch(traced, buckets, batches):
+    """Eager torch traces nothing: `call` runs once per batch, at the batch's shape."""
+    assert traced == batches, traced
+
+
 def test_bounded_number_of_shapes():
     """Each batch is computed at the bucket of its longest row (read from the outputs the
     compiled function returns), and JAX and TensorFlow trace `call` at most once per bucket
-    plus the one short batch. Eager torch pads each batch to its own longest row."""
+    plus the one short batch. Eager torch pads each batch to its own longest row and runs
+    `call` once per batch, at that shape."""
     tags = ["O", "B-PER", "I-PER"]
     model = BertTagger(toy_backbone(), labels=tags, preprocessor=toy_preprocessor(SEQUENCE_LENGTH))
     traced = []
@@ -261,20 +274,24 @@ def test_bounded_number_of_shapes():
     computed = _ComputedLengths()
     model.predict(packed, batch_size=8, verbose=0, callbacks=[computed])
     model.predict(packed, batch_size=8, verbose=0, callbacks=[computed])
-    if keras.backend.backend() == "torch":
-        buckets = tuple(range(1, SEQUENCE_LENGTH + 1))
-    else:
-        buckets = tuple(range(4, 49, 4))
-        assert batching.model_buckets(model, SEQUENCE_LENGTH, training=True) == BUCKETS
+    # Eager torch compiles nothing per shape: every length is a bucket, in `fit` as in
+    # `predict`. JAX and TensorFlow: 4-token steps in `predict`, `bucket_lengths`' in `fit`.
+    every_length = tuple(range(1, SEQUENCE_LENGTH + 1))
+    compiled = (tuple(range(4, 49, 4)), BUCKETS)
+    buckets, training_buckets = per_backend(
+        tensorflow=compiled, jax=compiled, torch=(every_length, every_length)
+    )
     assert batching.model_buckets(model, SEQUENCE_LENGTH) == buckets
+    assert batching.model_buckets(model, SEQUENCE_LENGTH, training=True) == training_buckets
     expected = _expected_lengths(lengths, 8, buckets)
     assert len({length for _, length in expected}) >= 4
     # Full-length batches (length batching off) would give 48 for every batch.
     assert computed.batches == expected * 2
-    if keras.backend.backend() != "torch":
-        # One trace per bucket at most (TensorFlow may relax a retrace to a `None` length).
-        assert len(traced) <= len(buckets) + 1, traced
-        assert {shape[1] for shape in traced} - {None} <= set(buckets)
+    per_backend(
+        tensorflow=_traced_once_per_bucket,
+        jax=_traced_once_per_bucket,
+        torch=_called_at_every_batch,
+    )(traced, buckets, computed.batches)
 
 
 def test_fit_shuffles_every_epoch_and_trains():

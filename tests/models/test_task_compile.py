@@ -30,6 +30,17 @@ def _backbone():
     )
 
 
+def _default_and_plain_classifiers():
+    """Inputs, and two classifiers with the same weights: one compiled with `jit_compile` left
+    to "auto", one with `compile(jit_compile=False)`."""
+    x = random_backbone_inputs(4, 8, vocabulary_size=VOCABULARY_SIZE, seed=3)
+    default = BertClassifier(_backbone(), num_classes=3)
+    plain = BertClassifier(_backbone(), num_classes=3)
+    plain.set_weights(default.get_weights())
+    plain.compile(jit_compile=False)
+    return x, default, plain
+
+
 def _rate_at(optimizer, step):
     optimizer.iterations.assign(step)
     return float(to_numpy(optimizer.learning_rate))
@@ -218,23 +229,25 @@ class TestTaskCompile(TestCase):
         with pytest.raises(ValueError, match=r"labels.*\[0, 2\)"):
             model.train_on_batch(x, np.array([0, 5]))
 
+    def test_predict_gives_the_same_outputs_whatever_jit_compile(self):
+        """`predict` with `jit_compile` left to "auto" gives the outputs of
+        `compile(jit_compile=False)`."""
+        x, default, plain = _default_and_plain_classifiers()
+        expected = plain.predict(x, verbose=0)
+        assert np.abs(expected).max() > 1e-3  # Not all-zero logits.
+        np.testing.assert_allclose(default.predict(x, verbose=0), expected, atol=1e-5)
+
+    @pytest.mark.backends("tensorflow", reason="TensorFlow's tf.function steps and their XLA flag")
     def test_tensorflow_predict_uses_xla_unless_compile_says_otherwise(self, monkeypatch):
         """On TensorFlow, `predict` compiles with XLA when `jit_compile` was left to "auto"
         (Keras' auto turns it off on CPU-only machines); `fit` keeps Keras' choice and
         `compile(jit_compile=False)` keeps XLA off. Outputs are the same either way."""
-        x = random_backbone_inputs(4, 8, vocabulary_size=VOCABULARY_SIZE, seed=3)
-        default = BertClassifier(_backbone(), num_classes=3)
-        plain = BertClassifier(_backbone(), num_classes=3)
-        plain.set_weights(default.get_weights())
-        plain.compile(jit_compile=False)
+        import tensorflow as tf
+
+        x, default, plain = _default_and_plain_classifiers()
         resolved = default.jit_compile
         expected = plain.predict(x, verbose=0)
         assert np.abs(expected).max() > 1e-3  # Not all-zero logits.
-        if keras.backend.backend() != "tensorflow":
-            np.testing.assert_allclose(default.predict(x, verbose=0), expected, atol=1e-5)
-            return
-        import tensorflow as tf
-
         jit_flags = []
         real_function = tf.function
 
