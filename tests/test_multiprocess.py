@@ -49,9 +49,14 @@ pytestmark = pytest.mark.processes
 BACKEND = keras.backend.backend()
 # Seconds a process waits for the others (joining, and each collective afterwards).
 TIMEOUT = 20
+# The same, in the launches that kill a process: the survivor fails this long after its peer
+# died, so the test waits it out; both processes start together and run the same steps, and
+# only process 0 writes files between collectives (a tiny model's backups), so the live
+# processes never wait for each other for nearly as long.
+KILLED_LAUNCH_TIMEOUT = 12
 # Seconds one two-process launch may take before the test kills it.
 LAUNCH_LIMIT = 240
-# Seconds a survivor may take past TIMEOUT to exit once its peer died: the step it was in,
+# Seconds a survivor may take past its timeout to exit once its peer died: the step it was in,
 # the error's report and the interpreter's exit (a loaded 2-core machine), far below
 # LAUNCH_LIMIT so that a survivor that waits for the launcher's kill fails the test.
 SURVIVOR_MARGIN = 30
@@ -93,8 +98,12 @@ def _tensorflow_launch(index, ports):
 def _launch(
     output, results, extra=(), die_in=None, worker_module="tests._multiprocess_worker", die_index=1
 ):
-    """Starts the two processes as the README's launch lines do; returns their Popen objects."""
+    """Starts the two processes as the README's launch lines do; returns their Popen objects.
+
+    With `die_in`, process `die_index` kills itself there and both wait for each other at most
+    `KILLED_LAUNCH_TIMEOUT` seconds, else `TIMEOUT`."""
     ports = [_free_port(), _free_port()]
+    timeout = TIMEOUT if die_in is None else KILLED_LAUNCH_TIMEOUT
     # The arguments and environment that start process `index` on this backend.
     launch = per_backend(jax=_jax_launch, torch=_torch_launch, tensorflow=_tensorflow_launch)
     commands = []
@@ -113,7 +122,7 @@ def _launch(
             "--processes",
             "2",
             "--timeout",
-            str(TIMEOUT),
+            str(timeout),
             *extra,
         ]
         launch_args, launch_env = launch(index, ports)
@@ -206,7 +215,10 @@ def test_two_processes_train_resume_after_kill_and_equal_one_process(tmp_path, r
     assert codes[0] not in (0, None), outputs[0][-3000:]  # failed, did not hang
     # The survivor fails within the collective timeout of its peer's death.
     failed_after = exit_times[0] - exit_times[1]
-    assert failed_after <= TIMEOUT + SURVIVOR_MARGIN, (failed_after, outputs[0][-3000:])
+    assert failed_after <= KILLED_LAUNCH_TIMEOUT + SURVIVOR_MARGIN, (
+        failed_after,
+        outputs[0][-3000:],
+    )
     assert not (results / "process_0.json").exists()
 
     # The same command again resumes from process 0's backups.
@@ -360,7 +372,9 @@ def test_encode_shards_after_the_coordinator_dies_fails_cleanly_and_resumes(
     codes, outputs = _wait(processes, exit_times=exit_times)
     assert codes[0] == -signal.SIGKILL, outputs[0][-3000:]
     assert codes[1] not in (0, None), outputs[1][-3000:]
-    assert exit_times[1] - exit_times[0] <= TIMEOUT + SURVIVOR_MARGIN, outputs[1][-3000:]
+    assert exit_times[1] - exit_times[0] <= KILLED_LAUNCH_TIMEOUT + SURVIVOR_MARGIN, outputs[1][
+        -3000:
+    ]
     # The survivor says why it stops; on JAX the runtime ends it itself (its heartbeat),
     # with or without kbert's message.
     reported = "could not exchange results with the others" in outputs[1]
