@@ -180,6 +180,46 @@ def test_onnx_dynamic_axes_serve_every_batch_size_and_length(tmp_path):
 
 @pytest.mark.backend_independent
 @pytest.mark.large
+def test_onnx_int8_weights_take_7_bits_where_the_cpus_int8_products_saturate(
+    tmp_path, monkeypatch
+):
+    """onnxruntime's uint8 x int8 products saturate 8-bit weights on x86 CPUs without VNNI:
+    there `quantize="int8"` writes 7-bit weights (`reduce_range`), elsewhere 8-bit ones;
+    `reduce_range=False` / `True` choose. Per-channel symmetric scales put each channel's
+    largest weight on the end of the range: 127 on 8 bits, 64 at most on 7."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from onnx import numpy_helper
+
+    from kbert.backend import paths
+
+    def widest(path):
+        tables = [
+            numpy_helper.to_array(t).astype(np.int32)
+            for t in onnx.load(str(path)).graph.initializer
+            if t.data_type == onnx.TensorProto.INT8
+        ]
+        assert len(tables) >= 6  # the query/key/value/output and feed-forward kernels
+        return max(int(np.abs(t).max()) for t in tables)
+
+    model = BertClassifier(BertBackbone(**tiny_backbone_kwargs()), num_classes=2)
+    monkeypatch.setattr(paths, "int8_products_saturate", lambda: True)
+    export.export_onnx(model, tmp_path / "explicit.onnx", quantize="int8", reduce_range=False)
+    assert widest(tmp_path / "explicit.onnx") == 127
+    export.export_onnx(model, tmp_path / "float.onnx")
+    for saturate, expected in ((True, 64), (False, 127)):
+        monkeypatch.setattr(paths, "int8_products_saturate", lambda saturate=saturate: saturate)
+        export.quantize_onnx_int8(tmp_path / "float.onnx", tmp_path / f"{saturate}.onnx")
+        assert widest(tmp_path / f"{saturate}.onnx") == expected, saturate
+    export.quantize_onnx_int8(tmp_path / "float.onnx", tmp_path / "seven.onnx", True)
+    assert widest(tmp_path / "seven.onnx") == 64
+    with pytest.raises(ValueError, match="`reduce_range` must be None, True or False"):
+        export.export_onnx(model, tmp_path / "bad.onnx", quantize="int8", reduce_range="7")
+
+
+@pytest.mark.backend_independent
+@pytest.mark.large
 def test_onnx_names_every_hidden_state_and_attention(tmp_path):
     """A backbone's `hidden_states` and `attentions` tuples leave as one output per tensor."""
     onnxruntime = pytest.importorskip("onnxruntime")

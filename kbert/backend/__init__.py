@@ -36,6 +36,7 @@ The speed paths:
     has_multi_tensor_adamw, adamw_update
                             torch: `BertAdamW`'s update of every variable by one fused kernel.
     xla_predict_function    TensorFlow: `predict` compiled with XLA.
+    int8_products_saturate  whether this CPU's uint8 x int8 products need 7-bit operands.
     build_optimizer_before_tracing
                             TensorFlow: the optimizer built before the train step is traced
                             (one trace instead of two).
@@ -62,6 +63,7 @@ from kbert.backend.paths import (
     hash_dropout_backend,
     int8_dense,
     int8_dense_group,
+    int8_products_saturate,
     key_mask_as_bias,
     lean_backbone_outputs,
     native_dropout,
@@ -88,6 +90,7 @@ __all__ = [
     "fused_dense",
     "int8_dense",
     "int8_dense_group",
+    "int8_products_saturate",
     "has_multi_tensor_adamw",
     "hash_dropout_backend",
     "key_mask_as_bias",

@@ -292,19 +292,15 @@ def _packed_int8_linear(kernel, scale, bias):
     )
 
 
-@functools.cache
 def _reduce_range():
     """Whether the inputs are quantised to 7 bits instead of 8.
 
-    x86 CPUs without VNNI multiply uint8 by int8 with an instruction (`vpmaddubsw`) whose int16
-    sums saturate at 8 bits, so torch's quantized modules always take 7 (`reduce_range=True`).
-    With VNNI (`avx512_vnni`, `avx_vnni`) the sums are int32 and the eighth bit is exact:
-    measured on all-MiniLM-L6-v2, it moves the int8 embeddings' mean cosine to float32 from
-    0.980 to 0.994. ARM's QNNPACK ignores the setting.
+    Where the CPU's uint8 x int8 products saturate (x86 without VNNI,
+    `kbert.backend.paths.int8_products_saturate`) torch's quantized modules always take 7 bits
+    (`reduce_range=True`); with VNNI the eighth bit is exact: measured on all-MiniLM-L6-v2, it
+    moves the int8 embeddings' mean cosine to float32 from 0.980 to 0.994. ARM's QNNPACK
+    ignores the setting.
     """
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            flags = f.read()
-    except OSError:
-        return True
-    return not (" avx512_vnni" in flags or " avx_vnni" in flags)
+    from kbert.backend.paths import int8_products_saturate
+
+    return int8_products_saturate()

@@ -367,6 +367,9 @@ def export_to_sentence_transformers(embedder, path, onnx=False):
                     format="onnx",
                     quantize=quantize,
                     interface="huggingface",
+                    # The file named for VNNI CPUs: 8-bit weights, as sentence-transformers'
+                    # own export for "avx512_vnni" writes them, whatever CPU exports it.
+                    reduce_range=False,
                 )
         # The model card (kbert.checkpoints.model_card), replacing any a nested export wrote.
         (staging / CARD_FILE).write_text(
