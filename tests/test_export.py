@@ -180,9 +180,7 @@ def test_onnx_dynamic_axes_serve_every_batch_size_and_length(tmp_path):
 
 @pytest.mark.backend_independent
 @pytest.mark.large
-def test_onnx_int8_weights_take_7_bits_where_the_cpus_int8_products_saturate(
-    tmp_path, monkeypatch
-):
+def test_onnx_int8_weights_take_7_bits_where_the_cpus_int8_products_saturate(tmp_path, monkeypatch):
     """onnxruntime's uint8 x int8 products saturate 8-bit weights on x86 CPUs without VNNI:
     there `quantize="int8"` writes 7-bit weights (`reduce_range`), elsewhere 8-bit ones;
     `reduce_range=False` / `True` choose. Per-channel symmetric scales put each channel's
