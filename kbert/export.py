@@ -617,7 +617,7 @@ def quantize_onnx_int8(source, target, reduce_range=None):
     constant weight matrices of `MatMul` as per-channel QInt8, on 7 bits with `reduce_range`
     (`None`: where this CPU's int8 products saturate; see `export_onnx`)."""
     if reduce_range is None:
-        from kbert.backend.paths import int8_products_saturate
+        from kbert.backend.cpu import int8_products_saturate
 
         reduce_range = int8_products_saturate()
     try:

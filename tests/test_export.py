@@ -190,7 +190,7 @@ def test_onnx_int8_weights_take_7_bits_where_the_cpus_int8_products_saturate(tmp
     pytest.importorskip("onnxscript")
     from onnx import numpy_helper
 
-    from kbert.backend import paths
+    from kbert.backend import cpu
 
     def widest(path):
         tables = [
@@ -202,12 +202,12 @@ def test_onnx_int8_weights_take_7_bits_where_the_cpus_int8_products_saturate(tmp
         return max(int(np.abs(t).max()) for t in tables)
 
     model = BertClassifier(BertBackbone(**tiny_backbone_kwargs()), num_classes=2)
-    monkeypatch.setattr(paths, "int8_products_saturate", lambda: True)
+    monkeypatch.setattr(cpu, "int8_products_saturate", lambda: True)
     export.export_onnx(model, tmp_path / "explicit.onnx", quantize="int8", reduce_range=False)
     assert widest(tmp_path / "explicit.onnx") == 127
     export.export_onnx(model, tmp_path / "float.onnx")
     for saturate, expected in ((True, 64), (False, 127)):
-        monkeypatch.setattr(paths, "int8_products_saturate", lambda saturate=saturate: saturate)
+        monkeypatch.setattr(cpu, "int8_products_saturate", lambda saturate=saturate: saturate)
         export.quantize_onnx_int8(tmp_path / "float.onnx", tmp_path / f"{saturate}.onnx")
         assert widest(tmp_path / f"{saturate}.onnx") == expected, saturate
     export.quantize_onnx_int8(tmp_path / "float.onnx", tmp_path / "seven.onnx", True)

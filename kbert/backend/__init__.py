@@ -48,6 +48,7 @@ The speed paths:
                             scope (it averages the first batch over the replicas).
 """
 
+from kbert.backend.cpu import int8_products_saturate
 from kbert.backend.paths import (
     ATTENTION_IMPLEMENTATIONS,
     adamw_update,
@@ -63,7 +64,6 @@ from kbert.backend.paths import (
     hash_dropout_backend,
     int8_dense,
     int8_dense_group,
-    int8_products_saturate,
     key_mask_as_bias,
     lean_backbone_outputs,
     native_dropout,

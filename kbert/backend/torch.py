@@ -22,6 +22,8 @@ import weakref
 import torch
 from keras import ops
 
+from kbert.backend.cpu import int8_products_saturate
+
 
 def linear(inputs, kernel, bias):
     """`inputs @ kernel + bias` in one `torch.nn.functional.linear` call.
@@ -296,11 +298,9 @@ def _reduce_range():
     """Whether the inputs are quantised to 7 bits instead of 8.
 
     Where the CPU's uint8 x int8 products saturate (x86 without VNNI,
-    `kbert.backend.paths.int8_products_saturate`) torch's quantized modules always take 7 bits
+    `kbert.backend.cpu.int8_products_saturate`) torch's quantized modules always take 7 bits
     (`reduce_range=True`); with VNNI the eighth bit is exact: measured on all-MiniLM-L6-v2, it
     moves the int8 embeddings' mean cosine to float32 from 0.980 to 0.994. ARM's QNNPACK
     ignores the setting.
     """
-    from kbert.backend.paths import int8_products_saturate
-
     return int8_products_saturate()
