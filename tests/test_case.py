@@ -331,6 +331,8 @@ class TestCase:
         # One fit step through the pooled output changes the weights and gives a finite loss.
         model = keras.Model(backbone.input, backbone.output["pooled_output"])
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        # Built before the step, as on JAX and torch: TensorFlow would trace it twice otherwise.
+        model.optimizer.build(model.trainable_variables)
         target = (
             np.random.default_rng(0).normal(size=reference["pooled_output"].shape).astype("float32")
         )
