@@ -21,6 +21,13 @@ system runs in its own process (the `bench` harness): one untimed pass over each
 Prints pairs per second, the ratio to sentence-transformers and the largest difference between each
 kbert system's scores and sentence-transformers'; `--json` writes the results, `--chart` a bar
 chart of them.
+
+`sentence-transformers-onnx` and `sentence-transformers-onnx-int8` are sentence-transformers'
+own ONNX backend (`CrossEncoder(checkpoint, backend="onnx")`, exported by optimum in the worker;
+int8: `export_dynamic_quantized_onnx_model(model, "avx512_vnni", ...)`). It needs
+`optimum-onnx`, which pins transformers 4.x: those workers run under `--st-onnx-python`, the
+interpreter of an environment of their own (setup in benchmark_embeddings.py's docstring);
+without it they are left out of the default systems.
 """
 
 import argparse
@@ -29,6 +36,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from bench import st_onnx
 from bench.charts import ratio_bars, titled
 from bench.compare import run_comparison
 from bench.data import (
@@ -53,6 +61,7 @@ SYSTEMS = (
     "kbert-onnx-int8",
     "kbert-openvino",
     "sentence-transformers",
+    *st_onnx.SYSTEMS,
 )
 # kbert's served exports (`kbert.serving.from_model(model, runtime)`), by system name.
 SERVED = {"kbert-onnx": "onnx", "kbert-onnx-int8": "onnx-int8", "kbert-openvino": "openvino"}
@@ -106,6 +115,11 @@ def build_scorer(spec):
 
         model = CrossEncoder(spec["checkpoint"], device="cpu")
         return lambda pairs: model.predict(pairs, batch_size=batch_size, show_progress_bar=False)
+    if spec["system"] in st_onnx.SYSTEMS:  # exported once, here, untimed
+        model = st_onnx.load_model(
+            spec["checkpoint"], spec["system"], spec["out_dir"], cross_encoder=True
+        )
+        return lambda pairs: model.predict(pairs, batch_size=batch_size, show_progress_bar=False)
     from kbert.models import BertCrossEncoder
 
     model = BertCrossEncoder.from_preset(spec["checkpoint"])
@@ -153,7 +167,14 @@ def parse_args(argv=None):
         "--checkpoint", default=None, help="A CrossEncoder directory. Default: a random one."
     )
     parser.add_argument("--data-dir", default=str(default_data_dir()))
-    parser.add_argument("--system", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument(
+        "--system",
+        nargs="+",
+        choices=SYSTEMS,
+        default=None,
+        help="Default: every system (sentence-transformers' ONNX ones with --st-onnx-python).",
+    )
+    st_onnx.add_argument(parser)
     parser.add_argument("--short", type=int, default=512, help="(question, SST-2 sentence) pairs")
     parser.add_argument("--long", type=int, default=128, help="(question, paragraph) pairs")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -164,6 +185,7 @@ def parse_args(argv=None):
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     check_positive_ints(parser, args, ("short", "long", "batch_size", "repeats", "rounds"))
+    args.system = st_onnx.default_systems(args, SYSTEMS)
     return args
 
 
@@ -192,7 +214,17 @@ def main(argv=None):
             results, path, title, WORKLOADS, anchor=REFERENCE, heading=titled(TITLES), unit="pairs"
         ),
     }
-    run_comparison(__file__, argv, args, checkpoint, out_dir, counts, WORKLOADS, report)
+    run_comparison(
+        __file__,
+        argv,
+        args,
+        checkpoint,
+        out_dir,
+        counts,
+        WORKLOADS,
+        report,
+        environment=st_onnx.environment(args),
+    )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ from bench.data import checkpoint_name
 from bench.harness import command_line, load_average, run_rounds, write_results
 
 
-def run_comparison(script, argv, args, checkpoint, out_dir, counts, workloads, report):
+def run_comparison(
+    script, argv, args, checkpoint, out_dir, counts, workloads, report, environment=None
+):
     """Runs `args.system` over `workloads` (`args.rounds` rounds, each system in its own
     worker of `script`), then prints the title and table, writes `args.chart` and `args.json`.
 
@@ -21,6 +23,8 @@ def run_comparison(script, argv, args, checkpoint, out_dir, counts, workloads, r
         workloads: the workload names, in order.
         report: dict of `differences(results, out_dir) -> results`, `table(results) -> str`
             and `chart(results, path, title)`.
+        environment: optional `environment(spec)` of each worker (`run_rounds`'; default:
+            `system_environment`).
 
     Returns:
         list of dict: the result rows.
@@ -36,7 +40,8 @@ def run_comparison(script, argv, args, checkpoint, out_dir, counts, workloads, r
         "device": "cpu",
         "out_dir": out_dir,
     }
-    results = run_rounds(script, base, args.system, args.rounds, workloads)
+    extra = {} if environment is None else {"environment": environment}
+    results = run_rounds(script, base, args.system, args.rounds, workloads, **extra)
     results = report["differences"](results, out_dir)
     end_load = load_average()
     title = (

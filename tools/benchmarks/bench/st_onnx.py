@@ -1,5 +1,5 @@
 """sentence-transformers' ONNX backends as benchmark systems (benchmark_serving.py,
-benchmark_embeddings.py).
+benchmark_embeddings.py, and its `CrossEncoder` in benchmark_rerank.py).
 
 Its `backend="onnx"` needs `optimum-onnx`, which pins transformers 4.x, so these systems'
 workers run under the interpreter of a separate environment, given as `--st-onnx-python`
@@ -49,20 +49,26 @@ def environment(args):
     return of
 
 
-def load_model(checkpoint, system, folder):
+def load_model(checkpoint, system, folder, cross_encoder=False):
     """sentence-transformers' ONNX backend on a copy of `checkpoint` under `folder` (optimum
-    exports into it once; int8 by sentence-transformers' own quantization function)."""
-    from sentence_transformers import SentenceTransformer
+    exports into it once; int8 by sentence-transformers' own quantization function): a
+    `SentenceTransformer`, or a `CrossEncoder` with `cross_encoder=True`."""
+    import sentence_transformers
 
+    model_class = (
+        sentence_transformers.CrossEncoder
+        if cross_encoder
+        else sentence_transformers.SentenceTransformer
+    )
     copy = Path(folder) / system
     name = "onnx/model_qint8_avx512_vnni.onnx" if system.endswith("int8") else None
     if not copy.is_dir():
         shutil.copytree(checkpoint, copy)
-        model = SentenceTransformer(str(copy), device="cpu", backend="onnx")
+        model = model_class(str(copy), device="cpu", backend="onnx")
         model.save_pretrained(str(copy))
         if name:
             from sentence_transformers import export_dynamic_quantized_onnx_model
 
             export_dynamic_quantized_onnx_model(model, "avx512_vnni", str(copy))
     kwargs = {"model_kwargs": {"file_name": name}} if name else {}
-    return SentenceTransformer(str(copy), device="cpu", backend="onnx", **kwargs)
+    return model_class(str(copy), device="cpu", backend="onnx", **kwargs)
