@@ -228,8 +228,10 @@ def int8_linears(layers, inputs):
     row and runs an int8 matmul that no CPU backend turns into a VNNI kernel. This path hands
     the same int8 kernels and scales, with the biases, to torch's dynamic int8 linear operator
     (what `torch.ao.quantization.quantize_dynamic`'s layers call): the inputs are quantised to
-    uint8 once per call with one scale per tensor (8 bits where the CPU has VNNI, see
-    `_reduce_range`), so each layer's output is what its own call would give, and the product
+    uint8 once per call with one scale per tensor (8 bits where the CPU has VNNI, 7 where its
+    products saturate: `kbert.backend.cpu.int8_products_saturate`; on all-MiniLM-L6-v2 the
+    eighth bit moves the int8 embeddings' mean cosine to float32 from 0.980 to 0.994), so each
+    layer's output is what its own call would give, and the product
     runs on the quantized engine's int8 kernel (fbgemm / oneDNN with VNNI on x86), the bias
     and the de-scaling fused in. The weights are exactly the layers'; the outputs differ from
     Keras' int8 path only by the inputs' quantisation (per tensor instead of per row).
@@ -263,7 +265,7 @@ def int8_linears(layers, inputs):
         _INT8_GROUPS[layers[0]] = cached
     with torch.no_grad():
         outputs = torch.ops.quantized.linear_dynamic(
-            inputs, cached[3], reduce_range=_reduce_range()
+            inputs, cached[3], reduce_range=int8_products_saturate()
         )
     parts = torch.split(outputs, [int(s.shape[0]) for s in scales], dim=-1)
     return [
@@ -292,15 +294,3 @@ def _packed_int8_linear(kernel, scale, bias):
     return torch.ops.quantized.linear_prepack(
         quantized, None if bias is None else bias.detach().float()
     )
-
-
-def _reduce_range():
-    """Whether the inputs are quantised to 7 bits instead of 8.
-
-    Where the CPU's uint8 x int8 products saturate (x86 without VNNI,
-    `kbert.backend.cpu.int8_products_saturate`) torch's quantized modules always take 7 bits
-    (`reduce_range=True`); with VNNI the eighth bit is exact: measured on all-MiniLM-L6-v2, it
-    moves the int8 embeddings' mean cosine to float32 from 0.980 to 0.994. ARM's QNNPACK
-    ignores the setting.
-    """
-    return int8_products_saturate()
