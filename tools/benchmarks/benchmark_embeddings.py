@@ -194,18 +194,11 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", default=None, help="Default: all-MiniLM-L6-v2.")
     parser.add_argument("--data-dir", default=str(default_data_dir()))
-    parser.add_argument(
-        "--system",
-        nargs="+",
-        choices=SYSTEMS,
-        default=None,
-        help="Default: every system (sentence-transformers' ONNX ones with --st-onnx-python).",
-    )
     parser.add_argument("--questions", type=int, default=1024)
     parser.add_argument("--paragraphs", type=int, default=256)
     parser.add_argument("--sst2", type=int, default=872, help="SST-2 dev sentences (0: none)")
     parser.add_argument("--max-length", type=int, default=None, help="token limit, both sides")
-    st_onnx.add_argument(parser)
+    st_onnx.add_arguments(parser, SYSTEMS)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2, help="timed passes; best kept")
     parser.add_argument("--rounds", type=int, default=1, help="passes over all systems")

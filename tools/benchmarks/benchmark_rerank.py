@@ -167,14 +167,7 @@ def parse_args(argv=None):
         "--checkpoint", default=None, help="A CrossEncoder directory. Default: a random one."
     )
     parser.add_argument("--data-dir", default=str(default_data_dir()))
-    parser.add_argument(
-        "--system",
-        nargs="+",
-        choices=SYSTEMS,
-        default=None,
-        help="Default: every system (sentence-transformers' ONNX ones with --st-onnx-python).",
-    )
-    st_onnx.add_argument(parser)
+    st_onnx.add_arguments(parser, SYSTEMS)
     parser.add_argument("--short", type=int, default=512, help="(question, SST-2 sentence) pairs")
     parser.add_argument("--long", type=int, default=128, help="(question, paragraph) pairs")
     parser.add_argument("--batch-size", type=int, default=32)

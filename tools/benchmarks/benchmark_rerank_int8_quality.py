@@ -19,11 +19,10 @@ with `applications/rerank.py`'s own functions; `--backend` is its Keras backend 
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
-from bench.harness import emit, spawn, worker_environment, write_json
+from bench.harness import command_line, emit, spawn, worker_environment, write_json
 
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = {"onnx-int8 (8-bit weights)": False, "onnx-int8 (7-bit weights)": True}
@@ -113,7 +112,7 @@ def main(argv=None):
     measured = spawn(__file__, spec, environment, name="reranking worker")
     results = measured["results"]
     seven_bits = measured["int8_products_saturate"]
-    default_name = "onnx-int8 (7-bit weights)" if seven_bits else "onnx-int8 (8-bit weights)"
+    default_name = next(name for name, reduce in VARIANTS.items() if reduce == seven_bits)
     differences = {
         name: {k: round(results[name][k] - results[FLOAT][k], 2) for k in results[name]}
         for name in VARIANTS
@@ -128,7 +127,7 @@ def main(argv=None):
     if args.json:
         payload = dict(
             measured,
-            command="python " + " ".join(sys.argv),
+            command=command_line(__file__, argv),
             date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             machine=platform.processor() or platform.machine(),
             default=default_name,

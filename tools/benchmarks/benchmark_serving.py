@@ -338,13 +338,6 @@ def parse_args(argv=None):
     )
     parser.add_argument("--data-dir", default=str(default_data_dir()))
     parser.add_argument("--workload", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
-    parser.add_argument(
-        "--system",
-        nargs="+",
-        choices=SYSTEMS,
-        default=None,
-        help="Default: every system (sentence-transformers' ONNX ones with --st-onnx-python).",
-    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--short-length", type=int, default=128)
     parser.add_argument("--long-length", type=int, default=512)
@@ -363,7 +356,7 @@ def parse_args(argv=None):
     )
     parser.add_argument("--max-texts", type=int, default=None, help="only the first N texts")
     parser.add_argument("--onnx-path", default=None, help="reuse (or keep) this exported file")
-    st_onnx.add_argument(parser)
+    st_onnx.add_arguments(parser, SYSTEMS)
     parser.add_argument("--json", help="write the results to this JSON file")
     parser.add_argument("--chart", help="write a PNG bar chart to this path")
     parser.add_argument("--worker", help=argparse.SUPPRESS)

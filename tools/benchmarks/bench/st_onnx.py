@@ -15,7 +15,15 @@ from bench.harness import system_environment
 SYSTEMS = ("sentence-transformers-onnx", "sentence-transformers-onnx-int8")
 
 
-def add_argument(parser):
+def add_arguments(parser, systems):
+    """`--system` (any of `systems`; default: see `default_systems`) and `--st-onnx-python`."""
+    parser.add_argument(
+        "--system",
+        nargs="+",
+        choices=systems,
+        default=None,
+        help="Default: every system (sentence-transformers' ONNX ones with --st-onnx-python).",
+    )
     parser.add_argument(
         "--st-onnx-python",
         default=None,
