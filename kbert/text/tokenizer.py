@@ -657,7 +657,14 @@ class BertTokenizer:
             if num_outputs == 1:  # Ids alone: no offsets to compute.
                 return _map_over_strings(graph["ids"], values, 1)
             return _map_over_strings(graph["tokenize"], values, 4)[:num_outputs]
-        tokenize = self._python_engine.tokenize
+        engine = self._python_engine
+        if num_outputs == 1:  # Ids alone: the engine's fast path for plain text.
+
+            def tokenize(text):
+                return (engine.token_ids(text),)
+
+        else:
+            tokenize = engine.tokenize
         if kind == "array":
             return _map_over_array(lambda t: tokenize(t), values, num_outputs)
         rows = [tokenize(_python_text(text)) for text in values]

@@ -331,6 +331,61 @@ def test_plain_ascii_fast_path_gives_the_reference_ids_in_input_order(
     assert tokenizer.tokenize(tf.constant([], tf.string)).to_list() == []
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"lowercase": True},
+        {"lowercase": False},
+        {"special_tokens_in_strings": True},
+        {
+            "special_tokens_in_strings": True,
+            "special_tokens": [
+                {"content": "[MASK]", "normalized": True, "lstrip": True},
+                {"content": "[SEP]", "single_word": True},
+                "[CLS]",
+            ],
+        },
+    ],
+    ids=["uncased", "cased", "specials", "normalized-specials"],
+)
+def test_python_plain_ascii_path_gives_the_exact_ids(vocabulary, vocab_path, settings):
+    # Python strings that are plain ASCII, with no special token written, skip `split` (two
+    # `str.translate` calls and remembered word pieces): the ids must be those of the exact
+    # per-character route on every ASCII character, special tokens and word limits included.
+    import random
+
+    lowercase = settings.get("lowercase", True)
+    tokenizer = BertTokenizer(vocab_path, **settings)
+    engine = tokenizer._python_engine
+    oracle = reference.ReferenceTokenizer(vocabulary, lowercase=lowercase)
+    rng = random.Random(7)
+    texts = _adversarial_ascii_strings(vocabulary, 300, seed=3)
+    texts += ["".join(chr(rng.randrange(128)) for _ in range(rng.randrange(40))) for _ in range(300)]
+    texts += ["", " ", "\x00\x1c\x1f\x7f", "a\x1cb", "[mask] x", "x[SEP]y", "the [SEP] end"]
+    texts += [t for t in HARD_STRINGS if t.isascii()]
+    exact = [engine.tokenize(t)[0] for t in texts]
+    calls = []
+    split = engine.split
+    engine.split = lambda text: calls.append(text) or split(text)
+    try:
+        got = tokenizer.tokenize(texts)
+    finally:
+        del engine.split
+    assert got == exact
+    assert tokenizer.tokenize(texts) == got  # again, from the remembered pieces
+    if not settings.get("special_tokens_in_strings"):
+        assert got == [oracle.tokenize(t) for t in texts]
+    # The exact route ran only for texts where a special token is written.
+    written = [t for t in texts if any(s.lower() in t.lower() for s in SPECIALS)]
+    if settings.get("special_tokens_in_strings"):
+        assert set(calls) <= set(written) and len(calls) > 10
+    else:
+        assert calls == []
+    # Non-ASCII text takes the exact route.
+    other = [t for t in HARD_STRINGS if not t.isascii()]
+    assert tokenizer.tokenize(other) == [engine.tokenize(t)[0] for t in other]
+
+
 def test_empty_and_whitespace_inputs(tokenizer):
     assert tokenizer("") == []
     assert tokenizer(["", " \t\n", "\u200b\x00"]) == [[], [], []]
