@@ -803,11 +803,15 @@ def _onnx_attention(
     torch's exporter otherwise writes it out as matmuls, a softmax and NaN guards over the
     whole `(batch, heads, sequence, sequence)` scores, several passes over memory that
     onnxruntime and OpenVINO then run one by one; their `Attention` kernels do it per head in
-    cache. Inputs are `(batch, heads, sequence, head_dim)`; kbert's boolean key mask `(batch,
-    1, 1, sequence)` (or a pairwise `(batch, 1, sequence, sequence)` one) is broadcast to
-    `(batch, 1, sequence, sequence)`, the shape onnxruntime's kernel asks for (true: attend).
-    The output is `(batch, heads, sequence, head_dim)` as the aten op's. Attention dropout
-    is off in an exported (inference) graph.
+    cache. Inputs are `(batch, heads, sequence, head_dim)`, the layout kbert's layers make
+    from each projection's `(batch, sequence, hidden)` by a reshape and a transpose. The op
+    takes the projections' layout itself (`q_num_heads` / `kv_num_heads`), so the inputs are
+    transposed back and the output forward again: each pair of transposes cancels in the
+    runtimes' graph optimisation, and four copies of every layer's activations are not made.
+    kbert's boolean key mask `(batch, 1, 1, sequence)` (or a pairwise `(batch, 1, sequence,
+    sequence)` one) is broadcast to `(batch, 1, sequence, sequence)`, the shape
+    onnxruntime's kernel asks for (true: attend). The output is `(batch, heads, sequence,
+    head_dim)` as the aten op's. Attention dropout is off in an exported (inference) graph.
     """
     from onnxscript import opset23 as op
 
@@ -816,13 +820,31 @@ def _onnx_attention(
     attributes = {"is_causal": int(bool(is_causal))}
     if scale is not None:
         attributes["scale"] = float(scale)
-    if attn_mask is None:
-        return op.Attention(query, key, value, **attributes)[0]
-    rows = op.Shape(query, start=0, end=1)
-    length = op.Shape(query, start=2, end=3)
-    keys = op.Shape(key, start=2, end=3)
-    shape = op.Concat(rows, op.Constant(value_ints=[1]), length, keys, axis=0)
-    return op.Attention(query, key, value, op.Expand(attn_mask, shape), **attributes)[0]
+    arguments = [query, key, value]
+    if attn_mask is not None:
+        rows = op.Shape(query, start=0, end=1)
+        length = op.Shape(query, start=2, end=3)
+        keys = op.Shape(key, start=2, end=3)
+        shape = op.Concat(rows, op.Constant(value_ints=[1]), length, keys, axis=0)
+        arguments.append(op.Expand(attn_mask, shape))
+    heads = [_static_dim(tensor, 1) for tensor in (query, key)]
+    if None in heads:  # heads unknown at export: the op's 4-D form
+        return op.Attention(*arguments, **attributes)[0]
+    for index in range(3):  # (batch, heads, sequence, dim) -> (batch, sequence, heads * dim)
+        flat = op.Constant(value_ints=[0, 0, -1])
+        arguments[index] = op.Reshape(op.Transpose(arguments[index], perm=[0, 2, 1, 3]), flat)
+    context = op.Attention(*arguments, q_num_heads=heads[0], kv_num_heads=heads[1], **attributes)[0]
+    split = op.Constant(value_ints=[0, 0, heads[0], -1])
+    return op.Transpose(op.Reshape(context, split), perm=[0, 2, 1, 3])
+
+
+def _static_dim(tensor, axis):
+    """The size of `tensor`'s `axis` when the traced graph fixes it, else `None`."""
+    try:
+        size = tensor.shape[axis]
+    except (AttributeError, IndexError, TypeError):
+        return None
+    return size if isinstance(size, int) else None
 
 
 def _write_onnx(model, target, batch_size=None, sequence_length=None, interface="kbert"):
@@ -830,20 +852,21 @@ def _write_onnx(model, target, batch_size=None, sequence_length=None, interface=
     import torch
 
     traced = _PackedInputs(model, batch_size, sequence_length, interface)
-    program = torch.onnx.export(
-        traced.module,
-        traced.sample,
-        dynamo=True,
-        input_names=traced.input_names,
-        output_names=traced.output_names,
-        dynamic_shapes=traced.dynamic_shapes(),
-        opset_version=ONNX_OPSET,
-        custom_translation_table={
-            torch.ops.aten.scaled_dot_product_attention.default: _onnx_attention
-        },
-        verbose=False,
-    )
-    program.optimize()
+    with torch.no_grad():  # an inference graph: no gradient-only ops (the [PAD] row's `where`)
+        program = torch.onnx.export(
+            traced.module,
+            traced.sample,
+            dynamo=True,
+            input_names=traced.input_names,
+            output_names=traced.output_names,
+            dynamic_shapes=traced.dynamic_shapes(),
+            opset_version=ONNX_OPSET,
+            custom_translation_table={
+                torch.ops.aten.scaled_dot_product_attention.default: _onnx_attention
+            },
+            verbose=False,
+            optimize=True,  # once: a second `program.optimize()` leaves dangling constants
+        )
     program.save(str(target))
 
 

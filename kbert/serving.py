@@ -23,10 +23,12 @@ A `BertMultipleChoice` is not served (its serving exports and `load` raise a Val
 says what to use instead), and no export takes a model quantized by `model.quantize(...)`
 ("Dequantize first": export the float model, with `quantize="int8"` for int8 weights).
 
-The route is the Keras model's: the same tokenizer and packer (`kbert.text`), rows planned
-into batches of similar length and each batch cut to its longest row (`kbert.data.batching`:
-onnxruntime and OpenVINO run any length without compiling per shape), outputs put back in
-the caller's order. A float export returns the Keras model's outputs up to float rounding.
+The route is the Keras model's: the same tokenizer and packer (`kbert.text`), rows sorted
+by length and each batch cut to its longest row, outputs put back in the caller's order.
+onnxruntime and OpenVINO run any shape without compiling per shape, so the sorted rows are
+cut where padding is least (`kbert.data.batching.plan_tight_batches`): a batch holds at
+most `batch_size` rows, fewer where its lengths spread (a run of long question-paragraph
+pairs is not padded to the one longest among them). A float export returns the Keras model's outputs up to float rounding.
 
 `from_model(model, "onnx-int8")` does both steps at once: the switch of a trained Keras
 model to a runtime with one argument (`"onnx"`, `"onnx-int8"`, `"openvino"`,
@@ -334,9 +336,10 @@ class ExportedModel:
     def _run(self, x, batch_size, verbose=False):
         """Packed arrays -> the outputs of every row in the caller's order (per-token
         outputs padded back to the packed length with the task's fill value); a Keras
-        progress bar over the batches when `verbose`."""
+        progress bar over the batches when `verbose`. Batches hold at most `batch_size`
+        rows, cut where the padding is least (`batching.plan_tight_batches`)."""
         batch_size = _check_batch_size(batch_size)
-        plan = batching.plan_batches(
+        plan = batching.plan_tight_batches(
             batching.row_lengths(x["padding_mask"]),
             batch_size,
             batching.bucket_lengths(x["token_ids"].shape[-1], granularity=1),
@@ -363,7 +366,7 @@ class ExportedModel:
             x: strings, `(texts, pairs)`, a list of `(text, pair)` tuples (for a
                 `BertQuestionAnswerer`: `(questions, contexts)`), or a dict of packed int
                 arrays `token_ids`, `segment_ids`, `padding_mask` `(batch, sequence)`.
-            batch_size: int. Rows per run. Defaults to `32`.
+            batch_size: int. Most rows per run (see `_run`). Defaults to `32`.
             verbose: a Keras progress bar over the batches when true (`1`, `"auto"`);
                 `0` (default) runs silently.
 
@@ -433,7 +436,7 @@ class ExportedModel:
 
         Args:
             texts: str or list of str. One string returns one vector.
-            batch_size: int. Rows per run. Defaults to `32`.
+            batch_size: int. Most rows per run (see `_run`). Defaults to `32`.
             normalize_embeddings: `None`, `True` or `False`. `True` L2-normalises the
                 returned (truncated) vectors; `None`/`False` return the model's own output.
                 Defaults to `None`. `normalize` is the same argument under the Keras
@@ -531,7 +534,7 @@ class ExportedCrossEncoder(ExportedModel):
             x: one pair `(query, document)`, a list of pairs, a tuple of two columns of
                 strings, or a dict of packed int arrays `token_ids`, `segment_ids`,
                 `padding_mask` `(batch, sequence)`.
-            batch_size: int. Pairs per run. Defaults to `32`.
+            batch_size: int. Most pairs per run (see `_run`). Defaults to `32`.
             activation: `None` (the model's `activation`), `"sigmoid"`, `"identity"`,
                 `"tanh"` or a callable on NumPy arrays. Defaults to `None`.
             apply_softmax: bool. Softmax over the labels of a several-label model.
@@ -568,7 +571,7 @@ class ExportedCrossEncoder(ExportedModel):
             documents: non-empty list of str.
             top_k: int >= 1 or `None` (all). Defaults to `None`.
             return_documents: bool. Add each document's `"text"`. Defaults to `False`.
-            batch_size: int. Pairs per run. Defaults to `32`.
+            batch_size: int. Most pairs per run (see `_run`). Defaults to `32`.
 
         Returns:
             A list of dicts `{"corpus_id": int, "score": float(, "text": str)}`, highest
@@ -608,7 +611,7 @@ class ExportedSparseEncoder(ExportedModel):
 
         Args:
             texts: str or list / NumPy array of str.
-            batch_size: int. Rows per run. Defaults to `32`.
+            batch_size: int. Most rows per run (see `_run`). Defaults to `32`.
             convert_to_sparse: bool. Return a float32 `scipy.sparse.csr_matrix`
                 `(len(texts), vocabulary_size)` (one string: one row); `False` returns a
                 dense NumPy array (one string: a vector). Defaults to `True`.

@@ -176,6 +176,18 @@ def test_onnx_dynamic_axes_serve_every_batch_size_and_length(tmp_path):
     ops = [node.op_type for node in onnx.load(str(tmp_path / "model.onnx")).graph.node]
     assert ops.count("Attention") == backbone.num_layers
     assert "Softmax" not in ops
+    # An inference graph: no gradient-only op (the [PAD] row's `where` around its embedding).
+    assert "Where" not in ops
+    # The op takes the projections' (batch, sequence, hidden) layout: once onnxruntime has
+    # cancelled the transposes around it, no activation is transposed.
+    options = onnxruntime.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    onnxruntime.InferenceSession(
+        str(tmp_path / "model.onnx"), options, providers=["CPUExecutionProvider"]
+    )
+    optimized = [node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    assert optimized.count("Attention") == backbone.num_layers
+    assert "Transpose" not in optimized
 
 
 @pytest.mark.backend_independent
@@ -205,6 +217,12 @@ def test_onnx_int8_weights_take_7_bits_where_the_cpus_int8_products_saturate(tmp
     monkeypatch.setattr(cpu, "int8_products_saturate", lambda: True)
     export.export_onnx(model, tmp_path / "explicit.onnx", quantize="int8", reduce_range=False)
     assert widest(tmp_path / "explicit.onnx") == 127
+    # Every product with a weight is int8, the last block's key and value too (the classifier
+    # computes that block's [CLS] row only): none is left float for a weight the graph
+    # computes (a joined kernel) instead of reading it.
+    ops = [node.op_type for node in onnx.load(str(tmp_path / "explicit.onnx")).graph.node]
+    assert "MatMul" not in ops and "Gemm" not in ops
+    assert ops.count("MatMulInteger") == 6 * model.backbone.num_layers + 2
     export.export_onnx(model, tmp_path / "float.onnx")
     for saturate, expected in ((True, 64), (False, 127)):
         monkeypatch.setattr(cpu, "int8_products_saturate", lambda saturate=saturate: saturate)

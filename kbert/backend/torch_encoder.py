@@ -339,9 +339,15 @@ def _block(block, x, mask, training, dtype, query_length):
         query, key, value = qkv.unbind(0)
         residual = x
     else:
-        kv = _project(x, _joined_kernel((wk, wv), dtype), torch.cat((bk, bv)), dtype)
-        kv = kv.view(batch, length, 2, heads, head_dim).permute(2, 0, 3, 1, 4)
-        key, value = kv.unbind(0)
+        if wk.dtype == dtype:  # read in place, as above (an exported graph keeps them constant)
+            key, value = (
+                _project(x, w, b, dtype).view(batch, length, heads, head_dim).transpose(1, 2)
+                for w, b in ((wk, bk), (wv, bv))
+            )
+        else:
+            kv = _project(x, _joined_kernel((wk, wv), dtype), torch.cat((bk, bv)), dtype)
+            kv = kv.view(batch, length, 2, heads, head_dim).permute(2, 0, 3, 1, 4)
+            key, value = kv.unbind(0)
         residual = x[:, :query_length]
         query = _project(residual, _cast_kernel(wq, dtype), bq, dtype)
         query = query.view(batch, query_length, heads, head_dim).transpose(1, 2)

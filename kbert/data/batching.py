@@ -17,6 +17,8 @@ lengths that holds its longest row:
   longest first; for `fit` (`shuffle=True`) rows are drawn in a random order, grouped by
   length inside groups of `group_size` batches and the batches shuffled, as Hugging Face's
   `group_by_length` sampler does.
+- `plan_tight_batches`: the same sorted rows cut where padding is least, for runtimes that
+  take any shape at no cost (kbert.serving's onnxruntime and OpenVINO).
 - `crop_batch` / `OrderedOutputs`: crop packed arrays (`token_ids`, `segment_ids`,
   `padding_mask`, per-token labels and weights) to a batch's bucket, and put the outputs of
   the planned batches back into the caller's row order, per-token outputs padded back to
@@ -244,6 +246,59 @@ def plan_batches(lengths, batch_size, buckets, shuffle=False, seed=None, group_s
             batches.extend(rows[i : i + batch_size] for i in range(0, len(rows), batch_size))
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return [(rows.astype("int64"), int(padded[rows].max())) for rows in batches]
+
+
+# The cost of one more call to a runtime that takes any shape, counted in padded positions:
+# `plan_tight_batches` opens a new batch only where it saves more padding than this.
+CALL_COST_POSITIONS = 64
+
+
+def plan_tight_batches(lengths, batch_size, buckets, call_cost=CALL_COST_POSITIONS):
+    """Rows sorted by length, longest first, cut into the batches of least padding.
+
+    For runtimes that run every input shape at no extra cost (onnxruntime and OpenVINO with
+    dynamic axes; not a compiling backend). `plan_batches` cuts the sorted rows every
+    `batch_size` rows, so a batch whose lengths spread (a long question-paragraph pair with
+    shorter ones) pads every row to its longest. Here the cuts are where the padded positions
+    of all batches (rows x padded length), plus `call_cost` positions per batch, add up to
+    the least (dynamic programming over the sorted rows, `O(rows x batch_size)`): batches
+    hold at most `batch_size` rows, fewer where that saves padding. On ties the larger
+    batch is kept.
+
+    Args:
+        lengths: 1-D ints, each row's real length.
+        batch_size: int. Most rows per batch.
+        buckets: increasing ints (see `bucket_lengths`); the last holds every row.
+        call_cost: int >= 0. What one more batch costs, in padded positions. Defaults to
+            `CALL_COST_POSITIONS`.
+
+    Returns:
+        List of `(row_indices, padded_length)` as `plan_batches(shuffle=False)`, longest
+        first; every row is in exactly one batch.
+    """
+    lengths = np.asarray(lengths, dtype="int64").reshape(-1)
+    batch_size = _positive_int(batch_size, "batch_size")
+    if isinstance(call_cost, bool) or not isinstance(call_cost, (int, np.integer)) or call_cost < 0:
+        raise ValueError(f"`call_cost` must be an int >= 0. Received: call_cost={call_cost!r}")
+    padded = bucket_for(lengths, buckets)
+    order = np.argsort(-lengths, kind="stable")
+    sizes = padded[order]  # non-increasing: a batch starting at row i pads to sizes[i]
+    count = len(order)
+    best = np.zeros(count + 1, dtype="float64")  # best[i]: least cost of rows i..count-1
+    end = np.zeros(count, dtype="int64")
+    steps = np.arange(1, batch_size + 1, dtype="float64")
+    for start in range(count - 1, -1, -1):
+        after = best[start + 1 : start + 1 + batch_size]
+        costs = steps[: len(after)] * sizes[start] + call_cost + after
+        last = len(costs) - 1 - int(np.argmin(costs[::-1]))  # the largest of the cheapest
+        best[start] = costs[last]
+        end[start] = start + 1 + last
+    plan, start = [], 0
+    while start < count:
+        rows = order[start : end[start]]
+        plan.append((rows.astype("int64"), int(sizes[start])))
+        start = int(end[start])
+    return plan
 
 
 def crop_batch(arrays, rows, length, sequence_keys=None, axis=1):

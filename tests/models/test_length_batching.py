@@ -93,6 +93,49 @@ def test_plan_sorts_for_inference_and_groups_shuffled_for_training():
     assert padding < 0.5 * random_padding
 
 
+@pytest.mark.backend_independent
+def test_tight_plan_cuts_the_sorted_rows_where_padding_is_least():
+    """`plan_tight_batches`: the least padded positions plus `call_cost` per batch, found
+    by trying every cut of the sorted rows (small cases), at most `batch_size` rows each."""
+    import itertools
+
+    def cost(batches, lengths, call_cost):
+        return sum(len(r) * max(lengths[r]) + call_cost for r in batches)
+
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        count, batch_size = int(rng.integers(1, 10)), int(rng.integers(1, 5))
+        lengths = rng.integers(1, 49, size=count)
+        call_cost = int(rng.choice([0, 3, 20, 64]))
+        plan = batching.plan_tight_batches(lengths, batch_size, range(1, 49), call_cost)
+        rows = np.concatenate([r for r, _ in plan])
+        assert sorted(rows.tolist()) == list(range(count))
+        assert np.all(np.diff(lengths[rows]) <= 0)  # longest first
+        assert all(len(r) <= batch_size and padded == lengths[r].max() for r, padded in plan)
+        order = np.argsort(-lengths, kind="stable")
+        best = min(
+            cost([order[a:b] for a, b in zip((0,) + cuts, cuts + (count,))], lengths, call_cost)
+            for k in range(count)
+            for cuts in itertools.combinations(range(1, count), k)
+            if all(b - a <= batch_size for a, b in zip((0,) + cuts, cuts + (count,)))
+        )
+        assert cost([r for r, _ in plan], lengths, call_cost) == best, trial
+    # Two long rows among short ones get a batch of their own; equal lengths are cut every
+    # `batch_size` rows, as `plan_batches` cuts them; padded lengths are the buckets'.
+    lengths = np.array([9] * 30 + [48, 47])
+    plan = batching.plan_tight_batches(lengths, 32, BUCKETS)
+    assert [(sorted(r.tolist()), padded) for r, padded in plan] == [
+        ([30, 31], 48),
+        (list(range(30)), 16),
+    ]
+    assert [len(r) for r, _ in batching.plan_batches(lengths, 32, BUCKETS)] == [32]
+    same = batching.plan_tight_batches(np.full(70, 20), 32, BUCKETS)
+    assert [(len(r), padded) for r, padded in same] == [(32, 32), (32, 32), (6, 32)]
+    for bad in (-1, 1.5, True, None):
+        with pytest.raises(ValueError, match="`call_cost` must be an int >= 0"):
+            batching.plan_tight_batches(lengths, 32, BUCKETS, call_cost=bad)
+
+
 @pytest.mark.backend_independent  # NumPy plans
 def test_processes_take_equal_slices_of_one_process_plan():
     rng = np.random.default_rng(4)
