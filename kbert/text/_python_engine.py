@@ -96,31 +96,41 @@ class PythonEngine:
         }
         self._verbatim_pattern = _pattern(verbatim)
         self._normalized_pattern = _pattern([c for c in normalized if c])
-        self._ascii_tables = self._plain_ascii_tables()
+        # `token_ids`' fast path: `str.translate` tables (code point -> replacement) of the
+        # characters met so far whose treatment needs no context, and those that do.
+        self._normalized_table, self._spaced_table, self._contextual = {}, {}, set()
+        for code in range(128):
+            self._learn(chr(code))
         self._pieces = {}  # word -> its WordPiece ids (None: [UNK]), for `token_ids`
 
-    def _plain_ascii_tables(self):
-        """`str.translate` tables of the ASCII characters for `token_ids`' fast path: the
-        normalised text (deleted, whitespace as a space, mapped), and the same with each
-        single-character word between spaces. `None` where an ASCII character maps to
-        anything but word characters (then every text takes `split`)."""
-        normalized, spaced = {}, {}
-        for code in range(128):
-            info, expansion = self._chars[chr(code)]
-            kind = info & _unicode.KIND_MASK
-            if kind == _unicode.DELETE:
-                normalized[code] = spaced[code] = None
-            elif kind == _unicode.SPACE:
-                normalized[code] = spaced[code] = " "
-            elif kind == _unicode.SINGLE:
-                normalized[code], spaced[code] = chr(code), f" {chr(code)} "
-            elif kind == _unicode.MAPPED:
-                if any(t != _WORD for _, t in expansion):
-                    return None
-                normalized[code] = spaced[code] = "".join(chr(cp) for cp, _ in expansion)
-            elif kind != _unicode.WORD:
-                return None
-        return normalized, spaced
+    def _learn(self, char):
+        """Adds `char` to `token_ids`' tables: what the normalised text holds in its place,
+        and the same with a one-character word between spaces; or, where `split` looks at
+        its neighbours or its expansion holds anything but word characters, to the
+        characters that send a text the exact route. Returns whether it was tabled."""
+        info, expansion = self._chars[char]
+        kind, code = info & _unicode.KIND_MASK, ord(char)
+        if kind == _unicode.DELETE:
+            normalized = spaced = ""
+        elif kind == _unicode.SPACE:
+            normalized = spaced = " "
+        elif kind == _unicode.SINGLE:
+            spaced = f" {char} "
+            normalized = spaced if _unicode.is_cjk(code) else char
+        elif kind == _unicode.MAPPED and all(t == _WORD for _, t in expansion):
+            normalized = spaced = "".join(chr(cp) for cp, _ in expansion)
+        elif kind == _unicode.WORD:
+            normalized = spaced = char
+        else:
+            normalized = None
+        if normalized is None or " " in normalized.strip(" ") or (
+            self.lowercase and char == _SIGMA
+        ):
+            self._contextual.add(char)
+            return False
+        self._normalized_table[code] = normalized
+        self._spaced_table[code] = spaced
+        return True
 
     def _normalize(self, text, start=0, end=None):
         """`text[start:end]` as Hugging Face's normaliser writes it before it looks for
@@ -331,21 +341,23 @@ class PythonEngine:
         return pieces
 
     def token_ids(self, text):
-        """The ids of `tokenize(text)` alone. A plain ASCII text in which no special token
-        is written (nearly every English text) is split by two `str.translate` calls and
-        its words' pieces are remembered (the same ids, several times faster); any other
-        text takes `tokenize`."""
-        if self._ascii_tables is None or not text.isascii():
-            return self.tokenize(text)[0]
-        normalized, spaced = self._ascii_tables
+        """The ids of `tokenize(text)` alone. A text in which no special token is written
+        and every character is treated alone (all but a capital sigma when lower-casing,
+        and characters that expand to punctuation) is split by two `str.translate` calls
+        and its words' pieces are remembered (the same ids, several times faster); any
+        other text takes `tokenize`."""
+        table = self._spaced_table
+        for char in set(text):
+            if ord(char) not in table and (char in self._contextual or not self._learn(char)):
+                return self.tokenize(text)[0]
         if self._verbatim_pattern is not None and self._verbatim_pattern.search(text):
             return self.tokenize(text)[0]
         if self._normalized_pattern is not None and self._normalized_pattern.search(
-            text.translate(normalized)
+            text.translate(self._normalized_table)
         ):
             return self.tokenize(text)[0]
         ids, pieces = [], self._pieces
-        for word in text.translate(spaced).split(" "):
+        for word in text.translate(table).split(" "):
             if not word:
                 continue
             known = pieces.get(word, False)
