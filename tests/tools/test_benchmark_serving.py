@@ -199,3 +199,26 @@ def test_embedding_benchmark_runs_rounds_of_separate_workers_and_compares_embedd
     assert row[1:] == ["400.0", "1.33x", "2.5e-01", "1.0000", "1.0000"], row
     with pytest.raises(SystemExit):
         embeddings.parse_args(["--questions", "0"])
+
+
+def test_sentence_transformers_onnx_systems_of_every_benchmark(tools, monkeypatch, capsys):
+    """benchmark_embeddings, benchmark_rerank and benchmark_sparse take sentence-transformers'
+    ONNX systems only with `--st-onnx-python` (their workers run there); `load_model` knows
+    each model class by its kind."""
+    import benchmark_embeddings
+    import benchmark_rerank
+    import benchmark_sparse
+
+    from bench import st_onnx
+
+    for script in (benchmark_embeddings, benchmark_rerank, benchmark_sparse):
+        assert set(st_onnx.SYSTEMS) <= set(script.SYSTEMS)
+        assert not set(script.parse_args([]).system) & set(st_onnx.SYSTEMS)
+        named = script.parse_args(["--st-onnx-python", "python3"]).system
+        assert named == list(script.SYSTEMS)
+        args = script.parse_args(["--system", "sentence-transformers-onnx-int8"])
+        with pytest.raises(SystemExit, match="give --st-onnx-python"):
+            st_onnx.environment(args)
+    assert st_onnx.MODEL_CLASSES["sparse-encoder"] == "SparseEncoder"
+    with pytest.raises(ValueError, match="`kind` must be one of"):
+        st_onnx.load_model("unused", "sentence-transformers-onnx", "unused", kind="splade")

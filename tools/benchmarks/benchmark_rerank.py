@@ -117,7 +117,7 @@ def build_scorer(spec):
         return lambda pairs: model.predict(pairs, batch_size=batch_size, show_progress_bar=False)
     if spec["system"] in st_onnx.SYSTEMS:  # exported once, here, untimed
         model = st_onnx.load_model(
-            spec["checkpoint"], spec["system"], spec["out_dir"], cross_encoder=True
+            spec["checkpoint"], spec["system"], spec["out_dir"], kind="cross-encoder"
         )
         return lambda pairs: model.predict(pairs, batch_size=batch_size, show_progress_bar=False)
     from kbert.models import BertCrossEncoder

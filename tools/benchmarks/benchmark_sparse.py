@@ -18,6 +18,13 @@ untimed pass over each workload, then `--repeats` timed passes, the best kept; `
 each system's fastest of N rounds. Prints texts per second, the ratio to sentence-transformers, and
 the largest difference between each kbert system's vectors and sentence-transformers'; `--json`
 writes the results, `--chart` a bar chart of them.
+
+`sentence-transformers-onnx` and `sentence-transformers-onnx-int8` are sentence-transformers'
+own ONNX backend for `SparseEncoder` (`SparseEncoder(checkpoint, backend="onnx")`, exported by
+optimum in the worker; int8: `export_dynamic_quantized_onnx_model(model, "avx512_vnni", ...)`).
+It needs `optimum-onnx`, which pins transformers 4.x: those workers run under
+`--st-onnx-python`, the interpreter of an environment of their own (setup in
+benchmark_embeddings.py's docstring); without it they are left out of the default systems.
 """
 
 import argparse
@@ -26,6 +33,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from bench import st_onnx
 from bench.charts import ratio_bars, titled
 from bench.compare import run_comparison
 from bench.data import (
@@ -49,6 +57,7 @@ SYSTEMS = (
     "kbert-onnx-int8",
     "kbert-openvino",
     "sentence-transformers",
+    *st_onnx.SYSTEMS,
 )
 # kbert's served exports (`kbert.serving.from_model(model, runtime)`), by system name.
 SERVED = {"kbert-onnx": "onnx", "kbert-onnx-int8": "onnx-int8", "kbert-openvino": "openvino"}
@@ -88,12 +97,17 @@ def random_splade_directory(target):
 def build_encoder(spec):
     """`encode(texts) -> SciPy CSR` of the system, built in its worker."""
     batch_size = spec["batch_size"]
-    if spec["system"] == REFERENCE:
+    if spec["system"] == REFERENCE or spec["system"] in st_onnx.SYSTEMS:
         import numpy as np
         import scipy.sparse
         from sentence_transformers import SparseEncoder
 
-        model = SparseEncoder(spec["checkpoint"], device="cpu")
+        if spec["system"] == REFERENCE:
+            model = SparseEncoder(spec["checkpoint"], device="cpu")
+        else:  # exported once, here, untimed
+            model = st_onnx.load_model(
+                spec["checkpoint"], spec["system"], spec["out_dir"], kind="sparse-encoder"
+            )
 
         def encode(texts):
             vectors = model.encode(texts, batch_size=batch_size).coalesce()
@@ -153,7 +167,7 @@ def parse_args(argv=None):
         "--checkpoint", default=None, help="A SparseEncoder directory. Default: a random one."
     )
     parser.add_argument("--data-dir", default=str(default_data_dir()))
-    parser.add_argument("--system", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    st_onnx.add_arguments(parser, SYSTEMS)
     parser.add_argument("--questions", type=int, default=512)
     parser.add_argument("--paragraphs", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -165,6 +179,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     names = ("questions", "paragraphs", "batch_size", "repeats", "rounds")
     check_positive_ints(parser, args, names)
+    args.system = st_onnx.default_systems(args, SYSTEMS)
     return args
 
 
@@ -196,6 +211,7 @@ def main(argv=None):
         {"questions": args.questions, "paragraphs": args.paragraphs},
         WORKLOADS,
         report,
+        environment=st_onnx.environment(args),
     )
 
 

@@ -1,5 +1,6 @@
 """sentence-transformers' ONNX backends as benchmark systems (benchmark_serving.py,
-benchmark_embeddings.py, and its `CrossEncoder` in benchmark_rerank.py).
+benchmark_embeddings.py, its `CrossEncoder` in benchmark_rerank.py and its `SparseEncoder` in
+benchmark_sparse.py).
 
 Its `backend="onnx"` needs `optimum-onnx`, which pins transformers 4.x, so these systems'
 workers run under the interpreter of a separate environment, given as `--st-onnx-python`
@@ -57,17 +58,24 @@ def environment(args):
     return of
 
 
-def load_model(checkpoint, system, folder, cross_encoder=False):
+# sentence-transformers' model class of each kind of system.
+MODEL_CLASSES = {
+    "embedder": "SentenceTransformer",
+    "cross-encoder": "CrossEncoder",
+    "sparse-encoder": "SparseEncoder",
+}
+
+
+def load_model(checkpoint, system, folder, kind="embedder"):
     """sentence-transformers' ONNX backend on a copy of `checkpoint` under `folder` (optimum
     exports into it once; int8 by sentence-transformers' own quantization function): a
-    `SentenceTransformer`, or a `CrossEncoder` with `cross_encoder=True`."""
+    `SentenceTransformer`, `CrossEncoder` or `SparseEncoder` as `kind` says (a key of
+    `MODEL_CLASSES`)."""
+    if kind not in MODEL_CLASSES:
+        raise ValueError(f"`kind` must be one of {sorted(MODEL_CLASSES)}. Received: {kind!r}")
     import sentence_transformers
 
-    model_class = (
-        sentence_transformers.CrossEncoder
-        if cross_encoder
-        else sentence_transformers.SentenceTransformer
-    )
+    model_class = getattr(sentence_transformers, MODEL_CLASSES[kind])
     copy = Path(folder) / system
     name = "onnx/model_qint8_avx512_vnni.onnx" if system.endswith("int8") else None
     if not copy.is_dir():
