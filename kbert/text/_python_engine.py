@@ -41,6 +41,9 @@ def _pattern(contents):
 
 # Words whose pieces `PythonEngine.token_ids` keeps (the memo is emptied when full).
 _MAX_REMEMBERED_WORDS = 200_000
+# Characters `token_ids` tables at most (a text holding one more takes the exact route):
+# bounds the tables' memory however many distinct code points the texts hold.
+_MAX_TABLED_CHARACTERS = 50_000
 
 _WORD = _unicode.TYPE_WORD
 _SINGLE = _unicode.TYPE_SINGLE
@@ -348,7 +351,11 @@ class PythonEngine:
         other text takes `tokenize`."""
         table = self._spaced_table
         for char in set(text):
-            if ord(char) not in table and (char in self._contextual or not self._learn(char)):
+            if ord(char) not in table and (
+                char in self._contextual
+                or len(table) >= _MAX_TABLED_CHARACTERS
+                or not self._learn(char)
+            ):
                 return self.tokenize(text)[0]
         if self._verbatim_pattern is not None and self._verbatim_pattern.search(text):
             return self.tokenize(text)[0]

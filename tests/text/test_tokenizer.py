@@ -394,6 +394,21 @@ def test_python_fast_path_gives_the_exact_ids(vocabulary, vocab_path, settings):
         assert len(set(calls) & set(written)) > 10
 
 
+def test_python_fast_path_tables_stay_bounded(vocab_path, monkeypatch):
+    # However many distinct characters the texts hold, the fast path's tables stop growing at
+    # their bound; texts with a character past it take the exact route, with the same ids.
+    from kbert.text import _python_engine
+
+    monkeypatch.setattr(_python_engine, "_MAX_TABLED_CHARACTERS", 300)
+    tokenizer = BertTokenizer(vocab_path)
+    engine = tokenizer._python_engine
+    texts = [f"{chr(0x4E00 + i)} word {chr(0x0400 + i % 200)}" for i in range(1000)]
+    assert tokenizer.tokenize(texts + ["plain words"]) == [
+        engine.tokenize(t)[0] for t in texts + ["plain words"]
+    ]
+    assert len(engine._spaced_table) == len(engine._normalized_table) == 300
+
+
 def test_empty_and_whitespace_inputs(tokenizer):
     assert tokenizer("") == []
     assert tokenizer(["", " \t\n", "\u200b\x00"]) == [[], [], []]
