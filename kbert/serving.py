@@ -28,7 +28,8 @@ by length and each batch cut to its longest row, outputs put back in the caller'
 onnxruntime and OpenVINO run any shape without compiling per shape, so the sorted rows are
 cut where padding is least (`kbert.data.batching.plan_tight_batches`): a batch holds at
 most `batch_size` rows, fewer where its lengths spread (a run of long question-paragraph
-pairs is not padded to the one longest among them). A float export returns the Keras model's outputs up to float rounding.
+pairs is not padded to the one longest among them). A float export returns the Keras
+model's outputs up to float rounding.
 
 `from_model(model, "onnx-int8")` does both steps at once: the switch of a trained Keras
 model to a runtime with one argument (`"onnx"`, `"onnx-int8"`, `"openvino"`,

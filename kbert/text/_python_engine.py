@@ -126,8 +126,10 @@ class PythonEngine:
             normalized = spaced = char
         else:
             normalized = None
-        if normalized is None or " " in normalized.strip(" ") or (
-            self.lowercase and char == _SIGMA
+        if (
+            normalized is None
+            or " " in normalized.strip(" ")
+            or (self.lowercase and char == _SIGMA)
         ):
             self._contextual.add(char)
             return False

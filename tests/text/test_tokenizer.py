@@ -361,7 +361,9 @@ def test_python_fast_path_gives_the_exact_ids(vocabulary, vocab_path, settings):
     oracle = reference.ReferenceTokenizer(vocabulary, lowercase=lowercase)
     rng = random.Random(7)
     texts = _adversarial_ascii_strings(vocabulary, 300, seed=3)
-    texts += ["".join(chr(rng.randrange(128)) for _ in range(rng.randrange(40))) for _ in range(300)]
+    texts += [
+        "".join(chr(rng.randrange(128)) for _ in range(rng.randrange(40))) for _ in range(300)
+    ]
     limits = (0x250, 0x3100, 0x110000)  # Latin, most scripts and CJK, everything
     texts += [
         "".join(chr(rng.randrange(rng.choice(limits))) for _ in range(rng.randrange(30)))

@@ -208,7 +208,6 @@ def test_sentence_transformers_onnx_systems_of_every_benchmark(tools, monkeypatc
     import benchmark_embeddings
     import benchmark_rerank
     import benchmark_sparse
-
     from bench import st_onnx
 
     for script in (benchmark_embeddings, benchmark_rerank, benchmark_sparse):
