@@ -830,8 +830,8 @@ def _onnx_attention(
     heads = [_static_dim(tensor, 1) for tensor in (query, key)]
     if None in heads:  # heads unknown at export: the op's 4-D form
         return op.Attention(*arguments, **attributes)[0]
+    flat = op.Constant(value_ints=[0, 0, -1])
     for index in range(3):  # (batch, heads, sequence, dim) -> (batch, sequence, heads * dim)
-        flat = op.Constant(value_ints=[0, 0, -1])
         arguments[index] = op.Reshape(op.Transpose(arguments[index], perm=[0, 2, 1, 3]), flat)
     context = op.Attention(*arguments, q_num_heads=heads[0], kv_num_heads=heads[1], **attributes)[0]
     split = op.Constant(value_ints=[0, 0, heads[0], -1])

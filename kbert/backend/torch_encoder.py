@@ -321,36 +321,38 @@ def _linear(x, linear, dtype):
     return _project(x, _cast_kernel(kernel, dtype), bias, dtype)
 
 
-def _block(block, x, mask, training, dtype, query_length):
-    batch, length, hidden = x.shape
-    heads, head_dim = block.num_heads, block.head_dim
-    (wq, bq), (wk, bk), (wv, bv) = (p.weights() for p in (block.query, block.key, block.value))
-    if query_length is None and wq.dtype == dtype:
-        # No cast to share: three products read the kernels in place (no joined copy).
-        query, key, value = (
-            _project(x, w, b, dtype).view(batch, length, heads, head_dim).transpose(1, 2)
-            for w, b in ((wq, bq), (wk, bk), (wv, bv))
+def _heads(x, weights, dtype, heads, head_dim):
+    """Each `(kernel, bias)` of `weights` applied to `x` `(batch, seq, in)` and split into
+    heads: a tuple of `(batch, heads, seq, head_dim)`. Kernels already in `dtype` are read in
+    place, one product each (no copy; an exported graph keeps them constant, so int8
+    quantization sees them); several kernels to cast are joined into one product (one `cat`
+    and one cast)."""
+    batch, length = x.shape[0], x.shape[1]
+    kernels = [kernel for kernel, _ in weights]
+    if len(weights) == 1 or kernels[0].dtype == dtype:
+        return tuple(
+            _project(x, _cast_kernel(kernel, dtype), bias, dtype)
+            .view(batch, length, heads, head_dim)
+            .transpose(1, 2)
+            for kernel, bias in weights
         )
+    joined = _project(x, _joined_kernel(kernels, dtype), torch.cat([b for _, b in weights]), dtype)
+    # (len(weights), batch, heads, seq, head_dim)
+    joined = joined.view(batch, length, len(weights), heads, head_dim).permute(2, 0, 3, 1, 4)
+    return joined.unbind(0)
+
+
+def _block(block, x, mask, training, dtype, query_length):
+    batch, _, hidden = x.shape
+    heads, head_dim = block.num_heads, block.head_dim
+    q, k, v = (p.weights() for p in (block.query, block.key, block.value))
+    if query_length is None:
+        query, key, value = _heads(x, (q, k, v), dtype, heads, head_dim)
         residual = x
-    elif query_length is None:
-        qkv = _project(x, _joined_kernel((wq, wk, wv), dtype), torch.cat((bq, bk, bv)), dtype)
-        # (3, batch, heads, seq, head_dim)
-        qkv = qkv.view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-        query, key, value = qkv.unbind(0)
-        residual = x
-    else:
-        if wk.dtype == dtype:  # read in place, as above (an exported graph keeps them constant)
-            key, value = (
-                _project(x, w, b, dtype).view(batch, length, heads, head_dim).transpose(1, 2)
-                for w, b in ((wk, bk), (wv, bv))
-            )
-        else:
-            kv = _project(x, _joined_kernel((wk, wv), dtype), torch.cat((bk, bv)), dtype)
-            kv = kv.view(batch, length, 2, heads, head_dim).permute(2, 0, 3, 1, 4)
-            key, value = kv.unbind(0)
+    else:  # the first `query_length` rows only attend (to every key)
+        key, value = _heads(x, (k, v), dtype, heads, head_dim)
         residual = x[:, :query_length]
-        query = _project(residual, _cast_kernel(wq, dtype), bq, dtype)
-        query = query.view(batch, query_length, heads, head_dim).transpose(1, 2)
+        (query,) = _heads(residual, (q,), dtype, heads, head_dim)
     rate = block.attention_rate if training else 0.0
     context = torch_paths.attention_heads(query, key, value, mask, rate)  # (b, h, q, d)
     context = context.transpose(1, 2).reshape(batch, -1, hidden)
