@@ -1,9 +1,12 @@
 """Tests of the applications (the scripts under applications/).
 
 An application is backend-independent Python over the library. Each application's main path
-runs on every backend; its other paths run on one backend each, spread over the three (marker
+runs on every backend; its other paths run on one backend each (marker
 `backends(..., reason=ONE_BACKEND)`), since every library path they drive is tested on every
-backend in tests/models, tests/test_callbacks.py and tests/test_multiprocess.py.
+backend in tests/models, tests/test_callbacks.py and tests/test_multiprocess.py. That backend
+is mostly torch, which builds and steps a tiny model several times faster than TensorFlow's
+and JAX's compiled steps; a few paths run on JAX or TensorFlow, so that every backend runs
+some of them (the apps over several processes, each on its own backend's engine).
 """
 
 ONE_BACKEND = (

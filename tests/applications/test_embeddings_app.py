@@ -71,7 +71,7 @@ def _write_data(data):
     return data
 
 
-@pytest.mark.backends("jax", reason=ONE_BACKEND)
+@pytest.mark.backends("torch", reason=ONE_BACKEND)
 def test_evaluate_and_train(tmp_path, preset):  # noqa: F811
     data = _write_data(tmp_path / "data")
     results = embeddings.main(

@@ -193,7 +193,7 @@ def _write_mnli(data):
     )
 
 
-@pytest.mark.backends("tensorflow", reason=ONE_BACKEND)
+@pytest.mark.backends("torch", reason=ONE_BACKEND)
 def test_glue_mnli_predict_test_writes_what_the_model_predicts(preset, tmp_path):
     data, out, saved = tmp_path / "data", tmp_path / "out", tmp_path / "model"
     _write_mnli(data)
@@ -527,7 +527,7 @@ def test_ner_features_need_enough_layers(preset, tmp_path, capsys):
     assert expected in capsys.readouterr().err
 
 
-@pytest.mark.backends("tensorflow", reason=ONE_BACKEND)
+@pytest.mark.backends("torch", reason=ONE_BACKEND)
 def test_squad_runs_on_tiny_data(preset, tmp_path):
     _write_squad(tmp_path / "data")
     out, saved = tmp_path / "out", tmp_path / "model"

@@ -236,7 +236,7 @@ def test_resume_after_an_interruption_between_epochs(continuous, inputs, tmp_pat
     assert not (tmp_path / "backup").exists()
 
 
-@pytest.mark.backends("tensorflow", reason=ONE_BACKEND)
+@pytest.mark.backends("torch", reason=ONE_BACKEND)
 def test_resume_mid_epoch_and_overwrite(continuous, inputs, tmp_path, capsys):
     (tmp_path / "preset").mkdir()
     (tmp_path / "preset" / "old.txt").write_text("an earlier preset")
@@ -333,7 +333,7 @@ def test_a_folder_without_text_files(tmp_path):
         pretrain.main(["--data-dir", str(tmp_path), "--output-dir", str(tmp_path / "run")])
 
 
-@pytest.mark.backends("jax", reason=ONE_BACKEND)
+@pytest.mark.backends("torch", reason=ONE_BACKEND)
 def test_two_phase_recipe_resumes_across_the_phase_boundary(inputs, tmp_path, capsys):
     # Epoch 1 at 32 tokens, epoch 2 at 64 tokens (the paper: 90 % at 128, then 512).
     extra = (

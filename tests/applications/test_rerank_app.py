@@ -192,7 +192,7 @@ def _metrics_by_hand(ranked, relevant):
     }
 
 
-@pytest.mark.backends("jax", reason=ONE_BACKEND)
+@pytest.mark.backends("torch", reason=ONE_BACKEND)
 def test_train_reranker_on_mined_negatives(tmp_path, preset):  # noqa: F811
     from kbert.models import BertCrossEncoder, BertTextEmbedder
 

@@ -71,6 +71,7 @@ def _signature(model):
     return float(np.asarray(backbone.embeddings.token_embedding.embeddings)[1, 0])
 
 
+@pytest.mark.backend_independent  # File operations: the same steps whatever computes the weights.
 def test_kill_at_every_step_of_save_to_preset_leaves_old_or_new(tmp_path):
     path = tmp_path / "preset"
     old, new = _classifier(0), _classifier(1)
