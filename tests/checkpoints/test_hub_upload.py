@@ -3,8 +3,11 @@
 repository, branch, preupload, LFS batch and upload, commit), then `from_preset("hf://...")`
 from the same server. No network.
 
-The round trips compare model outputs, so they run on every backend; the upload protocol
-(failures, revisions, token, bad input) does not depend on the backend and runs once.
+The upload (files, commits, revisions, token, failures, bad input) does not depend on the
+backend, so every test here runs once: the round trips compare the served models' outputs
+with kbert's, and kbert's presets, Hugging Face and sentence-transformers exports are equal
+to those libraries on every backend in tests/checkpoints/test_huggingface.py and
+tests/models/test_text_embedder.py.
 """
 
 import json
@@ -72,6 +75,7 @@ def _write(files, directory):
     return Path(directory)
 
 
+@pytest.mark.backend_independent
 def test_push_to_hub_round_trip_serves_kbert_and_transformers(server, tmp_path):
     classifier = _classifier()
     classifier.fit(TEXTS, np.array([0, 2]), epochs=1, verbose=0)
@@ -108,6 +112,7 @@ def test_push_to_hub_round_trip_serves_kbert_and_transformers(server, tmp_path):
     np.testing.assert_allclose(logits, classifier.predict(TEXTS, verbose=0), atol=1e-4)
 
 
+@pytest.mark.backend_independent
 def test_push_embedder_serves_sentence_transformers(server, tmp_path):
     preprocessor = BertPreprocessor(BertTokenizer(_vocabulary()), sequence_length=16)
     embedder = BertTextEmbedder(

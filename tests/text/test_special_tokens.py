@@ -247,6 +247,9 @@ def test_special_tokens_argument_errors():
     }
 
 
+# The tokenizer's special tokens, once; the embedder's numerics on every backend are tested in
+# tests/models/test_text_embedder.py.
+@pytest.mark.backend_independent
 def test_sentence_transformers_embedder_embeds_special_token_strings_alike(tmp_path):
     """A BertTextEmbedder from a sentence-transformers directory embeds text with `[MASK]` in it
     as sentence-transformers does, also after a kbert preset round trip."""

@@ -27,6 +27,9 @@ def _vocabulary():
     return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + WORDS
 
 
+# The benchmark's inference ways and their agreement; packed inference on each backend is
+# tested in tests/models/test_packing.py: once.
+@pytest.mark.backend_independent
 def test_packed_inference_agrees_with_buckets_and_times_every_way(packing, tmp_path):
     vocabulary = _vocabulary()
     preset = tmp_path / "preset"
