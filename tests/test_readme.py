@@ -20,6 +20,7 @@ import contextlib
 import importlib.util
 import io
 import re
+import traceback
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,12 @@ def test_block_runs_and_prints_what_it_says(name, line, source, tmp_path, monkey
         pytest.skip('needs TensorFlow for kbert.data: pip install "kbert[tensorflow]"')
     (tmp_path / "applications").symlink_to(REPO / "applications")
     monkeypatch.chdir(tmp_path)
+    run_block(name, line, source)
+
+
+def run_block(name, line, source):
+    """Runs `source` as a script of its own in the current directory; fails, naming the page
+    and line, if it raises or does not print its `# prints:` lines in order."""
     stdout = io.StringIO()
     code = compile(source, f"{name}:{line}", "exec")
     try:
@@ -115,3 +122,35 @@ def test_block_runs_and_prints_what_it_says(name, line, source, tmp_path, monkey
     wanted = expected_prints(source)
     found = [printed_line for printed_line in printed if printed_line in wanted]
     assert found == wanted, f"{name} line {line}: expected {wanted}, printed:\n{output[-3000:]}"
+
+
+@pytest.mark.backend_independent
+def test_a_failing_block_names_its_page_and_line():
+    source = 'print("first")\nraise ValueError("boom")\n'
+    with pytest.raises(
+        AssertionError, match=r"(?s)page.md line 7 failed \(ValueError: boom\).*first"
+    ):
+        run_block("page.md", 7, source)
+    # The traceback points into the block, by page and line.
+    with pytest.raises(AssertionError) as caught:
+        run_block("page.md", 7, source)
+    frames = [f for f in traceback.extract_tb(caught.value.__cause__.__traceback__)]
+    assert (frames[-1].filename, frames[-1].lineno) == ("page.md:7", 2)
+
+
+@pytest.mark.backend_independent
+def test_each_block_runs_in_a_namespace_of_its_own():
+    run_block("a.md", 1, "import json\nshared = json.dumps(1)\n")
+    with pytest.raises(AssertionError, match="NameError: name 'shared' is not defined"):
+        run_block("b.md", 1, "print(shared)\n")
+    with pytest.raises(AssertionError, match="NameError: name 'json' is not defined"):
+        run_block("b.md", 1, "print(json.dumps(2))\n")
+
+
+@pytest.mark.backend_independent
+def test_prints_must_appear_in_order():
+    run_block("p.md", 1, 'print("noise")\nprint("a")   # prints: a\nprint("b")   # prints: b\n')
+    with pytest.raises(AssertionError, match=r"expected \['a', 'b'\]"):
+        run_block("p.md", 1, 'print("b")\nprint("a")   # prints: a\nx = 1   # prints: b\n')
+    with pytest.raises(AssertionError, match=r"expected \['c'\]"):
+        run_block("p.md", 1, 'print("d")   # prints: c\n')
