@@ -52,10 +52,12 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# Lints; builds the documentation site (strict, `make docs`); runs the backend-independent
-# tests once (marker `backend_independent`, under KERAS_BACKEND=$(ONCE_BACKEND)), every other
-# test once per backend, then the no-TensorFlow suite on JAX and PyTorch; prints each leg's
-# wall time; fails if any leg fails.
+# Lints; builds the documentation site (strict, `make docs`); runs every test once per backend
+# but the backend-independent ones (marker `backend_independent`), which run once, in the leg
+# of KERAS_BACKEND=$(ONCE_BACKEND) (one pytest session less: each collects the whole tree,
+# importing every test module, and ends on a worker waiting for the other; a leg of their
+# own when ONCE_BACKEND is not among BACKENDS); then the no-TensorFlow suite on JAX and
+# PyTorch; prints each leg's wall time; fails if any leg fails.
 # PYTEST_ARGS is added to every pytest leg (`make test PYTEST_ARGS="-x"`); LEG_ARGS to the
 # parallel part of each leg (parallel workers by default, `LEG_ARGS=` runs them in one
 # process). Each leg runs the tests that launch several processes (marker `processes`) after
@@ -91,12 +93,17 @@ test:
 	[ $$status -eq 0 ] || exit 1; \
 	$(call timed,lint,$(MAKE) --no-print-directory lint) \
 	$(call timed,docs,$(MAKE) --no-print-directory docs) \
-	echo "===== backend-independent tests, once (KERAS_BACKEND=$(ONCE_BACKEND)) ====="; \
-	$(call timed,once,KERAS_BACKEND=$(ONCE_BACKEND) LEG_ARGS="$(LEG_ARGS)" tools/test_leg.sh $(PY) backend_independent $(PYTEST_ARGS) $(TESTS)) \
+	case " $(BACKENDS) " in *" $(ONCE_BACKEND) "*) ;; *) \
+	  echo "===== backend-independent tests, once (KERAS_BACKEND=$(ONCE_BACKEND)) ====="; \
+	  $(call timed,once,KERAS_BACKEND=$(ONCE_BACKEND) LEG_ARGS="$(LEG_ARGS)" tools/test_leg.sh $(PY) backend_independent $(PYTEST_ARGS) $(TESTS)) \
+	esac; \
 	for backend in $(BACKENDS); do \
-	  echo "===== KERAS_BACKEND=$$backend ====="; \
+	  leg=$$backend; marks="not backend_independent"; also=""; \
+	  if [ $$backend = $(ONCE_BACKEND) ]; then \
+	    leg="$$backend+once"; marks=""; also=", and the backend-independent tests"; fi; \
+	  echo "===== KERAS_BACKEND=$$backend$$also ====="; \
 	  leg_env=""; [ $$backend != tensorflow ] || leg_env="$(TF_LEG_ENV)"; \
-	  $(call timed,$$backend,env $$leg_env KERAS_BACKEND=$$backend LEG_ARGS="$(LEG_ARGS)" tools/test_leg.sh $(PY) "not backend_independent" $(PYTEST_ARGS) $(TESTS)) \
+	  $(call timed,$$leg,env $$leg_env KERAS_BACKEND=$$backend LEG_ARGS="$(LEG_ARGS)" tools/test_leg.sh $(PY) "$$marks" $(PYTEST_ARGS) $(TESTS)) \
 	done; \
 	$(call timed,no-tensorflow,$(MAKE) --no-print-directory test-notf XLA_LEG_FLAGS=) \
 	echo "===== wall time per leg (seconds) ====="; \
@@ -104,12 +111,18 @@ test:
 	rm -f $(LEG_TIMES); exit $$status
 
 # tests/no_tensorflow in the environment without TensorFlow, once per backend (`make test`
-# passes XLA_LEG_FLAGS empty: its XLA_FLAGS already carry them).
+# passes XLA_LEG_FLAGS empty: its XLA_FLAGS already carry them). The backends run side by
+# side, one pytest process each (two cores); each one's output is shown when both are done.
 test-notf: install-notf
-	@status=0; export XLA_FLAGS="$$XLA_FLAGS $(XLA_LEG_FLAGS)"; for backend in $(NOTF_BACKENDS); do \
-	  echo "===== no TensorFlow, KERAS_BACKEND=$$backend ====="; \
-	  KERAS_BACKEND=$$backend $(NOTF_PY) -m pytest -q $(PYTEST_ARGS) $(NOTF_TESTS) || status=1; \
-	done; exit $$status
+	@status=0; export XLA_FLAGS="$$XLA_FLAGS $(XLA_LEG_FLAGS)"; logs=$$(mktemp -d); \
+	for backend in $(NOTF_BACKENDS); do \
+	  ( KERAS_BACKEND=$$backend $(NOTF_PY) -m pytest -q $(PYTEST_ARGS) $(NOTF_TESTS) \
+	    > $$logs/$$backend.log 2>&1; echo $$? > $$logs/$$backend.code ) & \
+	done; wait; \
+	for backend in $(NOTF_BACKENDS); do \
+	  echo "===== no TensorFlow, KERAS_BACKEND=$$backend ====="; cat $$logs/$$backend.log; \
+	  [ "$$(cat $$logs/$$backend.code)" = 0 ] || status=1; \
+	done; rm -rf $$logs; exit $$status
 
 # One backend: its own tests and the backend-independent ones.
 test-%: install

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One pytest leg of `make test`: PYTHON -m pytest over the tests MARKS selects, those that
-# launch several processes (marker `processes`) apart from the others.
+# One pytest leg of `make test`: PYTHON -m pytest over the tests MARKS selects (a pytest `-m`
+# expression; empty: every test), those that launch several processes (marker `processes`)
+# apart from the others.
 #
 #   tools/test_leg.sh PYTHON MARKS [PYTEST ARGS...]
 #
@@ -15,9 +16,11 @@ set -u
 python=$1
 marks=$2
 shift 2
+selected=""
+[ -z "$marks" ] || selected="($marks) and "
 status=0
 # shellcheck disable=SC2086  # LEG_ARGS holds several arguments
-"$python" -m pytest -q ${LEG_ARGS:-} "$@" -m "($marks) and not processes"
+"$python" -m pytest -q ${LEG_ARGS:-} "$@" -m "${selected}not processes"
 code=$?
 [ $code -eq 0 ] || [ $code -eq 5 ] || status=1
 
@@ -44,7 +47,7 @@ for arg in "$@"; do
 done
 # No path argument: pytest's own default (its configured paths), unnarrowed.
 if [ $paths -eq 0 ] || [ $found -gt 0 ]; then
-  "$python" -m pytest -q "${args[@]}" -m "($marks) and processes"
+  "$python" -m pytest -q "${args[@]}" -m "${selected}processes"
   code=$?
   [ $code -eq 0 ] || [ $code -eq 5 ] || status=1
 fi

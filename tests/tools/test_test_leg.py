@@ -101,6 +101,14 @@ def test_file_and_test_ids_are_kept_or_dropped_by_their_file(tmp_path, tree):
     assert calls[1][3:] == ["-x", "-m", "(backend_independent) and processes"]
 
 
+def test_empty_marks_select_every_test(tmp_path, tree):
+    # The leg that also runs the backend-independent tests (the Makefile's ONCE_BACKEND).
+    calls, code = _calls(tmp_path, "", "tests")
+    assert code == 0
+    assert calls[0][-3:] == ["tests", "-m", "not processes"]
+    assert calls[1][-2:] == ["-m", "processes"]
+
+
 @pytest.mark.parametrize(
     "codes, expected", [((0, 5), 0), ((5, 0), 0), ((1, 0), 1), ((0, 2), 1), ((5, 5), 0)]
 )
