@@ -45,6 +45,7 @@ from pathlib import Path
 
 from kbert.checkpoints import _weights, google, huggingface, keras_hub
 from kbert.checkpoints.vocabulary import NotWordPieceError, check_vocabulary_size
+from kbert.layers.utils import weights_from_checkpoint
 
 _READERS = {"huggingface": huggingface, "google": google, "keras_hub": keras_hub}
 
@@ -129,13 +130,17 @@ def load(
         shapes = header_shapes(path)
         if shapes:
             _weights.check_config_sizes(config, shapes, reader.SIZE_TENSORS, str(path), config_file)
-    backbone = backbone_class(**config)
+    # The backbone's weights come from the checkpoint: none is drawn at random first (a
+    # missing backbone weight fails the load below; a pooler it lacks is drawn after it).
+    with weights_from_checkpoint(load_weights) as checkpoint_load:
+        backbone = backbone_class(**config)
     arguments = dict(model_arguments or {})
     if fmt == "huggingface":
         arguments = {**huggingface.model_arguments(cls, raw), **arguments}
     model = cls.from_backbone(backbone, **arguments)
     if load_weights:
-        reader.load_weights(model, path, fresh_heads=fresh_heads)
+        report = reader.load_weights(model, path, fresh_heads=fresh_heads)
+        checkpoint_load.initialize(report.fresh)
     if vocabulary is not None:
         model.preset_vocabulary_path = str(vocabulary)
     return model

@@ -24,6 +24,7 @@ from kbert.checkpoints.vocabulary import (
     tokenizer_file_settings,
     write_tokenizer_files,
 )
+from kbert.layers.utils import weights_from_checkpoint
 
 CONFIG_FILE = "config.json"
 BACKBONE_WEIGHTS_FILE = "model.weights.h5"
@@ -371,7 +372,10 @@ def load_kbert_preset(
         else:
             _require_file(path / BACKBONE_WEIGHTS_FILE)
             check_weights_header(path / BACKBONE_WEIGHTS_FILE, backbone_config)
-    backbone = backbone_class(**backbone_config)
+    # Every backbone weight comes from the weights file (a missing one fails the load): none
+    # is drawn at random first.
+    with weights_from_checkpoint(load_weights):
+        backbone = backbone_class(**backbone_config)
     if quantization and not same_task:
         backbone.apply_quantization_record(quantization)  # Its layers among the record's.
     arguments = dict(model_arguments or {})

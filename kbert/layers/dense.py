@@ -4,11 +4,11 @@ int8 kernel once quantized."""
 import keras
 
 from kbert import backend
-from kbert.layers.utils import KerasQuantization
+from kbert.layers.utils import BuiltFromCheckpoint, KerasQuantization
 
 
 @keras.saving.register_keras_serializable(package="kbert")
-class Dense(KerasQuantization, keras.layers.Dense):
+class Dense(BuiltFromCheckpoint, KerasQuantization, keras.layers.Dense):
     """`keras.layers.Dense` whose torch path adds the bias inside the matrix product.
 
     Keras' `Dense` runs `matmul` and then `add` as two kernels; on the torch backend this layer

@@ -6,6 +6,7 @@ from keras import ops
 from kbert import backend
 from kbert.layers.dropout import HashDropout
 from kbert.layers.utils import (
+    BuiltFromCheckpoint,
     KerasQuantization,
     check_index_range,
     clone_initializer,
@@ -14,7 +15,7 @@ from kbert.layers.utils import (
 
 
 @keras.saving.register_keras_serializable(package="kbert")
-class DenseGradientEmbedding(KerasQuantization, keras.layers.Embedding):
+class DenseGradientEmbedding(BuiltFromCheckpoint, KerasQuantization, keras.layers.Embedding):
     """`keras.layers.Embedding` whose table gets a dense gradient on every backend.
 
     On TensorFlow a gather's gradient is an `IndexedSlices` with one row per looked-up id,

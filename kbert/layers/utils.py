@@ -1,5 +1,7 @@
 """Small helpers shared by kbert's layers (keras.ops only)."""
 
+import contextvars
+
 import keras
 import numpy as np
 
@@ -121,3 +123,102 @@ class KerasQuantization:
     def quantize(self, mode=None, type_check=True, config=None):
         del type_check  # The base's check is for subclasses that compute differently.
         return super().quantize(mode, type_check=False, config=config)
+
+
+# The checkpoint load in progress in this context, if any (`weights_from_checkpoint`).
+_CHECKPOINT_LOAD = contextvars.ContextVar("kbert_checkpoint_load", default=None)
+
+# The initializer attribute of each weight of the layers that defer, by the weight's name.
+_INITIALIZER_OF = {
+    "kernel": "kernel_initializer",
+    "bias": "bias_initializer",
+    "embeddings": "embeddings_initializer",
+}
+
+
+def _zeros(shape, dtype=None):
+    """Zeros made by NumPy: no random draw, and on JAX no program compiled per shape."""
+    try:
+        return np.zeros(shape, dtype=keras.backend.standardize_dtype(dtype))
+    except TypeError:  # A dtype NumPy does not know.
+        return keras.ops.zeros(shape, dtype=dtype)
+
+
+def weights_from_checkpoint(active=True):
+    """A block that builds layers whose weights a checkpoint is about to overwrite, without
+    drawing them.
+
+    Inside `with weights_from_checkpoint() as load:`, kbert's `Dense` and embedding layers
+    built in this context give their weights zeros instead of values drawn from their
+    initializers: a BERT-Base backbone draws 110M random values, seconds on a CPU, which the
+    checkpoint then replaces. Each such weight and its initializer are recorded; once the
+    checkpoint is loaded, `load.initialize(paths)` draws, from its own initializer, every
+    recorded weight whose path is in `paths` (those the checkpoint did not hold, such as a
+    pooler left fresh). Layers built outside the block, or after it, draw as usual.
+
+    Args:
+        active: bool. `False` makes the block do nothing (a model built without weights to
+            load). Defaults to `True`.
+
+    Returns:
+        A `CheckpointLoad`, the context manager.
+    """
+    return CheckpointLoad(active)
+
+
+class CheckpointLoad:
+    """The block of `weights_from_checkpoint`: the weights built in it without a draw."""
+
+    def __init__(self, active=True):
+        self.active = active
+        self.deferred = []  # (variable, initializer)
+        self._token = None
+
+    def __enter__(self):
+        if self.active:
+            self._token = _CHECKPOINT_LOAD.set(self)
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._token is not None:
+            _CHECKPOINT_LOAD.reset(self._token)
+            self._token = None
+
+    def initialize(self, paths):
+        """Draws the recorded weights whose variable path is in `paths` from their
+        initializers; returns those paths."""
+        paths = set(paths)
+        drawn = []
+        for variable, initializer in self.deferred:
+            if variable.path in paths:
+                variable.assign(initializer(tuple(variable.shape), dtype=variable.dtype))
+                drawn.append(variable.path)
+        return drawn
+
+
+class BuiltFromCheckpoint:
+    """Mixin for kbert's subclasses of Keras' `Dense` and `Embedding`: inside
+    `weights_from_checkpoint`, `build` gives the weights zeros and records their initializers
+    there. Put it first among the bases."""
+
+    def build(self, *args, **kwargs):
+        load = _CHECKPOINT_LOAD.get()
+        if load is None:
+            return super().build(*args, **kwargs)
+        initializers = {
+            attribute: getattr(self, attribute)
+            for attribute in _INITIALIZER_OF.values()
+            if getattr(self, attribute, None) is not None
+        }
+        for attribute in initializers:
+            setattr(self, attribute, _zeros)
+        try:
+            super().build(*args, **kwargs)
+        finally:
+            for attribute, initializer in initializers.items():
+                setattr(self, attribute, initializer)
+        for weight in self.weights:
+            attribute = _INITIALIZER_OF.get(weight.name)
+            if attribute in initializers:
+                load.deferred.append((weight, initializers[attribute]))
+        return None

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 
+import keras
 import numpy as np
 import pytest
 
@@ -182,11 +183,56 @@ def test_missing_pooler_keeps_a_fresh_pooler_with_a_warning(checkpoints, tmp_pat
     expected = R.hf_outputs(hf_model, inputs)
     outputs = _backbone_outputs(backbone, inputs)
     R.assert_close(outputs["sequence_output"], expected["sequence_output"], inputs["padding_mask"])
+    # The fresh pooler is drawn from its initializer (a truncated normal of deviation 0.02),
+    # not left at the zeros the checkpoint's weights were built with before loading.
+    kernel = R.to_numpy(backbone.get_layer("pooler").dense.kernel)
+    assert 0.015 < kernel.std() < 0.025 and np.abs(kernel).max() <= 0.04 + 1e-6, kernel.std()
     # Half a pooler is damage, not absence.
     half = _copy(path, tmp_path / "half_pooler")
     _edit_safetensors(half, lambda t: t.pop("pooler.dense.bias"))
     with pytest.raises(ValueError, match=r"missing weights \(1\): pooler.dense.bias"):
         kbert.models.BertBackbone.from_preset(half)
+
+
+def test_loading_draws_no_random_value_for_a_weight_the_checkpoint_holds(
+    checkpoints, tmp_path, monkeypatch
+):
+    """`from_preset` builds the weights it loads without drawing them first (BERT-Base: 110M
+    values, seconds on a CPU): a Hugging Face directory and a kbert preset load with no draw
+    of the backbone's initializer, heads new to the checkpoint are still drawn, and a load
+    that fails leaves later models drawing as usual."""
+    path, hf_model = checkpoints("exact_gelu", "model")
+    draws = []
+    draw = keras.initializers.TruncatedNormal.__call__
+    monkeypatch.setattr(
+        keras.initializers.TruncatedNormal,
+        "__call__",
+        lambda self, shape, dtype=None: draws.append(shape) or draw(self, shape, dtype),
+    )
+    backbone = kbert.models.BertBackbone.from_preset(path)
+    assert draws == []
+    inputs = R.random_inputs(hf_model.config)
+    expected = R.hf_outputs(hf_model, inputs)
+    R.assert_close(_backbone_outputs(backbone, inputs)["pooled_output"], expected["pooled_output"])
+
+    preset = tmp_path / "preset"
+    backbone.save_to_preset(preset)
+    reloaded = kbert.models.BertBackbone.from_preset(preset)
+    assert draws == []
+    for actual, wanted in zip(_weights(reloaded), _weights(backbone)):
+        np.testing.assert_array_equal(actual, wanted)
+
+    classifier = kbert.models.BertClassifier.from_preset(preset, num_classes=3)
+    assert draws == [(32, 3)]  # Only the new head's kernel.
+    assert np.abs(R.to_numpy(classifier.get_layer("classifier").kernel)).max() > 0
+
+    missing = _copy(path, tmp_path / "missing")
+    _edit_safetensors(missing, lambda t: t.pop("encoder.layer.1.output.dense.bias"))
+    with pytest.raises(ValueError, match="missing weights"):
+        kbert.models.BertBackbone.from_preset(missing)
+    fresh = kbert.models.BertBackbone(**backbone.get_config())
+    assert len(draws) > 1  # Built after the failed load: drawn as usual.
+    assert np.abs(R.to_numpy(fresh.token_embedding.embeddings)).max() > 0
 
 
 def test_head_policy(checkpoints, recwarn):
