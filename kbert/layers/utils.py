@@ -137,11 +137,14 @@ _INITIALIZER_OF = {
 
 
 def _zeros(shape, dtype=None):
-    """Zeros made by NumPy: no random draw, and on JAX no program compiled per shape."""
-    try:
-        return np.zeros(shape, dtype=keras.backend.standardize_dtype(dtype))
-    except TypeError:  # A dtype NumPy does not know.
-        return keras.ops.zeros(shape, dtype=dtype)
+    """Zeros, without a random draw: the backend's own (a NumPy array would be copied once
+    more on its way in), from NumPy on JAX (no program compiled per shape)."""
+    if keras.backend.backend() == "jax":
+        try:
+            return np.zeros(shape, dtype=keras.backend.standardize_dtype(dtype))
+        except TypeError:  # A dtype NumPy does not know.
+            pass
+    return keras.ops.zeros(shape, dtype=dtype)
 
 
 def weights_from_checkpoint(active=True):
