@@ -20,14 +20,14 @@ def _versions(family):
         import transformers
 
         return {"torch": torch.__version__, "transformers": transformers.__version__}
+    import importlib.metadata
+
     import keras
 
     versions = {"keras": keras.__version__}
-    try:
-        import keras_hub
-
-        versions["keras_hub"] = keras_hub.__version__
-    except ImportError:
+    try:  # From its metadata: importing keras_hub imports TensorFlow where it is installed.
+        versions["keras_hub"] = importlib.metadata.version("keras-hub")
+    except importlib.metadata.PackageNotFoundError:
         pass
     return versions
 
