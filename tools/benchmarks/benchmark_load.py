@@ -40,6 +40,7 @@ from bench.harness import (
     worker_environment,
     write_results,
 )
+from bench.hf_timing import hf_config
 
 BACKENDS = ("jax", "tensorflow", "torch")
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -50,16 +51,9 @@ def write_checkpoint(shape, directory):
     import torch
     import transformers
 
-    config = transformers.BertConfig(
-        vocab_size=shape["vocabulary_size"],
-        hidden_size=shape["hidden_dim"],
-        num_hidden_layers=shape["num_layers"],
-        num_attention_heads=shape["num_heads"],
-        intermediate_size=shape["intermediate_dim"],
-        max_position_embeddings=shape["max_sequence_length"],
-    )
     torch.manual_seed(0)
-    transformers.BertModel(config).save_pretrained(directory, safe_serialization=True)
+    model = transformers.BertModel(hf_config(shape))
+    model.save_pretrained(directory, safe_serialization=True)
     count = shape["vocabulary_size"] - len(SPECIAL_TOKENS)
     words = list(SPECIAL_TOKENS) + [f"w{i}" for i in range(count)]
     (Path(directory) / "vocab.txt").write_text("\n".join(words) + "\n")

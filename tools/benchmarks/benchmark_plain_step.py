@@ -20,6 +20,7 @@ from bench.cells import parse_cell  # NumPy-only helpers: the very inputs of the
 from bench.common import random_batch
 from bench.flops import resolve_preset
 from bench.harness import emit, time_calls
+from bench.hf_timing import hf_config
 
 
 def _model_and_step(shape, cell):
@@ -29,16 +30,7 @@ def _model_and_step(shape, cell):
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=shape["vocabulary_size"],
-        hidden_size=shape["hidden_dim"],
-        num_hidden_layers=shape["num_layers"],
-        num_attention_heads=shape["num_heads"],
-        intermediate_size=shape["intermediate_dim"],
-        max_position_embeddings=shape["max_sequence_length"],
-        num_labels=2,
-        attn_implementation="sdpa",
-    )
+    config = hf_config(shape, num_labels=2, attn_implementation="sdpa")
     batch = random_batch(shape, cell["batch_size"], cell["sequence_length"], cell["num_masks"])
     inputs = {
         "input_ids": torch.tensor(batch["token_ids"], dtype=torch.long),

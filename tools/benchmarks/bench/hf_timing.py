@@ -9,6 +9,22 @@ MIN_WARMUP_SECONDS = 0.5
 MIN_TIMED_SECONDS = 1.0
 
 
+def hf_config(shape, **settings):
+    """The `transformers.BertConfig` of a backbone shape (`bench.flops.resolve_preset`), with
+    `settings` added."""
+    import transformers
+
+    return transformers.BertConfig(
+        vocab_size=shape["vocabulary_size"],
+        hidden_size=shape["hidden_dim"],
+        num_hidden_layers=shape["num_layers"],
+        num_attention_heads=shape["num_heads"],
+        intermediate_size=shape["intermediate_dim"],
+        max_position_embeddings=shape["max_sequence_length"],
+        **settings,
+    )
+
+
 def run_hf_cell(shape, cell, warmup, steps, torch_compile=False):
     import numpy as np
     import torch
@@ -16,13 +32,8 @@ def run_hf_cell(shape, cell, warmup, steps, torch_compile=False):
 
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    config = transformers.BertConfig(
-        vocab_size=shape["vocabulary_size"],
-        hidden_size=shape["hidden_dim"],
-        num_hidden_layers=shape["num_layers"],
-        num_attention_heads=shape["num_heads"],
-        intermediate_size=shape["intermediate_dim"],
-        max_position_embeddings=shape["max_sequence_length"],
+    config = hf_config(
+        shape,
         hidden_act="gelu",
         hidden_dropout_prob=0.1,
         attention_probs_dropout_prob=0.1,
