@@ -153,8 +153,8 @@ def weights_from_checkpoint(active=True):
 
     Inside `with weights_from_checkpoint() as load:`, kbert's `Dense` and embedding layers
     built in this context give their weights zeros instead of values drawn from their
-    initializers: a BERT-Base backbone draws 110M random values, seconds on a CPU, which the
-    checkpoint then replaces. Each such weight and its initializer are recorded; once the
+    initializers (a BERT-Base backbone would draw 110M random values that the checkpoint then
+    replaces). Each such weight and its initializer are recorded; once the
     checkpoint is loaded, `load.initialize(paths)` draws, from its own initializer, every
     recorded weight whose path is in `paths` (those the checkpoint did not hold, such as a
     pooler left fresh). Layers built outside the block, or after it, draw as usual.
