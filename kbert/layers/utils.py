@@ -189,14 +189,11 @@ class CheckpointLoad:
 
     def initialize(self, paths):
         """Draws the recorded weights whose variable path is in `paths` from their
-        initializers; returns those paths."""
+        initializers."""
         paths = set(paths)
-        drawn = []
         for variable, initializer in self.deferred:
             if variable.path in paths:
                 variable.assign(initializer(tuple(variable.shape), dtype=variable.dtype))
-                drawn.append(variable.path)
-        return drawn
 
 
 class BuiltFromCheckpoint:
