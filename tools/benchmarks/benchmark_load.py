@@ -16,16 +16,16 @@ a process of its own:
   a load costs when it draws the weights first;
 * `hf`: `transformers.BertModel.from_pretrained(directory)` (torch).
 
-Each worker loads once untimed (imports, one-time compilations), then `--repeats` times; the
-fastest is kept. Prints seconds per load and each way's ratio to HF; `--json` writes the
-results, `--chart` a bar chart.
+Each worker imports its libraries (untimed; the draw-then-load way also builds one backbone
+without weights to read its config), times a first load (one-time compilations included),
+then `--repeats` more, of which the fastest is kept. Prints seconds per load and each way's
+ratio to HF; `--json` writes the results, `--chart` a bar chart.
 """
 
 import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench.charts import pyplot, save
@@ -37,7 +37,8 @@ from bench.harness import (
     load_average,
     log,
     spawn,
-    worker_environment,
+    system_environment,
+    time_calls,
     write_results,
 )
 from bench.hf_timing import hf_config
@@ -82,14 +83,8 @@ def _load_once(spec):
 
 def worker(spec):
     load = _load_once(spec)
-    start = time.perf_counter()
-    load()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(spec["repeats"]):
-        start = time.perf_counter()
-        load()
-        times.append(time.perf_counter() - start)
+    (first,) = time_calls(load, 1)
+    times = time_calls(load, spec["repeats"])
     emit({"system": spec["system"], "first_seconds": first, "seconds": min(times)})
 
 
@@ -112,9 +107,9 @@ def run(args):
         write_checkpoint(shape, directory)
         for system in _systems(backends):
             log(f"loading with {system} ...")
-            backend = system.split("-")[1] if system.startswith("kbert-") else "torch"
-            spec = {"system": system, "directory": directory, "repeats": args.repeats}
-            env = worker_environment(backend, device="cpu")
+            spec = {"system": system, "device": "cpu", "directory": directory}
+            spec["repeats"] = args.repeats
+            env = system_environment(spec)  # kbert-<backend>'s backend; torch for HF
             try:
                 results.append(spawn(__file__, spec, env, name=f"{system} worker"))
             except RuntimeError as error:
