@@ -144,7 +144,9 @@ def test_gpu_goal_lines_judge_each_goal(bench):
     ).splitlines()
     text = "\n".join(lines)
     assert "pretrain: kbert/jax = 5,700 seq/s (goal >= 5,600): met" in text
-    assert "pretrain: kbert/jax MFU = 52.0%" in text and "(goal >= 50%): met" in text
+    assert "pretrain: kbert/jax MFU = 52.0%" in text and "(goal >= 45%): met" in text
+    # The variants of JAX pretraining have MFU lines of their own.
+    assert "pretrain: kbert-flash/jax MFU >= 45%: not measured" in text
     # Against the compiled HF row, not the eager one: 3000 / 3500.
     assert "pretrain: kbert/torch vs hf-compile = 0.86x (goal >= 1.00x): NOT met" in text
     assert "finetune: kbert/jax vs hf = 1.50x (goal >= 1.50x): met" in text
@@ -154,8 +156,19 @@ def test_gpu_goal_lines_judge_each_goal(bench):
     # kbert's compiled torch steps have goal lines of their own.
     assert "finetune: kbert-compile/torch vs hf >= 1.50x: not measured" in text
     records.append(_record("finetune", "kbert", "torch", 950, label="kbert-compile"))
+    records.append(_record("pretrain", "kbert", "jax", 4000, mfu=0.41, label="kbert-float8"))
     text = bench.report.check_suite_goals("GPU", bench.cells.GPU_GOALS, records)
     assert "finetune: kbert-compile/torch vs hf = 1.58x (goal >= 1.50x): met" in text
+    assert "pretrain: kbert-float8/jax MFU = 41.0%" in text and "(goal >= 45%): NOT met" in text
+    judged = {
+        (g["workload"], g["row"], g["measure"]): g
+        for g in bench.report.judge_goals(bench.cells.GPU_GOALS, records)
+    }
+    assert judged[("finetune", "kbert-compile/torch", "vs hf")]["status"] == "met"
+    assert judged[("finetune", "kbert-compile/torch", "vs hf")]["value"] == pytest.approx(950 / 600)
+    assert judged[("pretrain", "kbert-float8/jax", "mfu")]["status"] == "not met"
+    assert judged[("pretrain", "kbert-flash/jax", "mfu")]["value"] is None
+    assert judged[("pretrain", "kbert-flash/jax", "mfu")]["status"] == "not measured"
 
 
 def test_gpu_goals_time_kbert_compiled_steps_in_their_own_process(bench):
@@ -181,6 +194,32 @@ def test_gpu_goals_time_kbert_compiled_steps_in_their_own_process(bench):
     assert not [
         s for _, s in main._processes(args, bench.cells.build_cells(args)) if s.get("kbert_compile")
     ]
+    # JAX pretraining also with each variant of the recipe, each in a process of its own.
+    names = [main.process_name(s) for _, s in specs]
+    assert names == [
+        "keras/jax",
+        "keras/torch",
+        "kbert-compile/torch",
+        "hf/torch",
+        "hf-compile/torch",
+        "kbert-flash/jax",
+        "kbert-float8/jax",
+    ]
+    flash = [s for _, s in specs if s.get("kbert_variant") == "flash"][0]
+    assert [c["workload"] for c in flash["cells"]] == ["pretrain"] and flash["backend"] == "jax"
+    args = main.parse_args(["--suite", "gpu-goals", "--config", "tiny", "--kbert-variants", "off"])
+    assert not [
+        s for _, s in main._processes(args, bench.cells.build_cells(args)) if s.get("kbert_variant")
+    ]
+    # --process runs the named ones only, and refuses a name the run does not have.
+    args = main.parse_args(
+        ["--suite", "gpu-goals", "--config", "tiny", "--process", "hf/torch", "kbert-float8/jax"]
+    )
+    picked = main._processes(args, bench.cells.build_cells(args))
+    assert [main.process_name(s) for _, s in picked] == ["hf/torch", "kbert-float8/jax"]
+    args = main.parse_args(["--suite", "gpu-goals", "--config", "tiny", "--process", "hf/jax"])
+    with pytest.raises(SystemExit, match="hf/jax: not a process of this run"):
+        main._processes(args, bench.cells.build_cells(args))
     # --plain: every worker also times Keras' own AdamW, as a user's script writes it.
     assert all(s["optimizers"] == ["kbert"] for _, s in specs)
     args = main.parse_args(["--suite", "gpu-goals", "--config", "tiny", "--plain"])

@@ -104,7 +104,7 @@ def _spawn(spec, backend, args, hugepages):
 def _processes(args, cells):
     """The worker specs of a run: (backend, spec) per Keras backend, then HF eager and compiled."""
     backends, frameworks = list(args.backend), list(args.framework)
-    hf_compile, kbert_compile = set(), set()
+    hf_compile, kbert_compile, variants = set(), set(), {}
     suites = args.suite or []
     if suites and not args.cell and all(s in SUITE_PROCESSES for s in suites):
         backends = [b for b in BACKENDS if any(b in SUITE_PROCESSES[s]["backends"] for s in suites)]
@@ -115,6 +115,11 @@ def _processes(args, cells):
         hf_compile.update(SUITE_PROCESSES.get(suite, {}).get("hf_compile", ()))
         if getattr(args, "kbert_compile", "on") == "on":
             kbert_compile.update(SUITE_PROCESSES.get(suite, {}).get("kbert_compile", ()))
+        if getattr(args, "kbert_variants", "on") == "on":
+            for backend, variant, workloads in SUITE_PROCESSES.get(suite, {}).get(
+                "kbert_variants", ()
+            ):
+                variants.setdefault((backend, variant), set()).update(workloads)
     common = {
         "cells": cells,
         "warmup": args.warmup,
@@ -151,7 +156,37 @@ def _processes(args, cells):
         compiled = [c for c in cells if c["workload"] in hf_compile]
         if compiled and not args.torch_compile:
             specs.append(_torch_spec(common, "hf", "hf", compiled, torch_compile=True))
+    if "kbert" in keras_frameworks:
+        for (backend, variant), workloads in variants.items():
+            chosen = [c for c in cells if c["workload"] in workloads]
+            if chosen and backend in backends:
+                spec = dict(common, family="keras", backend=backend, frameworks=["kbert"])
+                specs.append((backend, dict(spec, cells=chosen, kbert_variant=variant)))
+    chosen = getattr(args, "process", None)
+    if chosen:
+        names = [process_name(spec) for _, spec in specs]
+        unknown = sorted(set(chosen) - set(names))
+        if unknown:
+            raise SystemExit(
+                f"--process {' '.join(unknown)}: not a process of this run; its processes are "
+                f"{', '.join(names)}"
+            )
+        specs = [(b, spec) for b, spec in specs if process_name(spec) in chosen]
     return specs
+
+
+def process_name(spec):
+    """A worker's name in the results (`processes`) and for `--process`: `keras/<backend>`
+    (kbert and keras-hub with the run's settings), `kbert-compile/torch` (kbert's compiled
+    torch steps), `kbert-<variant>/<backend>`, `hf/torch` or `hf-compile/torch`."""
+    family = spec["family"]
+    if family == "hf" and spec.get("torch_compile"):
+        family = "hf-compile"
+    elif spec.get("kbert_compile"):
+        family = "kbert-compile"
+    elif spec.get("kbert_variant"):
+        family = f"kbert-{spec['kbert_variant']}"
+    return f"{family}/{spec['backend']}"
 
 
 def _torch_spec(common, family, framework, cells, **settings):
@@ -160,7 +195,12 @@ def _torch_spec(common, family, framework, cells, **settings):
     return "torch", dict(spec, **settings)
 
 
-def run_benchmark(args):
+def run_benchmark(args, on_worker=None):
+    """Runs every worker of the run; returns (records, process infos, peaks, plain checks).
+
+    `on_worker(records, infos, peaks, checks)`, when given, is called after each worker with
+    what the run has so far (the JSON file is written then, so a run stopped part-way keeps
+    the workers that finished)."""
     cells = build_cells(args)
     specs = _processes(args, cells)
     hugepages = args.malloc_hugepages == "on" and not args.plain
@@ -170,19 +210,19 @@ def run_benchmark(args):
     for round_index in range(args.rounds):
         for backend, spec in specs:
             done += 1
-            name = spec["family"] + (
-                "-compile" if spec["family"] == "hf" and spec["torch_compile"] else ""
-            )
-            log(f"[{done}/{total}] round {round_index + 1}: {name} on {backend}")
+            name = process_name(spec)
+            log(f"[{done}/{total}] round {round_index + 1}: {name}")
             output = _spawn(spec, backend, args, hugepages)
             records.extend(output["results"])
-            infos[f"{name}/{backend}"] = output["info"]
+            infos[name] = output["info"]
             for precision, peak in output["peaks"].items():
                 if peak:
                     key = f"{backend}/{precision}"
                     peaks[key] = max(peaks.get(key, 0), peak)
             if args.check_plain and spec["family"] == "hf" and not spec["torch_compile"]:
                 checks.extend(run_plain_checks(spec["cells"], args))
+            if on_worker:
+                on_worker(apply_common_peaks(best_of_rounds(records), peaks), infos, peaks, checks)
     records = apply_common_peaks(best_of_rounds(records), peaks)
     return records, infos, peaks, checks
 
@@ -282,6 +322,22 @@ def parse_args(argv=None):
         default="on",
         help="also time kbert's compiled torch steps (jit_compile=True) where a suite asks",
     )
+    parser.add_argument(
+        "--kbert-variants",
+        choices=("on", "off"),
+        default="on",
+        help="also time the variants of kbert's recipe a suite names (gpu-goals: JAX "
+        "pretraining without attention dropout and with flash attention, and with float8 "
+        "matmuls), each in a process of its own",
+    )
+    parser.add_argument(
+        "--process",
+        nargs="+",
+        metavar="NAME",
+        help="run only these processes of the run (keras/jax, keras/torch, kbert-compile/torch, "
+        "kbert-flash/jax, kbert-float8/jax, hf/torch, hf-compile/torch...); the JSON and "
+        "goal lines then hold their rows only",
+    )
     parser.add_argument("--nice", type=int, default=0, help="run workers under `nice -n N`")
     parser.add_argument(
         "--malloc-hugepages",
@@ -346,7 +402,25 @@ def main(argv=None):
         payload = {"command": command, "date": started.isoformat(), "memory": results}
         payload["malloc_hugepages"] = args.malloc_hugepages
     else:
-        records, infos, peaks, checks = run_benchmark(args)
+
+        def payload_of(records, infos, peaks, checks):
+            return {
+                "command": command,
+                "date": started.isoformat(),
+                "processes": infos,
+                "matmul_peaks": peaks,
+                "common_matmul_peaks": common_peaks(peaks),
+                "results": records,
+                "malloc_hugepages": hugepages,
+                "plain": args.plain,
+                "plain_checks": checks,
+            }
+
+        def write_partial(*so_far):
+            if args.json:  # Complete after every worker: a run stopped part-way keeps them.
+                write_json(args.json, dict(payload_of(*so_far), complete=False))
+
+        records, infos, peaks, checks = run_benchmark(args, on_worker=write_partial)
         print(f"\ndevice: {next(iter(infos.values()))['device'] if infos else '?'}")
         for name, peak in sorted(peaks.items()):
             print(f"measured matmul peak {name}: {peak / 1e9:.1f} GFLOP/s")
@@ -370,17 +444,7 @@ def main(argv=None):
         if args.chart:
             write_chart(records, args.chart)
             print(f"\nchart written to {args.chart}")
-        payload = {
-            "command": command,
-            "date": started.isoformat(),
-            "processes": infos,
-            "matmul_peaks": peaks,
-            "common_matmul_peaks": common_peaks(peaks),
-            "results": records,
-            "malloc_hugepages": hugepages,
-            "plain": args.plain,
-            "plain_checks": checks,
-        }
+        payload = dict(payload_of(records, infos, peaks, checks), complete=True)
     load = load_average()
     print(f"load average at end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     payload["load_average_end"] = load

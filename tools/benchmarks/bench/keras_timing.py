@@ -148,21 +148,41 @@ def _keras_predict_times(model, x, warmup, steps, jit_compile):
     return times, sorted(faults)[len(faults) // 2]
 
 
-def _keras_models(framework, shape, precision, workload, remat=False):
-    """Builds the Keras model of a workload for kbert or keras-hub (fresh weights)."""
+# kbert's variants of a workload, each timed in a process of its own (row label
+# "kbert-<variant>"): what the recipe changes to let a faster kernel run.
+# - "flash": no attention-probability dropout (BERT's recipe has 0.1), so that the fused
+#   attention kernel (cuDNN's flash attention on a GPU under JAX) takes the training step;
+#   with dropout the step needs the probabilities and runs the explicit softmax path.
+# - "float8": `model.quantize("float8")` before compiling: Keras' float8 training of every
+#   Dense layer (inputs and kernels scaled to float8, delayed scaling), which XLA runs as
+#   float8 products on a GPU with float8 units (Hopper).
+KBERT_VARIANTS = ("flash", "float8")
+
+
+def _keras_models(framework, shape, precision, workload, remat=False, variant=None):
+    """Builds the Keras model of a workload for kbert or keras-hub (fresh weights); `variant`:
+    one of `KBERT_VARIANTS` (kbert only)."""
 
     if framework == "kbert":
         from kbert.models import BertBackbone, BertClassifier, BertPretrainer
 
         extra = {"remat": True} if remat else {}
+        if variant == "flash":
+            extra.update(attention_dropout=0.0, flash_attention=True)
+        elif variant not in (None, "float8"):
+            raise ValueError(f"Unknown kbert variant {variant!r}; expected one of {KBERT_VARIANTS}")
         backbone = BertBackbone(**shape, dtype=precision, **extra)
         if workload == "inference":
-            return backbone
-        if workload == "pretrain":
-            return BertPretrainer(backbone)
-        # What a user fine-tunes (pooled output, dropout 0.1, dense logits): its train step
-        # is kbert's compiled one under `jit_compile=True` on torch.
-        return BertClassifier(backbone, num_classes=2, dropout=0.1)
+            model = backbone
+        elif workload == "pretrain":
+            model = BertPretrainer(backbone)
+        else:
+            # What a user fine-tunes (pooled output, dropout 0.1, dense logits): its train step
+            # is kbert's compiled one under `jit_compile=True` on torch.
+            model = BertClassifier(backbone, num_classes=2, dropout=0.1)
+        if variant == "float8":
+            model.quantize("float8")
+        return model
 
     import keras_hub
 
@@ -223,17 +243,20 @@ def _keras_data(framework, workload, batch):
     return x, batch["mlm_labels"], mlm_weights
 
 
-def run_keras_cell(framework, shape, cell, jit_compile, warmup, steps, optimizer="kbert"):
+def run_keras_cell(
+    framework, shape, cell, jit_compile, warmup, steps, optimizer="kbert", variant=None
+):
     """Times one cell; returns the step times and the record's extra fields.
 
-    `optimizer`: "kbert" (`bert_optimizer`) or "keras" (`keras.optimizers.AdamW(2e-5)`).
+    `optimizer`: "kbert" (`bert_optimizer`) or "keras" (`keras.optimizers.AdamW(2e-5)`);
+    `variant`: one of `KBERT_VARIANTS`, or None for kbert's defaults.
     """
     import keras
 
     keras.config.set_dtype_policy("float32")
     keras.utils.set_random_seed(0)
     workload, batch_size = cell["workload"], cell["batch_size"]
-    model = _keras_models(framework, shape, cell["precision"], workload)
+    model = _keras_models(framework, shape, cell["precision"], workload, variant=variant)
     batch = random_batch(shape, batch_size, cell["sequence_length"], cell["num_masks"])
     x, y, sample_weight = _keras_data(framework, workload, batch)
     extra = {}

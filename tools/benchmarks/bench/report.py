@@ -206,12 +206,14 @@ def check_goals(records, peaks, suite_records=None):
     return "\n".join(lines)
 
 
-def check_suite_goals(title, goals, records, full_preset=None):
-    """Goal lines of a suite: each goal's measured value against its threshold.
+def judge_goals(goals, records, full_preset=None):
+    """Each goal's measured value against its threshold, as dicts: `workload`, `row`
+    ("<label>/<backend>"), `measure`, `threshold`, `value` (None when not measured), `status`
+    ("met", "not met", "not measured" or "not judged") and `text` (the goal line).
 
-    `goals`: (workload, kbert backend, measure, threshold) tuples (see `bench.cells`). Absolute
-    throughput and MFU goals hold for `full_preset` only; on another shape (`--config tiny`)
-    their line says so rather than judge.
+    `goals`: (workload, kbert backend, measure, threshold[, row label]) tuples (see
+    `bench.cells`). Absolute throughput and MFU goals hold for `full_preset` only; on another
+    shape (`--config tiny`) their status is "not judged".
     """
 
     def row(workload, name, backend=None):
@@ -227,47 +229,54 @@ def check_suite_goals(title, goals, records, full_preset=None):
             None,
         )
 
-    lines = [f"\ngoals ({title}, this run):"]
+    judged = []
     for workload, backend, measure, threshold, *name in goals:
         name = name[0] if name else "kbert"
         ours = row(workload, name, backend)
         what = f"{name}/{backend}"
+        value, status = None, "not measured"
         if measure.startswith("vs "):
             reference = row(workload, measure[3:])
-            goal = f"{what} {measure} >= {threshold:.2f}x"
-            if ours is None or reference is None:
-                lines.append(f"  {workload}: {goal}: not measured")
-                continue
-            value = ours["sequences_per_second"] / reference["sequences_per_second"]
-            text = f"{what} {measure} = {value:.2f}x (goal >= {threshold:.2f}x)"
+            text = f"{what} {measure} >= {threshold:.2f}x"
+            if ours is not None and reference is not None:
+                value = ours["sequences_per_second"] / reference["sequences_per_second"]
+                text = f"{what} {measure} = {value:.2f}x (goal >= {threshold:.2f}x)"
         elif measure == "mfu":
-            goal = f"{what} MFU >= {threshold:.0%}"
-            if ours is None or not ours.get("mfu"):
-                lines.append(f"  {workload}: {goal}: not measured")
-                continue
-            value = ours["mfu"]
-            text = (
-                f"{what} MFU = {value:.1%} against the common peak "
-                f"{ours['matmul_peak_flops'] / 1e12:.4g} TFLOP/s (goal >= {threshold:.0%})"
-            )
-            if full_preset and ours["preset"] != full_preset:
-                lines.append(
-                    f"  {workload}: {text}: not judged ({ours['preset']} is not {full_preset})"
+            text = f"{what} MFU >= {threshold:.0%}"
+            if ours is not None and ours.get("mfu"):
+                value = ours["mfu"]
+                text = (
+                    f"{what} MFU = {value:.1%} against the common peak "
+                    f"{ours['matmul_peak_flops'] / 1e12:.4g} TFLOP/s (goal >= {threshold:.0%})"
                 )
-                continue
         else:
-            goal = f"{what} >= {threshold:,} seq/s"
-            if ours is None:
-                lines.append(f"  {workload}: {goal}: not measured")
-                continue
-            value = ours["sequences_per_second"]
-            text = f"{what} = {value:,.0f} seq/s (goal >= {threshold:,})"
-            if full_preset and ours["preset"] != full_preset:
-                lines.append(
-                    f"  {workload}: {text}: not judged ({ours['preset']} is not {full_preset})"
-                )
-                continue
-        lines.append(f"  {workload}: {text}: {'met' if value >= threshold else 'NOT met'}")
+            text = f"{what} >= {threshold:,} seq/s"
+            if ours is not None:
+                value = ours["sequences_per_second"]
+                text = f"{what} = {value:,.0f} seq/s (goal >= {threshold:,})"
+        if value is not None:
+            status = "met" if value >= threshold else "not met"
+            absolute = not measure.startswith("vs ")
+            if absolute and full_preset and ours["preset"] != full_preset:
+                status = f"not judged ({ours['preset']} is not {full_preset})"
+        judged.append(
+            {
+                "workload": workload,
+                "row": what,
+                "measure": measure,
+                "threshold": threshold,
+                "value": value,
+                "status": status.split(" (")[0],
+                "text": f"{workload}: {text}: {'NOT met' if status == 'not met' else status}",
+            }
+        )
+    return judged
+
+
+def check_suite_goals(title, goals, records, full_preset=None):
+    """Goal lines of a suite (`judge_goals`), under a title."""
+    lines = [f"\ngoals ({title}, this run):"]
+    lines += [f"  {goal['text']}" for goal in judge_goals(goals, records, full_preset)]
     return "\n".join(lines)
 
 

@@ -120,6 +120,8 @@ def worker_main(spec):
                 name = "hf-compile"
             elif framework == "kbert" and spec.get("kbert_compile"):
                 name = "kbert-compile"  # kbert's compiled torch steps (jit_compile=True)
+            elif framework == "kbert" and spec.get("kbert_variant"):
+                name = f"kbert-{spec['kbert_variant']}"  # keras_timing.KBERT_VARIANTS
             label = (
                 f"[{name}/{backend}] {cell['preset']} {cell['workload']} "
                 f"b={cell['batch_size']} s={cell['sequence_length']} {precision}"
@@ -143,6 +145,7 @@ def worker_main(spec):
                         spec["warmup"],
                         spec["steps"],
                         optimizer=optimizer,
+                        variant=spec.get("kbert_variant"),
                     )
                 median, all_times = median_and_all(times)
                 flops = step_flops(
