@@ -182,12 +182,18 @@ def test_gpu_goals_time_kbert_compiled_steps_in_their_own_process(bench):
     spec.loader.exec_module(main)
     args = main.parse_args(["--suite", "gpu-goals", "--config", "tiny"])
     specs = main._processes(args, bench.cells.build_cells(args))
-    compiled = [s for _, s in specs if s.get("kbert_compile")]
+    compiled = [s for _, s in specs if s.get("kbert_compile") and not s.get("cuda_graphs")]
     assert len(compiled) == 1 and compiled[0]["jit_compile"] is True
     assert compiled[0]["backend"] == "torch" and compiled[0]["frameworks"] == ["kbert"]
     assert {c["workload"] for c in compiled[0]["cells"]} == {"pretrain", "finetune", "inference"}
+    # ... and, for fine-tuning and inference, with CUDA graphs (issue #44, item 2).
+    (graphed,) = [s for _, s in specs if s.get("cuda_graphs")]
+    assert graphed["jit_compile"] is True and graphed["backend"] == "torch"
+    assert [c["workload"] for c in graphed["cells"]] == ["finetune", "inference"]
     eager = [
-        s for b, s in specs if b == "torch" and s["family"] == "keras" and s is not compiled[0]
+        s
+        for b, s in specs
+        if b == "torch" and s["family"] == "keras" and not s.get("kbert_compile")
     ]
     assert eager and all(s["jit_compile"] == "auto" for s in eager)
     args = main.parse_args(["--suite", "gpu-goals", "--config", "tiny", "--kbert-compile", "off"])
@@ -200,6 +206,7 @@ def test_gpu_goals_time_kbert_compiled_steps_in_their_own_process(bench):
         "keras/jax",
         "keras/torch",
         "kbert-compile/torch",
+        "kbert-cudagraphs/torch",
         "hf/torch",
         "hf-compile/torch",
         "kbert-flash/jax",

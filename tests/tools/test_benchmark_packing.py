@@ -78,3 +78,28 @@ def test_packed_training_pads_less_than_unpacked_rows(packing, tmp_path):
     assert padding["packed"] < padding["standard"] < 1
     assert all(rate > 0 for rate in result["real_tokens_per_s"].values())
     assert result["ratio_packed_to_pieces"] > 0 and result["sequence_length"] == 64
+    # A machine without TensorFlow (the GPU one) trains on batches saved here: the same
+    # batches, padding and settings come back, and it trains on them.
+    saved = tmp_path / "batches.npz"
+    common = ["training", str(corpus), "--vocab", str(vocab), "--sequence-length", "64",
+              "--max-predictions", "8", "--batch-size", "4", "--batches", "3"]  # fmt: skip
+    assert packing.main(common + ["--save-batches", str(saved)]) is None
+    batches, saved_padding, settings = packing.load_batches(saved)
+    assert saved_padding == pytest.approx(padding, abs=1e-4)  # the result rounds them
+    assert (settings["sequence_length"], settings["batch_size"]) == (64, 4)
+    assert settings["vocabulary_size"] == len(_vocabulary())
+    assert {name: len(taken) for name, taken in batches.items()} == {
+        "packed": 3,
+        "pieces": 3,
+        "standard": 3,
+    }
+    x, y, _ = batches["packed"][0]
+    assert x["token_ids"].shape == (4, 64) and "document_ids" in x and "mlm" in y
+    assert "document_ids" not in batches["pieces"][0][0]
+    replayed = packing.main(
+        ["training", "--batches-from", str(saved), "--steps", "1", "--rounds", "1",
+         "--precision", "mixed_bfloat16", "--json", str(tmp_path / "r.json")]
+    )  # fmt: skip
+    assert replayed["padding_fraction"] == {k: round(v, 4) for k, v in padding.items()}
+    assert replayed["precision"] == "mixed_bfloat16" and replayed["sequence_length"] == 64
+    assert all(rate > 0 for rate in replayed["real_tokens_per_s"].values())

@@ -64,6 +64,7 @@ and result files are `bench.harness`'s, as in every benchmark script.
 import argparse
 import datetime
 import json
+import time
 
 from bench.cells import SUITE_PROCESSES, SUITES, build_cells, suite_cells
 from bench.common import BACKENDS, FRAMEWORKS, MEMORY_VARIANTS, PRECISIONS, WORKLOADS
@@ -104,7 +105,7 @@ def _spawn(spec, backend, args, hugepages):
 def _processes(args, cells):
     """The worker specs of a run: (backend, spec) per Keras backend, then HF eager and compiled."""
     backends, frameworks = list(args.backend), list(args.framework)
-    hf_compile, kbert_compile, variants = set(), set(), {}
+    hf_compile, kbert_compile, cuda_graphs, variants = set(), set(), set(), {}
     suites = args.suite or []
     if suites and not args.cell and all(s in SUITE_PROCESSES for s in suites):
         backends = [b for b in BACKENDS if any(b in SUITE_PROCESSES[s]["backends"] for s in suites)]
@@ -115,6 +116,7 @@ def _processes(args, cells):
         hf_compile.update(SUITE_PROCESSES.get(suite, {}).get("hf_compile", ()))
         if getattr(args, "kbert_compile", "on") == "on":
             kbert_compile.update(SUITE_PROCESSES.get(suite, {}).get("kbert_compile", ()))
+            cuda_graphs.update(SUITE_PROCESSES.get(suite, {}).get("kbert_cuda_graphs", ()))
         if getattr(args, "kbert_variants", "on") == "on":
             for backend, variant, workloads in SUITE_PROCESSES.get(suite, {}).get(
                 "kbert_variants", ()
@@ -151,6 +153,19 @@ def _processes(args, cells):
         specs.append(
             _torch_spec(common, "keras", "kbert", compiled, jit_compile=True, kbert_compile=True)
         )
+        graphed = [c for c in cells if c["workload"] in cuda_graphs]
+        if graphed:
+            specs.append(
+                _torch_spec(
+                    common,
+                    "keras",
+                    "kbert",
+                    graphed,
+                    jit_compile=True,
+                    kbert_compile=True,
+                    cuda_graphs=True,
+                )
+            )
     if "hf" in frameworks:
         specs.append(_torch_spec(common, "hf", "hf", cells))
         compiled = [c for c in cells if c["workload"] in hf_compile]
@@ -178,10 +193,13 @@ def _processes(args, cells):
 def process_name(spec):
     """A worker's name in the results (`processes`) and for `--process`: `keras/<backend>`
     (kbert and keras-hub with the run's settings), `kbert-compile/torch` (kbert's compiled
-    torch steps), `kbert-<variant>/<backend>`, `hf/torch` or `hf-compile/torch`."""
+    torch steps), `kbert-cudagraphs/torch` (the same capturing CUDA graphs),
+    `kbert-<variant>/<backend>`, `hf/torch` or `hf-compile/torch`."""
     family = spec["family"]
     if family == "hf" and spec.get("torch_compile"):
         family = "hf-compile"
+    elif spec.get("cuda_graphs"):
+        family = "kbert-cudagraphs"
     elif spec.get("kbert_compile"):
         family = "kbert-compile"
     elif spec.get("kbert_variant"):
@@ -207,10 +225,16 @@ def run_benchmark(args, on_worker=None):
     records, infos, peaks, checks = [], {}, {}, []
     total = args.rounds * len(specs)
     done = 0
+    stop_at = time.time() + args.stop_after if args.stop_after else None
     for round_index in range(args.rounds):
         for backend, spec in specs:
             done += 1
             name = process_name(spec)
+            if stop_at:
+                if time.time() > stop_at:
+                    log(f"[{done}/{total}] {name}: not started, the time budget is spent")
+                    continue
+                spec = dict(spec, stop_at=stop_at)
             log(f"[{done}/{total}] round {round_index + 1}: {name}")
             output = _spawn(spec, backend, args, hugepages)
             records.extend(output["results"])
@@ -320,7 +344,8 @@ def parse_args(argv=None):
         "--kbert-compile",
         choices=("on", "off"),
         default="on",
-        help="also time kbert's compiled torch steps (jit_compile=True) where a suite asks",
+        help="also time kbert's compiled torch steps (jit_compile=True), also with CUDA graphs, "
+        "where a suite asks",
     )
     parser.add_argument(
         "--kbert-variants",
@@ -335,8 +360,15 @@ def parse_args(argv=None):
         nargs="+",
         metavar="NAME",
         help="run only these processes of the run (keras/jax, keras/torch, kbert-compile/torch, "
-        "kbert-flash/jax, kbert-float8/jax, hf/torch, hf-compile/torch...); the JSON and "
-        "goal lines then hold their rows only",
+        "kbert-cudagraphs/torch, kbert-flash/jax, kbert-float8/jax, hf/torch, "
+        "hf-compile/torch...); the JSON and goal lines then hold their rows only",
+    )
+    parser.add_argument(
+        "--stop-after",
+        type=float,
+        metavar="SECONDS",
+        help="a time budget: no worker and no cell starts after this many seconds (their rows "
+        "are missing: their goals read 'not measured'); what runs then finishes",
     )
     parser.add_argument("--nice", type=int, default=0, help="run workers under `nice -n N`")
     parser.add_argument(

@@ -51,7 +51,7 @@ import statistics
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from bench.data import default_data_dir, minilm_directory  # noqa: E402
-from bench.harness import interleave  # noqa: E402
+from bench.harness import command_line, interleave, write_json  # noqa: E402
 
 
 def default_files():
@@ -114,25 +114,80 @@ def _training_batches(args, files, tokenizer):
     return batches, padding
 
 
+def save_batches(path, batches, padding, settings):
+    """Writes the inputs' batches, padding fractions and `settings` to one `.npz` file (through
+    a temporary sibling), for `--batches-from` on a machine without the tf.data pipeline."""
+    import numpy as np
+
+    arrays = {"settings": np.array(json.dumps(dict(settings, padding=padding)))}
+    for name, taken in batches.items():
+        for index, parts in enumerate(taken):
+            for part, tree in zip(("x", "y", "w"), parts):
+                for key, value in tree.items():
+                    arrays[f"{name}/{index}/{part}/{key}"] = value
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    temporary = f"{path}.tmp.npz"
+    np.savez_compressed(temporary, **arrays)
+    os.replace(temporary, path)
+
+
+def load_batches(path):
+    """`save_batches`' file -> (batches, padding, settings)."""
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as data:
+        settings = json.loads(str(data["settings"]))
+        batches = {}
+        for key in data.files:
+            if key == "settings":
+                continue
+            name, index, part, field = key.split("/")
+            taken = batches.setdefault(name, {})
+            taken.setdefault(int(index), {"x": {}, "y": {}, "w": {}})[part][field] = data[key]
+    batches = {
+        name: [(b["x"], b["y"], b["w"]) for _, b in sorted(taken.items())]
+        for name, taken in batches.items()
+    }
+    return batches, settings.pop("padding"), settings
+
+
 def training(args):
     """Real tokens per second of masked-LM training steps on packed and unpacked rows."""
     import keras
 
     from kbert.models import BACKBONE_PRESETS, BertBackbone, BertPretrainer
-    from kbert.text import BertTokenizer
 
-    files = args.files or default_files()
-    tokenizer = BertTokenizer.from_preset(args.vocab or default_vocab())
-    batches, padding = _training_batches(args, files, tokenizer)
+    if args.batches_from:
+        batches, padding, settings = load_batches(args.batches_from)
+        vocabulary_size = settings["vocabulary_size"]
+        args.sequence_length, args.batch_size = settings["sequence_length"], settings["batch_size"]
+        files = settings["files"]
+    else:
+        from kbert.text import BertTokenizer
+
+        files = args.files or default_files()
+        tokenizer = BertTokenizer.from_preset(args.vocab or default_vocab())
+        batches, padding = _training_batches(args, files, tokenizer)
+        vocabulary_size = len(tokenizer.vocabulary)
+    if args.save_batches:
+        settings = dict(
+            vocabulary_size=vocabulary_size,
+            sequence_length=args.sequence_length,
+            batch_size=args.batch_size,
+            files=[os.path.basename(f) for f in files],
+        )
+        save_batches(args.save_batches, batches, padding, settings)
+        print(f"batches written to {args.save_batches}")
+        return None
     config = dict(BACKBONE_PRESETS[args.preset]["config"])
     config.update(
-        vocabulary_size=len(tokenizer.vocabulary),
+        vocabulary_size=vocabulary_size,
         max_sequence_length=max(config["max_sequence_length"], args.sequence_length),
     )
     models = {}
     for name in batches:
         keras.utils.set_random_seed(args.seed)
-        backbone = BertBackbone(**dict(config, packed=name == "packed"))
+        backbone = BertBackbone(**dict(config, packed=name == "packed"), dtype=args.precision)
         models[name] = BertPretrainer(backbone, next_sentence=False)
         models[name].compile(total_steps=10**6)
 
@@ -170,6 +225,8 @@ def training(args):
     print(f"packed / pieces: {ratio_pieces:.2f}x; packed / standard: {ratio_standard:.2f}x")
     result = {
         "backend": keras.backend.backend(),
+        "device": _device(),
+        "precision": args.precision,
         "preset": args.preset,
         "sequence_length": args.sequence_length,
         "batch_size": args.batch_size,
@@ -181,7 +238,19 @@ def training(args):
         "ratio_packed_to_standard": round(ratio_standard, 3),
     }
     print(json.dumps(result))
+    if args.json:
+        write_json(args.json, dict(result, command=command_line(__file__)))
     return result
+
+
+def _device():
+    import keras
+
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.devices()[0].device_kind
+    return keras.backend.backend()
 
 
 def _read_sentences(path, limit):
@@ -290,6 +359,21 @@ def parse_args(argv=None):
     train.add_argument("--steps", type=int, default=4, help="Timed steps per input and round.")
     train.add_argument("--rounds", type=int, default=5)
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--precision", default="float32", help="the backbone's dtype policy (mixed_bfloat16...)"
+    )
+    train.add_argument(
+        "--save-batches",
+        metavar="NPZ",
+        help="write the inputs' batches and padding to this file and stop (no training)",
+    )
+    train.add_argument(
+        "--batches-from",
+        metavar="NPZ",
+        help="train on a --save-batches file instead of running the tf.data pipeline (a "
+        "machine without TensorFlow)",
+    )
+    train.add_argument("--json", help="write the result to this JSON file")
     infer = commands.add_parser("inference", help="texts/s of the forward pass")
     infer.add_argument("--preset", required=True)
     infer.add_argument("--tsv", required=True, help="a TSV with a header; texts in column 0")

@@ -28,14 +28,17 @@ SUITES = {
 # The processes a suite needs; a suite not listed runs every `--backend` and `--framework`.
 # `hf_compile`: the workloads also timed with Hugging Face under `torch.compile`;
 # `kbert_compile`: those also timed with kbert's compiled torch steps (`jit_compile=True`);
-# `kbert_variants`: (backend, variant, workloads) timed with a variant of kbert's recipe
-# (`keras_timing.KBERT_VARIANTS`), each in a process of its own.
+# `kbert_cuda_graphs`: those also timed with kbert's compiled torch steps capturing CUDA graphs
+# (`kbert.backend.torch_steps.CUDA_GRAPHS = True`; on a CPU the same programs as
+# `kbert_compile`); `kbert_variants`: (backend, variant, workloads) timed with a variant of
+# kbert's recipe (`keras_timing.KBERT_VARIANTS`), each in a process of its own.
 SUITE_PROCESSES = {
     "gpu-goals": {
         "backends": ("jax", "torch"),
         "frameworks": ("kbert", "hf"),
         "hf_compile": ("pretrain",),
         "kbert_compile": ("pretrain", "finetune", "inference"),
+        "kbert_cuda_graphs": ("finetune", "inference"),
         "kbert_variants": (("jax", "flash", ("pretrain",)), ("jax", "float8", ("pretrain",))),
     },
     "host-overhead": {"backends": ("torch",), "frameworks": ("kbert", "hf"), "hf_compile": ()},
@@ -54,7 +57,8 @@ CPU_GOALS = (
 # (absolute, for the suite's own shape only), "mfu" (against the device's common matmul peak),
 # or "vs LABEL" (throughput ratio to that row: "hf" is HF eager, "hf-compile" HF under
 # torch.compile). The kbert row is "kbert" (the default path) unless named: "kbert-compile" is
-# kbert's compiled torch steps, "kbert-flash" / "kbert-float8" the variants of JAX
+# kbert's compiled torch steps ("kbert-cudagraphs" with CUDA graphs), "kbert-flash" /
+# "kbert-float8" the variants of JAX
 # pretraining (`keras_timing.KBERT_VARIANTS`). The thresholds are issue #44's (torch against
 # HF, JAX pretraining MFU) and the earlier GPU issue's (JAX throughput and fine-tuning).
 GPU_GOALS = (
@@ -70,6 +74,8 @@ GPU_GOALS = (
     ("pretrain", "torch", "vs hf-compile", 1.0, "kbert-compile"),
     ("finetune", "torch", "vs hf", 1.5, "kbert-compile"),
     ("inference", "torch", "vs hf", 1.0, "kbert-compile"),
+    ("finetune", "torch", "vs hf", 1.5, "kbert-cudagraphs"),
+    ("inference", "torch", "vs hf", 1.0, "kbert-cudagraphs"),
 )
 HOST_OVERHEAD_GOALS = (("finetune", "torch", "vs hf", 1.0),)
 

@@ -154,8 +154,9 @@ def _keras_predict_times(model, x, warmup, steps, jit_compile):
 #   attention kernel (cuDNN's flash attention on a GPU under JAX) takes the training step;
 #   with dropout the step needs the probabilities and runs the explicit softmax path.
 # - "float8": `model.quantize("float8")` before compiling: Keras' float8 training of every
-#   Dense layer (inputs and kernels scaled to float8, delayed scaling), which XLA runs as
-#   float8 products on a GPU with float8 units (Hopper).
+#   Dense layer (inputs and kernels quantized to float8 and back with delayed scaling; XLA
+#   can rewrite such a product into a float8 one on a GPU with float8 units, Hopper). Whether
+#   it does, and whether that pays at BERT-Base's sizes, is what this row measures.
 KBERT_VARIANTS = ("flash", "float8")
 
 

@@ -5,6 +5,8 @@ Face runs in its own process too (eager and `torch.compile` separately). The wor
 cell of its spec and emits its records (`bench.harness`).
 """
 
+import time
+
 from bench.common import median_and_all
 from bench.devices import device_kind, device_name
 from bench.flops import encoder_matmuls, resolve_preset, step_flops
@@ -105,6 +107,10 @@ def worker_main(spec):
     }
     if allocator is not None:
         info["allocator"] = allocator
+    if spec.get("cuda_graphs"):  # kbert's documented switch, read at every compiled call
+        import kbert.backend.torch_steps
+
+        kbert.backend.torch_steps.CUDA_GRAPHS = True
     if spec.get("torch_threads") and backend == "torch":
         import torch
 
@@ -115,9 +121,14 @@ def worker_main(spec):
         precision = cell["precision"]
         shape = resolve_preset(cell["preset"])
         for framework, optimizer in _runs(spec, cell):
+            if spec.get("stop_at") and time.time() > spec["stop_at"]:
+                log(f"  not running {cell['workload']} ({framework}): the time budget is spent")
+                continue
             name = framework
             if framework == "hf" and spec["torch_compile"]:
                 name = "hf-compile"
+            elif framework == "kbert" and spec.get("cuda_graphs"):
+                name = "kbert-cudagraphs"  # the same, capturing CUDA graphs on a GPU
             elif framework == "kbert" and spec.get("kbert_compile"):
                 name = "kbert-compile"  # kbert's compiled torch steps (jit_compile=True)
             elif framework == "kbert" and spec.get("kbert_variant"):
