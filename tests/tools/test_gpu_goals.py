@@ -87,6 +87,11 @@ def test_serving_goals_compare_long_texts_with_sentence_transformers(gpu):
     assert [g["status"] for g in gpu.serving_goals(rows, tiny=True)] == ["not judged"] * 2
     failed = [dict(rows[0], error="worker died")] + rows[1:]
     assert gpu.serving_goals(failed)[0]["status"] == "not measured"
+    # On tiny shapes no ratio is judged: the verdict is replaced, the value kept.
+    tiny = gpu.unjudged([torch_goal, jax_goal, gpu.serving_goals([])[0]])
+    assert [g["status"] for g in tiny] == ["not judged", "not judged", "not measured"]
+    assert tiny[1]["text"].endswith("= 1.10x (goal >= 1.20x): not judged (tiny shapes)")
+    assert tiny[1]["value"] == pytest.approx(1.1) and jax_goal["status"] == "not met"
 
 
 def _model_row(workload, framework, backend, speed, mfu=None, label=None):
@@ -295,6 +300,8 @@ def test_serving_and_packing_parts_run_end_to_end_on_a_tiny_config(gpu, tmp_path
     goals = [g for g in summary["goals"] if g["workload"] == "serving long texts"]
     assert [g["status"] for g in goals] == ["not judged", "not judged"]
     assert all(g["value"] > 0 for g in goals)
+    # Nothing measured on tiny shapes is judged; goals of parts not run are not measured.
+    assert {g["status"] for g in summary["goals"]} == {"not judged", "not measured"}
     packing = summary["packing"]
     assert packing["sequence_length"] == 64 and packing["backend"] == "jax"
     assert packing["padding_fraction"]["packed"] < packing["padding_fraction"]["standard"]
