@@ -33,8 +33,9 @@ The speed paths:
                             masks padded keys, and how it attends from one row.
     needs_dense_embedding_gradient
                             TensorFlow: dense embedding gradients instead of `IndexedSlices`.
-    has_multi_tensor_adamw, adamw_update
-                            torch: `BertAdamW`'s update of every variable by one fused kernel.
+    has_multi_tensor_adamw, adamw_update, clip_by_global_norm
+                            torch: `BertAdamW`'s update of every variable by one fused kernel,
+                            and its global-norm clipping by one multi-tensor norm.
     xla_predict_function    TensorFlow: `predict` compiled with XLA.
     int8_products_saturate  whether this CPU's uint8 x int8 products need 7-bit operands.
     build_optimizer_before_tracing
@@ -57,6 +58,7 @@ from kbert.backend.paths import (
     batch_slice,
     build_optimizer_before_tracing,
     call_sublayer,
+    clip_by_global_norm,
     flash_unavailable_reason,
     fused_attention_unsupported,
     fused_dense,
@@ -85,6 +87,7 @@ __all__ = [
     "batch_slice",
     "build_optimizer_before_tracing",
     "call_sublayer",
+    "clip_by_global_norm",
     "flash_unavailable_reason",
     "fused_attention_unsupported",
     "fused_dense",

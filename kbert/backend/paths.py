@@ -374,6 +374,21 @@ def adamw_update(optimizer, grads, variables, learning_rate):
     torch_paths.adamw_update(optimizer, grads, variables, learning_rate)
 
 
+def clip_by_global_norm(grads, clip_norm):
+    """Keras' `clip_by_global_norm` of `grads` (`None` kept) where `has_multi_tensor_adamw()`:
+    the same scale, `clip_norm * min(1 / norm, 1 / clip_norm)` (a non-finite norm gives
+    non-finite gradients, as in Keras), with the norm computed by torch's multi-tensor
+    `get_total_norm` (a few kernels on a GPU instead of two per variable)."""
+    if not has_multi_tensor_adamw():
+        raise ValueError(
+            f"kbert has no multi-tensor gradient clipping on the {keras.config.backend()} "
+            "backend; check `has_multi_tensor_adamw()` first."
+        )
+    from kbert.backend import torch as torch_paths
+
+    return torch_paths.clip_by_global_norm(grads, clip_norm)
+
+
 # ------------------------------------------------------------------------------ replicas
 def replicas_gradient_sum(grads):
     """`(summed, replicas)`: the gradients summed over a TensorFlow strategy's replicas, when

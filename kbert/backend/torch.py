@@ -179,6 +179,19 @@ def _torch_adamw_update(optimizer, grads, variables, learning_rate):
             param.grad = None
 
 
+def clip_by_global_norm(grads, clip_norm):
+    """Keras' `clip_by_global_norm` (see `kbert.backend.paths.clip_by_global_norm`): the norm
+    of all gradients by `torch.nn.utils.get_total_norm` (its multi-tensor form on a GPU), then
+    Keras' scale, `clip_norm * min(1 / norm, 1 / clip_norm) + (norm - norm)`."""
+    present = [g for g in grads if g is not None]
+    if not present:
+        return list(grads)
+    with torch.no_grad():
+        norm = torch.nn.utils.get_total_norm(present, 2.0)
+        scale = torch.clamp(1.0 / norm, max=1.0 / clip_norm) * clip_norm + (norm - norm)
+    return [None if g is None else g * scale.to(g.dtype) for g in grads]
+
+
 # Whether `adamw_update` may use torch's fused AdamW kernel (tests turn it off to check the
 # multi-tensor form against it).
 FUSED_ADAMW = True

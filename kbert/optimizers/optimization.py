@@ -248,8 +248,11 @@ class BertAdamW(keras.optimizers.AdamW):
     kernel (`kbert.backend.adamw_update`) rather than by one `update_step` of ~15
     eager ops per variable: `apply` collects the `update_step` calls of one update and runs
     them together when the last one arrives, that is before Keras' EMA and constraints, as
-    the per-variable form would. Only public Keras hooks are used (`build`, `update_step`,
-    `apply`, `add_optimizer_variables`).
+    the per-variable form would. Global-norm clipping runs there at once too
+    (`kbert.backend.clip_by_global_norm`: one multi-tensor norm on a GPU instead of two ops
+    per variable, Keras' scale) before Keras' `apply`, when nothing Keras does first changes
+    the gradients (no gradient accumulation, no loss scale factor). Only public Keras hooks
+    are used (`build`, `update_step`, `apply`, `add_optimizer_variables`).
 
     Args:
         exclude_from_weight_decay: list of str or `None`. Variable names (substrings, as for
@@ -324,6 +327,9 @@ class BertAdamW(keras.optimizers.AdamW):
         variables = trainable_variables
         if variables is None:
             variables = self._slot_index.variables if self._slot_index is not None else ()
+        variables = list(variables)
+        if self._clips_at_once(grads, variables):
+            return self._apply_clipped_at_once(grads, variables, trainable_variables)
         # Keras calls `update_step` once per variable with a gradient (it skips `None` gradients
         # and variables that take their gradient as value), or not at all (accumulating steps).
         expected = sum(
@@ -339,6 +345,39 @@ class BertAdamW(keras.optimizers.AdamW):
             return result
         finally:
             self._pending = None
+
+    def _clips_at_once(self, grads, variables):
+        """Whether this step's global-norm clipping can run before Keras' `apply`, all at once
+        (`backend.clip_by_global_norm`): the step clips by global norm only, updates the
+        variables it is given now (no gradient accumulation) and has no loss scale to undo
+        first (Keras clips after unscaling)."""
+        return bool(
+            self.global_clipnorm
+            and self.global_clipnorm > 0
+            and not self.clipnorm
+            and not self.clipvalue
+            and not self.gradient_accumulation_steps
+            and self.loss_scale_factor is None
+            and len(variables) == len(grads)
+        )
+
+    def _apply_clipped_at_once(self, grads, variables, trainable_variables):
+        """Keras' global-norm clipping of the gradients Keras would clip (not `None`, not of a
+        variable that takes its gradient as value), computed at once on the backend, then
+        Keras' `apply` with its own clipping off for this call."""
+        clipped_ones = [
+            g is not None and not getattr(v, "overwrite_with_gradient", False)
+            for g, v in zip(grads, variables)
+        ]
+        clipped = backend.clip_by_global_norm(
+            [g if c else None for g, c in zip(grads, clipped_ones)], self.global_clipnorm
+        )
+        grads = [new if c else g for new, g, c in zip(clipped, grads, clipped_ones)]
+        clip_norm, self.global_clipnorm = self.global_clipnorm, None
+        try:
+            return self.apply(grads, trainable_variables)
+        finally:
+            self.global_clipnorm = clip_norm
 
     def _apply_clipped_sum(self, summed, replicas, trainable_variables):
         """Over several TensorFlow replicas: clips the global gradient `summed` (as one worker

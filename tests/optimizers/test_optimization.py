@@ -408,3 +408,39 @@ def test_compiled_torch_training_step_updates_as_eager():
 
     eager, compiled = train(False), train(True)
     assert max(np.abs(a - b).max() for a, b in zip(compiled, eager)) < 1e-6
+
+
+def test_global_clipping_leaves_out_a_variable_that_takes_its_gradient_as_value(monkeypatch):
+    """Keras sets a variable with `overwrite_with_gradient` to its gradient, unclipped, and
+    clips the others by their own global norm (the torch path clips before Keras' `apply`)."""
+    import kbert.backend
+
+    initial, grads = _varying_problem(num_steps=4, seed=7)
+    calls = []
+    if kbert.backend.has_multi_tensor_adamw():  # torch: clipped at once, checked to be so
+        clip = kbert.backend.clip_by_global_norm
+        monkeypatch.setattr(
+            kbert.backend, "clip_by_global_norm", lambda *a: calls.append(1) or clip(*a)
+        )
+    rng = np.random.default_rng(8)
+    counters = [(rng.normal(size=(5,)) * 30.0).astype("float32") for _ in grads]
+    optimizer = bert_optimizer(**SETTINGS)
+    variables = [keras.Variable(p, name=name) for p, name in zip(initial, NAMES)]
+    counter = keras.Variable(np.zeros(5, "float32"), name="counter")
+    counter.overwrite_with_gradient = True
+    for step_grads, value in zip(grads, counters):
+        tensors = [keras.ops.convert_to_tensor(g) for g in step_grads + [value]]
+        optimizer.apply(tensors, variables + [counter])
+    assert_all_close(keras.ops.convert_to_numpy(counter), counters[-1], atol=0, rtol=0)
+    expected = _reference(initial, grads, _bert_schedule())
+    # Counting the large overwritten gradient in the norm would clip the others far more.
+    norms = [np.sqrt(sum(np.sum(g.astype("float64") ** 2) for g in step)) for step in grads]
+    with_counter = [
+        [g * min(1.0, norm / np.sqrt(norm**2 + np.sum(c.astype("float64") ** 2))) for g in step]
+        for step, c, norm in zip(grads, counters, norms)
+    ]
+    wrong = {
+        "the overwritten gradient in the norm": _reference(initial, with_counter, _bert_schedule())
+    }
+    _assert_matches_only(variables, expected, wrong)
+    assert len(calls) == (len(grads) if kbert.backend.has_multi_tensor_adamw() else 0)

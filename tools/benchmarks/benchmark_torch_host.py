@@ -32,6 +32,14 @@ recipe). Ratios are lean / graph time (below 1.0: faster now).
     KERAS_BACKEND=torch python tools/benchmarks/benchmark_torch_host.py --before-after \
         --data-dir DATA --rounds 3
 
+`--deep` measures what a step costs the host at BERT-Base's depth: 12 layers and 12 heads at
+hidden size 96 (intermediate 384, vocabulary 1,024, batch 2, length 16), where the products
+cost next to nothing, so the time is the host's (Python, dispatch, casts), as on a GPU whose
+steps are host-bound: the backbone call, `predict_on_batch` and `train_on_batch` (compile()'s
+defaults, vs HF + AdamW foreach) in float32 and under `mixed_bfloat16` (HF under autocast).
+
+    KERAS_BACKEND=torch python tools/benchmarks/benchmark_torch_host.py --deep --rounds 7
+
 `--compiled` measures kbert's compiled steps (`compile(jit_compile=True)`, Inductor,
 `kbert.backend.torch_steps`) on the tiny classifier, float32, one thread: `train_on_batch`
 and `predict_on_batch` against kbert's eager step, HF eager and HF `torch.compile` (its
@@ -54,6 +62,8 @@ GOALS = {
 }
 TINY = dict(num_layers=2, hidden_dim=128, num_heads=2, intermediate_dim=512)
 BASE = dict(num_layers=12, hidden_dim=768, num_heads=12, intermediate_dim=3072)
+# BERT-Base's 12 layers and 12 heads at a width where the products cost next to nothing (`--deep`).
+DEEP = dict(num_layers=12, hidden_dim=96, num_heads=12, intermediate_dim=384)
 
 
 def _hf_config(shape, vocabulary_size, **extra):
@@ -164,21 +174,23 @@ def alternate(kbert_run, hf_run, rounds, calls, warmup=5):
     }
 
 
-def backbone_host(rounds, calls):
-    """Tiny backbone, float32: `backbone(inputs)` and `predict_on_batch` against HF eager."""
+def backbone_host(rounds, calls, shape=TINY, batch=8, policy="float32"):
+    """A backbone (the tiny one, float32, by default): `backbone(inputs)` and `predict_on_batch`
+    against HF eager (under `torch.autocast` for a mixed `policy`)."""
     import torch
     import transformers
 
-    kbert_inputs, hf_inputs = _inputs(8, 16, 1024)
-    backbone = _backbone(TINY, 1024, "float32")
-    hf = transformers.BertModel(_hf_config(TINY, 1024)).eval()
+    kbert_inputs, hf_inputs = _inputs(batch, 16, 1024)
+    backbone = _backbone(shape, 1024, policy)
+    hf = transformers.BertModel(_hf_config(shape, 1024)).eval()
+    mixed = policy != "float32"
 
     def kbert_call():
         with torch.no_grad():
             backbone(kbert_inputs)
 
     def hf_call():
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=mixed):
             hf(**hf_inputs)
 
     return {
@@ -189,24 +201,25 @@ def backbone_host(rounds, calls):
     }
 
 
-def train_host(policy, rounds, calls):
-    """Tiny classifier: `train_on_batch` with `compile()`'s defaults against HF + AdamW."""
+def train_host(policy, rounds, calls, shape=TINY, batch=8):
+    """A classifier (the tiny one by default): `train_on_batch` with `compile()`'s defaults
+    against HF + AdamW."""
     import keras
     import torch
     import transformers
 
     from kbert.models import BertClassifier
 
-    kbert_inputs, hf_inputs = _inputs(8, 16, 1024)
-    labels = torch.tensor([0, 1] * 4)
+    kbert_inputs, hf_inputs = _inputs(batch, 16, 1024)
+    labels = torch.tensor([0, 1] * (batch // 2))
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)
     try:
-        classifier = BertClassifier(_backbone(TINY, 1024, policy), num_classes=2)
+        classifier = BertClassifier(_backbone(shape, 1024, policy), num_classes=2)
         classifier.compile()
     finally:
         keras.config.set_dtype_policy(previous)
-    hf = transformers.BertForSequenceClassification(_hf_config(TINY, 1024, num_labels=2))
+    hf = transformers.BertForSequenceClassification(_hf_config(shape, 1024, num_labels=2))
     hf.train()
     optimizer = torch.optim.AdamW(hf.parameters(), lr=2e-5, foreach=True)
     mixed = policy != "float32"
@@ -290,6 +303,18 @@ def compiled_host(rounds, calls):
     }
 
 
+def deep_host(rounds, calls):
+    """BERT-Base's depth at a width where computing costs next to nothing (`DEEP`, batch 2 x
+    16): what a step costs the host, as on a GPU where the host is the bound (`--deep`)."""
+    results = {}
+    for policy in ("float32", "mixed_bfloat16"):
+        calls_of = backbone_host(rounds, calls, DEEP, batch=2, policy=policy)
+        results[f"backbone_call_{policy}"] = calls_of["backbone_call"]
+        results[f"predict_on_batch_{policy}"] = calls_of["predict_on_batch"]
+        results[f"train_on_batch_{policy}"] = train_host(policy, rounds, calls, DEEP, batch=2)
+    return results
+
+
 def before_after(data_dir, rounds):
     """Raw-text encode and fine-tuning steps, lean path against the graph (`--before-after`)."""
     import numpy as np
@@ -346,6 +371,11 @@ def main(argv=None):
     parser.add_argument(
         "--compiled", action="store_true", help="kbert's compiled steps (jit_compile=True)"
     )
+    parser.add_argument(
+        "--deep",
+        action="store_true",
+        help="BERT-Base's depth at a negligible width: the host cost of its steps",
+    )
     parser.add_argument("--data-dir", default=None, help="shared data (--before-after)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--chart", help="write a PNG bar chart of the ratios here")
@@ -383,6 +413,17 @@ def main(argv=None):
             from bench.harness import command_line, write_json
 
             results["compile_seconds"] = seconds
+            write_json(args.json, {"command": command_line(__file__, argv), "results": results})
+        return
+    if args.deep:
+        torch.set_num_threads(1)
+        results = deep_host(args.rounds, args.calls)
+        print(f"{'measure (L12-H96-A12, batch 2 x 16)':36s} {'kbert / HF':>10s}  {'kbert ms':>9s}")
+        for name, row in results.items():
+            print(f"{name:36s} {row['ratio']:10.2f}  {row['kbert_ms']:9.3f} {row['hf_ms']:8.3f}")
+        if args.json:
+            from bench.harness import command_line, write_json
+
             write_json(args.json, {"command": command_line(__file__, argv), "results": results})
         return
     if args.graph:
