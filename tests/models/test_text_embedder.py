@@ -117,8 +117,11 @@ def minilm_reference():
 
 
 def _assert_close(actual, expected):
+    """Equal to float32 error: 1e-5 of the outputs' scale (unnormalized max-pooled outputs of
+    the wide small model reach about 24, where one float32 step is 2e-6)."""
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    assert np.abs(actual - expected).max() <= 1e-5, np.abs(actual - expected).max()
+    tolerance = 1e-5 * max(1.0, float(np.abs(expected).max()))
+    assert np.abs(actual - expected).max() <= tolerance, np.abs(actual - expected).max()
 
 
 class TestParity:
