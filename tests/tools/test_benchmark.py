@@ -28,6 +28,7 @@ def bench(monkeypatch):
     import bench.cells
     import bench.flops
     import bench.harness
+    import bench.keras_timing
     import bench.report
 
     return bench
@@ -236,6 +237,29 @@ def test_gpu_goals_time_kbert_compiled_steps_in_their_own_process(bench):
     assert type(adamw).__name__ == "AdamW" and float(adamw.learning_rate) == pytest.approx(2e-5)
 
 
+def test_kbert_variants_build_what_they_name(bench):
+    """`flash`: no attention dropout and flash attention asked for; `float8`: every Dense
+    layer of the model in Keras' float8 mode; anything else is refused."""
+    import keras
+
+    shape = bench.flops.resolve_preset("L2-H64-A2-V512")
+    timing = bench.keras_timing
+    plain = timing._keras_models("kbert", shape, "mixed_bfloat16", "pretrain")
+    flash = timing._keras_models("kbert", shape, "mixed_bfloat16", "pretrain", variant="flash")
+    assert plain.backbone.attention_dropout == 0.1 and plain.backbone.flash_attention is None
+    assert flash.backbone.attention_dropout == 0.0 and flash.backbone.flash_attention is True
+    float8 = timing._keras_models("kbert", shape, "mixed_bfloat16", "pretrain", variant="float8")
+    dense = [layer for layer in float8._flatten_layers() if isinstance(layer, keras.layers.Dense)]
+    assert len(dense) > 8 and {layer.quantization_mode for layer in dense} == {"float8"}
+    assert all(
+        layer.quantization_mode is None
+        for layer in plain._flatten_layers()
+        if isinstance(layer, keras.layers.Dense)
+    )
+    with pytest.raises(ValueError, match="Unknown kbert variant 'fp4'"):
+        timing._keras_models("kbert", shape, "float32", "pretrain", variant="fp4")
+
+
 def test_absolute_goals_are_not_judged_on_another_shape(bench):
     records = [_record("pretrain", "kbert", "jax", 9e9, preset="L2-H64-A2-V512", mfu=0.9)]
     text = bench.report.check_suite_goals(
@@ -279,6 +303,10 @@ def test_gpu_goals_and_host_overhead_suites_run_end_to_end_on_a_tiny_config(tmp_
         # kbert's compiled torch steps: Inductor compiles each for minutes on a small CPU; their
         # processes are checked by test_gpu_goals_time_kbert_compiled_steps_in_their_own_process.
         "--kbert-compile",
+        "off",
+        # The JAX pretraining variants time the same step on another model: the models are
+        # checked by test_kbert_variants_build_what_they_name, their processes above.
+        "--kbert-variants",
         "off",
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1500)
