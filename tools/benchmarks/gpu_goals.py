@@ -57,6 +57,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -438,7 +439,8 @@ def run(args):
     started, clock = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(args.work or out / ".work")
+    # Scratch outside `--out`: a run stopped from outside leaves only finished files there.
+    work = Path(args.work or tempfile.mkdtemp(prefix="kbert-gpu-goals-"))
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     args.bundle_data = Path(args.bundle) / "data" if args.config == "full" else args.data_dir
@@ -542,7 +544,7 @@ def parse_args(argv=None):
     go.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     go.add_argument("--config", choices=("full", "tiny"), default="full")
     go.add_argument("--site", default="/tmp/kbert-gpu-site", help="where the wheels go")
-    go.add_argument("--work", help="scratch folder (default: OUT/.work, removed at the end)")
+    go.add_argument("--work", help="scratch folder (default: a new temporary one, removed)")
     go.add_argument("--checkpoint", help="tiny config: the serving checkpoint's configuration")
     go.add_argument("--data-dir", default=str(default_data_dir()), help="tiny config: data")
     args = parser.parse_args(argv)
