@@ -231,18 +231,19 @@ def _tiny_checkpoint(path):
     bundle carries)."""
     import transformers
 
+    from tests.checkpoints._reference import hf_config
+
     words = "a the good bad film plot was is it not very dull fine great movie story".split()
     vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ","] + words
     path.mkdir()
     (path / "vocab.txt").write_text("\n".join(vocabulary) + "\n")
     transformers.BertTokenizerFast(str(path / "vocab.txt")).save_pretrained(path)
-    config = transformers.BertConfig(
+    config = hf_config(
         vocab_size=len(vocabulary),
-        hidden_size=32,
-        num_hidden_layers=2,
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=128,
+        initializer_range=0.02,
     )
     config.save_pretrained(path)
     return words

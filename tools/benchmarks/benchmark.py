@@ -67,7 +67,14 @@ import json
 import time
 
 from bench.cells import SUITE_PROCESSES, SUITES, build_cells, suite_cells
-from bench.common import BACKENDS, FRAMEWORKS, MEMORY_VARIANTS, PRECISIONS, WORKLOADS
+from bench.common import (
+    BACKENDS,
+    FRAMEWORKS,
+    MEMORY_VARIANTS,
+    PRECISIONS,
+    WORKLOADS,
+    process_family,
+)
 from bench.harness import (
     HUGEPAGE_TUNABLE,
     command_line,
@@ -194,17 +201,8 @@ def process_name(spec):
     """A worker's name in the results (`processes`) and for `--process`: `keras/<backend>`
     (kbert and keras-hub with the run's settings), `kbert-compile/torch` (kbert's compiled
     torch steps), `kbert-cudagraphs/torch` (the same capturing CUDA graphs),
-    `kbert-<variant>/<backend>`, `hf/torch` or `hf-compile/torch`."""
-    family = spec["family"]
-    if family == "hf" and spec.get("torch_compile"):
-        family = "hf-compile"
-    elif spec.get("cuda_graphs"):
-        family = "kbert-cudagraphs"
-    elif spec.get("kbert_compile"):
-        family = "kbert-compile"
-    elif spec.get("kbert_variant"):
-        family = f"kbert-{spec['kbert_variant']}"
-    return f"{family}/{spec['backend']}"
+    `kbert-<variant>/<backend>`, `hf/torch` or `hf-compile/torch` (`process_family`)."""
+    return f"{process_family(spec)}/{spec['backend']}"
 
 
 def _torch_spec(common, family, framework, cells, **settings):

@@ -51,6 +51,7 @@ import statistics
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from bench.data import default_data_dir, minilm_directory  # noqa: E402
+from bench.devices import device_name  # noqa: E402
 from bench.harness import command_line, interleave, write_json  # noqa: E402
 
 
@@ -225,7 +226,7 @@ def training(args):
     print(f"packed / pieces: {ratio_pieces:.2f}x; packed / standard: {ratio_standard:.2f}x")
     result = {
         "backend": keras.backend.backend(),
-        "device": _device(),
+        "device": device_name(),
         "precision": args.precision,
         "preset": args.preset,
         "sequence_length": args.sequence_length,
@@ -241,16 +242,6 @@ def training(args):
     if args.json:
         write_json(args.json, dict(result, command=command_line(__file__)))
     return result
-
-
-def _device():
-    import keras
-
-    if keras.backend.backend() == "jax":
-        import jax
-
-        return jax.devices()[0].device_kind
-    return keras.backend.backend()
 
 
 def _read_sentences(path, limit):

@@ -67,17 +67,11 @@ DEEP = dict(num_layers=12, hidden_dim=96, num_heads=12, intermediate_dim=384)
 
 
 def _hf_config(shape, vocabulary_size, **extra):
-    import transformers
+    """HF's configuration of `shape` with `vocabulary_size` (512 positions, HF's default), sdpa."""
+    from bench.hf_timing import hf_config
 
-    return transformers.BertConfig(
-        vocab_size=vocabulary_size,
-        hidden_size=shape["hidden_dim"],
-        num_hidden_layers=shape["num_layers"],
-        num_attention_heads=shape["num_heads"],
-        intermediate_size=shape["intermediate_dim"],
-        attn_implementation="sdpa",
-        **extra,
-    )
+    full = dict(shape, vocabulary_size=vocabulary_size, max_sequence_length=512)
+    return hf_config(full, attn_implementation="sdpa", **extra)
 
 
 def _inputs(batch, length, vocabulary_size, seed=0):

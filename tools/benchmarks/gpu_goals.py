@@ -64,12 +64,15 @@ from pathlib import Path
 from bench.cells import GPU_GOALS
 from bench.charts import pyplot, save
 from bench.data import default_data_dir, minilm_directory
+from bench.devices import device_name
 from bench.harness import command_line, write_json
 from bench.report import apply_common_peaks, best_of_rounds, judge_goals, label
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PARTS = ("core", "serving", "compiled", "variants", "packing")
+# The parts that are runs of benchmark.py: their rows are merged and judged together.
+BENCHMARK_PARTS = ("core", "compiled", "variants")
 # Packages the GPU machine's image lacks: Keras and what Keras needs beyond that image.
 WHEELS = ("keras", "namex", "optree")
 # The files of the serving and packing parts, relative to the data folder.
@@ -131,15 +134,8 @@ def prepare(args):
         check=True,
         env=dict(os.environ, KERAS_BACKEND="jax"),
     )
-    commit = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    (temporary / "commit").write_text(commit + (" (with uncommitted changes)" if dirty else ""))
+    commit = _commit()
+    (temporary / "commit").write_text(commit)
     shutil.rmtree(bundle, ignore_errors=True)
     temporary.rename(bundle)
     size = sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file())
@@ -218,7 +214,7 @@ def part_commands(args, work):
         command = parts[name] + ["--json", str(result)]
         env = {"KERAS_BACKEND": "jax"} if name == "packing" else {}
         # benchmark.py's parts start no cell in the part's last `--margin` seconds.
-        budgeted = name in ("core", "compiled", "variants")
+        budgeted = name in BENCHMARK_PARTS
         commands.append(
             {"name": name, "command": command, "result": result, "env": env, "budgeted": budgeted}
         )
@@ -272,7 +268,7 @@ def run_part(part, seconds, stream, env):
 def _model_rows(parts):
     """The benchmark.py rows of every part, merged, MFU against one common peak per precision."""
     records, peaks = [], {}
-    for name in ("core", "compiled", "variants"):
+    for name in BENCHMARK_PARTS:
         result = (parts.get(name) or {}).get("result") or {}
         records += result.get("results", [])
         for key, peak in result.get("matmul_peaks", {}).items():
@@ -422,19 +418,6 @@ def goals_chart(goals, path, title="GPU goals, this run"):
     save(figure, path)
 
 
-def _device_name():
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
 def run(args):
     started, clock = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
     out = Path(args.out)
@@ -488,7 +471,7 @@ def run(args):
     summary = {
         "command": command_line(__file__, args.argv),
         "date": started.isoformat(),
-        "device": _device_name(),
+        "device": device_name(),
         "commit": bundle_commit.read_text().strip() if bundle_commit.is_file() else _commit(),
         "config": args.config,
         "budget_seconds": args.budget,
@@ -505,20 +488,29 @@ def run(args):
         "goals": goals,
     }
     write_json(out / "gpu_goals.json", summary)
-    (out / "gpu_goals.md").write_text(markdown(summary))
+    section = markdown(summary)
+    (out / "gpu_goals.md").write_text(section)
     title = "tiny shapes: the code path, no figure means anything" if tiny else "GPU goals"
     goals_chart(goals, out / "gpu_goals.png", title)
     shutil.rmtree(work, ignore_errors=True)
-    print("\n" + markdown(summary))
+    print("\n" + section)
     print(f"written to {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
     return summary
 
 
 def _commit():
-    result = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return result.stdout.strip() or "unknown"
+    """The repository's short commit, "(with uncommitted changes)" added when tracked files
+    differ from it; "unknown" outside a git checkout."""
+
+    def git(*arguments):
+        command = ["git", "-C", str(REPO), *arguments]
+        return subprocess.run(command, capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return commit + (" (with uncommitted changes)" if dirty else "")
 
 
 def parse_args(argv=None):

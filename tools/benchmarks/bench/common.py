@@ -15,6 +15,23 @@ BACKENDS = ("tensorflow", "jax", "torch")
 MEMORY_VARIANTS = ("plain", "remat", "accumulate")
 
 
+def process_family(spec):
+    """The rows' label of a worker's process: `hf-compile` (HF under `torch.compile`),
+    `kbert-cudagraphs` / `kbert-compile` (kbert's compiled torch steps with / without CUDA
+    graphs), `kbert-<variant>` (`keras_timing.KBERT_VARIANTS`), else the spec's family
+    (`keras`: kbert and keras-hub as the run sets them, each row labelled by its framework;
+    `hf`)."""
+    if spec["family"] == "hf" and spec.get("torch_compile"):
+        return "hf-compile"
+    if spec.get("cuda_graphs"):
+        return "kbert-cudagraphs"
+    if spec.get("kbert_compile"):
+        return "kbert-compile"
+    if spec.get("kbert_variant"):
+        return f"kbert-{spec['kbert_variant']}"
+    return spec["family"]
+
+
 def random_batch(shape, batch_size, sequence_length, num_masks, seed=0):
     import numpy as np
 

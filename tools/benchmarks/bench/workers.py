@@ -7,7 +7,7 @@ cell of its spec and emits its records (`bench.harness`).
 
 import time
 
-from bench.common import median_and_all
+from bench.common import median_and_all, process_family
 from bench.devices import device_kind, device_name
 from bench.flops import encoder_matmuls, resolve_preset, step_flops
 from bench.harness import emit, log
@@ -124,15 +124,9 @@ def worker_main(spec):
             if spec.get("stop_at") and time.time() > spec["stop_at"]:
                 log(f"  not running {cell['workload']} ({framework}): the time budget is spent")
                 continue
-            name = framework
-            if framework == "hf" and spec["torch_compile"]:
-                name = "hf-compile"
-            elif framework == "kbert" and spec.get("cuda_graphs"):
-                name = "kbert-cudagraphs"  # the same, capturing CUDA graphs on a GPU
-            elif framework == "kbert" and spec.get("kbert_compile"):
-                name = "kbert-compile"  # kbert's compiled torch steps (jit_compile=True)
-            elif framework == "kbert" and spec.get("kbert_variant"):
-                name = f"kbert-{spec['kbert_variant']}"  # keras_timing.KBERT_VARIANTS
+            # A process of its own (compiled, CUDA graphs, a variant) labels its rows so.
+            family = process_family(spec)
+            name = framework if family == spec["family"] else family
             label = (
                 f"[{name}/{backend}] {cell['preset']} {cell['workload']} "
                 f"b={cell['batch_size']} s={cell['sequence_length']} {precision}"
@@ -174,8 +168,6 @@ def worker_main(spec):
                 log(f"    {throughput:8.2f} seq/s (median step {median * 1000:.0f} ms)")
             except Exception as error:
                 record["error"] = f"{type(error).__name__}: {error}"[:500]
-                if framework == "hf" and spec["torch_compile"]:
-                    record["label"] = "hf-compile"
                 log(f"    failed: {record['error']}")
             results.append(record)
     _add_peaks_and_bounds(backend, info["device_kind"], results, peaks)
