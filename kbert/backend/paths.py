@@ -374,11 +374,15 @@ def adamw_update(optimizer, grads, variables, learning_rate):
     torch_paths.adamw_update(optimizer, grads, variables, learning_rate)
 
 
-def clip_by_global_norm(grads, clip_norm):
+def clip_by_global_norm(grads, clip_norm, variables=None):
     """Keras' `clip_by_global_norm` of `grads` (`None` kept) where `has_multi_tensor_adamw()`:
     the same scale, `clip_norm * min(1 / norm, 1 / clip_norm)` (a non-finite norm gives
     non-finite gradients, as in Keras), with the norm computed by torch's multi-tensor
-    `get_total_norm` (a few kernels on a GPU instead of two per variable)."""
+    `get_total_norm` (a few kernels on a GPU instead of two per variable).
+
+    `variables` (optional, one per gradient): a gradient that is its variable's own `.grad`
+    is scaled in place (a train step's gradients, which the update releases), without a new
+    tensor per variable; other gradients are not changed."""
     if not has_multi_tensor_adamw():
         raise ValueError(
             f"kbert has no multi-tensor gradient clipping on the {keras.config.backend()} "
@@ -386,7 +390,7 @@ def clip_by_global_norm(grads, clip_norm):
         )
     from kbert.backend import torch as torch_paths
 
-    return torch_paths.clip_by_global_norm(grads, clip_norm)
+    return torch_paths.clip_by_global_norm(grads, clip_norm, variables)
 
 
 # ------------------------------------------------------------------------------ replicas

@@ -179,17 +179,52 @@ def _torch_adamw_update(optimizer, grads, variables, learning_rate):
             param.grad = None
 
 
-def clip_by_global_norm(grads, clip_norm):
+def clip_by_global_norm(grads, clip_norm, variables=None):
     """Keras' `clip_by_global_norm` (see `kbert.backend.paths.clip_by_global_norm`): the norm
     of all gradients by `torch.nn.utils.get_total_norm` (its multi-tensor form on a GPU), then
-    Keras' scale, `clip_norm * min(1 / norm, 1 / clip_norm) + (norm - norm)`."""
+    Keras' scale, `clip_norm * min(1 / norm, 1 / clip_norm) + (norm - norm)`.
+
+    A gradient that is its variable's own `.grad` (what a train step hands the optimizer, and
+    what the update releases after it) is scaled in place, as `torch.nn.utils.clip_grad_norm_`
+    does; every other gradient is left as it is and a scaled copy returned.
+    """
     present = [g for g in grads if g is not None]
     if not present:
         return list(grads)
     with torch.no_grad():
         norm = torch.nn.utils.get_total_norm(present, 2.0)
         scale = torch.clamp(1.0 / norm, max=1.0 / clip_norm) * clip_norm + (norm - norm)
-    return [None if g is None else g * scale.to(g.dtype) for g in grads]
+        owned = _own_grads(grads, variables)
+        _scale_in_place([g for g, own in zip(grads, owned) if own], scale)
+        return [g if g is None or own else g * scale.to(g.dtype) for g, own in zip(grads, owned)]
+
+
+def _own_grads(grads, variables):
+    """Whether each gradient is the `.grad` of its variable's tensor."""
+    if variables is None:
+        return [False] * len(grads)
+    return [
+        g is not None and getattr(getattr(v, "value", None), "grad", None) is g
+        for g, v in zip(grads, variables)
+    ]
+
+
+def _scale_in_place(tensors, scale):
+    """`tensor *= scale` for each tensor: one multi-tensor call where torch has the public
+    `torch.foreach` (each tensor's own product otherwise), no new tensors."""
+    if not tensors:
+        return
+    by_dtype = {}
+    for tensor in tensors:
+        by_dtype.setdefault(tensor.dtype, []).append(tensor)
+    foreach = getattr(torch, "foreach", None)
+    for dtype, group in by_dtype.items():
+        factor = scale.to(dtype)
+        if foreach is not None and hasattr(foreach, "mul_"):
+            foreach.mul_(group, factor)
+        else:
+            for tensor in group:
+                tensor.mul_(factor)
 
 
 # Whether `adamw_update` may use torch's fused AdamW kernel (tests turn it off to check the

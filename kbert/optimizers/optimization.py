@@ -250,8 +250,9 @@ class BertAdamW(keras.optimizers.AdamW):
     them together when the last one arrives, that is before Keras' EMA and constraints, as
     the per-variable form would. Global-norm clipping runs there at once too
     (`kbert.backend.clip_by_global_norm`: one multi-tensor norm on a GPU instead of two ops
-    per variable, Keras' scale) before Keras' `apply`, when nothing Keras does first changes
-    the gradients (no gradient accumulation, no loss scale factor). Only public Keras hooks
+    per variable, Keras' scale; a train step's own `.grad` tensors scaled in place) before
+    Keras' `apply`, when nothing Keras does first changes the gradients (no gradient
+    accumulation, no loss scale factor). Only public Keras hooks
     are used (`build`, `update_step`, `apply`, `add_optimizer_variables`).
 
     Args:
@@ -370,7 +371,9 @@ class BertAdamW(keras.optimizers.AdamW):
             for g, v in zip(grads, variables)
         ]
         clipped = backend.clip_by_global_norm(
-            [g if c else None for g, c in zip(grads, clipped_ones)], self.global_clipnorm
+            [g if c else None for g, c in zip(grads, clipped_ones)],
+            self.global_clipnorm,
+            variables,
         )
         grads = [new if c else g for new, g, c in zip(clipped, grads, clipped_ones)]
         clip_norm, self.global_clipnorm = self.global_clipnorm, None

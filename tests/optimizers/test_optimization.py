@@ -444,3 +444,38 @@ def test_global_clipping_leaves_out_a_variable_that_takes_its_gradient_as_value(
     }
     _assert_matches_only(variables, expected, wrong)
     assert len(calls) == (len(grads) if kbert.backend.has_multi_tensor_adamw() else 0)
+
+
+def test_clipping_scales_a_steps_own_gradients_in_place_and_leaves_given_ones_as_they_are():
+    """A train step hands the optimizer each variable's own `.grad`: clipped in place there (no
+    new tensor per variable, as `torch.nn.utils.clip_grad_norm_`). Gradients given otherwise
+    (a user's own tensors) are never changed; every optimizer update still matches the
+    reference (tests above)."""
+    import kbert.backend
+
+    initial, grads = _varying_problem(num_steps=2, seed=11)
+    step = [g * 40.0 for g in grads[0]]  # norm 40 x the first VARYING value: clipped
+    norm = np.sqrt(sum(np.sum(g.astype("float64") ** 2) for g in step))
+    scale = min(1.0, 1.0 / norm)
+    variables = [keras.Variable(p, name=name) for p, name in zip(initial, NAMES)]
+    given = [keras.ops.convert_to_tensor(g) for g in step]
+    optimizer = bert_optimizer(**SETTINGS)
+    optimizer.apply(given, variables)
+    for tensor, original in zip(given, step):
+        assert_all_close(keras.ops.convert_to_numpy(tensor), original, atol=0, rtol=0)
+    if not kbert.backend.has_multi_tensor_adamw():
+        return
+    own = [keras.ops.convert_to_tensor(g.copy()) for g in step[:2]]
+    for variable, tensor in zip(variables, own):
+        variable.value.grad = tensor
+    other = keras.ops.convert_to_tensor(step[2].copy())
+    try:
+        clipped = kbert.backend.clip_by_global_norm(own + [other], 1.0, variables)
+    finally:
+        for variable in variables:
+            variable.value.grad = None
+    assert clipped[0] is own[0] and clipped[1] is own[1]
+    assert clipped[2] is not other
+    for tensor, original in zip(clipped, step):
+        assert_all_close(keras.ops.convert_to_numpy(tensor), original * scale, rtol=1e-6)
+    assert_all_close(keras.ops.convert_to_numpy(other), step[2], atol=0, rtol=0)
