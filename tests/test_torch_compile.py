@@ -187,3 +187,26 @@ def test_shape_compiled_gives_each_shape_its_own_program_and_pads_or_runs_eagerl
     eager_rest(inputs[0][:2])
     assert eager_rest.compiles == 1 and eager_rest.eager_calls == 1
     torch._dynamo.reset()
+
+
+@TORCH_ONLY
+def test_a_model_with_its_own_step_keeps_it_under_jit_compile():
+    """`compile(jit_compile=True)` runs kbert's compiled steps only where the model uses Keras'
+    own `train_step` / `test_step` / `predict_step`; a subclass's own step is what Keras runs."""
+    from kbert import backend
+
+    class OwnTrainStep(BertClassifier):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    plain = _classifier()
+    own = OwnTrainStep(plain.backbone, num_classes=3, dropout=0.0)
+    for model in (plain, own):
+        model.compile(optimizer=keras.optimizers.AdamW(1e-3), jit_compile=True)
+    assert backend.torch_step_function(plain, "train") is not None
+    assert backend.torch_step_function(own, "train") is None
+    # The steps it does not override stay kbert's.
+    assert backend.torch_step_function(own, "test") is not None
+    assert backend.torch_step_function(own, "predict") is not None
+    own.make_train_function()
+    assert getattr(own.train_function, "compiled", None) is None

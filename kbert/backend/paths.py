@@ -498,6 +498,12 @@ def build_optimizer_before_tracing(model):
 
 
 # ------------------------------------------------------------------------ compiled steps
+def _overrides_step(model, kind):
+    """Whether `model`'s class defines its own `{kind}_step` (Keras' step is not its)."""
+    name = f"{kind}_step"
+    return getattr(type(model), name) is not getattr(keras.Model, name)
+
+
 def torch_step_function(model, kind, force=False):
     """`model`'s `kind` function (`"train"`, `"test"` or `"predict"`) as kbert compiles it on
     torch, or `None` where Keras' own is used.
@@ -507,9 +513,12 @@ def torch_step_function(model, kind, force=False):
     backward through the graph compiled with it, the optimizer update as one call after it.
     Keras' own `jit_compile=True` on torch compiles its whole step with one bare
     `torch.compile`, which breaks at `loss.backward()`, turns shapes dynamic and falls back to
-    eager past 8 shapes. Elsewhere (other backends, `jit_compile=False`) `None`.
+    eager past 8 shapes. Elsewhere (other backends, `jit_compile=False`, or a model class that
+    overrides the step, `train_step` for `"train"`, whose own step Keras then runs) `None`.
     """
     if keras.backend.backend() != "torch" or not getattr(model, "jit_compile", False):
+        return None
+    if _overrides_step(model, kind):
         return None
     attribute = f"{kind}_function"
     existing = getattr(model, attribute, None)
