@@ -180,6 +180,49 @@ def test_mixed_precision_products_run_in_bfloat16_and_norms_in_float32():
         assert dtypes == {expected}, (name, dtypes)
 
 
+@pytest.mark.parametrize("transposed", [True, False], ids=["out-in", "in-out"])
+def test_mixed_precision_casts_follow_the_device_layout(transposed, monkeypatch):
+    """Under mixed_bfloat16 each product reads a cast copy of its kernel laid out as
+    `transposed_casts` says (`(out, in)` rows on a CPU without AVX-512, Keras' `(in, out)`
+    otherwise, no transposing copy), and either layout gives the graph's outputs within
+    bfloat16's rounding."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from kbert.backend import torch_encoder
+
+    monkeypatch.setattr(torch_encoder, "transposed_casts", lambda device: transposed)
+    kernels = []
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") == "addmm":
+                kernels.append(args[2])
+            return func(*args, **(kwargs or {}))
+
+    keras.utils.set_random_seed(0)
+    backbone = BertBackbone(**tiny_backbone_kwargs(dtype="mixed_bfloat16"))
+    rng = np.random.default_rng(0)
+    for variable in backbone.trainable_weights:  # Large weights: every product counts.
+        variable.assign(rng.normal(0.0, 0.3, variable.shape).astype("float32"))
+    inputs = _tensors(random_backbone_inputs(3, 12))
+    with Record():
+        backbone(inputs)
+    assert len(kernels) == 2 * 4 + 1
+    for kernel in kernels:
+        assert kernel.dtype == torch.bfloat16
+        # `(in, out)` read as rows of `(out, in)` (stride 1 along `in`) or as stored.
+        assert kernel.stride() == ((1, kernel.shape[0]) if transposed else (kernel.shape[1], 1))
+    (lean, lean_grads), (graph, graph_grads) = _both_ways(backbone, inputs, monkeypatch)
+    a = lean["sequence_output"].detach().float().numpy()
+    b = graph["sequence_output"].detach().float().numpy()
+    assert np.abs(a - b).max() < 0.05 * np.abs(b).max()
+    # bfloat16 products: the gradients as a whole within a few percent of the graph's.
+    pairs = [(x, y) for x, y in zip(lean_grads, graph_grads) if x is not None]
+    error = np.sqrt(sum(float(np.sum((x - y) ** 2)) for x, y in pairs))
+    assert error < 0.05 * np.sqrt(sum(float(np.sum(y**2)) for _, y in pairs))
+
+
 def test_what_the_lean_path_leaves_to_the_graph(lean_calls):
     """Packed rows, attention outputs, remat in training, a quantized backbone and another
     attention implementation run through the graph (and still compute)."""
