@@ -1,5 +1,7 @@
 """BERT's optimizer: AdamW (or LAMB) with linear warm-up and linear decay."""
 
+import contextlib
+
 import keras
 import numpy as np
 from keras import ops
@@ -92,6 +94,7 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
         self.end_learning_rate = end_learning_rate
         self._planned_start = None  # optimizer step (micro-batches) where the plan begins
         self._planned_steps = None  # length of the plan, in updates; 0 = not planned yet
+        self._reused = None  # `(step, rate)` inside `reused()`, else None
 
     @property
     def planned(self):
@@ -152,7 +155,28 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
             return min(self.warmup_steps, total)
         return int(round(total * self.warmup_ratio))
 
+    @contextlib.contextmanager
+    def reused(self):
+        """Within it, a call with the same `step` object as the first call returns that call's
+        rate without computing it again. One optimizer update asks for its rate more than
+        once (Keras' weight decay, then the update) at the same step; on eager torch each
+        computation is some 20 small ops."""
+        self._reused = ()
+        try:
+            yield
+        finally:
+            self._reused = None
+
     def __call__(self, step):
+        reused = self._reused
+        if reused and reused[0] is step:
+            return reused[1]
+        rate = self._rate_at(step)
+        if reused is not None:
+            self._reused = (step, rate)
+        return rate
+
+    def _rate_at(self, step):
         peak = ops.cast(self.peak_learning_rate, "float32")
         if not self.planned:
             if self.accumulation_steps > 1:
@@ -252,8 +276,10 @@ class BertAdamW(keras.optimizers.AdamW):
     (`kbert.backend.clip_by_global_norm`: one multi-tensor norm on a GPU instead of two ops
     per variable, Keras' scale; a train step's own `.grad` tensors scaled in place) before
     Keras' `apply`, when nothing Keras does first changes the gradients (no gradient
-    accumulation, no loss scale factor). Only public Keras hooks
-    are used (`build`, `update_step`, `apply`, `add_optimizer_variables`).
+    accumulation, no loss scale factor). BERT's schedule (`WarmupLinearDecay`) is computed
+    once per update there, where Keras asks for the rate twice (`WarmupLinearDecay.reused`).
+    Only public Keras hooks are used (`build`, `update_step`, `apply`,
+    `add_optimizer_variables`).
 
     Args:
         exclude_from_weight_decay: list of str or `None`. Variable names (substrings, as for
@@ -270,6 +296,9 @@ class BertAdamW(keras.optimizers.AdamW):
 
     def __init__(self, *args, exclude_from_weight_decay=None, **kwargs):
         super().__init__(*args, **kwargs)
+        rate = kwargs.get("learning_rate", args[0] if args else None)
+        # The schedule whose rate one multi-tensor update computes once (see `apply`).
+        self._rate_schedule = rate if isinstance(rate, WarmupLinearDecay) else None
         if self.amsgrad:
             raise ValueError("`BertAdamW` does not implement AMSGrad. Received: amsgrad=True")
         self._slot_index = None
@@ -325,6 +354,12 @@ class BertAdamW(keras.optimizers.AdamW):
                 return self._apply_clipped_sum(summed, replicas, trainable_variables)
         if not backend.has_multi_tensor_adamw():
             return super().apply(grads, trainable_variables)
+        schedule = self._rate_schedule
+        with schedule.reused() if schedule is not None else contextlib.nullcontext():
+            return self._apply_at_once(grads, trainable_variables)
+
+    def _apply_at_once(self, grads, trainable_variables):
+        """`apply` on the multi-tensor update (`backend.adamw_update`)."""
         variables = trainable_variables
         if variables is None:
             variables = self._slot_index.variables if self._slot_index is not None else ()

@@ -313,7 +313,12 @@ def test_moments_are_optimizer_variables_and_restoring_them_resumes_exactly():
     for step_grads in grads[3:]:
         optimizer.apply([keras.ops.convert_to_tensor(g) for g in step_grads], variables)
     _assert_matches_only(variables, first, {}, atol=1e-7)
-    _assert_matches_only(variables, _reference(initial, grads, _bert_schedule()), {})
+    # Outside an update the rate follows the step again (what a callback logs).
+    rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    assert rate == pytest.approx(_bert_schedule()(len(grads)), rel=1e-6)
+    first = _bert_schedule()(1)  # (step 0's rate is 0 in the warm-up)
+    wrong = {"one rate at every step": _reference(initial, grads, lambda step: first)}
+    _assert_matches_only(variables, _reference(initial, grads, _bert_schedule()), wrong)
     with pytest.raises(ValueError, match="not built with the variable"):
         optimizer.moments(keras.Variable(np.zeros(3, "float32"), name="stranger"))
 
@@ -479,3 +484,30 @@ def test_clipping_scales_a_steps_own_gradients_in_place_and_leaves_given_ones_as
     for tensor, original in zip(clipped, step):
         assert_all_close(keras.ops.convert_to_numpy(tensor), original * scale, rtol=1e-6)
     assert_all_close(keras.ops.convert_to_numpy(other), step[2], atol=0, rtol=0)
+
+
+def test_one_update_computes_its_learning_rate_once(monkeypatch):
+    """Keras asks for the rate twice per update (weight decay, then the update); the
+    multi-tensor update (torch) computes BERT's schedule once per update, at each update's
+    own step (the reference tests above check the rates themselves)."""
+    import kbert.backend
+    from kbert.optimizers import WarmupLinearDecay
+
+    computed = []
+    original = WarmupLinearDecay._rate_at
+    monkeypatch.setattr(
+        WarmupLinearDecay, "_rate_at", lambda self, step: computed.append(1) or original(self, step)
+    )
+    initial, grads = _problem(num_steps=3)
+    optimizer = bert_optimizer(**SETTINGS)
+    variables = [keras.Variable(p, name=name) for p, name in zip(initial, NAMES)]
+    for step_grads in grads:
+        optimizer.apply([keras.ops.convert_to_tensor(g) for g in step_grads], variables)
+    once = kbert.backend.has_multi_tensor_adamw()
+    assert len(computed) == len(grads) if once else len(computed) >= 2 * len(grads)
+    # Outside an update the rate follows the step again (what a callback logs).
+    rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    assert rate == pytest.approx(_bert_schedule()(len(grads)), rel=1e-6)
+    first = _bert_schedule()(1)  # (step 0's rate is 0 in the warm-up)
+    wrong = {"one rate at every step": _reference(initial, grads, lambda step: first)}
+    _assert_matches_only(variables, _reference(initial, grads, _bert_schedule()), wrong)
