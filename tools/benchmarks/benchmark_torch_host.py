@@ -40,6 +40,13 @@ defaults, vs HF + AdamW foreach) in float32 and under `mixed_bfloat16` (HF under
 
     KERAS_BACKEND=torch python tools/benchmarks/benchmark_torch_host.py --deep --rounds 7
 
+`--cast-layouts` times what the lean path's mixed-precision casts choose between
+(`kbert.backend.torch_encoder.transposed_casts`): a bfloat16 `addmm` on a kernel stored
+`(in, out)` or laid out as rows of `(out, in)`, and the float32 -> bfloat16 cast that makes
+each copy, at BERT's shapes, one thread (`--calls` calls each).
+
+    KERAS_BACKEND=torch python tools/benchmarks/benchmark_torch_host.py --cast-layouts --calls 200
+
 `--compiled` measures kbert's compiled steps (`compile(jit_compile=True)`, Inductor,
 `kbert.backend.torch_steps`) on the tiny classifier, float32, one thread: `train_on_batch`
 and `predict_on_batch` against kbert's eager step, HF eager and HF `torch.compile` (its
@@ -195,9 +202,10 @@ def backbone_host(rounds, calls, shape=TINY, batch=8, policy="float32"):
     }
 
 
-def train_host(policy, rounds, calls, shape=TINY, batch=8):
+def train_host(policy, rounds, calls, shape=TINY, batch=8, fit_step=False):
     """A classifier (the tiny one by default): `train_on_batch` with `compile()`'s defaults
-    against HF + AdamW."""
+    against HF + AdamW (`{"train_on_batch": ...}`), and with `fit_step` its train function as
+    `fit` calls it (`"fit_step"`)."""
     import keras
     import torch
     import transformers
@@ -225,9 +233,20 @@ def train_host(policy, rounds, calls, shape=TINY, batch=8):
         loss.backward()
         optimizer.step()
 
-    return alternate(
-        lambda: classifier.train_on_batch(kbert_inputs, labels), hf_step, rounds, calls
-    )
+    results = {
+        "train_on_batch": alternate(
+            lambda: classifier.train_on_batch(kbert_inputs, labels), hf_step, rounds, calls
+        )
+    }
+    if fit_step:
+        # The step as `fit` runs it: `train_on_batch` adds Keras' per-call model build check
+        # and re-tracking of every variable, and a metrics reset, around the same function.
+        classifier.make_train_function()
+        step = classifier.train_function
+        results["fit_step"] = alternate(
+            lambda: step([(kbert_inputs, labels)]), hf_step, rounds, calls
+        )
+    return results
 
 
 def compiled_host(rounds, calls):
@@ -297,6 +316,44 @@ def compiled_host(rounds, calls):
     }
 
 
+LAYOUT_SHAPES = ((128, 128, 512), (128, 512, 128), (256, 768, 768), (256, 768, 3072))
+
+
+def cast_layouts(calls):
+    """Per `(rows, in, out)` of `LAYOUT_SHAPES`: microseconds of a bfloat16 `addmm` on a
+    kernel `(in, out)` laid out as stored or as rows of `(out, in)`, and of the float32 ->
+    bfloat16 cast that makes each copy (`--cast-layouts`; what `transposed_casts` chooses
+    between)."""
+    return {
+        f"{rows}x{width}x{out}": _layout_times(rows, width, out, calls)
+        for rows, width, out in LAYOUT_SHAPES
+    }
+
+
+def _layout_times(rows, width, out, calls):
+    import torch
+
+    def timed(run):
+        run()
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        return 1e6 * (time.perf_counter() - start) / calls
+
+    x = torch.randn(rows, width).bfloat16()
+    kernel, bias = torch.randn(width, out), torch.randn(out).bfloat16()
+    stored = kernel.to(torch.bfloat16)
+    transposed = kernel.t().to(torch.bfloat16, memory_format=torch.contiguous_format).t()
+    return {
+        "addmm_stored_us": timed(lambda: torch.addmm(bias, x, stored)),
+        "addmm_transposed_us": timed(lambda: torch.addmm(bias, x, transposed)),
+        "cast_stored_us": timed(lambda: kernel.to(torch.bfloat16)),
+        "cast_transposed_us": timed(
+            lambda: kernel.t().to(torch.bfloat16, memory_format=torch.contiguous_format)
+        ),
+    }
+
+
 def deep_host(rounds, calls):
     """BERT-Base's depth at a width where computing costs next to nothing (`DEEP`, batch 2 x
     16): what a step costs the host, as on a GPU where the host is the bound (`--deep`)."""
@@ -305,7 +362,9 @@ def deep_host(rounds, calls):
         calls_of = backbone_host(rounds, calls, DEEP, batch=2, policy=policy)
         results[f"backbone_call_{policy}"] = calls_of["backbone_call"]
         results[f"predict_on_batch_{policy}"] = calls_of["predict_on_batch"]
-        results[f"train_on_batch_{policy}"] = train_host(policy, rounds, calls, DEEP, batch=2)
+        results[f"train_on_batch_{policy}"] = train_host(policy, rounds, calls, DEEP, batch=2)[
+            "train_on_batch"
+        ]
     return results
 
 
@@ -370,6 +429,11 @@ def main(argv=None):
         action="store_true",
         help="BERT-Base's depth at a negligible width: the host cost of its steps",
     )
+    parser.add_argument(
+        "--cast-layouts",
+        action="store_true",
+        help="bfloat16 products and casts of a kernel in either layout",
+    )
     parser.add_argument("--data-dir", default=None, help="shared data (--before-after)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--chart", help="write a PNG bar chart of the ratios here")
@@ -409,6 +473,21 @@ def main(argv=None):
             results["compile_seconds"] = seconds
             write_json(args.json, {"command": command_line(__file__, argv), "results": results})
         return
+    if args.cast_layouts:
+        torch.set_num_threads(1)
+        print(f"CPU capability: {torch.backends.cpu.get_cpu_capability()}")
+        results = cast_layouts(args.calls)
+        print(
+            f"{'rows x in x out':18s} {'addmm (in,out)':>14s} {'addmm (out,in)':>14s} "
+            f"{'cast (in,out)':>14s} {'cast (out,in)':>14s}   microseconds"
+        )
+        for name, row in results.items():
+            print(f"{name:18s} " + " ".join(f"{value:14.1f}" for value in row.values()))
+        if args.json:
+            from bench.harness import command_line, write_json
+
+            write_json(args.json, {"command": command_line(__file__, argv), "results": results})
+        return
     if args.deep:
         torch.set_num_threads(1)
         results = deep_host(args.rounds, args.calls)
@@ -428,7 +507,9 @@ def main(argv=None):
     results = {"ops": op_counts()}
     results.update(backbone_host(args.rounds, args.calls))
     for policy in ("mixed_bfloat16", "float32"):
-        results[f"train_on_batch_{policy}"] = train_host(policy, args.rounds, args.calls)
+        steps = train_host(policy, args.rounds, args.calls, fit_step=True)
+        results[f"train_on_batch_{policy}"] = steps["train_on_batch"]
+        results[f"fit_step_{policy}"] = steps["fit_step"]
     ratios = {
         "ops": results["ops"]["ops"],
         "casts": results["ops"]["casts"],
