@@ -586,6 +586,30 @@ class BertBackbone(PresetMixin, QuantizationMixin, HostInputChecks, keras.Model)
             x = layer(x, padding_mask=padding_mask, training=training, query_length=query_length)
         return {"pooled_output": self.pooler(x), "sequence_output": x}
 
+    def predict_step(self, data):
+        """Keras' predict step (`predict`, `predict_on_batch`); on eager torch, where the lean
+        path computes the call, that path directly, without Keras' `__call__` around it.
+
+        For a forward pass without gradients the `__call__` machinery changes nothing there
+        (input conversion, call context, autocast scope, the clearing of every sublayer's
+        losses: the lean path converts its inputs and casts its own weights, and `predict`
+        reads no losses) but costs about a quarter of a small backbone's call on the host
+        (BENCHMARKS.md, "Host cost on torch"). A torch forward hook on the backbone therefore
+        does not run in `predict`; it does in `backbone(inputs)`.
+        """
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        if (
+            keras.backend.backend() == "torch"
+            and isinstance(x, dict)
+            and all(name in x for name in self.input_names)
+        ):
+            check_model_inputs(x, self)  # (`predict_on_batch` hands NumPy arrays through)
+            x = {name: keras.ops.convert_to_tensor(value) for name, value in x.items()}
+            outputs = backend.lean_backbone_outputs(self, x, training=False)
+            if outputs is not None:
+                return outputs
+        return super().predict_step(data)
+
     def compute_output_spec(self, inputs, training=None, mask=None, first_token_only=False):
         spec = super().compute_output_spec(inputs, training=training, mask=mask)
         if first_token_only and self._computes_first_token_only():

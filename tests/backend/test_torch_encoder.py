@@ -223,6 +223,31 @@ def test_mixed_precision_casts_follow_the_device_layout(transposed, monkeypatch)
     assert error < 0.05 * np.sqrt(sum(float(np.sum(y**2)) for _, y in pairs))
 
 
+def test_predict_computes_the_lean_path_without_keras_call(lean_calls):
+    """A backbone's `predict` and `predict_on_batch` on eager torch run the lean path without
+    Keras' `__call__` around it (no module call: a forward hook does not run) and give what
+    `backbone(inputs)` gives; a backbone the lean path does not cover predicts through
+    `__call__`."""
+    backbone = BertBackbone(**tiny_backbone_kwargs())
+    raw = random_backbone_inputs(5, 12)
+    hooks = []
+    backbone.register_forward_hook(lambda *args: hooks.append("call"))
+    expected = backbone(_tensors(raw))
+    assert hooks == ["call"]
+    on_batch = backbone.predict_on_batch(raw)
+    predicted = backbone.predict(raw, batch_size=2, verbose=0)
+    assert hooks == ["call"] and lean_calls == [True] * 5  # the call, 1 + 3 batches
+    for key in ("sequence_output", "pooled_output"):
+        reference = expected[key].detach().numpy()
+        np.testing.assert_allclose(on_batch[key], reference, atol=1e-6)
+        np.testing.assert_allclose(predicted[key], reference, atol=1e-6)
+
+    attentions = BertBackbone(**tiny_backbone_kwargs(output_attentions=True))
+    attentions.register_forward_hook(lambda *args: hooks.append("graph"))
+    outputs = attentions.predict_on_batch(raw)
+    assert hooks[-1] == "graph" and len(outputs["attentions"]) == 2
+
+
 def test_what_the_lean_path_leaves_to_the_graph(lean_calls):
     """Packed rows, attention outputs, remat in training, a quantized backbone and another
     attention implementation run through the graph (and still compute)."""
