@@ -586,9 +586,12 @@ class BertBackbone(PresetMixin, QuantizationMixin, HostInputChecks, keras.Model)
             x = layer(x, padding_mask=padding_mask, training=training, query_length=query_length)
         return {"pooled_output": self.pooler(x), "sequence_output": x}
 
-    def predict_step(self, data):
+    def predict_step(self, *args):
         """Keras' predict step (`predict`, `predict_on_batch`); on eager torch, where the lean
         path computes the call, that path directly, without Keras' `__call__` around it.
+
+        Takes Keras' arguments of the backend: `(data)`, or `(state, data)` on JAX, where
+        Keras' own step runs.
 
         For a forward pass without gradients the `__call__` machinery changes nothing there
         (input conversion, call context, autocast scope, the clearing of every sublayer's
@@ -597,18 +600,16 @@ class BertBackbone(PresetMixin, QuantizationMixin, HostInputChecks, keras.Model)
         (BENCHMARKS.md, "Host cost on torch"). A torch forward hook on the backbone therefore
         does not run in `predict`; it does in `backbone(inputs)`.
         """
-        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        if (
-            keras.backend.backend() == "torch"
-            and isinstance(x, dict)
-            and all(name in x for name in self.input_names)
-        ):
+        if keras.backend.backend() != "torch" or len(args) != 1:
+            return super().predict_step(*args)
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(args[0])
+        if isinstance(x, dict) and all(name in x for name in self.input_names):
             check_model_inputs(x, self)  # (`predict_on_batch` hands NumPy arrays through)
             x = {name: keras.ops.convert_to_tensor(value) for name, value in x.items()}
             outputs = backend.lean_backbone_outputs(self, x, training=False)
             if outputs is not None:
                 return outputs
-        return super().predict_step(data)
+        return super().predict_step(*args)
 
     def compute_output_spec(self, inputs, training=None, mask=None, first_token_only=False):
         spec = super().compute_output_spec(inputs, training=training, mask=mask)
