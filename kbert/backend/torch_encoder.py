@@ -295,10 +295,10 @@ def _embeddings(plan, token_ids, segment_ids, training):
 
 def transposed_casts(device):
     """Whether cast copies of kernels on `device` are laid out as `(out, in)` (see
-    `_cast_kernel`): on a CPU without AVX-512, where torch's bfloat16 product runs 4-10x
-    faster on that layout. With AVX-512 (oneDNN's bfloat16 kernels) the product runs as fast
-    on either layout and a transposing cast costs 5-25x a contiguous one; a GPU's BLAS reads
-    either layout too."""
+    `_cast_kernel`): on a CPU without AVX-512, where torch's bfloat16 product runs several
+    times faster on that layout. With AVX-512 (oneDNN's bfloat16 kernels) the product runs
+    as fast on either layout while a transposing cast costs several contiguous ones; a GPU's
+    BLAS reads either layout too (figures: BENCHMARKS.md, "Host cost on torch")."""
     return device.type == "cpu" and not _cpu_has_avx512()
 
 
