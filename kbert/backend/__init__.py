@@ -11,6 +11,7 @@ Modules:
     torch       the torch calls behind the hooks (imported only on the torch backend).
     torch_encoder
                 the backbone's forward pass in torch calls (the lean eager path on torch).
+    torch_heads the task heads in torch calls, around the backbone's lean path.
     torch_steps the train / test / predict steps `compile(jit_compile=True)` runs on torch.
     tensorflow  TensorFlow as an optional dependency: the one place kbert imports it from.
 
@@ -21,6 +22,9 @@ The speed paths:
     lean_backbone_outputs   eager torch: `BertBackbone`'s forward pass as plain torch calls
                             (`torch_encoder`), one call per kernel; `prepare_lean_backbone`
                             gathers its weights when a backbone is made.
+    lean_task_outputs       eager torch: a task's forward pass with its head as plain torch
+                            calls (`torch_heads`) and its backbone's lean path, without a
+                            Keras `__call__` per layer.
     call_sublayer           eager torch: a built sublayer's `call` without Keras' `__call__`
                             bookkeeping, where `__call__` would change nothing.
     native_dropout, hash_dropout_backend, batch_slice
@@ -68,6 +72,7 @@ from kbert.backend.paths import (
     int8_dense_group,
     key_mask_as_bias,
     lean_backbone_outputs,
+    lean_task_outputs,
     native_dropout,
     needs_dense_embedding_gradient,
     one_row_attention_by_products,
@@ -98,6 +103,7 @@ __all__ = [
     "hash_dropout_backend",
     "key_mask_as_bias",
     "lean_backbone_outputs",
+    "lean_task_outputs",
     "native_dropout",
     "needs_dense_embedding_gradient",
     "one_row_attention_by_products",

@@ -67,6 +67,28 @@ def lean_backbone_outputs(backbone, inputs, training=None, first_token_only=Fals
     return torch_encoder.backbone_outputs(backbone, *ids, training, first_token_only)
 
 
+def lean_task_outputs(task, inputs, training=None):
+    """`task`'s outputs computed by `kbert.backend.torch_heads` (its backbone through torch's
+    `Module.__call__`, its head as one torch call per layer), or `None` where its functional
+    graph runs.
+
+    On eager torch (backend tensors, not symbolic ones), for a task that describes its head
+    (`_lean_head_layers`, `_lean_head`) and whose backbone the lean path covers: the same
+    function as the graph, from the same variables, with the same dropout draws, without a
+    Keras `__call__` per layer. Elsewhere `None`.
+    """
+    if keras.backend.backend() != "torch" or not LEAN_TORCH_BACKBONE:
+        return None
+    if not hasattr(task, "_lean_head") or not isinstance(inputs, dict):
+        return None
+    token_ids = inputs.get("token_ids")
+    if not ops.is_tensor(token_ids) or isinstance(token_ids, keras.KerasTensor):
+        return None
+    from kbert.backend import torch_heads
+
+    return torch_heads.task_outputs(task, inputs, training)
+
+
 def prepare_lean_backbone(backbone):
     """Gathers what `lean_backbone_outputs` reads from `backbone` (on torch), so that a call
     traced by `torch.compile` finds it; called when a backbone is made."""

@@ -43,7 +43,7 @@ _ACTIVATIONS = {
     "tanh": torch.tanh,
 }
 
-_TORCH_DTYPES = {
+TORCH_DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
@@ -59,8 +59,8 @@ class _Linear:
     def __init__(self, layer):
         self.layer = layer
         self.policy = layer.dtype_policy
-        self.kernel = _parameter(layer, layer.kernel)
-        self.bias = _parameter(layer, layer.bias)
+        self.kernel = parameter(layer, layer.kernel)
+        self.bias = parameter(layer, layer.bias)
 
     def current(self):
         """Whether the layer still computes from the variables read at build (no
@@ -79,13 +79,13 @@ def torch_kernel(layer):
     return keras.ops.convert_to_tensor(layer.kernel)
 
 
-def _parameter(layer, variable):
+def parameter(layer, variable):
     """The torch `Parameter` that holds `variable` (a variable of `layer`), or a ValueError.
 
     Read inside `_OwnValues`' call, where no autocast scope casts it.
     """
     parameter = variable.value
-    dtype = _TORCH_DTYPES.get(keras.backend.standardize_dtype(variable.dtype))
+    dtype = TORCH_DTYPES.get(keras.backend.standardize_dtype(variable.dtype))
     if (
         not isinstance(parameter, torch.nn.Parameter)
         or parameter.dtype != dtype
@@ -114,7 +114,7 @@ class _OwnValues(keras.layers.Layer):
         return inputs
 
 
-def _without_autocast(function):
+def without_autocast(function):
     reader = _OwnValues(function)
     reader(torch.zeros(()))
     return reader.result
@@ -154,7 +154,7 @@ def _norm(layer):
     """`(gamma, beta, epsilon)` of a `keras.layers.LayerNormalization`."""
     if not (layer.center and layer.scale) or tuple(layer.axis) != (-1,) and layer.axis != -1:
         raise ValueError("Only a last-axis LayerNormalization with center and scale")
-    return _parameter(layer, layer.gamma), _parameter(layer, layer.beta), layer.epsilon
+    return parameter(layer, layer.gamma), parameter(layer, layer.beta), layer.epsilon
 
 
 class _Plan:
@@ -163,7 +163,7 @@ class _Plan:
     def __init__(self, backbone):
         embeddings = backbone.embeddings
         self.tables = tuple(
-            _parameter(layer, layer.embeddings)
+            parameter(layer, layer.embeddings)
             for layer in (
                 embeddings.token_embedding,
                 embeddings.position_embedding,
@@ -183,7 +183,7 @@ class _Plan:
         self.pooler = _Linear(backbone.pooler.dense)
         self.linears = [linear for block in self.blocks for linear in block.linears]
         self.linears.append(self.pooler)
-        self.compute_dtype = _TORCH_DTYPES[backbone.dtype_policy.compute_dtype]
+        self.compute_dtype = TORCH_DTYPES[backbone.dtype_policy.compute_dtype]
 
     def current(self):
         return all(linear.current() for linear in self.linears) and all(
@@ -204,7 +204,7 @@ def _plan(backbone):
         return plan
     if torch.compiler.is_compiling():
         return None
-    return prepare(backbone, _without_autocast)
+    return prepare(backbone, without_autocast)
 
 
 def prepare(backbone, run=lambda function: function()):
@@ -218,6 +218,11 @@ def prepare(backbone, run=lambda function: function()):
         return None
     _PLANS[backbone] = plan
     return plan
+
+
+def covers(backbone, training):
+    """Whether `backbone_outputs` computes this call of `backbone` (its plan built if needed)."""
+    return supported(backbone, training) and _plan(backbone) is not None
 
 
 def supported(backbone, training):
@@ -256,14 +261,14 @@ def backbone_outputs(backbone, token_ids, segment_ids, padding_mask, training, f
         if hidden_states is not None:
             hidden_states.append(x)
     kernel, bias = plan.pooler.weights()
-    pooled = torch.tanh(torch.addmm(_cast(bias, dtype), x[:, 0], _cast_kernel(kernel, dtype)))
+    pooled = torch.tanh(torch.addmm(cast(bias, dtype), x[:, 0], cast_kernel(kernel, dtype)))
     outputs = {"sequence_output": x, "pooled_output": pooled}
     if hidden_states is not None:
         outputs["hidden_states"] = tuple(hidden_states)
     return outputs
 
 
-def _cast(tensor, dtype):
+def cast(tensor, dtype):
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
@@ -277,8 +282,8 @@ def _dropout(x, rate, training):
 
 def _layer_norm(x, norm, dtype):
     gamma, beta, epsilon = norm
-    y = F.layer_norm(_cast(x, torch.float32), gamma.shape, gamma, beta, epsilon)
-    return _cast(y, dtype)
+    y = F.layer_norm(cast(x, torch.float32), gamma.shape, gamma, beta, epsilon)
+    return cast(y, dtype)
 
 
 def _embeddings(plan, token_ids, segment_ids, training):
@@ -295,7 +300,7 @@ def _embeddings(plan, token_ids, segment_ids, training):
 
 def transposed_casts(device):
     """Whether cast copies of kernels on `device` are laid out as `(out, in)` (see
-    `_cast_kernel`): on a CPU without AVX-512, where torch's bfloat16 product runs several
+    `cast_kernel`): on a CPU without AVX-512, where torch's bfloat16 product runs several
     times faster on that layout. With AVX-512 (oneDNN's bfloat16 kernels) the product runs
     as fast on either layout while a transposing cast costs several contiguous ones; a GPU's
     BLAS reads either layout too (figures: BENCHMARKS.md, "Host cost on torch")."""
@@ -307,7 +312,7 @@ def _cpu_has_avx512():
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
-def _cast_kernel(kernel, dtype):
+def cast_kernel(kernel, dtype):
     """`kernel` `(in, out)` in `dtype`: a contiguous cast, or where `transposed_casts` says so
     the transposed view of a contiguous `(out, in)` copy. In Keras' `(in, out)` layout the
     float32 gradient also reaches the variable in its own layout (autograd takes it as it
@@ -323,21 +328,21 @@ def _joined_kernel(kernels, dtype):
     """The `(in, sum of outs)` kernel of several `(in, out)` kernels side by side, cast once
     (laid out as `(out, in)` rows where `transposed_casts` says so)."""
     if not transposed_casts(kernels[0].device):
-        return _cast(torch.cat(kernels, dim=1), dtype)
-    return _cast(torch.cat([kernel.t() for kernel in kernels]), dtype).t()
+        return cast(torch.cat(kernels, dim=1), dtype)
+    return cast(torch.cat([kernel.t() for kernel in kernels]), dtype).t()
 
 
 def _project(x, kernel, bias, dtype):
     """`x @ kernel + bias` for `x` `(batch, seq, in)`, in one `addmm`; `kernel` already in
     `dtype`."""
     batch, length = x.shape[0], x.shape[1]
-    y = torch.addmm(_cast(bias, dtype), x.reshape(batch * length, -1), kernel)
+    y = torch.addmm(cast(bias, dtype), x.reshape(batch * length, -1), kernel)
     return y.view(batch, length, -1)
 
 
 def _linear(x, linear, dtype):
     kernel, bias = linear.weights()
-    return _project(x, _cast_kernel(kernel, dtype), bias, dtype)
+    return _project(x, cast_kernel(kernel, dtype), bias, dtype)
 
 
 def _heads(x, weights, dtype, heads, head_dim):
@@ -350,7 +355,7 @@ def _heads(x, weights, dtype, heads, head_dim):
     kernels = [kernel for kernel, _ in weights]
     if len(weights) == 1 or kernels[0].dtype == dtype:
         return tuple(
-            _project(x, _cast_kernel(kernel, dtype), bias, dtype)
+            _project(x, cast_kernel(kernel, dtype), bias, dtype)
             .view(batch, length, heads, head_dim)
             .transpose(1, 2)
             for kernel, bias in weights

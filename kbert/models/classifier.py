@@ -137,6 +137,14 @@ class BertClassifier(BertTask):
         # === Default compile ===
         self.compile()
 
+    def _lean_head_layers(self):
+        return (self.output_dropout, self.output_dense)
+
+    def _lean_head(self, calls, inputs, training):
+        """The graph's computation on eager torch (`kbert.backend.lean_task_outputs`)."""
+        pooled = calls.backbone(self, inputs, training, first_token_only=True)["pooled_output"]
+        return calls.dense(self.output_dense, calls.dropout(self.output_dropout, pooled, training))
+
     @property
     def is_regression(self):
         """True when the head is a single regression output (`num_classes=1`, not multi-label)."""

@@ -229,6 +229,18 @@ class BertMultipleChoice(BertTask):
         # === Default compile ===
         self.compile()
 
+    def _lean_head_layers(self):
+        return (self.flatten_choices, self.output_dropout, self.output_dense, self.choice_logits)
+
+    def _lean_head(self, calls, inputs, training):
+        """The graph's computation on eager torch (`kbert.backend.lean_task_outputs`)."""
+        pairs = calls.weightless(self.flatten_choices, inputs)
+        pooled = calls.backbone(self, pairs, training, first_token_only=True)["pooled_output"]
+        scores = calls.dense(
+            self.output_dense, calls.dropout(self.output_dropout, pooled, training)
+        )
+        return calls.weightless(self.choice_logits, scores, inputs["padding_mask"])
+
     def _default_loss(self):
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True, name="cross_entropy")
 

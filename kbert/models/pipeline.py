@@ -231,6 +231,9 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         check_input_keys(inputs, self.input_names, type(self).__name__)
         inputs = backend.strategy_build_inputs(inputs)
         check_model_inputs(inputs, self.backbone)
+        outputs = backend.lean_task_outputs(self, inputs, training)
+        if outputs is not None:
+            return outputs
         return super().call(inputs, training=training, mask=mask)
 
     # ------------------------------------------------------------ raw input (hooks)

@@ -217,6 +217,20 @@ class BertQuestionAnswerer(BertTask):
         full-length run gives there) with `context_only`, else 0."""
         return MASKED_LOGIT if self.context_only else 0.0
 
+    def _lean_head_layers(self):
+        return (self.span_dense, self.span_logits)
+
+    def _lean_head(self, calls, inputs, training):
+        """The graph's computation on eager torch (`kbert.backend.lean_task_outputs`)."""
+        sequence = calls.backbone(self, inputs, training)["sequence_output"]
+        start, end = calls.weightless(
+            self.span_logits,
+            calls.dense(self.span_dense, sequence),
+            inputs["segment_ids"],
+            inputs["padding_mask"],
+        )
+        return {"start_logits": start, "end_logits": end}
+
     def _default_loss(self):
         return {
             "start_logits": keras.losses.SparseCategoricalCrossentropy(

@@ -164,6 +164,16 @@ class BertTagger(BertTask):
         """`{name: id}` for the tag names, or `None`."""
         return None if self.labels is None else {label: i for i, label in enumerate(self.labels)}
 
+    def _lean_head_layers(self):
+        return (self.output_dropout, self.output_dense)
+
+    def _lean_head(self, calls, inputs, training):
+        """The graph's computation on eager torch (`kbert.backend.lean_task_outputs`)."""
+        sequence = calls.backbone(self, inputs, training)["sequence_output"]
+        return calls.dense(
+            self.output_dense, calls.dropout(self.output_dropout, sequence, training)
+        )
+
     def _default_loss(self):
         return keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, reduction="mean_with_sample_weight", name="cross_entropy"

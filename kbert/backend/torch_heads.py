@@ -1,0 +1,192 @@
+"""kbert's task models on eager torch without Keras' layer calls: the lean path of a task.
+
+A task's call runs its functional graph: the backbone, then each head layer, every one
+through Keras' `Layer.__call__` (input conversion, call context, autocast scope, name scope,
+the clearing of losses, the input spec checked against one rebuilt at every call). On torch
+that bookkeeping costs about as much as the head's arithmetic and a fifth of a small
+backbone's forward pass (figures in BENCHMARKS.md, "Host cost on torch"). `task_outputs`
+computes what the graph computes, from the same variables, with the same dropout draws:
+
+- the backbone through torch's `Module.__call__` (torch's forward hooks and pre-hooks run;
+  Keras' `__call__` would change nothing there: the backbone's lean path, which must cover
+  the call, converts its inputs and casts its own weights);
+- each `Dense` of the head as one `addmm` on its kernel (LoRA's update added) cast to the
+  layer's compute dtype, its inputs cast as `__call__` casts them, then its activation;
+- each kbert dropout layer (`HashDropout`) through `kbert.backend.torch.dropout`, the
+  layer's own route on torch (the same masks);
+- each weightless kbert layer of the head (`FlattenChoices`, `ChoiceLogits`,
+  `ContextSpanLogits`) through its `call`, its floating inputs cast as `__call__` casts them.
+
+A task describes its head with `_lean_head_layers` (the layers, checked once) and
+`_lean_head(calls, inputs, training)`: the graph's computation in the calls of `HEAD_CALLS`
+(`backbone`, `dense`, `dropout`, `weightless`), so the task itself imports no torch.
+`task_outputs` answers `None`, and the graph runs, where the backbone's lean path does not
+cover the call, a head layer is of another kind (a quantized or bias-free `Dense`, Keras' own
+`Dropout`), the head's layers are not the graph's, or while `torch.compile` traces the call
+(kbert's compiled steps trace the graph, whose layer calls cost nothing once compiled).
+"""
+
+import types
+import weakref
+
+import keras
+import torch
+
+from kbert.backend import torch as torch_paths
+from kbert.backend import torch_encoder
+
+# Whether kbert's tasks take the lean path on eager torch (tests turn it off to compare it
+# with the functional graph).
+LEAN_TORCH_TASKS = True
+
+# The `_HeadLinear` of each head `Dense` (the torch kernel and bias it computes with).
+_LINEARS = weakref.WeakKeyDictionary()
+# The head layers each task was checked with (their identity: the graph's layers).
+_CHECKED = weakref.WeakKeyDictionary()
+
+
+def _torch_dtype(name):
+    return torch_encoder.TORCH_DTYPES[keras.backend.standardize_dtype(name)]
+
+
+def _covered_layer(layer):
+    """Whether the lean head computes `layer` as `__call__` would."""
+    if isinstance(layer, keras.layers.Dense):
+        return (
+            layer.built
+            and layer.dtype_policy.quantization_mode is None
+            and layer.use_bias
+            and keras.backend.standardize_dtype(layer.compute_dtype) in torch_encoder.TORCH_DTYPES
+            and _linear(layer) is not None
+        )
+    if isinstance(layer, keras.layers.Dropout):
+        # kbert's dropout (`HashDropout`, which says whether it `uses_hash`) draws its torch
+        # masks from torch's generator, as `dropout` does; Keras' own from its seed generator.
+        return getattr(layer, "uses_hash", None) is False
+    return layer.built and not layer.weights
+
+
+class _HeadLinear:
+    """A head `Dense`'s torch kernel and bias; with LoRA enabled its kernel is Keras' `kernel`
+    property (the update added), read at each call."""
+
+    __slots__ = ("layer", "policy", "lora", "kernel", "bias")
+
+    def __init__(self, layer):
+        self.layer = layer
+        self.policy = layer.dtype_policy
+        self.lora = layer.lora_enabled
+        self.kernel = None if self.lora else torch_encoder.parameter(layer, layer.kernel)
+        self.bias = torch_encoder.parameter(layer, layer.bias)
+
+    def current(self):
+        return self.layer.dtype_policy is self.policy and self.layer.lora_enabled == self.lora
+
+    def weights(self):
+        if self.lora:
+            return torch_encoder.torch_kernel(self.layer), self.bias
+        return self.kernel, self.bias
+
+
+def _linear(layer):
+    """The `_HeadLinear` of a head `Dense`, made again after its dtype policy or LoRA changed."""
+    linear = _LINEARS.get(layer)
+    if linear is None or not linear.current():
+        linear = torch_encoder.without_autocast(lambda: _HeadLinear(layer))
+        _LINEARS[layer] = linear
+    return linear
+
+
+def _head_ready(task):
+    """Whether every head layer of `task` is one the lean head computes, checked once per set
+    of layers (a quantized `Dense` is checked again at each call: its policy changes)."""
+    layers = tuple(task._lean_head_layers())
+    checked = _CHECKED.get(task)
+    if (
+        checked is None
+        or len(checked) != len(layers)
+        or any(a is not b for a, b in zip(checked, layers))
+    ):
+        graph = {id(layer) for layer in task.layers}
+        if not all(id(layer) in graph for layer in layers):
+            return False
+        _CHECKED[task] = layers
+    return all(_covered_layer(layer) for layer in layers)
+
+
+def task_outputs(task, inputs, training):
+    """`task`'s outputs on backend tensors `inputs` (its input dict), or `None` where the
+    functional graph runs (see the module docstring)."""
+    if not LEAN_TORCH_TASKS or torch.compiler.is_compiling():
+        return None
+    backbone = task.backbone
+    token_ids = inputs.get("token_ids")
+    if token_ids is None or token_ids.device.type == "meta":
+        return None
+    if not torch_encoder.covers(backbone, training):
+        return None
+    try:
+        ready = _head_ready(task)
+    except (ValueError, AttributeError, KeyError, TypeError):
+        ready = False
+    if not ready:
+        return None
+    return task._lean_head(HEAD_CALLS, inputs, bool(training))
+
+
+def backbone(task, inputs, training, first_token_only=False):
+    """The backbone's outputs dict, through torch's `Module.__call__` (its hooks run)."""
+    return torch.nn.Module.__call__(
+        task.backbone, inputs, training=training, first_token_only=first_token_only
+    )
+
+
+def dense(layer, x):
+    """`layer(x)` for a Keras `Dense` with a bias: one product on its (LoRA-updated) kernel in
+    the layer's compute dtype, then its activation."""
+    linear = _linear(layer)
+    dtype = _torch_dtype(layer.compute_dtype)
+    if layer.autocast and x.is_floating_point():
+        x = torch_encoder.cast(x, dtype)
+    kernel, bias = linear.weights()
+    kernel = torch_encoder.cast_kernel(kernel, dtype)
+    bias = torch_encoder.cast(bias, dtype)
+    if x.ndim == 2:
+        y = torch.addmm(bias, x, kernel)
+    else:
+        y = torch.addmm(bias, x.reshape(-1, x.shape[-1]), kernel).view(*x.shape[:-1], -1)
+    activation = layer.activation
+    if activation is not keras.activations.linear:
+        y = activation(y)
+    return y
+
+
+def dropout(layer, x, training):
+    """`layer(x, training=training)` for a Keras or kbert dropout layer: its rate, the mask
+    from torch's generator (the layers' route on torch)."""
+    rate = layer.rate
+    if not training or rate <= 0:
+        return x
+    if rate >= 1:
+        return torch.zeros_like(x)
+    return torch_paths.dropout(x, rate, torch_paths.process_slice())
+
+
+def weightless(layer, *args):
+    """`layer(*args)` for a built layer without weights: its `call`, floating tensors cast to
+    its compute dtype first as `__call__` does."""
+    if layer.autocast:
+        dtype = _torch_dtype(layer.compute_dtype)
+        args = tuple(
+            torch_encoder.cast(a, dtype)
+            if isinstance(a, torch.Tensor) and a.is_floating_point()
+            else a
+            for a in args
+        )
+    return layer.call(*args)
+
+
+# What a task's `_lean_head(calls, inputs, training)` computes its head with.
+HEAD_CALLS = types.SimpleNamespace(
+    backbone=backbone, dense=dense, dropout=dropout, weightless=weightless
+)

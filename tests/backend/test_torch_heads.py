@@ -1,0 +1,177 @@
+"""The lean path of kbert's tasks on torch (`kbert.backend.torch_heads`).
+
+On eager torch a task's call computes its backbone through torch's `Module.__call__` (the
+backbone's lean path) and its head as one torch call per layer, without Keras' `__call__`
+per layer. It must compute what the functional graph computes: the same outputs and
+gradients from the same variables, the same dropout draws in the same order, LoRA's update;
+torch's hooks on the backbone still run. What it does not cover runs through the graph.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from kbert.backend import torch_heads
+from kbert.models import (
+    BertBackbone,
+    BertClassifier,
+    BertMultipleChoice,
+    BertQuestionAnswerer,
+    BertTagger,
+)
+from tests.test_case import random_backbone_inputs, tiny_backbone_kwargs
+
+pytestmark = pytest.mark.backends("torch", reason="the lean path is the torch backend's")
+
+
+@pytest.fixture
+def lean_calls(monkeypatch):
+    """Whether each task call took the lean path (it answers None where the graph runs)."""
+    calls = []
+    original = torch_heads.task_outputs
+
+    def counted(*args, **kwargs):
+        outputs = original(*args, **kwargs)
+        calls.append(outputs is not None)
+        return outputs
+
+    monkeypatch.setattr(torch_heads, "task_outputs", counted)
+    return calls
+
+
+def _backbone(**kwargs):
+    return BertBackbone(**tiny_backbone_kwargs(dropout=0.3, attention_dropout=0.3, **kwargs))
+
+
+def _scrambled(model, scale=0.3, seed=0):
+    """Every trainable weight drawn from N(0, scale): large enough that a head computed on the
+    wrong input, a skipped dropout or a swapped mask moves the outputs far beyond rounding."""
+    rng = np.random.default_rng(seed)
+    for variable in model.trainable_weights:
+        variable.assign(rng.normal(0.0, scale, variable.shape).astype(variable.dtype))
+    return model
+
+
+def _tensors(inputs):
+    import torch
+
+    return {key: torch.tensor(value) for key, value in inputs.items()}
+
+
+def _choice_inputs(batch=2, choices=3, length=10):
+    rows = random_backbone_inputs(batch * choices, length)
+    rows["padding_mask"][-1] = 0  # a choice that is all padding
+    rows["token_ids"][-1] = 0
+    rows["segment_ids"][-1] = 0
+    return {key: value.reshape(batch, choices, length) for key, value in rows.items()}
+
+
+TASKS = {
+    "classifier": (lambda: BertClassifier(_backbone(), num_classes=3, dropout=0.3), None),
+    "tagger": (lambda: BertTagger(_backbone(), num_classes=4, dropout=0.3), None),
+    "multiple_choice": (
+        lambda: BertMultipleChoice(_backbone(), num_choices=3, dropout=0.3),
+        _choice_inputs,
+    ),
+    "question_answerer": (lambda: BertQuestionAnswerer(_backbone()), None),
+}
+
+
+def _flat(outputs):
+    return [o.detach().float().numpy() for o in keras.tree.flatten(outputs)]
+
+
+def _both_ways(task, inputs, monkeypatch, seed=5, training=True):
+    """`[(outputs, gradients)]` of the lean path and of the graph, from the same torch seed;
+    the gradients are those of a loss on every output, for every trainable variable."""
+    import torch
+
+    results = []
+    for lean in (True, False):
+        monkeypatch.setattr(torch_heads, "LEAN_TORCH_TASKS", lean)
+        torch.manual_seed(seed)
+        outputs = task(inputs, training=training)
+        loss = sum(
+            torch.where(o > -1e8, o, 0).float().pow(2).sum() for o in keras.tree.flatten(outputs)
+        )
+        variables = [v.value for v in task.trainable_weights]
+        grads = torch.autograd.grad(loss, variables, allow_unused=True)
+        results.append((outputs, [None if g is None else g.numpy() for g in grads]))
+    return results
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_each_task_computes_its_graph_on_the_lean_path(name, lean_calls, monkeypatch):
+    """With dropout on the backbone and the head, a seeded training call of each task takes
+    the lean path and equals the graph's, outputs and every gradient: the same head on the
+    same backbone output, the same masks in the same order."""
+    make, make_inputs = TASKS[name]
+    task = _scrambled(make())
+    inputs = _tensors(make_inputs() if make_inputs else random_backbone_inputs(3, 12))
+    (lean, lean_grads), (graph, graph_grads) = _both_ways(task, inputs, monkeypatch)
+    assert lean_calls == [True, False]  # the lean path, then the graph (lean path off)
+    assert type(lean) is type(graph)
+    for a, b in zip(_flat(lean), _flat(graph), strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+    inference = _flat(task(inputs, training=False))
+    assert max(np.abs(a - b).max() for a, b in zip(_flat(lean), inference)) > 0.1  # dropped
+    assert len(lean_grads) == len(task.trainable_weights)
+    for variable, a, b in zip(task.trainable_weights, lean_grads, graph_grads):
+        assert (a is None) == (b is None), variable.path
+        if a is not None and not variable.path.endswith("key/bias"):
+            scale = max(float(np.abs(b).max()), 1e-3)
+            np.testing.assert_allclose(a / scale, b / scale, atol=1e-4, err_msg=variable.path)
+
+
+def test_backbone_hooks_run_and_lora_and_mixed_precision(lean_calls, monkeypatch):
+    """A torch forward hook on the backbone runs in the task's lean call; LoRA on the head's
+    `Dense` reaches the lean head; under mixed_bfloat16 the logits stay within bfloat16's
+    rounding of the graph's and have its dtype."""
+    classifier = BertClassifier(_backbone(), num_classes=3, dropout=0.3)
+    classifier.output_dense.enable_lora(rank=2)
+    _scrambled(classifier)
+    hooks = []
+    classifier.backbone.register_forward_hook(lambda *args: hooks.append(args[2]))
+    inputs = _tensors(random_backbone_inputs(3, 12))
+    (lean, grads), (graph, graph_grads) = _both_ways(classifier, inputs, monkeypatch)
+    assert lean_calls == [True, False] and len(hooks) == 2  # the lean call and the graph's
+    assert set(hooks[0]) == {"sequence_output", "pooled_output"}
+    np.testing.assert_allclose(_flat(lean)[0], _flat(graph)[0], rtol=1e-5, atol=1e-4)
+    lora = [i for i, v in enumerate(classifier.trainable_weights) if "lora" in v.path]
+    assert len(lora) == 2
+    for i in lora:
+        np.testing.assert_allclose(grads[i], graph_grads[i], rtol=1e-4, atol=1e-5)
+
+    keras.utils.set_random_seed(0)
+    mixed = _scrambled(
+        BertClassifier(_backbone(dtype="mixed_bfloat16"), num_classes=3, dropout=0.3)
+    )
+    (lean, _), (graph, _) = _both_ways(mixed, inputs, monkeypatch, training=False)
+    assert lean.dtype == graph.dtype and str(lean.dtype) == "torch.bfloat16"
+    a, b = _flat(lean)[0], _flat(graph)[0]
+    assert np.abs(a - b).max() < 0.02 * np.abs(b).max()
+
+
+def test_what_the_lean_head_leaves_to_the_graph(lean_calls):
+    """A head `Dense` quantized on its own, a head layer that is not the graph's and a
+    backbone the lean path does not cover run through the graph, and still compute."""
+    inputs = _tensors(random_backbone_inputs(2, 12))
+    classifier = BertClassifier(_backbone(), num_classes=3)
+    float_logits = classifier(inputs).detach().numpy()
+    classifier.output_dense.quantize("int8")
+    quantized = classifier(inputs).detach().numpy()
+    assert lean_calls == [True, False]
+    assert 0 < np.abs(quantized - float_logits).max() < 0.05
+
+    lean_calls.clear()
+    tagger = BertTagger(_backbone(), num_classes=4)
+    expected = tagger(inputs).detach().numpy()
+    tagger.output_dense = keras.layers.Dense(4)  # not the layer the graph calls
+    np.testing.assert_allclose(tagger(inputs).detach().numpy(), expected, atol=1e-6)
+    assert lean_calls == [True, False]
+
+    lean_calls.clear()
+    attentions = BertClassifier(_backbone(output_attentions=True), num_classes=3)
+    assert np.isfinite(attentions(inputs).detach().numpy()).all()
+    assert lean_calls == [False]
