@@ -374,17 +374,24 @@ def has_multi_tensor_adamw():
     return keras.config.backend() == "torch"
 
 
-def adamw_update(optimizer, grads, variables, learning_rate):
-    """`BertAdamW.update_step` for all `variables` at once, where `has_multi_tensor_adamw()`.
+def adamw_update(optimizer, grads, variables, learning_rate, clip_norm=None, decays=None):
+    """`BertAdamW.update_step` for all `variables` at once, where `has_multi_tensor_adamw()`;
+    with `clip_norm` and `decays`, the whole update of one step.
 
     On torch: `torch.optim.AdamW`'s fused kernel, whose state is the Keras optimizer's moment
     variables (`kbert.backend.torch.adamw_update`).
 
     Args:
         optimizer: the `BertAdamW` (its hyperparameters, `iterations` and `moments(variable)`).
-        grads: list of gradients, clipped, one per variable.
-        variables: list of the `keras.Variable`s to update (weight decay already applied).
+        grads: list of gradients, one per variable.
+        variables: list of the `keras.Variable`s to update.
         learning_rate: the rate of this update (a scalar tensor).
+        clip_norm: float or None. Clip `grads` to this global norm first, as
+            `clip_by_global_norm` does (a step's own `.grad` tensors in place); `None`: they
+            are clipped already.
+        decays: list of bools or None, one per variable: whether the variable takes the
+            optimizer's decoupled `weight_decay` (`variable *= 1 - learning_rate *
+            weight_decay` before the update). `None`: the decay is applied already.
     """
     if not has_multi_tensor_adamw():
         raise ValueError(
@@ -393,7 +400,7 @@ def adamw_update(optimizer, grads, variables, learning_rate):
         )
     from kbert.backend import torch as torch_paths
 
-    torch_paths.adamw_update(optimizer, grads, variables, learning_rate)
+    torch_paths.adamw_update(optimizer, grads, variables, learning_rate, clip_norm, decays)
 
 
 def clip_by_global_norm(grads, clip_norm, variables=None):

@@ -116,8 +116,12 @@ def attention_heads(query, key, value, mask, rate=0.0):
     return torch.matmul(probabilities, value)
 
 
-def adamw_update(optimizer, grads, variables, learning_rate):
-    """`BertAdamW.update_step` for all `variables` at once, kept out of `torch.compile`.
+def adamw_update(optimizer, grads, variables, learning_rate, clip_norm=None, decays=None):
+    """`BertAdamW.update_step` for all `variables` at once, kept out of `torch.compile`; with
+    `clip_norm` and `decays`, the whole update: global-norm clipping (`clip_by_global_norm`),
+    the decoupled weight decay of the variables whose `decays` entry is true (torch's AdamW
+    applies `variable *= 1 - learning_rate * weight_decay` before the update, as Keras does)
+    and the update, on one list of the variables' tensors.
 
     The torch optimizer's `step()` runs its own fused kernel; traced inside a compiled train
     step (`jit_compile=True`) it broke the graph several times and made each step far slower
@@ -125,7 +129,7 @@ def adamw_update(optimizer, grads, variables, learning_rate):
     `torch.compiler.disable`, it runs as one eager call between the compiled gradient and the
     next step. See `_torch_adamw_update` for the update itself.
     """
-    _eager_torch_adamw_update()(optimizer, grads, variables, learning_rate)
+    _eager_torch_adamw_update()(optimizer, grads, variables, learning_rate, clip_norm, decays)
 
 
 @functools.cache
@@ -144,11 +148,13 @@ def torch_adamw(optimizer):
     return None if cached is None else cached[1]
 
 
-def _torch_adamw_update(optimizer, grads, variables, learning_rate):
+def _torch_adamw_update(optimizer, grads, variables, learning_rate, clip_norm=None, decays=None):
     """`BertAdamW.update_step` for all `variables` at once with `torch.optim.AdamW`.
 
     A `torch.optim.AdamW(weight_decay=0)` (Keras applies the decoupled decay before this call,
-    to the variables that take it) over the variables' tensors, whose state tensors are the
+    to the variables that take it), or with `decays` one parameter group of the variables that
+    take the optimizer's `weight_decay` and one of those that take none, over the variables'
+    tensors, whose state tensors are the
     Keras optimizer's own moment variables (`optimizer.moments(variable)`), so checkpoints and
     the per-variable `update_step` see the same moments. Its update is exactly the one
     `BertAdamW.update_step` writes. It runs the fused kernel (`fused=True`) where torch has one
@@ -158,22 +164,27 @@ def _torch_adamw_update(optimizer, grads, variables, learning_rate):
     follow the Keras optimizer whatever restored or changed its state.
     """
     params = [variable.value for variable in variables]
-    key = tuple(id(p) for p in params)
+    decay = None if decays is None else float(optimizer.weight_decay or 0.0)
+    key = (tuple(id(p) for p in params), decay, None if decays is None else tuple(decays))
     cached = _TORCH_ADAMW.get(optimizer)
     if cached is None or cached[0] != key:
-        cached = (key, *_build_torch_adamw(optimizer, variables, params))
+        cached = (key, *_build_torch_adamw(optimizer, variables, params, decays, decay))
         _TORCH_ADAMW[optimizer] = cached
     _, torch_optimizer, steps = cached
-    group = torch_optimizer.param_groups[0]
+    groups = torch_optimizer.param_groups
     learning_rate = ops.cast(learning_rate, "float32")  # a schedule's tensor or a Variable
     with torch.no_grad():
+        if clip_norm:
+            grads = _clipped(grads, clip_norm, [g is p.grad for g, p in zip(grads, params)])
         steps.copy_(ops.cast(optimizer.iterations, "float32").detach().expand(steps.shape))
         for param, grad in zip(params, grads):
             param.grad = grad if grad.dtype == param.dtype else grad.to(param.dtype)
-        if group["fused"]:
-            group["lr"] = learning_rate.detach().to(params[0].device)
+        if groups[0]["fused"]:
+            rate = learning_rate.detach().to(params[0].device)
         else:
-            group["lr"] = float(learning_rate)
+            rate = float(learning_rate)
+        for group in groups:
+            group["lr"] = rate
         torch_optimizer.step()
         for param in params:
             param.grad = None
@@ -188,15 +199,20 @@ def clip_by_global_norm(grads, clip_norm, variables=None):
     what the update releases after it) is scaled in place, as `torch.nn.utils.clip_grad_norm_`
     does; every other gradient is left as it is and a scaled copy returned.
     """
+    with torch.no_grad():
+        return _clipped(grads, clip_norm, _own_grads(grads, variables))
+
+
+def _clipped(grads, clip_norm, owned):
+    """`grads` clipped to the global norm `clip_norm`: those whose `owned` entry is true scaled
+    in place, the others as scaled copies (`None` kept)."""
     present = [g for g in grads if g is not None]
     if not present:
         return list(grads)
-    with torch.no_grad():
-        norm = torch.nn.utils.get_total_norm(present, 2.0)
-        scale = torch.clamp(1.0 / norm, max=1.0 / clip_norm) * clip_norm + (norm - norm)
-        owned = _own_grads(grads, variables)
-        _scale_in_place([g for g, own in zip(grads, owned) if own], scale)
-        return [g if g is None or own else g * scale.to(g.dtype) for g, own in zip(grads, owned)]
+    norm = torch.nn.utils.get_total_norm(present, 2.0)
+    scale = torch.clamp(1.0 / norm, max=1.0 / clip_norm) * clip_norm + (norm - norm)
+    _scale_in_place([g for g, own in zip(grads, owned) if own], scale)
+    return [g if g is None or own else g * scale.to(g.dtype) for g, own in zip(grads, owned)]
 
 
 def _own_grads(grads, variables):
@@ -232,14 +248,23 @@ def _scale_in_place(tensors, scale):
 FUSED_ADAMW = True
 
 
-def _build_torch_adamw(optimizer, variables, params):
-    """`(torch.optim.AdamW, steps)`: the torch optimizer and the tensor its step counts view."""
+def _build_torch_adamw(optimizer, variables, params, decays=None, decay=None):
+    """`(torch.optim.AdamW, steps)`: the torch optimizer and the tensor its step counts view;
+    with `decays`, a group of the parameters that take the weight decay `decay` and one of
+    those that take none."""
     fused = FUSED_ADAMW and all(
         p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params
     )
     fused = fused and len({p.device for p in params}) == 1
+    groups = [{"params": params}]
+    if decays is not None:
+        groups = [
+            {"params": [p for p, d in zip(params, decays) if d == wanted], "weight_decay": rate}
+            for wanted, rate in ((True, decay), (False, 0.0))
+            if wanted in decays
+        ]
     torch_optimizer = torch.optim.AdamW(
-        params,
+        groups,
         lr=0.0,  # Set before every step (a tensor with the fused kernel: no host read).
         betas=(float(optimizer.beta_1), float(optimizer.beta_2)),
         eps=float(optimizer.epsilon),

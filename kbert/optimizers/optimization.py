@@ -1,6 +1,7 @@
 """BERT's optimizer: AdamW (or LAMB) with linear warm-up and linear decay."""
 
 import contextlib
+import re
 
 import keras
 import numpy as np
@@ -278,6 +279,12 @@ class BertAdamW(keras.optimizers.AdamW):
     Keras' `apply`, when nothing Keras does first changes the gradients (no gradient
     accumulation, no loss scale factor). BERT's schedule (`WarmupLinearDecay`) is computed
     once per update there, where Keras asks for the rate twice (`WarmupLinearDecay.reused`).
+    A plain update (the optimizer built, a gradient for each of its variables, no gradient
+    accumulation, loss scale, `clipnorm`/`clipvalue`, EMA, constraint or variable that takes
+    its gradient as value) is then one backend call: the clipping, the decoupled weight decay
+    of the variables Keras' rule decays (inside torch's fused kernel, one parameter group
+    with the decay and one without) and the update, then the step count, without Keras'
+    `apply` around it; every other update goes through Keras' `apply` as above.
     Only public Keras hooks are used (`build`, `update_step`, `apply`,
     `add_optimizer_variables`).
 
@@ -304,6 +311,11 @@ class BertAdamW(keras.optimizers.AdamW):
         self._slot_index = None
         self._pending = None
         self.no_decay_names = []
+        # The exclusions of the last `exclude_from_weight_decay` call, as Keras keeps them
+        # (each call replaces the last): ids of variables, and the names' pattern or None.
+        self._decay_exclusions = (frozenset(), None)
+        # `(ids, decays)` of the variables last found fit for `_apply_directly`.
+        self._direct_checked = None
         if exclude_from_weight_decay:
             self.exclude_from_weight_decay(var_names=exclude_from_weight_decay)
 
@@ -314,10 +326,14 @@ class BertAdamW(keras.optimizers.AdamW):
         optimizer would decay biases and LayerNorm parameters; this one restores `var_names`
         (the exclusions by variable object, `var_list`, cannot be saved).
         """
+        if isinstance(var_names, str):
+            var_names = [var_names]  # (Keras would match each of its characters)
         super().exclude_from_weight_decay(var_list=var_list, var_names=var_names)
+        self._decay_exclusions = (
+            frozenset(id(v) for v in var_list or ()),
+            re.compile("|".join(set(var_names))) if var_names else None,
+        )
         if var_names:
-            if isinstance(var_names, str):
-                var_names = [var_names]
             self.no_decay_names = self.no_decay_names + [
                 n for n in var_names if n not in self.no_decay_names
             ]
@@ -356,7 +372,63 @@ class BertAdamW(keras.optimizers.AdamW):
             return super().apply(grads, trainable_variables)
         schedule = self._rate_schedule
         with schedule.reused() if schedule is not None else contextlib.nullcontext():
+            if self._updates_directly(grads, trainable_variables):
+                return self._apply_directly(list(grads), list(trainable_variables))
             return self._apply_at_once(grads, trainable_variables)
+
+    def _updates_directly(self, grads, trainable_variables):
+        """Whether this update is one call of `backend.adamw_update` (`_apply_directly`): a
+        built optimizer given its own variables, a gradient for each, and none of what Keras'
+        `apply` adds around the update (gradient accumulation, a loss scale, per-variable or
+        value clipping, EMA, constraints, variables that take their gradient as value)."""
+        if (
+            not self.built
+            or trainable_variables is None
+            or self.gradient_accumulation_steps
+            or self.loss_scale_factor is not None
+            or self.clipnorm
+            or self.clipvalue
+            or self.use_ema
+            or len(grads) != len(trainable_variables)
+            or any(g is None for g in grads)
+        ):
+            return False
+        key = tuple(map(id, trainable_variables))
+        if self._direct_checked is None or self._direct_checked[0] != key:
+            try:
+                for variable in trainable_variables:
+                    self._slot_index(variable)
+            except ValueError:  # Not built with it: Keras' `apply` raises its own error.
+                return False
+            self._direct_checked = (key, self._decays(trainable_variables))
+        return not any(
+            v.constraint is not None or getattr(v, "overwrite_with_gradient", False)
+            for v in trainable_variables
+        )
+
+    def _apply_directly(self, grads, variables):
+        """Keras' `apply` for an update `_updates_directly` accepts, in one backend call:
+        global-norm clipping, the decoupled weight decay of the variables that take it and
+        BERT's update of every variable (`backend.adamw_update`), then the step count."""
+        backend.adamw_update(
+            self,
+            grads,
+            variables,
+            self.learning_rate,
+            clip_norm=self.global_clipnorm if self.global_clipnorm else None,
+            decays=self._direct_checked[1] if self.weight_decay else [False] * len(variables),
+        )
+        self.iterations.assign_add(1)
+
+    def _decays(self, variables):
+        """Whether each variable takes the weight decay: Keras' rule (not excluded by object
+        or by a name pattern of `exclude_from_weight_decay`; no decay at all without
+        `weight_decay`, which `_apply_directly` checks at each update)."""
+        ids, pattern = self._decay_exclusions
+        return [
+            id(v) not in ids and (pattern is None or pattern.search(v.name) is None)
+            for v in variables
+        ]
 
     def _apply_at_once(self, grads, trainable_variables):
         """`apply` on the multi-tensor update (`backend.adamw_update`)."""

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 
-from kbert.optimizers import BertAdamW, bert_optimizer
+from kbert.optimizers import BertAdamW, WarmupLinearDecay, bert_optimizer
 from tests.test_case import assert_all_close
 
 NAMES = ("kernel", "bias", "gamma")
@@ -511,3 +511,50 @@ def test_one_update_computes_its_learning_rate_once(monkeypatch):
     first = _bert_schedule()(1)  # (step 0's rate is 0 in the warm-up)
     wrong = {"one rate at every step": _reference(initial, grads, lambda step: first)}
     _assert_matches_only(variables, _reference(initial, grads, _bert_schedule()), wrong)
+
+
+def test_an_update_in_one_call_keeps_keras_decay_exclusions_and_clipping(monkeypatch):
+    """On torch a plain update (no accumulation, EMA, loss scale, per-variable clipping or
+    constraint) is one backend call: clipping, the decay of the variables Keras' rule decays
+    (excluded by object, and by name, each call replacing the last) and the update. Every
+    backend gives the reference's weights; an update with a constraint runs Keras' `apply`."""
+    import kbert.backend
+    from kbert.backend import paths
+
+    calls = []
+    original = paths.adamw_update
+    monkeypatch.setattr(
+        paths,
+        "adamw_update",
+        lambda *args, **kwargs: calls.append(kwargs.get("decays")) or original(*args, **kwargs),
+    )
+    monkeypatch.setattr(kbert.backend, "adamw_update", paths.adamw_update)
+    initial, grads = _varying_problem(seed=5)
+    schedule = _bert_schedule()
+    settings = dict(weight_decay=0.1, epsilon=1e-6, global_clipnorm=1.0)
+    variables = [keras.Variable(p, name=name) for p, name in zip(initial, NAMES)]
+    optimizer = BertAdamW(learning_rate=WarmupLinearDecay(3e-2, 8, warmup_steps=2), **settings)
+    optimizer.exclude_from_weight_decay(var_names=["kernel"])  # replaced by the next call
+    optimizer.exclude_from_weight_decay(var_list=[variables[0]], var_names="gamma")
+    for step_grads in grads:
+        optimizer.apply([keras.ops.convert_to_tensor(g) for g in step_grads], variables)
+    reference = dict(rate=schedule, decayed=("bias",))
+    first_only = ("bias", "gamma")  # what the first call alone leaves decayed
+    wrong = {
+        "the second call ignored": _reference(initial, grads, schedule, decayed=first_only),
+        "no clipping": _reference(initial, grads, **reference, clip=None),
+        "every variable decayed": _reference(initial, grads, schedule, decayed=NAMES),
+    }
+    _assert_matches_only(variables, _reference(initial, grads, **reference), wrong)
+    if kbert.backend.has_multi_tensor_adamw():
+        # The first `apply` builds the optimizer (Keras' `apply`); the others are one call each.
+        assert calls[1:] == [[False, True, False]] * (len(grads) - 1)
+
+    calls.clear()
+    constrained = [keras.Variable(p, name=name) for p, name in zip(initial, NAMES)]
+    constrained[1].constraint = keras.constraints.MaxNorm(0.5)
+    optimizer = BertAdamW(learning_rate=3e-2, **settings)
+    for step_grads in grads[:3]:
+        optimizer.apply([keras.ops.convert_to_tensor(g) for g in step_grads], constrained)
+    assert np.linalg.norm(keras.ops.convert_to_numpy(constrained[1])) <= 0.5 + 1e-6
+    assert all(decays is None for decays in calls)  # Keras' `apply`: per-variable updates
