@@ -226,6 +226,8 @@ class PipelineModel(MultiProcessTraining, keras.Model):
     def __init__(self, *args, preprocessor=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.preprocessor = preprocessor
+        # The train function a `train_on_batch` through Keras' own last ran (torch only).
+        self._repeat_train = None
 
     def call(self, inputs, training=None, mask=None):
         check_input_keys(inputs, self.input_names, type(self).__name__)
@@ -679,10 +681,60 @@ class PipelineModel(MultiProcessTraining, keras.Model):
             and all(isinstance(v, np.ndarray) for v in x.values())
         )
 
-    def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
-        """`keras.Model.train_on_batch` through the pipeline (steps 1 and 2)."""
+    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False):
+        """`keras.Model.train_on_batch` through the pipeline (steps 1 and 2).
+
+        On torch, a call after one that went through Keras' `train_on_batch` with the same
+        train function (no `compile` since; a `compile` makes a new one) and without
+        `class_weight` runs that function directly: Keras' `train_on_batch` would first check
+        that every layer, metric and the optimizer is built (they are) and re-track every
+        variable of the model for torch (a new variable the optimizer does not know fails
+        its update either way), which costs a tiny model about a twentieth of its step. The
+        metrics are reset and the logs returned as Keras returns them (floats, in the
+        metrics' order, or a dict with `return_dict=True`).
+        """
         x, y, sample_weight = self._prepare(x, y, sample_weight, mode="fit")
-        return super().train_on_batch(x, y, sample_weight=sample_weight, **kwargs)
+        function = self.train_function
+        repeat = getattr(self, "_repeat_train", None)
+        if class_weight is None and function is not None and function is repeat:
+            self.reset_metrics()
+            return self._batch_logs(function([(x, y, sample_weight)]), return_dict)
+        logs = super().train_on_batch(
+            x, y, sample_weight=sample_weight, class_weight=class_weight, return_dict=return_dict
+        )
+        if keras.backend.backend() == "torch":
+            self._repeat_train = self.train_function
+        return logs
+
+    def _batch_logs(self, logs, return_dict):
+        """A train function's logs as Keras' `*_on_batch` methods return them: values as floats
+        where they are scalars (NumPy arrays otherwise), nested dicts flattened; a dict sorted
+        by name, or a list in the order of `metrics` (a compiled metrics container expanded
+        into its metrics; names no metric has, sorted, after them), one value alone bare."""
+        flat = {}
+
+        def add(entries):
+            for key, value in entries.items():
+                if isinstance(value, dict):
+                    add(value)
+                    continue
+                value = keras.ops.convert_to_numpy(value) if keras.ops.is_tensor(value) else value
+                try:
+                    value = float(value)
+                except (TypeError, ValueError):
+                    pass
+                flat[key] = value
+
+        add(logs or {})
+        if return_dict:
+            return dict(sorted(flat.items()))
+        names = []
+        for metric in self.metrics:
+            inner = getattr(metric, "metrics", None)
+            names += [m.name for m in inner] if isinstance(inner, list) else [metric.name]
+        values = [flat[name] for name in names if name in flat]
+        values += [flat[key] for key in sorted(flat) if key not in names]
+        return values[0] if len(values) == 1 else values
 
     def test_on_batch(self, x, y=None, sample_weight=None, **kwargs):
         """`keras.Model.test_on_batch` through the pipeline (steps 1 and 2)."""

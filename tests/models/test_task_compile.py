@@ -262,3 +262,48 @@ class TestTaskCompile(TestCase):
         jit_flags.clear()
         plain.make_predict_function(force=True)
         assert True not in jit_flags
+
+
+@pytest.mark.backends("torch", reason="the repeated train_on_batch path is the torch backend's")
+def test_repeated_train_on_batch_returns_and_trains_as_keras_own(monkeypatch):
+    """A `train_on_batch` after one through Keras' own runs the train function directly on
+    torch: the same logs (a list in the metrics' order, a sorted dict, one bare value), the
+    same metrics reset per call and the same weights as Keras' `train_on_batch` at every call;
+    `class_weight` and a new `compile` go through Keras' own again."""
+    x = random_backbone_inputs(4, 8, vocabulary_size=VOCABULARY_SIZE, seed=5)
+    y = np.array([0, 1, 2, 1])
+    weights = np.array([1.0, 0.5, 2.0, 1.0], dtype="float32")
+    ours = BertClassifier(_backbone(), num_classes=3, dropout=0.0)
+    keras_own = BertClassifier(_backbone(), num_classes=3, dropout=0.0)
+    keras_own.set_weights(ours.get_weights())
+    repeated = []
+    original = type(ours)._batch_logs
+    monkeypatch.setattr(
+        type(ours), "_batch_logs", lambda self, *a: repeated.append(1) or original(self, *a)
+    )
+
+    def both(**kwargs):
+        a = ours.train_on_batch(x, y, **kwargs)
+        b = keras.Model.train_on_batch(keras_own, x, y, **kwargs)
+        return a, b
+
+    calls = [{}, {}, dict(return_dict=True), dict(sample_weight=weights), {}]
+    calls += [dict(class_weight={0: 1.0, 1: 2.0, 2: 0.5}), dict(sample_weight=weights)]
+    for kwargs in calls:
+        a, b = both(**kwargs)
+        assert type(a) is type(b), kwargs
+        if isinstance(a, dict):
+            assert list(a) == list(b) == ["accuracy", "loss"]
+            a, b = list(a.values()), list(b.values())
+        assert len(a) == 2
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=str(kwargs))
+    assert len(repeated) == 5  # all but the first call and the one with class_weight
+    for a, b in zip(ours.get_weights(), keras_own.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    for model in (ours, keras_own):
+        model.compile(metrics=[])
+    for _ in range(3):
+        a, b = both()
+        assert isinstance(a, float) and a == pytest.approx(b, rel=1e-5)
+    assert len(repeated) == 7  # the first call after `compile` is Keras' own
