@@ -578,3 +578,19 @@ class TestCase:
             assert_all_close(restored(inputs), reference, atol=1e-6, rtol=1e-6)
             return restored
         return None
+
+
+def record_answers(monkeypatch, module, name):
+    """Replaces `module.name` by a wrapper that records, for each call, whether it answered
+    (returned something other than None); returns that list. For the speed paths of
+    `kbert.backend`, which answer None where the portable route runs."""
+    answers = []
+    original = getattr(module, name)
+
+    def recorded(*args, **kwargs):
+        result = original(*args, **kwargs)
+        answers.append(result is not None)
+        return result
+
+    monkeypatch.setattr(module, name, recorded)
+    return answers

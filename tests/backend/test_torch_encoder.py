@@ -18,7 +18,7 @@ import pytest
 
 from kbert.backend import paths
 from kbert.models import BertBackbone, BertClassifier
-from tests.test_case import random_backbone_inputs, tiny_backbone_kwargs
+from tests.test_case import random_backbone_inputs, record_answers, tiny_backbone_kwargs
 
 pytestmark = pytest.mark.backends("torch", reason="the lean path is the torch backend's")
 
@@ -28,16 +28,7 @@ def lean_calls(monkeypatch):
     """Counts the calls the lean path computed (it answers None where the graph runs)."""
     from kbert.backend import torch_encoder
 
-    calls = []
-    original = torch_encoder.backbone_outputs
-
-    def counted(*args, **kwargs):
-        outputs = original(*args, **kwargs)
-        calls.append(outputs is not None)
-        return outputs
-
-    monkeypatch.setattr(torch_encoder, "backbone_outputs", counted)
-    return calls
+    return record_answers(monkeypatch, torch_encoder, "backbone_outputs")
 
 
 def _tensors(inputs):

@@ -19,7 +19,7 @@ from kbert.models import (
     BertQuestionAnswerer,
     BertTagger,
 )
-from tests.test_case import random_backbone_inputs, tiny_backbone_kwargs
+from tests.test_case import random_backbone_inputs, record_answers, tiny_backbone_kwargs
 
 pytestmark = pytest.mark.backends("torch", reason="the lean path is the torch backend's")
 
@@ -27,16 +27,7 @@ pytestmark = pytest.mark.backends("torch", reason="the lean path is the torch ba
 @pytest.fixture
 def lean_calls(monkeypatch):
     """Whether each task call took the lean path (it answers None where the graph runs)."""
-    calls = []
-    original = torch_heads.task_outputs
-
-    def counted(*args, **kwargs):
-        outputs = original(*args, **kwargs)
-        calls.append(outputs is not None)
-        return outputs
-
-    monkeypatch.setattr(torch_heads, "task_outputs", counted)
-    return calls
+    return record_answers(monkeypatch, torch_heads, "task_outputs")
 
 
 def _backbone(**kwargs):
