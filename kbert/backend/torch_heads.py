@@ -162,8 +162,8 @@ def dense(layer, x):
 
 
 def dropout(layer, x, training):
-    """`layer(x, training=training)` for a Keras or kbert dropout layer: its rate, the mask
-    from torch's generator (the layers' route on torch)."""
+    """`layer(x, training=training)` for kbert's `HashDropout`: its rate, the mask from
+    torch's generator (the layer's own route on torch, so the same draws)."""
     rate = layer.rate
     if not training or rate <= 0:
         return x
