@@ -226,8 +226,10 @@ class PipelineModel(MultiProcessTraining, keras.Model):
     def __init__(self, *args, preprocessor=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.preprocessor = preprocessor
-        # The train function a `train_on_batch` through Keras' own last ran (torch only).
+        # The train (test) function a `train_on_batch` (`test_on_batch`) through Keras' own
+        # last ran (torch only).
         self._repeat_train = None
+        self._repeat_test = None
 
     def call(self, inputs, training=None, mask=None):
         check_input_keys(inputs, self.input_names, type(self).__name__)
@@ -707,7 +709,7 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         return logs
 
     def _batch_logs(self, logs, return_dict):
-        """A train function's logs as Keras' `*_on_batch` methods return them: values as floats
+        """A train or test function's logs as Keras' `*_on_batch` methods return them: floats
         where they are scalars (NumPy arrays otherwise), nested dicts flattened; a dict sorted
         by name, or a list in the order of `metrics` (a compiled metrics container expanded
         into its metrics; names no metric has, sorted, after them), one value alone bare."""
@@ -736,10 +738,22 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         values += [flat[key] for key in sorted(flat) if key not in names]
         return values[0] if len(values) == 1 else values
 
-    def test_on_batch(self, x, y=None, sample_weight=None, **kwargs):
-        """`keras.Model.test_on_batch` through the pipeline (steps 1 and 2)."""
+    def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
+        """`keras.Model.test_on_batch` through the pipeline (steps 1 and 2).
+
+        On torch, a call after one that went through Keras' `test_on_batch` with the same
+        test function (no `compile` since) runs that function directly, as `train_on_batch`
+        does: the metrics reset, the logs returned as Keras returns them.
+        """
         x, y, sample_weight = self._prepare(x, y, sample_weight, mode="evaluate")
-        return super().test_on_batch(x, y, sample_weight=sample_weight, **kwargs)
+        function = self.test_function
+        if function is not None and function is getattr(self, "_repeat_test", None):
+            self.reset_metrics()
+            return self._batch_logs(function([(x, y, sample_weight)]), return_dict)
+        logs = super().test_on_batch(x, y, sample_weight=sample_weight, return_dict=return_dict)
+        if keras.backend.backend() == "torch":
+            self._repeat_test = self.test_function
+        return logs
 
     def predict_on_batch(self, x):
         """`keras.Model.predict_on_batch` through the pipeline (steps 1 and 2)."""

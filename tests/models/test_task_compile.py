@@ -307,3 +307,37 @@ def test_repeated_train_on_batch_returns_and_trains_as_keras_own(monkeypatch):
         a, b = both()
         assert isinstance(a, float) and a == pytest.approx(b, rel=1e-5)
     assert len(repeated) == 7  # the first call after `compile` is Keras' own
+
+
+@pytest.mark.backends("torch", reason="the repeated test_on_batch path is the torch backend's")
+def test_repeated_test_on_batch_returns_keras_own_logs(monkeypatch):
+    """`test_on_batch` after one through Keras' own runs the test function directly on torch:
+    the logs of Keras' `test_on_batch` at every call (metrics reset per call, list, dict,
+    sample weights); a new `compile` goes through Keras' own again."""
+    ours = BertClassifier(_backbone(), num_classes=3, dropout=0.0)
+    keras_own = BertClassifier(_backbone(), num_classes=3, dropout=0.0)
+    keras_own.set_weights(ours.get_weights())
+    repeated = []
+    original = type(ours)._batch_logs
+    monkeypatch.setattr(
+        type(ours), "_batch_logs", lambda self, *a: repeated.append(1) or original(self, *a)
+    )
+    weights = np.array([1.0, 0.5, 2.0, 1.0], dtype="float32")
+    calls = [{}, {}, dict(return_dict=True), dict(sample_weight=weights), {}]
+    for seed, kwargs in enumerate(calls):
+        x = random_backbone_inputs(4, 8, vocabulary_size=VOCABULARY_SIZE, seed=seed)
+        y = np.array([seed % 3, 1, 2, 0])
+        a = ours.test_on_batch(x, y, **kwargs)
+        b = keras.Model.test_on_batch(keras_own, x, y, **kwargs)
+        assert type(a) is type(b), kwargs
+        if isinstance(a, dict):
+            assert list(a) == list(b) == ["accuracy", "loss"]
+            a, b = list(a.values()), list(b.values())
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=str(kwargs))
+    assert len(repeated) == 4
+    ours.compile(metrics=[])
+    keras_own.compile(metrics=[])
+    for _ in range(2):
+        a, b = ours.test_on_batch(x, y), keras.Model.test_on_batch(keras_own, x, y)
+        assert isinstance(a, float) and a == pytest.approx(b, rel=1e-5)
+    assert len(repeated) == 5
