@@ -264,6 +264,20 @@ class TestTaskCompile(TestCase):
         assert True not in jit_flags
 
 
+def _twin_classifiers(monkeypatch):
+    """Two classifiers with the same weights (one to call as kbert does, one through Keras'
+    own `*_on_batch`), and the list that records each call the repeated path answers."""
+    ours = BertClassifier(_backbone(), num_classes=3, dropout=0.0)
+    keras_own = BertClassifier(_backbone(), num_classes=3, dropout=0.0)
+    keras_own.set_weights(ours.get_weights())
+    repeated = []
+    original = type(ours)._batch_logs
+    monkeypatch.setattr(
+        type(ours), "_batch_logs", lambda self, *a: repeated.append(1) or original(self, *a)
+    )
+    return ours, keras_own, repeated
+
+
 @pytest.mark.backends("torch", reason="the repeated train_on_batch path is the torch backend's")
 def test_repeated_train_on_batch_returns_and_trains_as_keras_own(monkeypatch):
     """A `train_on_batch` after one through Keras' own runs the train function directly on
@@ -273,14 +287,7 @@ def test_repeated_train_on_batch_returns_and_trains_as_keras_own(monkeypatch):
     x = random_backbone_inputs(4, 8, vocabulary_size=VOCABULARY_SIZE, seed=5)
     y = np.array([0, 1, 2, 1])
     weights = np.array([1.0, 0.5, 2.0, 1.0], dtype="float32")
-    ours = BertClassifier(_backbone(), num_classes=3, dropout=0.0)
-    keras_own = BertClassifier(_backbone(), num_classes=3, dropout=0.0)
-    keras_own.set_weights(ours.get_weights())
-    repeated = []
-    original = type(ours)._batch_logs
-    monkeypatch.setattr(
-        type(ours), "_batch_logs", lambda self, *a: repeated.append(1) or original(self, *a)
-    )
+    ours, keras_own, repeated = _twin_classifiers(monkeypatch)
 
     def both(**kwargs):
         a = ours.train_on_batch(x, y, **kwargs)
@@ -314,14 +321,7 @@ def test_repeated_test_on_batch_returns_keras_own_logs(monkeypatch):
     """`test_on_batch` after one through Keras' own runs the test function directly on torch:
     the logs of Keras' `test_on_batch` at every call (metrics reset per call, list, dict,
     sample weights); a new `compile` goes through Keras' own again."""
-    ours = BertClassifier(_backbone(), num_classes=3, dropout=0.0)
-    keras_own = BertClassifier(_backbone(), num_classes=3, dropout=0.0)
-    keras_own.set_weights(ours.get_weights())
-    repeated = []
-    original = type(ours)._batch_logs
-    monkeypatch.setattr(
-        type(ours), "_batch_logs", lambda self, *a: repeated.append(1) or original(self, *a)
-    )
+    ours, keras_own, repeated = _twin_classifiers(monkeypatch)
     weights = np.array([1.0, 0.5, 2.0, 1.0], dtype="float32")
     calls = [{}, {}, dict(return_dict=True), dict(sample_weight=weights), {}]
     for seed, kwargs in enumerate(calls):
