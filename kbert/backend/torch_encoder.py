@@ -51,25 +51,28 @@ TORCH_DTYPES = {
 }
 
 
-class _Linear:
-    """A Keras `Dense` (with bias) as its torch kernel `(in, out)` and bias."""
+class Linear:
+    """A Keras `Dense` (with bias) as its torch kernel `(in, out)` and bias; with LoRA enabled
+    its kernel is Keras' `kernel` property (the update added), read at each call."""
 
-    __slots__ = ("layer", "policy", "kernel", "bias")
+    __slots__ = ("layer", "policy", "lora", "kernel", "bias")
 
     def __init__(self, layer):
         self.layer = layer
         self.policy = layer.dtype_policy
-        self.kernel = parameter(layer, layer.kernel)
+        self.lora = layer.lora_enabled
+        # With LoRA, `layer.kernel` is the sum, not a variable: read at each call instead.
+        self.kernel = None if self.lora else parameter(layer, layer.kernel)
         self.bias = parameter(layer, layer.bias)
 
     def current(self):
-        """Whether the layer still computes from the variables read at build (no
-        quantization, no other dtype policy)."""
-        return self.layer.dtype_policy is self.policy
+        """Whether the layer still computes from what was read at build (no quantization,
+        no other dtype policy, LoRA enabled as it was)."""
+        return self.layer.dtype_policy is self.policy and self.layer.lora_enabled == self.lora
 
     def weights(self):
         """`(kernel, bias)` as the layer computes with them: LoRA's update added."""
-        if self.layer.lora_enabled:
+        if self.lora:
             return torch_kernel(self.layer), self.bias
         return self.kernel, self.bias
 
@@ -126,12 +129,12 @@ class _Block:
     def __init__(self, layer):
         attention = layer.self_attention
         self.layer = layer
-        self.query = _Linear(attention.query_dense)
-        self.key = _Linear(attention.key_dense)
-        self.value = _Linear(attention.value_dense)
-        self.attention_output = _Linear(attention.output_dense)
-        self.intermediate = _Linear(layer.intermediate_dense)
-        self.output = _Linear(layer.output_dense)
+        self.query = Linear(attention.query_dense)
+        self.key = Linear(attention.key_dense)
+        self.value = Linear(attention.value_dense)
+        self.attention_output = Linear(attention.output_dense)
+        self.intermediate = Linear(layer.intermediate_dense)
+        self.output = Linear(layer.output_dense)
         self.linears = (
             self.query,
             self.key,
@@ -180,7 +183,7 @@ class _Plan:
         self.embedding_rate = embeddings.dropout_layer.rate
         self.pad_token_id = embeddings.pad_token_id
         self.blocks = [_Block(layer) for layer in backbone.transformer_layers]
-        self.pooler = _Linear(backbone.pooler.dense)
+        self.pooler = Linear(backbone.pooler.dense)
         self.linears = [linear for block in self.blocks for linear in block.linears]
         self.linears.append(self.pooler)
         self.compute_dtype = TORCH_DTYPES[backbone.dtype_policy.compute_dtype]
@@ -272,7 +275,8 @@ def cast(tensor, dtype):
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
-def _dropout(x, rate, training):
+def dropout(x, rate, training):
+    """`x` through inverted dropout of `rate` in training (a dropout layer's call on torch)."""
     if not training or rate <= 0:
         return x
     if rate >= 1:
@@ -295,7 +299,7 @@ def _embeddings(plan, token_ids, segment_ids, training):
         tokens = torch.where((token_ids == plan.pad_token_id)[..., None], tokens.detach(), tokens)
     x = tokens + position_table[:length] + F.embedding(segment_ids, segment_table)
     x = _layer_norm(x, plan.embedding_norm, plan.compute_dtype)
-    return _dropout(x, plan.embedding_rate, training)
+    return dropout(x, plan.embedding_rate, training)
 
 
 def transposed_casts(device):
@@ -333,15 +337,14 @@ def _joined_kernel(kernels, dtype):
 
 
 def _project(x, kernel, bias, dtype):
-    """`x @ kernel + bias` for `x` `(batch, seq, in)`, in one `addmm`; `kernel` already in
-    `dtype`."""
-    batch, length = x.shape[0], x.shape[1]
-    y = torch.addmm(cast(bias, dtype), x.reshape(batch * length, -1), kernel)
-    return y.view(batch, length, -1)
+    """`x @ kernel + bias` for `x` `(..., in)`, in one `addmm`; `kernel` already in `dtype`."""
+    y = torch.addmm(cast(bias, dtype), x.reshape(-1, x.shape[-1]), kernel)
+    return y.view(*x.shape[:-1], -1)
 
 
-def _linear(x, linear, dtype):
-    kernel, bias = linear.weights()
+def linear(x, dense, dtype):
+    """`x` `(..., in)` through the `Linear` `dense`, its kernel and bias cast to `dtype`."""
+    kernel, bias = dense.weights()
     return _project(x, cast_kernel(kernel, dtype), bias, dtype)
 
 
@@ -380,10 +383,10 @@ def _block(block, x, mask, training, dtype, query_length):
     rate = block.attention_rate if training else 0.0
     context = torch_paths.attention_heads(query, key, value, mask, rate)  # (b, h, q, d)
     context = context.transpose(1, 2).reshape(batch, -1, hidden)
-    attended = _linear(context, block.attention_output, dtype)
-    attended = _dropout(attended, block.attention_output_rate, training)
+    attended = linear(context, block.attention_output, dtype)
+    attended = dropout(attended, block.attention_output_rate, training)
     x = _layer_norm(residual + attended, block.attention_norm, dtype)
-    intermediate = block.activation(_linear(x, block.intermediate, dtype))
-    output = _linear(intermediate, block.output, dtype)
-    output = _dropout(output, block.output_rate, training)
+    intermediate = block.activation(linear(x, block.intermediate, dtype))
+    output = linear(intermediate, block.output, dtype)
+    output = dropout(output, block.output_rate, training)
     return _layer_norm(x + output, block.output_norm, dtype)

@@ -12,8 +12,8 @@ computes what the graph computes, from the same variables, with the same dropout
   the call, converts its inputs and casts its own weights);
 - each `Dense` of the head as one `addmm` on its kernel (LoRA's update added) cast to the
   layer's compute dtype, its inputs cast as `__call__` casts them, then its activation;
-- each kbert dropout layer (`HashDropout`) through `kbert.backend.torch.dropout`, the
-  layer's own route on torch (the same masks);
+- each kbert dropout layer (`HashDropout`) through the backbone's dropout
+  (`kbert.backend.torch.dropout`, the layer's own route on torch: the same masks);
 - each weightless kbert layer of the head (`FlattenChoices`, `ChoiceLogits`,
   `ContextSpanLogits`) through its `call`, its floating inputs cast as `__call__` casts them.
 
@@ -32,14 +32,13 @@ import weakref
 import keras
 import torch
 
-from kbert.backend import torch as torch_paths
 from kbert.backend import torch_encoder
 
 # Whether kbert's tasks take the lean path on eager torch (tests turn it off to compare it
 # with the functional graph).
 LEAN_TORCH_TASKS = True
 
-# The `_HeadLinear` of each head `Dense` (the torch kernel and bias it computes with).
+# The `torch_encoder.Linear` of each head `Dense` (the torch kernel and bias it computes with).
 _LINEARS = weakref.WeakKeyDictionary()
 # The head layers each task was checked with (their identity: the graph's layers).
 _CHECKED = weakref.WeakKeyDictionary()
@@ -57,6 +56,8 @@ def _covered_layer(layer):
             and layer.dtype_policy.quantization_mode is None
             and layer.use_bias
             and keras.backend.standardize_dtype(layer.compute_dtype) in torch_encoder.TORCH_DTYPES
+            # Reads its weights now: a kernel or bias that is not a torch parameter of the
+            # variable's dtype raises a ValueError, which `task_outputs` takes for "not covered".
             and _linear(layer) is not None
         )
     if isinstance(layer, keras.layers.Dropout):
@@ -66,33 +67,12 @@ def _covered_layer(layer):
     return layer.built and not layer.weights
 
 
-class _HeadLinear:
-    """A head `Dense`'s torch kernel and bias; with LoRA enabled its kernel is Keras' `kernel`
-    property (the update added), read at each call."""
-
-    __slots__ = ("layer", "policy", "lora", "kernel", "bias")
-
-    def __init__(self, layer):
-        self.layer = layer
-        self.policy = layer.dtype_policy
-        self.lora = layer.lora_enabled
-        self.kernel = None if self.lora else torch_encoder.parameter(layer, layer.kernel)
-        self.bias = torch_encoder.parameter(layer, layer.bias)
-
-    def current(self):
-        return self.layer.dtype_policy is self.policy and self.layer.lora_enabled == self.lora
-
-    def weights(self):
-        if self.lora:
-            return torch_encoder.torch_kernel(self.layer), self.bias
-        return self.kernel, self.bias
-
-
 def _linear(layer):
-    """The `_HeadLinear` of a head `Dense`, made again after its dtype policy or LoRA changed."""
+    """The `torch_encoder.Linear` of a head `Dense`, made again after its dtype policy or LoRA
+    changed."""
     linear = _LINEARS.get(layer)
     if linear is None or not linear.current():
-        linear = torch_encoder.without_autocast(lambda: _HeadLinear(layer))
+        linear = torch_encoder.without_autocast(lambda: torch_encoder.Linear(layer))
         _LINEARS[layer] = linear
     return linear
 
@@ -120,8 +100,7 @@ def task_outputs(task, inputs, training):
     if not LEAN_TORCH_TASKS or torch.compiler.is_compiling():
         return None
     backbone = task.backbone
-    token_ids = inputs.get("token_ids")
-    if token_ids is None or token_ids.device.type == "meta":
+    if inputs["token_ids"].device.type == "meta":  # (a tensor: `lean_task_outputs` checked)
         return None
     if not torch_encoder.covers(backbone, training):
         return None
@@ -144,17 +123,10 @@ def backbone(task, inputs, training, first_token_only=False):
 def dense(layer, x):
     """`layer(x)` for a Keras `Dense` with a bias: one product on its (LoRA-updated) kernel in
     the layer's compute dtype, then its activation."""
-    linear = _linear(layer)
     dtype = _torch_dtype(layer.compute_dtype)
     if layer.autocast and x.is_floating_point():
         x = torch_encoder.cast(x, dtype)
-    kernel, bias = linear.weights()
-    kernel = torch_encoder.cast_kernel(kernel, dtype)
-    bias = torch_encoder.cast(bias, dtype)
-    if x.ndim == 2:
-        y = torch.addmm(bias, x, kernel)
-    else:
-        y = torch.addmm(bias, x.reshape(-1, x.shape[-1]), kernel).view(*x.shape[:-1], -1)
+    y = torch_encoder.linear(x, _linear(layer), dtype)
     activation = layer.activation
     if activation is not keras.activations.linear:
         y = activation(y)
@@ -164,12 +136,7 @@ def dense(layer, x):
 def dropout(layer, x, training):
     """`layer(x, training=training)` for kbert's `HashDropout`: its rate, the mask from
     torch's generator (the layer's own route on torch, so the same draws)."""
-    rate = layer.rate
-    if not training or rate <= 0:
-        return x
-    if rate >= 1:
-        return torch.zeros_like(x)
-    return torch_paths.dropout(x, rate, torch_paths.process_slice())
+    return torch_encoder.dropout(x, layer.rate, training)
 
 
 def weightless(layer, *args):
