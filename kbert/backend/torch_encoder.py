@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from kbert.backend import torch as torch_paths
 
-_ACTIVATIONS = {
+ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_approximate": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
@@ -143,19 +143,20 @@ class _Block:
             self.intermediate,
             self.output,
         )
-        self.attention_norm = _norm(layer.attention_layer_norm)
-        self.output_norm = _norm(layer.output_layer_norm)
+        self.attention_norm = norm_weights(layer.attention_layer_norm)
+        self.output_norm = norm_weights(layer.output_layer_norm)
         self.num_heads = attention.num_heads
         self.head_dim = attention.head_dim
         self.attention_rate = attention.dropout
         self.attention_output_rate = layer.attention_dropout_layer.rate
         self.output_rate = layer.output_dropout_layer.rate
-        self.activation = _ACTIVATIONS[layer.activation]
+        self.activation = ACTIVATIONS[layer.activation]
 
 
-def _norm(layer):
+def norm_weights(layer):
     """`(gamma, beta, epsilon)` of a `keras.layers.LayerNormalization`."""
-    if not (layer.center and layer.scale) or tuple(layer.axis) != (-1,) and layer.axis != -1:
+    axis = list(layer.axis) if isinstance(layer.axis, (list, tuple)) else [layer.axis]
+    if not (layer.center and layer.scale) or getattr(layer, "rms_scaling", False) or axis != [-1]:
         raise ValueError("Only a last-axis LayerNormalization with center and scale")
     return parameter(layer, layer.gamma), parameter(layer, layer.beta), layer.epsilon
 
@@ -179,7 +180,7 @@ class _Plan:
             embeddings.segment_embedding,
         )
         self.embedding_policies = tuple(layer.dtype_policy for layer in self.embedding_layers)
-        self.embedding_norm = _norm(embeddings.layer_norm)
+        self.embedding_norm = norm_weights(embeddings.layer_norm)
         self.embedding_rate = embeddings.dropout_layer.rate
         self.pad_token_id = embeddings.pad_token_id
         self.blocks = [_Block(layer) for layer in backbone.transformer_layers]
@@ -284,7 +285,8 @@ def dropout(x, rate, training):
     return torch_paths.dropout(x, rate, torch_paths.process_slice())
 
 
-def _layer_norm(x, norm, dtype):
+def layer_norm(x, norm, dtype):
+    """`x` through the LayerNorm `norm` (`norm_weights`) in float32, cast back to `dtype`."""
     gamma, beta, epsilon = norm
     y = F.layer_norm(cast(x, torch.float32), gamma.shape, gamma, beta, epsilon)
     return cast(y, dtype)
@@ -298,7 +300,7 @@ def _embeddings(plan, token_ids, segment_ids, training):
         # The [PAD] row takes no gradient (Hugging Face's `padding_idx`).
         tokens = torch.where((token_ids == plan.pad_token_id)[..., None], tokens.detach(), tokens)
     x = tokens + position_table[:length] + F.embedding(segment_ids, segment_table)
-    x = _layer_norm(x, plan.embedding_norm, plan.compute_dtype)
+    x = layer_norm(x, plan.embedding_norm, plan.compute_dtype)
     return dropout(x, plan.embedding_rate, training)
 
 
@@ -336,7 +338,7 @@ def _joined_kernel(kernels, dtype):
     return cast(torch.cat([kernel.t() for kernel in kernels]), dtype).t()
 
 
-def _project(x, kernel, bias, dtype):
+def project(x, kernel, bias, dtype):
     """`x @ kernel + bias` for `x` `(..., in)`, in one `addmm`; `kernel` already in `dtype`."""
     y = torch.addmm(cast(bias, dtype), x.reshape(-1, x.shape[-1]), kernel)
     return y.view(*x.shape[:-1], -1)
@@ -345,7 +347,7 @@ def _project(x, kernel, bias, dtype):
 def linear(x, dense, dtype):
     """`x` `(..., in)` through the `Linear` `dense`, its kernel and bias cast to `dtype`."""
     kernel, bias = dense.weights()
-    return _project(x, cast_kernel(kernel, dtype), bias, dtype)
+    return project(x, cast_kernel(kernel, dtype), bias, dtype)
 
 
 def _heads(x, weights, dtype, heads, head_dim):
@@ -358,12 +360,12 @@ def _heads(x, weights, dtype, heads, head_dim):
     kernels = [kernel for kernel, _ in weights]
     if len(weights) == 1 or kernels[0].dtype == dtype:
         return tuple(
-            _project(x, cast_kernel(kernel, dtype), bias, dtype)
+            project(x, cast_kernel(kernel, dtype), bias, dtype)
             .view(batch, length, heads, head_dim)
             .transpose(1, 2)
             for kernel, bias in weights
         )
-    joined = _project(x, _joined_kernel(kernels, dtype), torch.cat([b for _, b in weights]), dtype)
+    joined = project(x, _joined_kernel(kernels, dtype), torch.cat([b for _, b in weights]), dtype)
     # (len(weights), batch, heads, seq, head_dim)
     joined = joined.view(batch, length, len(weights), heads, head_dim).permute(2, 0, 3, 1, 4)
     return joined.unbind(0)
@@ -385,8 +387,8 @@ def _block(block, x, mask, training, dtype, query_length):
     context = context.transpose(1, 2).reshape(batch, -1, hidden)
     attended = linear(context, block.attention_output, dtype)
     attended = dropout(attended, block.attention_output_rate, training)
-    x = _layer_norm(residual + attended, block.attention_norm, dtype)
+    x = layer_norm(residual + attended, block.attention_norm, dtype)
     intermediate = block.activation(linear(x, block.intermediate, dtype))
     output = linear(intermediate, block.output, dtype)
     output = dropout(output, block.output_rate, training)
-    return _layer_norm(x + output, block.output_norm, dtype)
+    return layer_norm(x + output, block.output_norm, dtype)

@@ -14,16 +14,22 @@ computes what the graph computes, from the same variables, with the same dropout
   layer's compute dtype, its inputs cast as `__call__` casts them, then its activation;
 - each kbert dropout layer (`HashDropout`) through the backbone's dropout
   (`kbert.backend.torch.dropout`, the layer's own route on torch: the same masks);
+- kbert's masked-LM head (`MaskedLMHead`: the pretrainer's, the sparse encoder's) as its own
+  row selection at the masked positions, its transform `Dense` as above, its activation, its
+  float32 LayerNorm and the tied decoder (the token table read as the kernel, no copy) with
+  the output bias in one `addmm`;
 - each weightless kbert layer of the head (`FlattenChoices`, `ChoiceLogits`,
-  `ContextSpanLogits`) through its `call`, its floating inputs cast as `__call__` casts them.
+  `ContextSpanLogits`, `EmbeddingPooling`, `SpladePooling`) through its `call`, its
+  floating inputs cast as `__call__` casts them.
 
 A task describes its head with `_lean_head_layers` (the layers, checked once) and
 `_lean_head(calls, inputs, training)`: the graph's computation in the calls of `HEAD_CALLS`
-(`backbone`, `dense`, `dropout`, `weightless`), so the task itself imports no torch.
-`task_outputs` answers `None`, and the graph runs, where the backbone's lean path does not
-cover the call, a head layer is of another kind (a quantized or bias-free `Dense`, Keras' own
-`Dropout`), the head's layers are not the graph's, or while `torch.compile` traces the call
-(kbert's compiled steps trace the graph, whose layer calls cost nothing once compiled).
+(`backbone`, `dense`, `dropout`, `masked_lm`, `weightless`), so the task itself imports no
+torch. `task_outputs` answers `None`, and the graph runs, where the backbone's lean path does
+not cover the call, a head layer is of another kind (a quantized or bias-free `Dense`, Keras'
+own `Dropout`, a masked-LM head on a quantized table), the head's layers are not the graph's,
+or while `torch.compile` traces the call (kbert's compiled steps trace the graph, whose layer
+calls cost nothing once compiled).
 """
 
 import types
@@ -40,6 +46,8 @@ LEAN_TORCH_TASKS = True
 
 # The `torch_encoder.Linear` of each head `Dense` (the torch kernel and bias it computes with).
 _LINEARS = weakref.WeakKeyDictionary()
+# The `_MaskedLM` of each masked-LM head (its weights, read once).
+_MASKED_LMS = weakref.WeakKeyDictionary()
 # The head layers each task was checked with (their identity: the graph's layers).
 _CHECKED = weakref.WeakKeyDictionary()
 
@@ -60,6 +68,10 @@ def _covered_layer(layer):
             # variable's dtype raises a ValueError, which `task_outputs` takes for "not covered".
             and _linear(layer) is not None
         )
+    if _is_masked_lm(layer):
+        return (
+            layer.built and _masked_lm(layer) is not None and _covered_layer(layer.transform_dense)
+        )
     if isinstance(layer, keras.layers.Dropout):
         # kbert's dropout (`HashDropout`, which says whether it `uses_hash`) draws its torch
         # masks from torch's generator, as `dropout` does; Keras' own from its seed generator.
@@ -75,6 +87,55 @@ def _linear(layer):
         linear = torch_encoder.without_autocast(lambda: torch_encoder.Linear(layer))
         _LINEARS[layer] = linear
     return linear
+
+
+def _is_masked_lm(layer):
+    """Whether `layer` is kbert's `MaskedLMHead` (its transform, LayerNorm and tied decoder)."""
+    return isinstance(getattr(layer, "token_embedding", None), keras.layers.Embedding) and hasattr(
+        layer, "select"
+    )
+
+
+class _MaskedLM:
+    """A masked-LM head's LayerNorm, tied decoder table and output bias, and its activation;
+    a ValueError for a head computed otherwise (a quantized or LoRA-enabled table, another
+    LayerNorm)."""
+
+    __slots__ = ("layer", "policies", "norm", "table", "bias", "activation")
+
+    def __init__(self, layer):
+        embedding = layer.token_embedding
+        if embedding.dtype_policy.quantization_mode is not None or embedding.lora_enabled:
+            raise ValueError("The decoder table is quantized or has LoRA")
+        self.layer = layer
+        self.policies = (layer.dtype_policy, embedding.dtype_policy)
+        self.norm = torch_encoder.norm_weights(layer.layer_norm)
+        self.table = torch_encoder.parameter(embedding, embedding.embeddings)
+        self.bias = torch_encoder.parameter(layer, layer.output_bias)
+        activation = layer.activation
+        self.activation = (
+            torch_encoder.ACTIVATIONS[activation]
+            if isinstance(activation, str)
+            else layer.activation_fn
+        )
+
+    def current(self):
+        """Whether the head still computes from what was read (no new dtype policy, no
+        quantization or LoRA on the table)."""
+        embedding = self.layer.token_embedding
+        return (
+            self.layer.dtype_policy is self.policies[0]
+            and embedding.dtype_policy is self.policies[1]
+            and not embedding.lora_enabled
+        )
+
+
+def _masked_lm(layer):
+    plan = _MASKED_LMS.get(layer)
+    if plan is None or not plan.current():
+        plan = torch_encoder.without_autocast(lambda: _MaskedLM(layer))
+        _MASKED_LMS[layer] = plan
+    return plan
 
 
 def _head_ready(task):
@@ -139,6 +200,19 @@ def dropout(layer, x, training):
     return torch_encoder.dropout(x, layer.rate, training)
 
 
+def masked_lm(layer, sequence_output, mask_positions=None):
+    """`layer(sequence_output, mask_positions)` for kbert's `MaskedLMHead`: the rows at the
+    positions (the layer's own `select`, which checks them), its transform `Dense`, activation
+    and float32 LayerNorm, then the tied decoder and the output bias in one `addmm`."""
+    plan = _masked_lm(layer)
+    dtype = _torch_dtype(layer.compute_dtype)
+    x = layer.select(torch_encoder.cast(sequence_output, dtype), mask_positions)
+    x = plan.activation(dense(layer.transform_dense, x))
+    x = torch_encoder.layer_norm(x, plan.norm, dtype)
+    # The table `(vocabulary, hidden)` read as the `(hidden, vocabulary)` kernel, no copy.
+    return torch_encoder.project(x, torch_encoder.cast(plan.table, dtype).t(), plan.bias, dtype)
+
+
 def weightless(layer, *args):
     """`layer(*args)` for a built layer without weights: its `call`, floating tensors cast to
     its compute dtype first as `__call__` does."""
@@ -155,5 +229,5 @@ def weightless(layer, *args):
 
 # What a task's `_lean_head(calls, inputs, training)` computes its head with.
 HEAD_CALLS = types.SimpleNamespace(
-    backbone=backbone, dense=dense, dropout=dropout, weightless=weightless
+    backbone=backbone, dense=dense, dropout=dropout, masked_lm=masked_lm, weightless=weightless
 )

@@ -133,21 +133,25 @@ class MaskedLMHead(keras.layers.Layer):
         self.built = True
 
     def call(self, sequence_output, mask_positions=None):
-        if mask_positions is None:
-            x = sequence_output  # (batch, seq, hidden)
-        else:
-            check_index_range(
-                mask_positions,
-                sequence_output.shape[1] or 2**31,
-                "mask_positions",
-                "sequence_length",
-            )
-            positions = ops.cast(mask_positions, "int32")[:, :, None]  # (batch, predictions, 1)
-            x = ops.take_along_axis(sequence_output, positions, axis=1)  # (batch, preds, hidden)
+        x = self.select(sequence_output, mask_positions)
         x = self.activation_fn(self.transform_dense(x))
         x = ops.cast(self.layer_norm(x), self.compute_dtype)
         logits = self.token_embedding(x, reverse=True)  # (batch, predictions, vocabulary)
         return logits + ops.cast(self.output_bias, self.compute_dtype)
+
+    def select(self, sequence_output, mask_positions=None):
+        """The rows of `sequence_output` the logits are computed at: those at `mask_positions`
+        `(batch, predictions, hidden)` (checked), or every row without them."""
+        if mask_positions is None:
+            return sequence_output  # (batch, seq, hidden)
+        check_index_range(
+            mask_positions,
+            sequence_output.shape[1] or 2**31,
+            "mask_positions",
+            "sequence_length",
+        )
+        positions = ops.cast(mask_positions, "int32")[:, :, None]  # (batch, predictions, 1)
+        return ops.take_along_axis(sequence_output, positions, axis=1)  # (batch, preds, hidden)
 
     def compute_output_shape(self, sequence_output_shape, mask_positions_shape=None):
         if mask_positions_shape is None:

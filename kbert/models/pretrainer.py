@@ -141,6 +141,24 @@ class BertPretrainer(BertTask):
         "optimizer": "update_rule",
     }
 
+    def _lean_head_layers(self):
+        heads = (self.masked_lm_head, self.next_sentence_head)
+        return heads if self.next_sentence else heads[:1]
+
+    def _lean_head(self, calls, inputs, training):
+        """The graph's computation on eager torch (`kbert.backend.lean_task_outputs`)."""
+        features = calls.backbone(
+            self, {name: inputs[name] for name in self.backbone.input_names}, training
+        )
+        outputs = {
+            "mlm": calls.masked_lm(
+                self.masked_lm_head, features["sequence_output"], inputs["mask_positions"]
+            )
+        }
+        if self.next_sentence:
+            outputs["nsp"] = calls.dense(self.next_sentence_head, features["pooled_output"])
+        return outputs
+
     def _default_loss(self):
         loss = {"mlm": masked_lm_loss()}
         if self.next_sentence:

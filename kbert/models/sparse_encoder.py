@@ -244,6 +244,15 @@ class BertSparseEncoder(TextEncoding, BertTask):
         see `TextEncoding.call_columns`)."""
         return self.call_columns(super().call, inputs, training, mask)
 
+    def _lean_head_layers(self):
+        return (self.masked_lm_head, self.splade_pooling)
+
+    def _lean_head(self, calls, inputs, training):
+        """The graph's computation on eager torch (`kbert.backend.lean_task_outputs`)."""
+        sequence = calls.backbone(self, inputs, training)["sequence_output"]
+        logits = calls.masked_lm(self.masked_lm_head, sequence)  # (batch, seq, vocabulary)
+        return calls.weightless(self.splade_pooling, logits, inputs["padding_mask"])
+
     def compute_output_spec(self, inputs, training=None, mask=None):
         shape = inputs["token_ids"].shape
         if len(shape) == 3:

@@ -315,6 +315,7 @@ class BertTextEmbedder(TextEncoding, BertTask):
             **kwargs,
         )
         self.pooler = pooler
+        self._first_token_only = first_token_only
 
         # === Config ===
         self.pooling = pooling
@@ -338,6 +339,14 @@ class BertTextEmbedder(TextEncoding, BertTask):
         `(batch, columns, seq)` (several texts per example, as in contrastive training; see
         `TextEncoding.call_columns`)."""
         return self.call_columns(super().call, inputs, training, mask)
+
+    def _lean_head_layers(self):
+        return (self.pooler,)
+
+    def _lean_head(self, calls, inputs, training):
+        """The graph's computation on eager torch (`kbert.backend.lean_task_outputs`)."""
+        features = calls.backbone(self, inputs, training, first_token_only=self._first_token_only)
+        return calls.weightless(self.pooler, features["sequence_output"], inputs["padding_mask"])
 
     def compute_output_spec(self, inputs, training=None, mask=None):
         shape = inputs["token_ids"].shape

@@ -15,9 +15,13 @@ from kbert.backend import torch_heads
 from kbert.models import (
     BertBackbone,
     BertClassifier,
+    BertCrossEncoder,
     BertMultipleChoice,
+    BertPretrainer,
     BertQuestionAnswerer,
+    BertSparseEncoder,
     BertTagger,
+    BertTextEmbedder,
 )
 from tests.test_case import random_backbone_inputs, record_answers, tiny_backbone_kwargs
 
@@ -57,6 +61,13 @@ def _choice_inputs(batch=2, choices=3, length=10):
     return {key: value.reshape(batch, choices, length) for key, value in rows.items()}
 
 
+def _pretraining_inputs(batch=3, length=12):
+    inputs = random_backbone_inputs(batch, length)
+    # Distinct positions per row, among them a padded one and position 0.
+    inputs["mask_positions"] = np.array([[1, 4, 0], [7, 2, 11], [3, 3, 5]], "int32")[:batch]
+    return inputs
+
+
 TASKS = {
     "classifier": (lambda: BertClassifier(_backbone(), num_classes=3, dropout=0.3), None),
     "tagger": (lambda: BertTagger(_backbone(), num_classes=4, dropout=0.3), None),
@@ -65,6 +76,12 @@ TASKS = {
         _choice_inputs,
     ),
     "question_answerer": (lambda: BertQuestionAnswerer(_backbone()), None),
+    "cross_encoder": (lambda: BertCrossEncoder(_backbone(), dropout=0.3), None),
+    "pretrainer": (lambda: BertPretrainer(_backbone()), _pretraining_inputs),
+    "masked_lm": (lambda: BertPretrainer(_backbone(), next_sentence=False), _pretraining_inputs),
+    "sparse_encoder": (lambda: BertSparseEncoder(_backbone()), None),
+    "text_embedder": (lambda: BertTextEmbedder(_backbone(), pooling="mean"), None),
+    "text_embedder_cls": (lambda: BertTextEmbedder(_backbone(), pooling="cls"), None),
 }
 
 
@@ -88,6 +105,7 @@ def _both_ways(task, inputs, monkeypatch, seed=5, training=True):
         variables = [v.value for v in task.trainable_weights]
         grads = torch.autograd.grad(loss, variables, allow_unused=True)
         results.append((outputs, [None if g is None else g.numpy() for g in grads]))
+    monkeypatch.setattr(torch_heads, "LEAN_TORCH_TASKS", True)
     return results
 
 
@@ -166,3 +184,27 @@ def test_what_the_lean_head_leaves_to_the_graph(lean_calls):
     attentions = BertClassifier(_backbone(output_attentions=True), num_classes=3)
     assert np.isfinite(attentions(inputs).detach().numpy()).all()
     assert lean_calls == [False]
+
+
+def test_pretraining_heads_in_mixed_precision_and_what_they_leave_to_the_graph(
+    lean_calls, monkeypatch
+):
+    """The pretrainer's masked-LM and NSP heads under mixed_bfloat16 stay within bfloat16's
+    rounding of the graph and keep its dtypes; a quantized transform `Dense` runs through the
+    graph."""
+    inputs = _tensors(_pretraining_inputs())
+    mixed = _scrambled(BertPretrainer(_backbone(dtype="mixed_bfloat16")), scale=0.1)
+    (lean, _), (graph, _) = _both_ways(mixed, inputs, monkeypatch, training=False)
+    assert lean_calls == [True, False]
+    for name in ("mlm", "nsp"):
+        assert lean[name].dtype == graph[name].dtype, name
+        a, b = lean[name].float().detach().numpy(), graph[name].float().detach().numpy()
+        assert np.abs(a - b).max() < 0.03 * np.abs(b).max(), name
+
+    pretrainer = BertPretrainer(_backbone())
+    lean_calls.clear()
+    expected = pretrainer(inputs)["mlm"].detach().numpy()
+    pretrainer.masked_lm_head.transform_dense.quantize("int8")
+    quantized = pretrainer(inputs)["mlm"].detach().numpy()
+    assert lean_calls == [True, False]
+    assert 0 < np.abs(quantized - expected).max() < 0.05 * np.abs(expected).max()

@@ -374,4 +374,6 @@ def test_quantize_collections_walk_only_new_objects_and_the_collector_is_restore
     frozen = gc.get_freeze_count()
     assert frozen > 0
     _backbone().quantize("int8")
-    assert gc.get_freeze_count() == frozen
+    # Frozen objects that die meanwhile leave the count (a few, at most), while a `quantize`
+    # that left its own objects frozen would add thousands and one that unfroze would drop all.
+    assert frozen - 100 <= gc.get_freeze_count() <= frozen

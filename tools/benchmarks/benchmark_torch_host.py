@@ -36,7 +36,9 @@ recipe). Ratios are lean / graph time (below 1.0: faster now).
 hidden size 96 (intermediate 384, vocabulary 1,024, batch 2, length 16), where the products
 cost next to nothing, so the time is the host's (Python, dispatch, casts), as on a GPU whose
 steps are host-bound: the backbone call, `predict_on_batch` and `train_on_batch` (compile()'s
-defaults, vs HF + AdamW foreach) in float32 and under `mixed_bfloat16` (HF under autocast).
+defaults, vs HF + AdamW foreach) in float32 and under `mixed_bfloat16` (HF under autocast),
+and a pretrainer's `train_on_batch` (masked LM at 3 positions a row + NSP, vs HF
+`BertForPreTraining` + AdamW foreach).
 
     KERAS_BACKEND=torch python tools/benchmarks/benchmark_torch_host.py --deep --rounds 7
 
@@ -249,6 +251,57 @@ def train_host(policy, rounds, calls, shape=TINY, batch=8, fit_step=False):
     return results
 
 
+def pretrain_host(policy, rounds, calls, shape=DEEP, batch=2, predictions=3):
+    """A pretrainer (masked LM + NSP): `train_on_batch` with `compile()`'s defaults against HF
+    `BertForPreTraining` + AdamW (foreach) on the same batch and masked positions (HF computes
+    its decoder at every position, kbert at the masked ones: at this width both cost next to
+    nothing)."""
+    import keras
+    import numpy as np
+    import torch
+    import transformers
+
+    from kbert.models import BertPretrainer
+
+    kbert_inputs, hf_inputs = _inputs(batch, 16, 1024)
+    rng = np.random.default_rng(1)
+    # Positions among the first 12 (real in every row), distinct within a row.
+    positions = np.stack([rng.permutation(12)[:predictions] for _ in range(batch)])
+    ids = kbert_inputs["token_ids"].numpy()
+    targets = np.take_along_axis(ids, positions, axis=1)
+    kbert_inputs = dict(kbert_inputs, mask_positions=torch.tensor(positions, dtype=torch.int32))
+    next_sentence = torch.tensor([0, 1] * (batch // 2))
+    y = {"mlm": torch.tensor(targets, dtype=torch.int32), "nsp": next_sentence}
+    sample_weight = {"mlm": torch.ones(batch, predictions), "nsp": torch.ones(batch)}
+    hf_labels = np.full(ids.shape, -100)
+    np.put_along_axis(hf_labels, positions, targets, axis=1)
+    hf_labels = torch.tensor(hf_labels)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        pretrainer = BertPretrainer(_backbone(shape, 1024, policy))
+    finally:
+        keras.config.set_dtype_policy(previous)
+    hf = transformers.BertForPreTraining(_hf_config(shape, 1024))
+    hf.train()
+    optimizer = torch.optim.AdamW(hf.parameters(), lr=1e-4, foreach=True)
+    mixed = policy != "float32"
+
+    def hf_step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
+            loss = hf(**hf_inputs, labels=hf_labels, next_sentence_label=next_sentence).loss
+        loss.backward()
+        optimizer.step()
+
+    return alternate(
+        lambda: pretrainer.train_on_batch(kbert_inputs, y, sample_weight=sample_weight),
+        hf_step,
+        rounds,
+        calls,
+    )
+
+
 def compiled_host(rounds, calls):
     """kbert's compiled steps against its eager ones and HF's, tiny classifier, float32."""
     import keras
@@ -365,6 +418,7 @@ def deep_host(rounds, calls):
         results[f"train_on_batch_{policy}"] = train_host(policy, rounds, calls, DEEP, batch=2)[
             "train_on_batch"
         ]
+        results[f"pretrain_on_batch_{policy}"] = pretrain_host(policy, rounds, calls)
     return results
 
 
