@@ -38,9 +38,18 @@ cost next to nothing, so the time is the host's (Python, dispatch, casts), as on
 steps are host-bound: the backbone call, `predict_on_batch` and `train_on_batch` (compile()'s
 defaults, vs HF + AdamW foreach) in float32 and under `mixed_bfloat16` (HF under autocast),
 and a pretrainer's `train_on_batch` (masked LM at 3 positions a row + NSP, vs HF
-`BertForPreTraining` + AdamW foreach).
+`BertForPreTraining` + AdamW foreach; `pretrain_lean_heads_*`: the same step with its heads as
+torch calls against Keras layer calls, kbert against itself).
 
     KERAS_BACKEND=torch python tools/benchmarks/benchmark_torch_host.py --deep --rounds 7
+
+`--phases` times a classifier's train step at that depth phase by phase (`zero_grad`, the
+forward pass, `compute_loss`, the backward pass, the trainable weights and their gradients,
+`optimizer.apply`, `compute_metrics`: Keras' `train_step` written out), next to HF's
+(`zero_grad`, forward with loss, backward, AdamW step), medians over `--rounds` x `--calls`
+steps: what each part costs the host.
+
+    KERAS_BACKEND=torch python tools/benchmarks/benchmark_torch_host.py --phases --calls 20
 
 `--cast-layouts` times what the lean path's mixed-precision casts choose between
 (`kbert.backend.torch_encoder.transposed_casts`): a bfloat16 `addmm` on a kernel stored
@@ -294,12 +303,21 @@ def pretrain_host(policy, rounds, calls, shape=DEEP, batch=2, predictions=3):
         loss.backward()
         optimizer.step()
 
-    return alternate(
-        lambda: pretrainer.train_on_batch(kbert_inputs, y, sample_weight=sample_weight),
-        hf_step,
-        rounds,
-        calls,
-    )
+    def kbert_step(lean=True):
+        torch_heads.LEAN_TORCH_TASKS = lean
+        pretrainer.train_on_batch(kbert_inputs, y, sample_weight=sample_weight)
+
+    from kbert.backend import torch_heads
+
+    try:
+        return {
+            "train_on_batch": alternate(kbert_step, hf_step, rounds, calls),
+            # The pretraining heads as torch calls against the same heads as Keras layer
+            # calls (`torch_heads.LEAN_TORCH_TASKS`), the backbone lean either way.
+            "lean_heads": alternate(kbert_step, lambda: kbert_step(False), rounds, calls),
+        }
+    finally:
+        torch_heads.LEAN_TORCH_TASKS = True
 
 
 def compiled_host(rounds, calls):
@@ -407,6 +425,66 @@ def _layout_times(rows, width, out, calls):
     }
 
 
+def step_phases(steps, policy="float32", shape=DEEP, batch=2):
+    """Where a classifier's train step spends its time, phase by phase, against HF's: the
+    parts of Keras' `train_step` (and kbert's update) written out in one loop with HF's step
+    after each, medians over `steps` steps in milliseconds (`--phases`)."""
+    import keras
+    import torch
+    import transformers
+
+    from kbert.models import BertClassifier
+
+    kbert_inputs, hf_inputs = _inputs(batch, 16, 1024)
+    labels = torch.tensor([0, 1] * (batch // 2))
+    classifier = BertClassifier(_backbone(shape, 1024, policy), num_classes=2)
+    classifier.compile()
+    hf = transformers.BertForSequenceClassification(_hf_config(shape, 1024, num_labels=2))
+    hf.train()
+    optimizer = torch.optim.AdamW(hf.parameters(), lr=2e-5, foreach=True)
+    mixed = policy != "float32"
+    for _ in range(5):
+        classifier.train_on_batch(kbert_inputs, labels)
+    times = {}
+
+    def phase(name, start):
+        now = time.perf_counter()
+        times.setdefault(name, []).append(1e3 * (now - start))
+        return now
+
+    for _ in range(steps):
+        now = time.perf_counter()
+        classifier.zero_grad()
+        now = phase("kbert zero_grad", now)
+        y_pred = classifier(kbert_inputs, training=True)
+        now = phase("kbert forward", now)
+        loss = classifier.compute_loss(
+            x=kbert_inputs, y=labels, y_pred=y_pred, sample_weight=None, training=True
+        )
+        now = phase("kbert compute_loss", now)
+        loss.backward()
+        now = phase("kbert backward", now)
+        variables = classifier.trainable_weights[:]
+        gradients = [variable.value.grad for variable in variables]
+        now = phase("kbert trainable_weights + grads", now)
+        with torch.no_grad():
+            classifier.optimizer.apply(gradients, variables)
+        now = phase("kbert optimizer.apply", now)
+        classifier.compute_metrics(kbert_inputs, labels, y_pred.detach(), sample_weight=None)
+        now = phase("kbert compute_metrics", now)
+        optimizer.zero_grad(set_to_none=True)
+        now = phase("HF zero_grad", now)
+        with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
+            hf_loss = hf(**hf_inputs, labels=labels).loss
+        now = phase("HF forward + loss", now)
+        hf_loss.backward()
+        now = phase("HF backward", now)
+        optimizer.step()
+        phase("HF AdamW step", now)
+    keras.backend.clear_session()
+    return {name: statistics.median(values[steps // 5 :]) for name, values in times.items()}
+
+
 def deep_host(rounds, calls):
     """BERT-Base's depth at a width where computing costs next to nothing (`DEEP`, batch 2 x
     16): what a step costs the host, as on a GPU where the host is the bound (`--deep`)."""
@@ -418,7 +496,9 @@ def deep_host(rounds, calls):
         results[f"train_on_batch_{policy}"] = train_host(policy, rounds, calls, DEEP, batch=2)[
             "train_on_batch"
         ]
-        results[f"pretrain_on_batch_{policy}"] = pretrain_host(policy, rounds, calls)
+        pretraining = pretrain_host(policy, rounds, calls)
+        results[f"pretrain_on_batch_{policy}"] = pretraining["train_on_batch"]
+        results[f"pretrain_lean_heads_{policy}"] = pretraining["lean_heads"]
     return results
 
 
@@ -484,6 +564,11 @@ def main(argv=None):
         help="BERT-Base's depth at a negligible width: the host cost of its steps",
     )
     parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="a train step at BERT-Base's depth phase by phase, kbert's and HF's",
+    )
+    parser.add_argument(
         "--cast-layouts",
         action="store_true",
         help="bfloat16 products and casts of a kernel in either layout",
@@ -542,10 +627,29 @@ def main(argv=None):
 
             write_json(args.json, {"command": command_line(__file__, argv), "results": results})
         return
+    if args.phases:
+        torch.set_num_threads(1)
+        results = {
+            policy: step_phases(args.calls * args.rounds, policy)
+            for policy in ("float32", "mixed_bfloat16")
+        }
+        print(f"{'phase (L12-H96-A12, batch 2 x 16), ms':38s} {'float32':>8s} {'mixed':>8s}")
+        for name in results["float32"]:
+            print(
+                f"{name:38s} {results['float32'][name]:8.3f} {results['mixed_bfloat16'][name]:8.3f}"
+            )
+        if args.json:
+            from bench.harness import command_line, write_json
+
+            write_json(args.json, {"command": command_line(__file__, argv), "results": results})
+        return
     if args.deep:
         torch.set_num_threads(1)
         results = deep_host(args.rounds, args.calls)
-        print(f"{'measure (L12-H96-A12, batch 2 x 16)':36s} {'kbert / HF':>10s}  {'kbert ms':>9s}")
+        print(
+            f"{'measure (L12-H96-A12, batch 2 x 16)':36s} {'kbert / HF':>10s}  {'kbert ms':>9s} "
+            f"{'HF ms':>8s}   (*_lean_heads: lean heads / graph heads, ms of each)"
+        )
         for name, row in results.items():
             print(f"{name:36s} {row['ratio']:10.2f}  {row['kbert_ms']:9.3f} {row['hf_ms']:8.3f}")
         if args.json:
