@@ -213,11 +213,44 @@ def backbone_host(rounds, calls, shape=TINY, batch=8, policy="float32"):
     }
 
 
+def _under_policy(policy, make):
+    """A task made by `make()` with `policy` as Keras' global dtype policy (its head layers
+    take it), compiled with `compile()`'s defaults."""
+    import keras
+
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        task = make()
+        task.compile()
+    finally:
+        keras.config.set_dtype_policy(previous)
+    return task
+
+
+def _hf_train_step(model, policy, learning_rate, **batch):
+    """HF's training step on `batch`: `model` in training mode, `torch.optim.AdamW(foreach=True)`,
+    under `torch.autocast("cpu", bfloat16)` for a mixed `policy`."""
+    import torch
+
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, foreach=True)
+    mixed = policy != "float32"
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
 def train_host(policy, rounds, calls, shape=TINY, batch=8, fit_step=False):
     """A classifier (the tiny one by default): `train_on_batch` with `compile()`'s defaults
     against HF + AdamW (`{"train_on_batch": ...}`), and with `fit_step` its train function as
     `fit` calls it (`"fit_step"`)."""
-    import keras
     import torch
     import transformers
 
@@ -225,24 +258,11 @@ def train_host(policy, rounds, calls, shape=TINY, batch=8, fit_step=False):
 
     kbert_inputs, hf_inputs = _inputs(batch, 16, 1024)
     labels = torch.tensor([0, 1] * (batch // 2))
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy)
-    try:
-        classifier = BertClassifier(_backbone(shape, 1024, policy), num_classes=2)
-        classifier.compile()
-    finally:
-        keras.config.set_dtype_policy(previous)
+    classifier = _under_policy(
+        policy, lambda: BertClassifier(_backbone(shape, 1024, policy), num_classes=2)
+    )
     hf = transformers.BertForSequenceClassification(_hf_config(shape, 1024, num_labels=2))
-    hf.train()
-    optimizer = torch.optim.AdamW(hf.parameters(), lr=2e-5, foreach=True)
-    mixed = policy != "float32"
-
-    def hf_step():
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
-            loss = hf(**hf_inputs, labels=labels).loss
-        loss.backward()
-        optimizer.step()
+    hf_step = _hf_train_step(hf, policy, 2e-5, **hf_inputs, labels=labels)
 
     results = {
         "train_on_batch": alternate(
@@ -265,7 +285,6 @@ def pretrain_host(policy, rounds, calls, shape=DEEP, batch=2, predictions=3):
     `BertForPreTraining` + AdamW (foreach) on the same batch and masked positions (HF computes
     its decoder at every position, kbert at the masked ones: at this width both cost next to
     nothing)."""
-    import keras
     import numpy as np
     import torch
     import transformers
@@ -285,23 +304,11 @@ def pretrain_host(policy, rounds, calls, shape=DEEP, batch=2, predictions=3):
     hf_labels = np.full(ids.shape, -100)
     np.put_along_axis(hf_labels, positions, targets, axis=1)
     hf_labels = torch.tensor(hf_labels)
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy)
-    try:
-        pretrainer = BertPretrainer(_backbone(shape, 1024, policy))
-    finally:
-        keras.config.set_dtype_policy(previous)
+    pretrainer = _under_policy(policy, lambda: BertPretrainer(_backbone(shape, 1024, policy)))
     hf = transformers.BertForPreTraining(_hf_config(shape, 1024))
-    hf.train()
-    optimizer = torch.optim.AdamW(hf.parameters(), lr=1e-4, foreach=True)
-    mixed = policy != "float32"
-
-    def hf_step():
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
-            loss = hf(**hf_inputs, labels=hf_labels, next_sentence_label=next_sentence).loss
-        loss.backward()
-        optimizer.step()
+    hf_step = _hf_train_step(
+        hf, policy, 1e-4, **hf_inputs, labels=hf_labels, next_sentence_label=next_sentence
+    )
 
     def kbert_step(lean=True):
         torch_heads.LEAN_TORCH_TASKS = lean
@@ -437,8 +444,9 @@ def step_phases(steps, policy="float32", shape=DEEP, batch=2):
 
     kbert_inputs, hf_inputs = _inputs(batch, 16, 1024)
     labels = torch.tensor([0, 1] * (batch // 2))
-    classifier = BertClassifier(_backbone(shape, 1024, policy), num_classes=2)
-    classifier.compile()
+    classifier = _under_policy(
+        policy, lambda: BertClassifier(_backbone(shape, 1024, policy), num_classes=2)
+    )
     hf = transformers.BertForSequenceClassification(_hf_config(shape, 1024, num_labels=2))
     hf.train()
     optimizer = torch.optim.AdamW(hf.parameters(), lr=2e-5, foreach=True)
