@@ -79,14 +79,20 @@ def _covered_layer(layer):
     return layer.built and not layer.weights
 
 
+def _read(cache, layer, make):
+    """`cache[layer]`: what `make(layer)` read from the layer's weights (outside any autocast
+    scope, so the torch parameters themselves), read again once it is no longer `current()`
+    (another dtype policy, quantization, LoRA switched)."""
+    read = cache.get(layer)
+    if read is None or not read.current():
+        read = torch_encoder.without_autocast(lambda: make(layer))
+        cache[layer] = read
+    return read
+
+
 def _linear(layer):
-    """The `torch_encoder.Linear` of a head `Dense`, made again after its dtype policy or LoRA
-    changed."""
-    linear = _LINEARS.get(layer)
-    if linear is None or not linear.current():
-        linear = torch_encoder.without_autocast(lambda: torch_encoder.Linear(layer))
-        _LINEARS[layer] = linear
-    return linear
+    """The `torch_encoder.Linear` of a head `Dense`."""
+    return _read(_LINEARS, layer, torch_encoder.Linear)
 
 
 def _is_masked_lm(layer):
@@ -131,11 +137,8 @@ class _MaskedLM:
 
 
 def _masked_lm(layer):
-    plan = _MASKED_LMS.get(layer)
-    if plan is None or not plan.current():
-        plan = torch_encoder.without_autocast(lambda: _MaskedLM(layer))
-        _MASKED_LMS[layer] = plan
-    return plan
+    """The `_MaskedLM` of a masked-LM head."""
+    return _read(_MASKED_LMS, layer, _MaskedLM)
 
 
 def _head_ready(task):

@@ -135,9 +135,12 @@ def test_each_task_computes_its_graph_on_the_lean_path(name, lean_calls, monkeyp
 
 def test_backbone_hooks_run_and_lora_and_mixed_precision(lean_calls, monkeypatch):
     """A torch forward hook on the backbone runs in the task's lean call; LoRA on the head's
-    `Dense` reaches the lean head; under mixed_bfloat16 the logits stay within bfloat16's
-    rounding of the graph's and have its dtype."""
+    `Dense`, enabled after a lean call read its kernel, reaches the lean head; under
+    mixed_bfloat16 the logits stay within bfloat16's rounding of the graph's and have its
+    dtype."""
     classifier = BertClassifier(_backbone(), num_classes=3, dropout=0.3)
+    classifier(_tensors(random_backbone_inputs(2, 12)))  # the head's kernel read without LoRA
+    lean_calls.clear()
     classifier.output_dense.enable_lora(rank=2)
     _scrambled(classifier)
     hooks = []
