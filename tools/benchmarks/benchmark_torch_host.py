@@ -247,10 +247,10 @@ def _hf_train_step(model, policy, learning_rate, **batch):
     return step
 
 
-def train_host(policy, rounds, calls, shape=TINY, batch=8, fit_step=False):
-    """A classifier (the tiny one by default): `train_on_batch` with `compile()`'s defaults
-    against HF + AdamW (`{"train_on_batch": ...}`), and with `fit_step` its train function as
-    `fit` calls it (`"fit_step"`)."""
+def _classifiers(policy, shape, batch):
+    """`(classifier, hf, kbert_inputs, hf_inputs, labels)`: kbert's two-class classifier of
+    `shape` (vocabulary 1,024) made under `policy`, HF's `BertForSequenceClassification` of
+    the same shape, and one random batch of `batch` rows of 16 tokens for each."""
     import torch
     import transformers
 
@@ -262,6 +262,14 @@ def train_host(policy, rounds, calls, shape=TINY, batch=8, fit_step=False):
         policy, lambda: BertClassifier(_backbone(shape, 1024, policy), num_classes=2)
     )
     hf = transformers.BertForSequenceClassification(_hf_config(shape, 1024, num_labels=2))
+    return classifier, hf, kbert_inputs, hf_inputs, labels
+
+
+def train_host(policy, rounds, calls, shape=TINY, batch=8, fit_step=False):
+    """A classifier (the tiny one by default): `train_on_batch` with `compile()`'s defaults
+    against HF + AdamW (`{"train_on_batch": ...}`), and with `fit_step` its train function as
+    `fit` calls it (`"fit_step"`)."""
+    classifier, hf, kbert_inputs, hf_inputs, labels = _classifiers(policy, shape, batch)
     hf_step = _hf_train_step(hf, policy, 2e-5, **hf_inputs, labels=labels)
 
     results = {
@@ -289,6 +297,7 @@ def pretrain_host(policy, rounds, calls, shape=DEEP, batch=2, predictions=3):
     import torch
     import transformers
 
+    from kbert.backend import torch_heads
     from kbert.models import BertPretrainer
 
     kbert_inputs, hf_inputs = _inputs(batch, 16, 1024)
@@ -313,8 +322,6 @@ def pretrain_host(policy, rounds, calls, shape=DEEP, batch=2, predictions=3):
     def kbert_step(lean=True):
         torch_heads.LEAN_TORCH_TASKS = lean
         pretrainer.train_on_batch(kbert_inputs, y, sample_weight=sample_weight)
-
-    from kbert.backend import torch_heads
 
     try:
         return {
@@ -438,16 +445,8 @@ def step_phases(steps, policy="float32", shape=DEEP, batch=2):
     after each, medians over `steps` steps in milliseconds (`--phases`)."""
     import keras
     import torch
-    import transformers
 
-    from kbert.models import BertClassifier
-
-    kbert_inputs, hf_inputs = _inputs(batch, 16, 1024)
-    labels = torch.tensor([0, 1] * (batch // 2))
-    classifier = _under_policy(
-        policy, lambda: BertClassifier(_backbone(shape, 1024, policy), num_classes=2)
-    )
-    hf = transformers.BertForSequenceClassification(_hf_config(shape, 1024, num_labels=2))
+    classifier, hf, kbert_inputs, hf_inputs, labels = _classifiers(policy, shape, batch)
     hf.train()
     optimizer = torch.optim.AdamW(hf.parameters(), lr=2e-5, foreach=True)
     mixed = policy != "float32"
