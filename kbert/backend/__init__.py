@@ -25,6 +25,9 @@ The speed paths:
     lean_task_outputs       eager torch: a task's forward pass with its head as plain torch
                             calls (`torch_heads`) and its backbone's lean path, without a
                             Keras `__call__` per layer.
+    lean_loss_spec, lean_task_loss
+                            torch: a task's default cross-entropy as the torch calls Keras'
+                            `compute_loss` ends in, without its twenty-odd wrapped calls.
     call_sublayer           eager torch: a built sublayer's `call` without Keras' `__call__`
                             bookkeeping, where `__call__` would change nothing.
     native_dropout, hash_dropout_backend, batch_slice
@@ -45,6 +48,8 @@ The speed paths:
     build_optimizer_before_tracing
                             TensorFlow: the optimizer built before the train step is traced
                             (one trace instead of two).
+    eager_train_step        eager torch: Keras' train step with the trainable weights walked once
+                            and only their gradients cleared.
     torch_step_function     torch with `jit_compile=True`: kbert's compiled steps (static
                             shapes per bucket, no graph break, fused optimizer update).
     replicas_gradient_sum   TensorFlow: gradients summed over a strategy's replicas before
@@ -63,6 +68,7 @@ from kbert.backend.paths import (
     build_optimizer_before_tracing,
     call_sublayer,
     clip_by_global_norm,
+    eager_train_step,
     flash_unavailable_reason,
     fused_attention_unsupported,
     fused_dense,
@@ -72,6 +78,8 @@ from kbert.backend.paths import (
     int8_dense_group,
     key_mask_as_bias,
     lean_backbone_outputs,
+    lean_loss_spec,
+    lean_task_loss,
     lean_task_outputs,
     native_dropout,
     needs_dense_embedding_gradient,
@@ -93,6 +101,7 @@ __all__ = [
     "build_optimizer_before_tracing",
     "call_sublayer",
     "clip_by_global_norm",
+    "eager_train_step",
     "flash_unavailable_reason",
     "fused_attention_unsupported",
     "fused_dense",
@@ -103,6 +112,8 @@ __all__ = [
     "hash_dropout_backend",
     "key_mask_as_bias",
     "lean_backbone_outputs",
+    "lean_loss_spec",
+    "lean_task_loss",
     "lean_task_outputs",
     "native_dropout",
     "needs_dense_embedding_gradient",

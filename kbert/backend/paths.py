@@ -89,6 +89,43 @@ def lean_task_outputs(task, inputs, training=None):
     return torch_heads.task_outputs(task, inputs, training)
 
 
+def lean_loss_spec(loss):
+    """What `lean_task_loss` computes `loss` (a task's compiled loss) with on torch: a
+    `(kind, reduction)` pair, or `None` where Keras' `compute_loss` always runs.
+
+    Covered: Keras' `SparseCategoricalCrossentropy(from_logits=True)` in float32, without
+    `ignore_class`, on the last axis, reduced by `"sum_over_batch_size"`, `"mean"` or
+    `"mean_with_sample_weight"` - the default loss of kbert's classifier, tagger,
+    multiple-choice model and multi-class cross-encoder. Decided once, when the task compiles.
+    """
+    if keras.backend.backend() != "torch":
+        return None
+    if type(loss) is not keras.losses.SparseCategoricalCrossentropy or loss.dtype != "float32":
+        return None
+    config = loss.get_config()
+    if (
+        config.get("from_logits") is not True
+        or config.get("ignore_class") is not None
+        or config.get("axis", -1) != -1
+        or config.get("reduction") not in ("sum_over_batch_size", "mean", "mean_with_sample_weight")
+    ):
+        return None
+    return ("sparse_categorical_crossentropy", config["reduction"])
+
+
+def lean_task_loss(spec, y, y_pred, sample_weight=None):
+    """The loss `compute_loss` returns for a task compiled with the loss `spec` describes
+    (`lean_loss_spec`) and nothing else adding to it, as torch calls
+    (`kbert.backend.torch_heads.sparse_cross_entropy`: the same arithmetic as Keras' path,
+    in the same order), or `None` where Keras computes it (inputs it would first reshape,
+    its symbolic build)."""
+    from kbert.backend import torch_heads
+
+    if not torch_heads.LEAN_TORCH_TASKS:
+        return None
+    return torch_heads.sparse_cross_entropy(spec[1], y, y_pred, sample_weight)
+
+
 def prepare_lean_backbone(backbone):
     """Gathers what `lean_backbone_outputs` reads from `backbone` (on torch), so that a call
     traced by `torch.compile` finds it; called when a backbone is made."""
@@ -528,9 +565,22 @@ def build_optimizer_before_tracing(model):
 
 # ------------------------------------------------------------------------ compiled steps
 def _overrides_step(model, kind):
-    """Whether `model`'s class defines its own `{kind}_step` (Keras' step is not its)."""
+    """Whether `model`'s class defines its own `{kind}_step` (Keras' step is not its, nor
+    kbert's form of Keras' step, marked `kbert_step`)."""
     name = f"{kind}_step"
-    return getattr(type(model), name) is not getattr(keras.Model, name)
+    step = getattr(type(model), name)
+    return step is not getattr(keras.Model, name) and not getattr(step, "kbert_step", False)
+
+
+def eager_train_step(model, data):
+    """`model.train_step(data)` as kbert runs Keras' step on eager torch
+    (`kbert.backend.torch_steps.train_step`: the trainable weights walked once, only their
+    gradients cleared), or `None` where Keras' own step runs (other backends)."""
+    if keras.backend.backend() != "torch":
+        return None
+    from kbert.backend import torch_steps
+
+    return torch_steps.train_step(model, data)
 
 
 def torch_step_function(model, kind, force=False):

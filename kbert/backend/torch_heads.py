@@ -36,6 +36,7 @@ import types
 import weakref
 
 import keras
+import numpy as np
 import torch
 
 from kbert.backend import torch_encoder
@@ -234,3 +235,45 @@ def weightless(layer, *args):
 HEAD_CALLS = types.SimpleNamespace(
     backbone=backbone, dense=dense, dropout=dropout, masked_lm=masked_lm, weightless=weightless
 )
+
+
+# ------------------------------------------------------------------------------ the loss
+def sparse_cross_entropy(reduction, y, y_pred, sample_weight):
+    """What a task compiled with Keras' `SparseCategoricalCrossentropy(from_logits=True)`
+    (float32, reduction `reduction`) as its one loss, and nothing else adding to it, gets
+    from `compute_loss`, in torch calls; `None` where Keras computes it.
+
+    Keras' path (`CompileLoss`, `Loss.__call__`, the loss function, `reduce_weighted_values`)
+    casts the logits and labels to float32, takes torch's `cross_entropy` of each row
+    (class axis moved to 1), multiplies by the float32 sample weights, sums, and divides by
+    the number of losses (by the sum of the weights for `"mean_with_sample_weight"` with
+    weights, 0 where that sum is 0), in some twenty calls with their conversions; this is
+    the same arithmetic, in the same order. kbert's layers set no Keras masks, so the loss
+    has none to apply. Labels or weights whose shape Keras would first squeeze or broadcast
+    (or reject), an empty batch and the `meta` tensors of Keras' symbolic build (which builds
+    `CompileLoss`) take Keras' path.
+    """
+    if not isinstance(y_pred, torch.Tensor) or y_pred.ndim < 2 or y_pred.device.type == "meta":
+        return None
+    if not isinstance(y, (torch.Tensor, np.ndarray)) or y_pred.shape[-1] < 2:
+        return None
+    labels = torch.as_tensor(y, device=y_pred.device)
+    if labels.shape != y_pred.shape[:-1] or not labels.numel():
+        return None
+    logits = y_pred.to(torch.float32)
+    if logits.ndim > 2:
+        logits = logits.movedim(-1, 1)
+    values = torch.nn.functional.cross_entropy(logits, labels.to(torch.long), reduction="none")
+    weights = None
+    if sample_weight is not None:
+        if not isinstance(sample_weight, (torch.Tensor, np.ndarray)):
+            return None
+        weights = torch.as_tensor(sample_weight, device=y_pred.device).to(torch.float32)
+        if weights.shape != values.shape:
+            return None
+        values = values * weights
+    total = values.sum()
+    if reduction == "mean_with_sample_weight" and weights is not None:
+        divisor = weights.sum()
+        return torch.where(divisor == 0, 0, total / divisor)
+    return total / values.numel()

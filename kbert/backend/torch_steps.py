@@ -170,13 +170,17 @@ class ShapeCompiled:
 
 
 def _track_loss(model, loss, x):
-    """Adds the batch's loss to the model's `loss` metric (Keras lists it in `model.metrics`
-    once compiled), weighted by the batch's rows, as Keras' own steps do."""
-    for metric in model.metrics:
-        if metric.name == "loss":
-            rows = next(t for t in _tensors(x)).shape[0]
-            metric.update_state(loss.detach(), sample_weight=rows)
-            return
+    """Adds the batch's loss to the model's `loss` metric, weighted by the batch's rows, as
+    Keras' own steps do. The metric is the first of `model.metrics` named `"loss"` (Keras
+    lists its loss tracker first once compiled); a task finds it once per compile and keeps a
+    weak reference to it (`BertTask.compile`), other models walk their metrics."""
+    found = getattr(model, "_loss_metric", None)
+    metric = found() if found is not None else None
+    if metric is None:
+        metric = next((m for m in model.metrics if m.name == "loss"), None)
+    if metric is not None:
+        rows = next(t for t in _tensors(x)).shape[0]
+        metric.update_state(loss.detach(), sample_weight=rows)
 
 
 def _check_steps_per_execution(model):
@@ -200,6 +204,37 @@ def _forward_and_loss(model, training):
     return forward_and_loss
 
 
+def _update(model, x, y, y_pred, loss, sample_weight):
+    """The rest of a train step after the forward pass and loss: the loss metric, the
+    gradients of the trainable weights (walked once; their `.grad` cleared first), one
+    optimizer update, then the metrics' results."""
+    _track_loss(model, loss, x)
+    variables = model.trainable_weights
+    if variables:
+        for variable in variables:  # `Module.zero_grad` walks every module for these
+            variable.value.grad = None
+        scaled = model.optimizer.scale_loss(loss) if model.optimizer is not None else loss
+        scaled.backward()
+        gradients = [v.value.grad for v in variables]
+        with torch.no_grad():
+            model.optimizer.apply(gradients, variables)
+    else:
+        warnings.warn("The model does not have any trainable weights.", stacklevel=3)
+    with torch.no_grad():
+        y_pred = tree.map_structure(lambda v: v.detach(), y_pred)
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def train_step(model, data):
+    """Keras' `train_step` on eager torch, with the trainable weights walked once (Keras walks
+    them three times, and every module once more to clear their gradients): the forward
+    pass, `compute_loss`, the loss metric, the gradients, one optimizer update, the metrics.
+    Only the weights that train take gradients, so only theirs are cleared."""
+    x, y, sample_weight = _unpack([data])
+    y_pred, loss = _forward_and_loss(model, training=True)(x, y, sample_weight)
+    return _update(model, x, y, y_pred, loss, sample_weight)
+
+
 def train_function(model):
     """`model`'s train function: compiled forward and loss, backward, one optimizer update."""
     _check_steps_per_execution(model)
@@ -208,20 +243,7 @@ def train_function(model):
     def step(data):
         x, y, sample_weight = _unpack(data)
         y_pred, loss = forward(x, y, sample_weight)
-        _track_loss(model, loss, x)
-        variables = model.trainable_weights[:]
-        if variables:
-            model.zero_grad()
-            scaled = model.optimizer.scale_loss(loss) if model.optimizer is not None else loss
-            scaled.backward()
-            gradients = [v.value.grad for v in variables]
-            with torch.no_grad():
-                model.optimizer.apply(gradients, variables)
-        else:
-            warnings.warn("The model does not have any trainable weights.", stacklevel=2)
-        with torch.no_grad():
-            y_pred = tree.map_structure(lambda v: v.detach(), y_pred)
-            return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return _update(model, x, y, y_pred, loss, sample_weight)
 
     step.compiled = forward
     return step

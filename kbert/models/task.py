@@ -27,6 +27,7 @@ This module uses keras.ops and NumPy only; the input pipeline lives in
 
 import inspect
 import warnings
+import weakref
 from pathlib import Path
 
 import keras
@@ -321,10 +322,14 @@ class BertTask(PresetMixin, QuantizationMixin, PipelineModel):
             and not kwargs
             and all(isinstance(a, str) and a == "auto" for a in (loss, metrics, weighted_metrics))
         )
+        # The default loss as torch calls (`compute_loss`), where `lean_loss_spec` covers it.
+        self._lean_loss = None
         if isinstance(loss, str) and loss == "auto":
             loss = self._default_loss()
             if kwargs.get("loss_weights") is None:
                 kwargs["loss_weights"] = self._default_loss_weights()
+            if kwargs["loss_weights"] is None:
+                self._lean_loss = backend.lean_loss_spec(loss)
         if isinstance(metrics, str) and metrics == "auto":
             metrics = self._default_metrics()
         if isinstance(weighted_metrics, str) and weighted_metrics == "auto":
@@ -340,6 +345,36 @@ class BertTask(PresetMixin, QuantizationMixin, PipelineModel):
             weighted_metrics=weighted_metrics,
             **kwargs,
         )
+        # The metric each step adds its loss to (Keras lists it first), for kbert's torch
+        # steps; a weak reference, which Keras' attribute tracking leaves alone.
+        loss_metric = next((m for m in self.metrics if m.name == "loss"), None)
+        self._loss_metric = None if loss_metric is None else weakref.ref(loss_metric)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """Keras' `compute_loss`; on torch, for a task compiled with its default cross-entropy
+        (`compile()`'s `loss="auto"`) and nothing else adding to the loss (no `add_loss`, no
+        regularizer), the same loss as the torch calls Keras' path ends in
+        (`kbert.backend.lean_task_loss`): one `cross_entropy`, a product with the sample
+        weights and the mean, without the twenty-odd wrapped conversions and reductions around
+        them that cost a small model's step about a fortieth of its time. Anything else, and
+        inputs Keras would reshape first, take Keras' `compute_loss`."""
+        spec = getattr(self, "_lean_loss", None)
+        if spec is not None and not self.losses:
+            loss = backend.lean_task_loss(spec, y, y_pred, sample_weight)
+            if loss is not None:
+                return loss
+        return super().compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
+        )
+
+    def train_step(self, *args):
+        """Keras' `train_step` (`(data)`; JAX's `(state, data)`); on eager torch the same step
+        with the trainable weights walked once instead of three times and only their
+        gradients cleared (`kbert.backend.eager_train_step`)."""
+        logs = backend.eager_train_step(self, *args) if len(args) == 1 else None
+        return super().train_step(*args) if logs is None else logs
+
+    train_step.kbert_step = True  # kbert's compiled steps replace it (`torch_step_function`)
 
     def make_train_function(self, force=False):
         """Keras' train function; on torch with `jit_compile=True`, kbert's compiled step.

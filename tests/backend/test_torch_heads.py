@@ -211,3 +211,139 @@ def test_pretraining_heads_in_mixed_precision_and_what_they_leave_to_the_graph(
     quantized = pretrainer(inputs)["mlm"].detach().numpy()
     assert lean_calls == [True, False]
     assert 0 < np.abs(quantized - expected).max() < 0.05 * np.abs(expected).max()
+
+
+# ------------------------------------------------------------------------------ the loss
+@pytest.fixture
+def lean_losses(monkeypatch):
+    """Whether each `compute_loss` took the torch loss (it answers None where Keras' runs)."""
+    return record_answers(monkeypatch, torch_heads, "sparse_cross_entropy")
+
+
+def _losses_both_ways(task, x, y, monkeypatch, sample_weight=None):
+    """`[(loss, d loss / d logits)]` of `task.compute_loss` with the torch loss and with Keras'
+    path, on the same logits (scaled up: far from a loss that rounding could confuse)."""
+    import torch
+
+    logits = task(x, training=False).detach()
+    logits = (logits.float() * 40.0).to(logits.dtype)
+    results = []
+    for lean in (True, False):
+        monkeypatch.setattr(torch_heads, "LEAN_TORCH_TASKS", lean)
+        y_pred = logits.clone().requires_grad_(True)
+        loss = task.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
+        (grad,) = torch.autograd.grad(loss, y_pred)
+        results.append((loss.detach().numpy(), grad.float().numpy()))
+    monkeypatch.setattr(torch_heads, "LEAN_TORCH_TASKS", True)
+    return results
+
+
+LOSS_CASES = {
+    # name: (task, inputs, labels, sample weights)
+    "classifier": (
+        lambda: BertClassifier(_backbone(), num_classes=3),
+        lambda: random_backbone_inputs(4, 12),
+        np.array([0, 2, 1, 2]),
+        None,
+    ),
+    "classifier_weighted": (
+        lambda: BertClassifier(_backbone(), num_classes=3),
+        lambda: random_backbone_inputs(4, 12),
+        np.array([0, 2, 1, 2]),
+        np.array([0.5, 2.0, 0.0, 1.0]),
+    ),
+    "classifier_mixed": (
+        lambda: BertClassifier(_backbone(dtype="mixed_bfloat16"), num_classes=3),
+        lambda: random_backbone_inputs(4, 12),
+        np.array([0, 2, 1, 2]),
+        None,
+    ),
+    "tagger": (  # mean over the sample weights (the real tokens)
+        lambda: BertTagger(_backbone(), num_classes=4),
+        lambda: random_backbone_inputs(3, 12),
+        np.random.default_rng(1).integers(0, 4, (3, 12)),
+        (np.arange(12)[None, :] < np.array([[12], [7], [3]])).astype("float32"),
+    ),
+    "tagger_unweighted": (
+        lambda: BertTagger(_backbone(), num_classes=4),
+        lambda: random_backbone_inputs(3, 12),
+        np.random.default_rng(1).integers(0, 4, (3, 12)),
+        None,
+    ),
+    "multiple_choice": (
+        lambda: BertMultipleChoice(_backbone(), num_choices=3),
+        _choice_inputs,
+        np.array([2, 0]),
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSS_CASES))
+def test_default_cross_entropy_is_keras_loss_in_torch_calls(name, lean_losses, monkeypatch):
+    """A task compiled with its default cross-entropy computes `compute_loss` as torch calls,
+    equal to Keras' path to float32 rounding, loss and gradient: the same weights, the same
+    mean (over the rows, or over the sample weights for the tagger), under mixed precision
+    too (the logits cast to float32 first)."""
+    make, make_inputs, labels, weights = LOSS_CASES[name]
+    task = _scrambled(make())
+    x = _tensors(make_inputs())
+    (loss, grad), (expected, expected_grad) = _losses_both_ways(
+        task, x, labels, monkeypatch, sample_weight=weights
+    )
+    assert lean_losses[0] is True and len(lean_losses) == 1
+    np.testing.assert_allclose(loss, expected, rtol=1e-6)
+    np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-8)
+    assert float(expected) > 1.0  # logits far from the labels: a wrong mean shows
+
+
+def test_what_the_torch_loss_leaves_to_keras(lean_losses, monkeypatch):
+    """Keras' `compute_loss` runs, and its loss is what the task gets, where the torch loss
+    would miss part of it: a regularizer's loss, `loss_weights`, a loss of the user's own or
+    a task's own default (subclasses of Keras' cross-entropy), labels Keras reshapes first;
+    and in Keras' symbolic build, which builds the compiled loss."""
+    import torch
+
+    x = _tensors(random_backbone_inputs(4, 12))
+    labels = np.array([0, 2, 1, 2])
+    task = _scrambled(BertClassifier(_backbone(), num_classes=3))
+    y_pred = task(x, training=False).detach() * 40.0
+    plain = float(task.compute_loss(x=x, y=labels, y_pred=y_pred))
+    assert lean_losses == [True] and plain > 1.0
+
+    lean_losses.clear()
+    kernel = task.output_dense.kernel
+    kernel.regularizer = keras.regularizers.L2(1.0)
+    try:
+        regularized = float(task.compute_loss(x=x, y=labels, y_pred=y_pred))
+    finally:
+        kernel.regularizer = None
+    penalty = float((kernel.value.detach() ** 2).sum())
+    assert lean_losses == [] and regularized == pytest.approx(plain + penalty, rel=1e-5)
+
+    task.compile(loss_weights=3.0)
+    assert float(task.compute_loss(x=x, y=labels, y_pred=y_pred)) == pytest.approx(3 * plain)
+
+    class Doubled(keras.losses.SparseCategoricalCrossentropy):
+        def call(self, y_true, y_pred):
+            return 2.0 * super().call(y_true, y_pred)
+
+    class DoublingClassifier(BertClassifier):
+        def _default_loss(self):
+            return Doubled(from_logits=True)
+
+    for doubled in (task, DoublingClassifier(task.backbone, num_classes=3)):
+        if doubled is task:
+            task.compile(loss=Doubled(from_logits=True))
+        loss = float(doubled.compute_loss(x=x, y=labels, y_pred=y_pred))
+        assert loss == pytest.approx(2 * plain) and lean_losses == []
+
+    task.compile()
+    column = float(task.compute_loss(x=x, y=labels[:, None], y_pred=y_pred))
+    assert column == pytest.approx(plain, rel=1e-6) and lean_losses == [False]
+
+    task.compile()
+    lean_losses.clear()
+    history = task.fit(x, torch.tensor(labels), batch_size=4, epochs=1, verbose=0)
+    assert task._compile_loss.built and lean_losses[0] is False  # meta tensors: Keras' build
+    assert lean_losses[1:] == [True] and np.isfinite(history.history["loss"]).all()
