@@ -16,7 +16,10 @@ kbert costs less), the median over `--rounds` rounds that time kbert and HF alte
 * **train_on_batch**: a tiny classifier (same shape, vocabulary 1,024, 2 classes) compiled
   with `compile()`'s defaults (BERT's AdamW recipe, gradient clipping), under
   `mixed_bfloat16` and float32, against HF `BertForSequenceClassification` + `torch.optim.AdamW(
-  foreach=True)` under `torch.autocast("cpu", bfloat16)` (float32: without autocast).
+  foreach=True)` under `torch.autocast("cpu", bfloat16)` (float32: without autocast);
+  `train_step_vs_keras_*`: the same `train_on_batch` against the classifier on Keras' own
+  `train_step` and `compute_loss` (kbert against itself: what its eager step and torch loss
+  save).
 
 Prints a table with the goals; `--json` writes the figures, `--chart` a bar chart of the ratios.
 
@@ -36,10 +39,10 @@ recipe). Ratios are lean / graph time (below 1.0: faster now).
 hidden size 96 (intermediate 384, vocabulary 1,024, batch 2, length 16), where the products
 cost next to nothing, so the time is the host's (Python, dispatch, casts), as on a GPU whose
 steps are host-bound: the backbone call, `predict_on_batch` and `train_on_batch` (compile()'s
-defaults, vs HF + AdamW foreach) in float32 and under `mixed_bfloat16` (HF under autocast),
-and a pretrainer's `train_on_batch` (masked LM at 3 positions a row + NSP, vs HF
-`BertForPreTraining` + AdamW foreach; `pretrain_lean_heads_*`: the same step with its heads as
-torch calls against Keras layer calls, kbert against itself).
+defaults, vs HF + AdamW foreach; `train_step_vs_keras_*` as above) in float32 and under
+`mixed_bfloat16` (HF under autocast), and a pretrainer's `train_on_batch` (masked LM at 3
+positions a row + NSP, vs HF `BertForPreTraining` + AdamW foreach; `pretrain_lean_heads_*`:
+the same step with its heads as torch calls against Keras layer calls, kbert against itself).
 
     KERAS_BACKEND=torch python tools/benchmarks/benchmark_torch_host.py --deep --rounds 7
 
@@ -265,10 +268,23 @@ def _classifiers(policy, shape, batch):
     return classifier, hf, kbert_inputs, hf_inputs, labels
 
 
-def train_host(policy, rounds, calls, shape=TINY, batch=8, fit_step=False):
+def _with_keras_step(task):
+    """`task` training through Keras' own `train_step` and `compute_loss` (kbert's eager step
+    and torch loss switched off on this instance): the step before kbert owned it."""
+    import types
+
+    import keras
+
+    task.train_step = types.MethodType(keras.Model.train_step, task)
+    task._lean_loss = None
+    return task
+
+
+def train_host(policy, rounds, calls, shape=TINY, batch=8, fit_step=False, keras_step=False):
     """A classifier (the tiny one by default): `train_on_batch` with `compile()`'s defaults
-    against HF + AdamW (`{"train_on_batch": ...}`), and with `fit_step` its train function as
-    `fit` calls it (`"fit_step"`)."""
+    against HF + AdamW (`{"train_on_batch": ...}`), with `fit_step` its train function as
+    `fit` calls it (`"fit_step"`), and with `keras_step` against the same classifier on
+    Keras' own `train_step` and `compute_loss` (`"vs_keras_step"`, kbert against itself)."""
     classifier, hf, kbert_inputs, hf_inputs, labels = _classifiers(policy, shape, batch)
     hf_step = _hf_train_step(hf, policy, 2e-5, **hf_inputs, labels=labels)
 
@@ -277,6 +293,14 @@ def train_host(policy, rounds, calls, shape=TINY, batch=8, fit_step=False):
             lambda: classifier.train_on_batch(kbert_inputs, labels), hf_step, rounds, calls
         )
     }
+    if keras_step:
+        before = _with_keras_step(_classifiers(policy, shape, batch)[0])
+        results["vs_keras_step"] = alternate(
+            lambda: classifier.train_on_batch(kbert_inputs, labels),
+            lambda: before.train_on_batch(kbert_inputs, labels),
+            rounds,
+            calls,
+        )
     if fit_step:
         # The step as `fit` runs it: `train_on_batch` adds Keras' per-call model build check
         # and re-tracking of every variable, and a metrics reset, around the same function.
@@ -500,9 +524,9 @@ def deep_host(rounds, calls):
         calls_of = backbone_host(rounds, calls, DEEP, batch=2, policy=policy)
         results[f"backbone_call_{policy}"] = calls_of["backbone_call"]
         results[f"predict_on_batch_{policy}"] = calls_of["predict_on_batch"]
-        results[f"train_on_batch_{policy}"] = train_host(policy, rounds, calls, DEEP, batch=2)[
-            "train_on_batch"
-        ]
+        steps = train_host(policy, rounds, calls, DEEP, batch=2, keras_step=True)
+        results[f"train_on_batch_{policy}"] = steps["train_on_batch"]
+        results[f"train_step_vs_keras_{policy}"] = steps["vs_keras_step"]
         pretraining = pretrain_host(policy, rounds, calls)
         results[f"pretrain_on_batch_{policy}"] = pretraining["train_on_batch"]
         results[f"pretrain_lean_heads_{policy}"] = pretraining["lean_heads"]
@@ -672,9 +696,10 @@ def main(argv=None):
     results = {"ops": op_counts()}
     results.update(backbone_host(args.rounds, args.calls))
     for policy in ("mixed_bfloat16", "float32"):
-        steps = train_host(policy, args.rounds, args.calls, fit_step=True)
+        steps = train_host(policy, args.rounds, args.calls, fit_step=True, keras_step=True)
         results[f"train_on_batch_{policy}"] = steps["train_on_batch"]
         results[f"fit_step_{policy}"] = steps["fit_step"]
+        results[f"train_step_vs_keras_{policy}"] = steps["vs_keras_step"]
     ratios = {
         "ops": results["ops"]["ops"],
         "casts": results["ops"]["casts"],
