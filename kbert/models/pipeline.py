@@ -584,6 +584,7 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         does. Datasets and generators are used as given (see `kbert.data.batch_by_length`
         for tf.data).
         """
+        _listed_callbacks(kwargs)
         x, y, sample_weight = self._prepare(x, y, sample_weight, "fit", batch_size)
         # The model card's data size (kbert.checkpoints.model_card); None for datasets.
         self.training_examples = _row_count(x)
@@ -618,6 +619,7 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         full-length batches; a loss averaged per batch over weighted tokens (`BertTagger`)
         depends, as in Keras, on which rows share a batch.
         """
+        _listed_callbacks(kwargs)
         x, y, sample_weight = self._prepare(x, y, sample_weight, "evaluate", batch_size)
         if self._shares_rows_over_processes(x, kwargs) and not is_dataset(y):
             # Each process predicts its share; every process scores the whole predictions.
@@ -655,6 +657,7 @@ class PipelineModel(MultiProcessTraining, keras.Model):
                 f"{type(self).__name__}.predict received an empty batch ({type(x).__name__} with "
                 "0 rows). Expected at least one string, pair or packed row."
             )
+        _listed_callbacks(kwargs)
         x, _, _ = self._prepare(x, mode="predict", batch_size=batch_size)
         if self._shares_rows_over_processes(x, kwargs):
             if not processes.is_writer():
@@ -759,6 +762,18 @@ class PipelineModel(MultiProcessTraining, keras.Model):
         """`keras.Model.predict_on_batch` through the pipeline (steps 1 and 2)."""
         x, _, _ = self._prepare(x, mode="predict")
         return super().predict_on_batch(x)
+
+
+def _listed_callbacks(kwargs):
+    """`kwargs["callbacks"]` as a list when it is one `keras.callbacks.Callback`.
+
+    Keras takes a list; given one callback alone it runs it all the same, but its check of
+    which callbacks may run in a background thread reads lists only, so a lone callback's
+    batch hooks ran asynchronously, alongside the next steps (a callback that freezes layers
+    after a batch then froze them at some later step)."""
+    callbacks = kwargs.get("callbacks")
+    if isinstance(callbacks, keras.callbacks.Callback):
+        kwargs["callbacks"] = [callbacks]
 
 
 def _row_count(x):

@@ -87,6 +87,36 @@ class TestTaskFit(TestCase):
         assert planned_schedule(model.optimizer).planned_length() == (6, 1)
         assert compiles == []
 
+    def test_a_callback_given_alone_runs_as_in_a_list(self):
+        """`callbacks=callback` (not in a list) runs its batch hooks in the calling thread,
+        after each step, as a list does; Keras would run them in a background thread."""
+        import threading
+
+        class Threads(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.seen = []
+
+            def on_train_batch_end(self, batch, logs=None):
+                self.seen.append(("train", threading.current_thread() is threading.main_thread()))
+
+            def on_test_batch_end(self, batch, logs=None):
+                self.seen.append(("test", threading.current_thread() is threading.main_thread()))
+
+            def on_predict_batch_end(self, batch, logs=None):
+                self.seen.append(("predict", threading.current_thread() is threading.main_thread()))
+
+        model = _classifier()
+        x = random_backbone_inputs(4, 8, vocabulary_size=VOCABULARY_SIZE)
+        y = np.array([0, 1, 1, 0])
+        callback = Threads()
+        model.fit(x, y, batch_size=2, epochs=2, verbose=0, callbacks=callback)
+        model.evaluate(x, y, batch_size=2, verbose=0, callbacks=callback)
+        model.predict(x, batch_size=2, verbose=0, callbacks=callback)
+        kinds = [kind for kind, _ in callback.seen]
+        assert kinds == ["train"] * 4 + ["test"] * 2 + ["predict"] * 2
+        assert all(main for _, main in callback.seen)
+
     def test_fixed_and_user_schedules_are_left_alone(self):
         x = random_backbone_inputs(4, 8, vocabulary_size=VOCABULARY_SIZE)
         y = np.array([0, 1, 1, 0])
