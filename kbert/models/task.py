@@ -356,8 +356,8 @@ class BertTask(PresetMixin, QuantizationMixin, PipelineModel):
         regularizer), the same loss as the torch calls Keras' path ends in
         (`kbert.backend.lean_task_loss`): one `cross_entropy`, a product with the sample
         weights and the mean, without the twenty-odd wrapped conversions and reductions around
-        them that cost a small model's step about a fortieth of its time. Anything else, and
-        inputs Keras would reshape first, take Keras' `compute_loss`."""
+        them (their cost: BENCHMARKS.md, "Host cost on torch"). Anything else, and inputs
+        Keras would reshape first, take Keras' `compute_loss`."""
         spec = getattr(self, "_lean_loss", None)
         if spec is not None and not self.losses:
             loss = backend.lean_task_loss(spec, y, y_pred, sample_weight)
