@@ -90,8 +90,9 @@ def lean_task_outputs(task, inputs, training=None):
 
 
 def lean_loss_spec(loss):
-    """What `lean_task_loss` computes `loss` (a task's compiled loss) with on torch: a
-    `(kind, reduction)` pair, or `None` where Keras' `compute_loss` always runs.
+    """What `lean_task_loss` computes `loss` (a task's compiled loss) with on torch: the
+    reduction of the sparse cross-entropy it is, or `None` where Keras' `compute_loss` always
+    runs.
 
     Covered: Keras' `SparseCategoricalCrossentropy(from_logits=True)` in float32, without
     `ignore_class`, on the last axis, reduced by `"sum_over_batch_size"`, `"mean"` or
@@ -110,7 +111,7 @@ def lean_loss_spec(loss):
         or config.get("reduction") not in ("sum_over_batch_size", "mean", "mean_with_sample_weight")
     ):
         return None
-    return ("sparse_categorical_crossentropy", config["reduction"])
+    return config["reduction"]
 
 
 def lean_task_loss(spec, y, y_pred, sample_weight=None):
@@ -123,7 +124,7 @@ def lean_task_loss(spec, y, y_pred, sample_weight=None):
 
     if not torch_heads.LEAN_TORCH_TASKS:
         return None
-    return torch_heads.sparse_cross_entropy(spec[1], y, y_pred, sample_weight)
+    return torch_heads.sparse_cross_entropy(spec, y, y_pred, sample_weight)
 
 
 def prepare_lean_backbone(backbone):
