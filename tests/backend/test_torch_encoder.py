@@ -118,6 +118,25 @@ def test_training_draws_the_graphs_dropout_masks(lean_calls, monkeypatch):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
+def test_a_row_of_padding_only_attends_to_every_key_as_in_the_graph(lean_calls, monkeypatch):
+    """A row whose padding mask is all zeros (no real key) attends to every key, as the layers
+    do; torch's SDPA alone would give that row's queries no context at all (zeros)."""
+    backbone = BertBackbone(**tiny_backbone_kwargs())
+    rng = np.random.default_rng(0)
+    for variable in backbone.trainable_weights:  # Large weights: the context counts.
+        variable.assign(rng.normal(0.0, 0.3, variable.shape).astype("float32"))
+    raw = random_backbone_inputs(3, 12)
+    raw["padding_mask"][1, :] = 0
+    (lean, lean_grads), (graph, graph_grads) = _both_ways(backbone, _tensors(raw), monkeypatch)
+    assert lean_calls == [True]  # (the graph run does not ask the lean path)
+    for key in ("sequence_output", "pooled_output"):
+        np.testing.assert_allclose(
+            lean[key].detach().numpy(), graph[key].detach().numpy(), atol=1e-5, err_msg=key
+        )
+    for a, b in zip(lean_grads, graph_grads):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+
+
 def test_lora_hidden_states_and_mixed_precision(lean_calls, monkeypatch):
     """LoRA's update reaches the lean path's kernels (and the LoRA matrices get gradients);
     hidden states are the graph's; under mixed_bfloat16 outputs stay within bfloat16's

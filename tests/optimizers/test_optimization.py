@@ -484,6 +484,28 @@ def test_clipping_scales_a_steps_own_gradients_in_place_and_leaves_given_ones_as
     for tensor, original in zip(clipped, step):
         assert_all_close(keras.ops.convert_to_numpy(tensor), original * scale, rtol=1e-6)
     assert_all_close(keras.ops.convert_to_numpy(other), step[2], atol=0, rtol=0)
+    # Without the variables no gradient is known to be a step's own: each is left as it is.
+    given = [keras.ops.convert_to_tensor(g.copy()) for g in step]
+    clipped = kbert.backend.clip_by_global_norm(given, 1.0)
+    for tensor, new, original in zip(given, clipped, step):
+        assert_all_close(keras.ops.convert_to_numpy(tensor), original, atol=0, rtol=0)
+        assert_all_close(keras.ops.convert_to_numpy(new), original * scale, rtol=1e-6)
+
+
+def test_a_non_finite_gradient_norm_gives_non_finite_weights_as_keras_clipping_does():
+    """An infinite gradient under global-norm clipping: Keras' scale, `clip_norm * min(1 / norm,
+    1 / clip_norm) + (norm - norm)`, is NaN, so every gradient and every weight turns NaN (on
+    torch too, where kbert clips all gradients at once); a step that only zeroed the other
+    gradients would hide the overflow."""
+    initial, grads = _varying_problem(num_steps=1, seed=12)
+    step = [g.copy() for g in grads[0]]
+    step[0][0, 0] = np.inf
+    variables = [keras.Variable(p, name=name) for p, name in zip(initial, NAMES)]
+    optimizer = bert_optimizer(**SETTINGS)
+    assert optimizer.global_clipnorm == 1.0
+    optimizer.apply([keras.ops.convert_to_tensor(g) for g in step], variables)
+    for variable in variables:
+        assert np.isnan(keras.ops.convert_to_numpy(variable)).all(), variable.path
 
 
 def test_one_update_computes_its_learning_rate_once(monkeypatch):
