@@ -190,8 +190,11 @@ class _Plan:
         self.compute_dtype = TORCH_DTYPES[backbone.dtype_policy.compute_dtype]
 
     def current(self):
+        """Whether every layer still computes from what was read: the projections (see
+        `Linear.current`), and the embedding tables with their dtype policy and no LoRA (Keras'
+        `Embedding.enable_lora` adds an update to a table; a plan is never built with one)."""
         return all(linear.current() for linear in self.linears) and all(
-            layer.dtype_policy is policy
+            layer.dtype_policy is policy and not layer.lora_enabled
             for layer, policy in zip(self.embedding_layers, self.embedding_policies)
         )
 

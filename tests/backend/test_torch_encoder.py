@@ -164,6 +164,24 @@ def test_lora_hidden_states_and_mixed_precision(lean_calls, monkeypatch):
     assert lean_calls.count(True) == 2
 
 
+def test_lora_enabled_on_an_embedding_table_reaches_the_outputs(lean_calls, monkeypatch):
+    """LoRA enabled on an embedding table after the backbone has computed (Keras'
+    `Embedding.enable_lora`): the update reaches the outputs, as in the graph (the lean path
+    read the table before it had one, and leaves such a table to the graph)."""
+    backbone = BertBackbone(**tiny_backbone_kwargs())
+    inputs = _tensors(random_backbone_inputs(2, 12))
+    before = backbone(inputs)["sequence_output"].detach().numpy()
+    table = backbone.embeddings.token_embedding
+    table.enable_lora(2)
+    update = np.random.default_rng(0).normal(0.0, 0.5, table.lora_embeddings_b.shape)
+    table.lora_embeddings_b.assign(update.astype("float32"))
+    (lean, _), (graph, _) = _both_ways(backbone, inputs, monkeypatch)
+    after = graph["sequence_output"].detach().numpy()
+    assert np.abs(after - before).max() > 0.1
+    np.testing.assert_allclose(lean["sequence_output"].detach().numpy(), after, atol=1e-5)
+    assert lean_calls == [True, False]  # computed, then the table with LoRA: the graph
+
+
 def test_mixed_precision_products_run_in_bfloat16_and_norms_in_float32():
     """Under mixed_bfloat16 every product and attention of the lean path takes bfloat16
     operands, every LayerNorm float32 ones (as the layers' policies say)."""

@@ -165,9 +165,43 @@ def test_backbone_hooks_run_and_lora_and_mixed_precision(lean_calls, monkeypatch
     assert np.abs(a - b).max() < 0.02 * np.abs(b).max()
 
 
+def test_head_layers_set_to_float32_under_a_mixed_backbone(lean_calls, monkeypatch):
+    """A head layer given the float32 policy on a mixed_bfloat16 task (the classifier's
+    `Dense`, the embedder's pooling, the answerer's span logits): its bfloat16 inputs are
+    cast to float32 first, as Keras' `__call__` casts them, so the lean path gives the
+    graph's float32 outputs."""
+    inputs = _tensors(random_backbone_inputs(3, 12))
+    classifier = _scrambled(BertClassifier(_backbone(dtype="mixed_bfloat16"), num_classes=3))
+    embedder = _scrambled(BertTextEmbedder(_backbone(dtype="mixed_bfloat16"), pooling="mean"))
+    answerer = _scrambled(BertQuestionAnswerer(_backbone(dtype="mixed_bfloat16")))
+    cases = (  # task, layer, relative tolerance
+        (classifier, classifier.output_dense, 1e-6),
+        (embedder, embedder.pooler, 1e-6),
+        # The span `Dense` before it computes in bfloat16: torch's `linear` (the graph's) and
+        # `addmm` (the lean head's) may round its outputs a bfloat16 step apart.
+        (answerer, answerer.span_logits, 2**-7),
+    )
+    for task, layer, tolerance in cases:
+        task(inputs)
+        layer.dtype_policy = "float32"
+        lean_calls.clear()
+        (lean, _), (graph, _) = _both_ways(task, inputs, monkeypatch, training=False)
+        assert lean_calls == [True, False]
+        for a, b in zip(keras.tree.flatten(lean), keras.tree.flatten(graph), strict=True):
+            assert str(a.dtype) == str(b.dtype) == "torch.float32", layer.name
+            np.testing.assert_allclose(
+                a.detach().numpy(),
+                b.detach().numpy(),
+                rtol=tolerance,
+                atol=1e-6,
+                err_msg=layer.name,
+            )
+
+
 def test_what_the_lean_head_leaves_to_the_graph(lean_calls):
-    """A head `Dense` quantized on its own, a head layer that is not the graph's and a
-    backbone the lean path does not cover run through the graph, and still compute."""
+    """A head `Dense` quantized on its own, a head layer that is not the graph's (a built one
+    put in its place) and a backbone the lean path does not cover run through the graph, and
+    still compute."""
     inputs = _tensors(random_backbone_inputs(2, 12))
     classifier = BertClassifier(_backbone(), num_classes=3)
     float_logits = classifier(inputs).detach().numpy()
@@ -179,7 +213,9 @@ def test_what_the_lean_head_leaves_to_the_graph(lean_calls):
     lean_calls.clear()
     tagger = BertTagger(_backbone(), num_classes=4)
     expected = tagger(inputs).detach().numpy()
-    tagger.output_dense = keras.layers.Dense(4)  # not the layer the graph calls
+    replacement = keras.layers.Dense(4)  # built, but not the layer the graph calls
+    replacement.build((None, None, tagger.backbone.hidden_dim))
+    tagger.output_dense = replacement
     np.testing.assert_allclose(tagger(inputs).detach().numpy(), expected, atol=1e-6)
     assert lean_calls == [True, False]
 
@@ -300,7 +336,8 @@ def test_default_cross_entropy_is_keras_loss_in_torch_calls(name, lean_losses, m
 def test_what_the_torch_loss_leaves_to_keras(lean_losses, monkeypatch):
     """Keras' `compute_loss` runs, and its loss is what the task gets, where the torch loss
     would miss part of it: a regularizer's loss, `loss_weights`, a loss of the user's own or
-    a task's own default (subclasses of Keras' cross-entropy), labels Keras reshapes first;
+    a task's own default (subclasses of Keras' cross-entropy), `ignore_class`, labels Keras
+    reshapes first;
     and in Keras' symbolic build, which builds the compiled loss."""
     import torch
 
@@ -338,7 +375,20 @@ def test_what_the_torch_loss_leaves_to_keras(lean_losses, monkeypatch):
         loss = float(doubled.compute_loss(x=x, y=labels, y_pred=y_pred))
         assert loss == pytest.approx(2 * plain) and lean_losses == []
 
+    # A default loss with `ignore_class`: Keras leaves those labels out of the loss and its mean.
+    class IgnoringClassifier(BertClassifier):
+        def _default_loss(self):
+            return keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=2)
+
+    ignoring_task = IgnoringClassifier(task.backbone, num_classes=3)
+    ignoring_task.compile()
+    ignoring = float(ignoring_task.compute_loss(x=x, y=labels, y_pred=y_pred))
     task.compile()
+    kept = float(task.compute_loss(x=x, y=labels[[0, 2]], y_pred=y_pred[[0, 2]]))
+    assert ignoring == pytest.approx(kept, rel=1e-5) and abs(ignoring - plain) > 0.1
+
+    task.compile()
+    lean_losses.clear()
     column = float(task.compute_loss(x=x, y=labels[:, None], y_pred=y_pred))
     assert column == pytest.approx(plain, rel=1e-6) and lean_losses == [False]
 
