@@ -23,8 +23,9 @@ functional graph computes, from the same Keras variables, with one torch call pe
 Gradients reach the Keras variables themselves (their torch `Parameter`s), so `fit`, the
 optimizer, checkpoints and LoRA see no difference. `backbone_outputs` answers `None` for what
 it does not cover, and the caller runs the functional graph: packed rows, attention
-probabilities as outputs, rematerialisation in training, quantized layers, another attention
-implementation than the default, meta-device (symbolic) tensors.
+probabilities as outputs, rematerialisation in training, quantized layers, embedding tables
+with LoRA (Keras' `Embedding.enable_lora`), another attention implementation than the
+default, meta-device (symbolic) tensors.
 """
 
 import functools

@@ -316,6 +316,45 @@ def test_prediction_counts_positions_and_labels(nsp_batches):
     assert 0 < capped < len(original)  # both sides of the max_predictions cap are exercised
 
 
+@pytest.mark.parametrize("whole_word_masking", [False, True], ids=["tokens", "whole_words"])
+def test_rows_with_few_or_no_candidates_mask_one_or_none(tokenizer, whole_word_masking):
+    """BERT's count, `min(max_predictions, max(1, round(0.15 * candidates)))`: a row of one to
+    three maskable tokens (0.15 x 3 rounds to 0) still masks one; a row with none ([CLS] and
+    its [SEP]s only) masks nothing and keeps its special tokens."""
+    from kbert.data.masking import DynamicMasker
+
+    masker = DynamicMasker(
+        tokenizer,
+        max_predictions=4,
+        mask_rate=MASK_RATE,
+        whole_word_masking=whole_word_masking,
+        random_token_rate=0.1,
+        unchanged_rate=0.1,
+        nsp=False,
+    )
+    word = STEM_IDS[0]
+    rows = [[CLS, SEP, SEP], [CLS, SEP], [CLS, word, SEP], [CLS, word, word, word, SEP, SEP]]
+    length = 8
+    token_ids = np.array([row + [PAD] * (length - len(row)) for row in rows], "int32")
+    lengths = np.array([len(row) for row in rows], "int32")
+    for seed in range(5):
+        x, y, weights = masker(
+            tf.constant(token_ids),
+            tf.zeros_like(token_ids),
+            tf.constant(lengths),
+            tf.zeros(len(rows), tf.int32),
+            tf.constant([seed, 0], tf.int64),
+        )
+        counts = weights["mlm"].numpy().sum(axis=1)
+        np.testing.assert_array_equal(counts, [0, 0, 1, 1])
+        masked = x["token_ids"].numpy()
+        np.testing.assert_array_equal(masked[:2], token_ids[:2])  # nothing to mask: unchanged
+        for row in (2, 3):
+            position = int(x["mask_positions"].numpy()[row, 0])
+            assert token_ids[row, position] == word  # a word, never a special token
+            assert int(y["mlm"].numpy()[row, 0]) == word
+
+
 def test_replacement_rates_80_10_10(nsp_batches):
     rows, slots = np.nonzero(nsp_batches["sw/mlm"])
     positions = nsp_batches["x/mask_positions"][rows, slots]
