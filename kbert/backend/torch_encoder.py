@@ -148,9 +148,10 @@ class _Block:
         self.output_norm = norm_weights(layer.output_layer_norm)
         self.num_heads = attention.num_heads
         self.head_dim = attention.head_dim
-        self.attention_rate = attention.dropout
-        self.attention_output_rate = layer.attention_dropout_layer.rate
-        self.output_rate = layer.output_dropout_layer.rate
+        # Dropout rates are read from these at each call, as the layers read them.
+        self.attention = attention
+        self.attention_dropout = layer.attention_dropout_layer
+        self.output_dropout = layer.output_dropout_layer
         self.activation = ACTIVATIONS[layer.activation]
 
 
@@ -182,7 +183,7 @@ class _Plan:
         )
         self.embedding_policies = tuple(layer.dtype_policy for layer in self.embedding_layers)
         self.embedding_norm = norm_weights(embeddings.layer_norm)
-        self.embedding_rate = embeddings.dropout_layer.rate
+        self.embedding_dropout = embeddings.dropout_layer  # its rate read at each call
         self.pad_token_id = embeddings.pad_token_id
         self.blocks = [_Block(layer) for layer in backbone.transformer_layers]
         self.pooler = Linear(backbone.pooler.dense)
@@ -305,7 +306,7 @@ def _embeddings(plan, token_ids, segment_ids, training):
         tokens = torch.where((token_ids == plan.pad_token_id)[..., None], tokens.detach(), tokens)
     x = tokens + position_table[:length] + F.embedding(segment_ids, segment_table)
     x = layer_norm(x, plan.embedding_norm, plan.compute_dtype)
-    return dropout(x, plan.embedding_rate, training)
+    return dropout(x, plan.embedding_dropout.rate, training)
 
 
 def transposed_casts(device):
@@ -386,13 +387,13 @@ def _block(block, x, mask, training, dtype, query_length):
         key, value = _heads(x, (k, v), dtype, heads, head_dim)
         residual = x[:, :query_length]
         (query,) = _heads(residual, (q,), dtype, heads, head_dim)
-    rate = block.attention_rate if training else 0.0
+    rate = block.attention.dropout if training else 0.0
     context = torch_paths.attention_heads(query, key, value, mask, rate)  # (b, h, q, d)
     context = context.transpose(1, 2).reshape(batch, -1, hidden)
     attended = linear(context, block.attention_output, dtype)
-    attended = dropout(attended, block.attention_output_rate, training)
+    attended = dropout(attended, block.attention_dropout.rate, training)
     x = layer_norm(residual + attended, block.attention_norm, dtype)
     intermediate = block.activation(linear(x, block.intermediate, dtype))
     output = linear(intermediate, block.output, dtype)
-    output = dropout(output, block.output_rate, training)
+    output = dropout(output, block.output_dropout.rate, training)
     return layer_norm(x + output, block.output_norm, dtype)

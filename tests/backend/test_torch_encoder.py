@@ -137,6 +137,31 @@ def test_a_row_of_padding_only_attends_to_every_key_as_in_the_graph(lean_calls, 
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
+def test_dropout_rates_changed_after_the_first_call_are_the_ones_drawn(lean_calls, monkeypatch):
+    """Dropout rates set on the layers after the backbone has computed (a layer's `rate`, the
+    attention's `dropout`) are the rates a training call of the lean path draws, as the
+    layers read them at each call; a rate set to 0 drops nothing."""
+    backbone = BertBackbone(**tiny_backbone_kwargs(dropout=0.1, attention_dropout=0.1))
+    inputs = _tensors(random_backbone_inputs(3, 12))
+    backbone(inputs, training=True)
+    backbone.embeddings.dropout_layer.rate = 0.0
+    for layer in backbone.transformer_layers:
+        layer.self_attention.dropout = 0.4
+        layer.attention_dropout_layer.rate = 0.2
+        layer.output_dropout_layer.rate = 0.3
+    (lean, lean_grads), (graph, graph_grads) = _both_ways(
+        backbone, inputs, monkeypatch, training=True
+    )
+    assert lean_calls == [True, True]
+    np.testing.assert_allclose(
+        lean["sequence_output"].detach().numpy(),
+        graph["sequence_output"].detach().numpy(),
+        atol=1e-5,
+    )
+    for a, b in zip(lean_grads, graph_grads):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+
+
 def test_lora_hidden_states_and_mixed_precision(lean_calls, monkeypatch):
     """LoRA's update reaches the lean path's kernels (and the LoRA matrices get gradients);
     hidden states are the graph's; under mixed_bfloat16 outputs stay within bfloat16's
