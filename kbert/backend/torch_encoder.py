@@ -156,11 +156,12 @@ class _Block:
 
 
 def norm_weights(layer):
-    """`(gamma, beta, epsilon)` of a `keras.layers.LayerNormalization`."""
+    """`(gamma, beta, layer)` of a `keras.layers.LayerNormalization` (its `epsilon` read at
+    each call, as the layer reads it)."""
     axis = list(layer.axis) if isinstance(layer.axis, (list, tuple)) else [layer.axis]
     if not (layer.center and layer.scale) or getattr(layer, "rms_scaling", False) or axis != [-1]:
         raise ValueError("Only a last-axis LayerNormalization with center and scale")
-    return parameter(layer, layer.gamma), parameter(layer, layer.beta), layer.epsilon
+    return parameter(layer, layer.gamma), parameter(layer, layer.beta), layer
 
 
 class _Plan:
@@ -292,8 +293,8 @@ def dropout(x, rate, training):
 
 def layer_norm(x, norm, dtype):
     """`x` through the LayerNorm `norm` (`norm_weights`) in float32, cast back to `dtype`."""
-    gamma, beta, epsilon = norm
-    y = F.layer_norm(cast(x, torch.float32), gamma.shape, gamma, beta, epsilon)
+    gamma, beta, layer = norm
+    y = F.layer_norm(cast(x, torch.float32), gamma.shape, gamma, beta, layer.epsilon)
     return cast(y, dtype)
 
 

@@ -137,18 +137,21 @@ def test_a_row_of_padding_only_attends_to_every_key_as_in_the_graph(lean_calls, 
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
-def test_dropout_rates_changed_after_the_first_call_are_the_ones_drawn(lean_calls, monkeypatch):
-    """Dropout rates set on the layers after the backbone has computed (a layer's `rate`, the
-    attention's `dropout`) are the rates a training call of the lean path draws, as the
-    layers read them at each call; a rate set to 0 drops nothing."""
+def test_settings_changed_after_the_first_call_are_the_ones_used(lean_calls, monkeypatch):
+    """Dropout rates and LayerNorm epsilons set on the layers after the backbone has computed
+    (a layer's `rate`, the attention's `dropout`, a norm's `epsilon`) are those a training call
+    of the lean path uses, as the layers read them at each call; a rate set to 0 drops
+    nothing."""
     backbone = BertBackbone(**tiny_backbone_kwargs(dropout=0.1, attention_dropout=0.1))
     inputs = _tensors(random_backbone_inputs(3, 12))
     backbone(inputs, training=True)
     backbone.embeddings.dropout_layer.rate = 0.0
+    backbone.embeddings.layer_norm.epsilon = 0.5
     for layer in backbone.transformer_layers:
         layer.self_attention.dropout = 0.4
         layer.attention_dropout_layer.rate = 0.2
         layer.output_dropout_layer.rate = 0.3
+        layer.output_layer_norm.epsilon = 0.5
     (lean, lean_grads), (graph, graph_grads) = _both_ways(
         backbone, inputs, monkeypatch, training=True
     )
