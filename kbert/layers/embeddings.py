@@ -82,6 +82,18 @@ class ReversibleEmbedding(DenseGradientEmbedding):
         return keras.KerasTensor(shape, dtype=self.compute_dtype)
 
 
+def check_sequence_length(token_ids, max_sequence_length):
+    """Raises a ValueError when `token_ids` `(batch, seq)` are longer than the position table
+    (`max_sequence_length`); a symbolic length (`None`) passes."""
+    sequence_length = token_ids.shape[1]
+    if sequence_length is not None and sequence_length > max_sequence_length:
+        raise ValueError(
+            "The input sequence is longer than `max_sequence_length`. "
+            f"Received: sequence_length={sequence_length}, "
+            f"max_sequence_length={max_sequence_length}"
+        )
+
+
 @keras.saving.register_keras_serializable(package="kbert")
 class BertEmbeddings(keras.layers.Layer):
     """BERT's input embedding: token + learned absolute position + segment, then LayerNorm and
@@ -179,13 +191,7 @@ class BertEmbeddings(keras.layers.Layer):
         self.built = True
 
     def call(self, token_ids, segment_ids, position_ids=None, training=None):
-        sequence_length = token_ids.shape[1]
-        if sequence_length is not None and sequence_length > self.max_sequence_length:
-            raise ValueError(
-                "The input sequence is longer than `max_sequence_length`. "
-                f"Received: sequence_length={sequence_length}, "
-                f"max_sequence_length={self.max_sequence_length}"
-            )
+        check_sequence_length(token_ids, self.max_sequence_length)
         check_index_range(token_ids, self.vocabulary_size, "token_ids", "vocabulary_size")
         check_index_range(segment_ids, self.num_segments, "segment_ids", "num_segments")
         if position_ids is None:

@@ -4,7 +4,7 @@ import keras
 
 from kbert import backend
 from kbert.layers import BertEmbeddings, BertPooler, TransformerEncoder
-from kbert.layers.embeddings import PackedDocumentMasks
+from kbert.layers.embeddings import PackedDocumentMasks, check_sequence_length
 from kbert.models.input_checks import HostInputChecks, check_model_inputs
 from kbert.models.presets import PresetMixin
 from kbert.models.quantization import QuantizationMixin
@@ -571,6 +571,8 @@ class BertBackbone(PresetMixin, QuantizationMixin, HostInputChecks, keras.Model)
         """
         check_input_keys(inputs, self.input_names, "BertBackbone")
         check_model_inputs(inputs, self)
+        # Here too, not only in the embeddings: the lean path (torch) does not call them.
+        check_sequence_length(inputs["token_ids"], self.max_sequence_length)
         outputs = backend.lean_backbone_outputs(self, inputs, training, first_token_only)
         if outputs is not None:
             return outputs

@@ -175,10 +175,14 @@ class TestBertBackbone(TestCase):
             BertBackbone(**tiny_backbone_kwargs(activation="swish2"))
 
     def test_sequence_longer_than_max_sequence_length(self):
+        """NumPy arrays and backend tensors alike (eager torch computes tensors on its lean
+        path, without the embedding layer's call)."""
         backbone = BertBackbone(**tiny_backbone_kwargs(max_sequence_length=16))
         inputs = random_backbone_inputs(sequence_length=20, pad=False)
-        with pytest.raises(ValueError, match="sequence_length=20, max_sequence_length=16"):
-            backbone(inputs)
+        tensors = {key: keras.ops.convert_to_tensor(value) for key, value in inputs.items()}
+        for given in (inputs, tensors):
+            with pytest.raises(ValueError, match="sequence_length=20, max_sequence_length=16"):
+                backbone(given)
 
     def test_ids_out_of_range(self):
         backbone = BertBackbone(**tiny_backbone_kwargs())
