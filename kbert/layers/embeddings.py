@@ -83,8 +83,13 @@ class ReversibleEmbedding(DenseGradientEmbedding):
 
 
 def check_sequence_length(token_ids, max_sequence_length):
-    """Raises a ValueError when `token_ids` `(batch, seq)` are longer than the position table
-    (`max_sequence_length`); a symbolic length (`None`) passes."""
+    """Raises a ValueError when `token_ids` are not `(batch, seq)` or are longer than the
+    position table (`max_sequence_length`); a symbolic length (`None`) passes."""
+    if len(token_ids.shape) != 2:
+        raise ValueError(
+            "`token_ids` must have the shape (batch_size, sequence_length). Received shape "
+            f"{tuple(token_ids.shape)}"
+        )
     sequence_length = token_ids.shape[1]
     if sequence_length is not None and sequence_length > max_sequence_length:
         raise ValueError(

@@ -174,7 +174,7 @@ class TestBertBackbone(TestCase):
         with pytest.raises(ValueError, match="Unknown `activation`.*swish2"):
             BertBackbone(**tiny_backbone_kwargs(activation="swish2"))
 
-    def test_sequence_longer_than_max_sequence_length(self):
+    def test_sequence_longer_than_max_sequence_length_or_without_a_batch_axis(self):
         """NumPy arrays and backend tensors alike (eager torch computes tensors on its lean
         path, without the embedding layer's call)."""
         backbone = BertBackbone(**tiny_backbone_kwargs(max_sequence_length=16))
@@ -183,6 +183,9 @@ class TestBertBackbone(TestCase):
         for given in (inputs, tensors):
             with pytest.raises(ValueError, match="sequence_length=20, max_sequence_length=16"):
                 backbone(given)
+            one_row = {key: value[0] for key, value in given.items()}  # (seq,): no batch axis
+            with pytest.raises(ValueError, match=r"shape \(batch_size, sequence_length\)"):
+                backbone(one_row)
 
     def test_ids_out_of_range(self):
         backbone = BertBackbone(**tiny_backbone_kwargs())
