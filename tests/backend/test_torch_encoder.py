@@ -56,6 +56,17 @@ def _both_ways(backbone, inputs, monkeypatch, seed=3, **call_kwargs):
     return results
 
 
+def _assert_same_training_call(lean, lean_grads, graph, graph_grads):
+    """The lean path's sequence output and gradients equal the graph's (`_both_ways`)."""
+    np.testing.assert_allclose(
+        lean["sequence_output"].detach().numpy(),
+        graph["sequence_output"].detach().numpy(),
+        atol=1e-5,
+    )
+    for a, b in zip(lean_grads, graph_grads):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+
+
 def _real(outputs, mask):
     """The sequence output at real positions, as float32 NumPy."""
     sequence = outputs["sequence_output"].detach().float().numpy()
@@ -109,13 +120,7 @@ def test_training_draws_the_graphs_dropout_masks(lean_calls, monkeypatch):
     assert lean_calls == [True]  # (the graph run does not ask the lean path)
     inference = backbone(inputs)["sequence_output"].detach().numpy()
     assert np.abs(lean["sequence_output"].detach().numpy() - inference).max() > 0.1  # dropped
-    np.testing.assert_allclose(
-        lean["sequence_output"].detach().numpy(),
-        graph["sequence_output"].detach().numpy(),
-        atol=1e-5,
-    )
-    for a, b in zip(lean_grads, graph_grads):
-        np.testing.assert_allclose(a, b, atol=1e-4)
+    _assert_same_training_call(lean, lean_grads, graph, graph_grads)
 
 
 def test_a_row_of_padding_only_attends_to_every_key_as_in_the_graph(lean_calls, monkeypatch):
@@ -156,13 +161,7 @@ def test_settings_changed_after_the_first_call_are_the_ones_used(lean_calls, mon
         backbone, inputs, monkeypatch, training=True
     )
     assert lean_calls == [True, True]
-    np.testing.assert_allclose(
-        lean["sequence_output"].detach().numpy(),
-        graph["sequence_output"].detach().numpy(),
-        atol=1e-5,
-    )
-    for a, b in zip(lean_grads, graph_grads):
-        np.testing.assert_allclose(a, b, atol=1e-4)
+    _assert_same_training_call(lean, lean_grads, graph, graph_grads)
 
 
 def test_lora_hidden_states_and_mixed_precision(lean_calls, monkeypatch):
