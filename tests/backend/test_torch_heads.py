@@ -337,8 +337,7 @@ def test_what_the_torch_loss_leaves_to_keras(lean_losses, monkeypatch):
     """Keras' `compute_loss` runs, and its loss is what the task gets, where the torch loss
     would miss part of it: a regularizer's loss, `loss_weights`, a loss of the user's own or
     a task's own default (subclasses of Keras' cross-entropy), `ignore_class`, labels Keras
-    reshapes first;
-    and in Keras' symbolic build, which builds the compiled loss."""
+    reshapes first; and in Keras' symbolic build, which builds the compiled loss."""
     import torch
 
     x = _tensors(random_backbone_inputs(4, 12))
@@ -387,7 +386,6 @@ def test_what_the_torch_loss_leaves_to_keras(lean_losses, monkeypatch):
     kept = float(task.compute_loss(x=x, y=labels[[0, 2]], y_pred=y_pred[[0, 2]]))
     assert ignoring == pytest.approx(kept, rel=1e-5) and abs(ignoring - plain) > 0.1
 
-    task.compile()
     lean_losses.clear()
     column = float(task.compute_loss(x=x, y=labels[:, None], y_pred=y_pred))
     assert column == pytest.approx(plain, rel=1e-6) and lean_losses == [False]
