@@ -33,6 +33,14 @@ def test_batches_hold_every_row_once_cropped_to_its_bucket():
         assert not x["padding_mask"][batch_rows, length:].any()  # only padding was cut
         seen.extend(batch_rows.tolist())
     assert sorted(seen) == list(range(50))
+    # With `drop_remainder`, each bucket's last, incomplete batch is left out: only full
+    # batches, and every row of the buckets' full batches.
+    kept = []
+    for _, batch_rows in batch_by_length(dataset, batch_size=4, drop_remainder=True):
+        assert len(batch_rows) == 4
+        kept.extend(batch_rows.numpy().tolist())
+    per_bucket = np.bincount(np.searchsorted(buckets, lengths), minlength=len(buckets))
+    assert len(kept) == len(set(kept)) == int((per_bucket // 4 * 4).sum()) < 50
 
 
 def test_per_token_labels_are_cropped_and_bad_input_is_refused():

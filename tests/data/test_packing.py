@@ -272,7 +272,28 @@ def test_reproducible_given_the_seed_and_new_masks_each_pass(corpus, tokenizer):
     stream = np.concatenate([b["token_ids"] for b in first])
     assert len(stream) >= 2 * rows_per_pass
     pass0, pass1 = stream[:rows_per_pass], stream[rows_per_pass : 2 * rows_per_pass]
-    assert not np.array_equal(pass0, pass1)
+    # Every batch of the second pass has masks of its own (rows hold ~5 masked tokens each).
+    for start in range(0, rows_per_pass, 8):
+        assert (pass0[start : start + 8] != pass1[start : start + 8]).sum() > 8
+
+
+def test_drop_remainder_leaves_out_each_pass_last_batch(corpus, tokenizer):
+    def build(drop_remainder):
+        return packed_pretraining_dataset(
+            corpus["path"],
+            tokenizer,
+            sequence_length=SEQ_LEN,
+            max_predictions=MAX_PRED,
+            batch_size=8,
+            seed=1,
+            shuffle=False,
+            drop_remainder=drop_remainder,
+        )
+
+    every = [x["token_ids"].numpy() for x, _, _ in build(False)]
+    full = [x["token_ids"].numpy() for x, _, _ in build(True)]
+    assert len(every[-1]) < 8  # the corpus leaves a partial batch
+    assert [len(b) for b in full] == [8] * (len(every) - 1)
 
 
 def test_shards_give_the_same_pieces(corpus, tokenizer, tmp_path):
@@ -309,6 +330,31 @@ def test_pack_pieces_first_fit_with_a_bounded_buffer():
     assert counts[2] <= 1.1 * sum(len(p) + 2 for p in pieces) / 32 + 1
     with pytest.raises(ValueError, match="does not fit a row of 8"):
         list(pack_pieces(iter([np.arange(7)]), 8, 4))
+
+
+def _sized(*sizes):
+    """Pieces that take `sizes` slots with [CLS] and [SEP], each a distinct token value."""
+    return [np.full(size - 2, index) for index, size in enumerate(sizes)]
+
+
+def _emitted(sizes, sequence_length, buffer):
+    """The rows `pack_pieces` emits, in order, as lists of piece numbers."""
+    rows = pack_pieces(iter(_sized(*sizes)), sequence_length, buffer)
+    return [[int(piece[0]) if len(piece) else -1 for piece in row] for row in rows]
+
+
+def test_pack_pieces_order_of_filling_and_emitting():
+    """Worked by hand from `pack_pieces`' rule, rows of 10 slots."""
+    # First fit, oldest row first: piece 2 fits rows 0 and 1 and goes into row 0.
+    assert _emitted([6, 7, 3], 10, 8) == [[0, 2], [1]]
+    # A row that becomes full leaves at once, before older ones; the rest leave at the
+    # end, oldest first.
+    assert _emitted([6, 5, 5], 10, 8) == [[1, 2], [0]]
+    # A piece that fills a row alone leaves at once.
+    assert _emitted([4, 10, 3], 10, 8) == [[1], [0, 2]]
+    # Past `packing_buffer` open rows the fullest leaves; the oldest among equals.
+    assert _emitted([7, 6, 8], 10, 2) == [[2], [0], [1]]
+    assert _emitted([7, 7, 7], 10, 2) == [[0], [1], [2]]
 
 
 @pytest.mark.parametrize(

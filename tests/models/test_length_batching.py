@@ -177,12 +177,90 @@ def test_processes_take_equal_slices_of_one_process_plan():
         batching.LengthBatches(x, y, num_processes=2, process_index=2, **kwargs)
 
 
+@pytest.mark.backend_independent  # NumPy
 def test_row_lengths_keep_every_real_position():
-    mask = np.zeros((3, 10), "int32")
+    mask = np.zeros((4, 10), "int32")
     mask[0, :3] = 1
     mask[1, :] = 1
     mask[2, [0, 4]] = 1  # a hole: keep up to the last real position
-    assert batching.row_lengths(mask).tolist() == [3, 10, 5]
+    # Row 3 is padding only: length 0.
+    assert batching.row_lengths(mask).tolist() == [3, 10, 5, 0]
+    # (batch, num_choices, sequence), as BertMultipleChoice packs: a row's longest choice,
+    # whichever choice it is.
+    choices = np.zeros((3, 3, 10), "int32")
+    choices[0, 0, :2], choices[0, 2, :7] = 1, 1
+    choices[1, 1, :9] = 1
+    assert batching.row_lengths(choices).tolist() == [7, 9, 0]
+
+
+@pytest.mark.backend_independent  # NumPy
+def test_planning_helpers_keep_their_contracts():
+    """Ties keep the caller's order, a row longer than the last bucket and repeated buckets
+    are refused, 3-D arrays are cropped on the sequence axis the caller names, the fill value
+    lands past each row's bucket, and the last partial batch and the validation tail are
+    Keras'."""
+    lengths = np.tile([5, 9, 1], 20)
+    rows = np.concatenate([r for r, _ in batching.plan_batches(lengths, 3, (4, 16))])
+    expected = [i for value in (9, 5, 1) for i in range(60) if lengths[i] == value]
+    assert rows.tolist() == expected  # longest first, ties in row order
+    # One sorting group holds every row: the batches are shuffled after the sort.
+    lengths = np.arange(64)
+    orders = [
+        [
+            int(lengths[r].max())
+            for r, _ in batching.plan_batches(
+                lengths, 4, (64,), shuffle=True, seed=seed, group_size=16
+            )
+        ]
+        for seed in range(3)
+    ]
+    assert all(order != sorted(order, reverse=True) for order in orders)
+    with pytest.raises(ValueError, match="length 17 does not fit the longest bucket 16"):
+        batching.plan_batches([3, 17], 2, (8, 16))
+    with pytest.raises(ValueError, match="increasing"):
+        batching.bucket_for([3], (8, 8, 16))
+
+    labels = np.arange(2 * 6 * 3).reshape(2, 6, 3)  # (batch, sequence, classes)
+    assert batching.crop_batch(labels, [1], 4).shape == (1, 4, 3)
+    choices = np.arange(2 * 3 * 6).reshape(2, 3, 6)  # (batch, num_choices, sequence)
+    np.testing.assert_array_equal(
+        batching.crop_batch(choices, [1, 0], 4, axis=-1), choices[[1, 0], :, :4]
+    )
+
+    collected = batching.OrderedOutputs(3, 8, sequence_outputs=True, fill_value=-1e9)
+    collected.add(np.array([2, 0]), 4, np.ones((2, 4), "float32"))
+    collected.add(np.array([1]), 8, np.full((1, 8), 2.0, "float32"))
+    result = collected.result()
+    np.testing.assert_array_equal(result[[0, 2], :4], 1.0)
+    np.testing.assert_array_equal(result[[0, 2], 4:], -1e9)
+    np.testing.assert_array_equal(result[1], 2.0)
+
+    shuffled = batching.ShuffledRows(10, 4, seed=0)
+    parts = [shuffled.batch_rows(i) for i in range(len(shuffled))]
+    assert [len(p) for p in parts] == [4, 4, 2]
+    assert sorted(np.concatenate(parts).tolist()) == list(range(10))
+
+    # First-fit decreasing; a row of padding only still takes one position.
+    mask = np.zeros((7, 10), "int32")
+    for row, length in enumerate([1, 1, 1, 8, 8, 8, 0]):
+        mask[row, :length] = 1
+    packed, placements = batching.pack_rows(
+        {"token_ids": mask * 7, "segment_ids": mask * 0, "padding_mask": mask}
+    )
+    assert len(packed["token_ids"]) == 3  # first-fit in the given order needs 4
+    assert placements.tolist() == [
+        [0, 8, 1],
+        [0, 9, 1],
+        [1, 8, 1],
+        [0, 0, 8],
+        [1, 0, 8],
+        [2, 0, 8],
+        [1, 9, 1],
+    ]
+
+    x = {"token_ids": np.arange(10)[:, None]}
+    train, held_out = batching.split_tail(x, np.arange(10), None, 0.25)
+    assert len(train[0]["token_ids"]) == 7 and held_out[1].tolist() == [7, 8, 9]  # floor
 
 
 # ------------------------------------------------------------------- the three tasks
