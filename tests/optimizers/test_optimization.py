@@ -580,3 +580,46 @@ def test_an_update_in_one_call_keeps_keras_decay_exclusions_and_clipping(monkeyp
         optimizer.apply([keras.ops.convert_to_tensor(g) for g in step_grads], constrained)
     assert np.linalg.norm(keras.ops.convert_to_numpy(constrained[1])) <= 0.5 + 1e-6
     assert all(decays is None for decays in calls)  # Keras' `apply`: per-variable updates
+
+
+def test_ema_loss_scale_and_a_new_variable_order_each_keep_keras_update():
+    """Each setting the one-call update leaves to Keras' `apply`, alone: EMA, and a loss
+    scale (Keras clips after unscaling); and a reordered variable list, whose decay mask is
+    found again."""
+    initial, grads = _varying_problem(seed=6)
+    settings = dict(learning_rate=1e-2, weight_decay=0.1, epsilon=1e-6)
+    constant = dict(rate=lambda step: 1e-2)
+
+    optimizer = BertAdamW(use_ema=True, ema_momentum=0.5, **settings)
+    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma"])
+    variables = _train(optimizer, initial, grads)
+    optimizer.finalize_variable_values(variables)
+    _, averages = _reference(initial, grads, **constant, clip=None, ema_momentum=0.5)
+    unaveraged = _reference(initial, grads, **constant, clip=None)
+    _assert_matches_only(variables, averages, {"no EMA": unaveraged})
+
+    optimizer = BertAdamW(global_clipnorm=1.0, loss_scale_factor=64.0, **settings)
+    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma"])
+    variables = _train(optimizer, initial, grads, scale=64.0)
+    scaled_clip = _reference(initial, grads, **constant, clip=("global", 1.0 / 64))
+    _assert_matches_only(
+        variables,
+        _reference(initial, grads, **constant),
+        {"clipping before unscaling": scaled_clip},
+    )
+
+    optimizer = BertAdamW(global_clipnorm=1.0, **settings)
+    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma"])
+    variables = [keras.Variable(p, name=name) for p, name in zip(initial, NAMES)]
+    for step, step_grads in enumerate(grads):
+        order = [0, 1, 2] if step < 3 else [2, 1, 0]
+        optimizer.apply(
+            [keras.ops.convert_to_tensor(step_grads[i]) for i in order],
+            [variables[i] for i in order],
+        )
+    # A mask kept from the first order would decay gamma instead of the kernel.
+    _assert_matches_only(
+        variables,
+        _reference(initial, grads, **constant),
+        {"every variable decayed": _reference(initial, grads, **constant, decayed=NAMES)},
+    )
