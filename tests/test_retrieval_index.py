@@ -354,6 +354,104 @@ def test_bad_inputs(tmp_path):
 
 
 @independent
+def test_rows_ids_and_saved_files_are_checked(tmp_path):
+    """What the index stores is its own; ids of one kind, never booleans; an int8 range
+    from at least two rows; ties after rescoring in the order rows were added; zero vectors
+    and constant dimensions give finite scores; a saved index is refused when any file or
+    the manifest's record of it does not match, or the manifest names a file of its own."""
+    import hashlib
+    import json
+    import warnings
+
+    corpus, queries = _data(rows=40, dim=8)
+    given = corpus.copy()
+    index = EmbeddingIndex.from_embeddings(given, similarity="dot")
+    rescoring = EmbeddingIndex.from_embeddings(
+        given, precision="int8", similarity="dot", rescore_vectors="float32"
+    )
+    before = [i.search(queries, top_k=5) for i in (index, rescoring)]
+    given[:] = 0.0  # the caller reuses its buffer
+    for i, (scores, _) in zip((index, rescoring), before):
+        np.testing.assert_array_equal(i.search(queries, top_k=5)[0], scores)
+
+    strings = EmbeddingIndex.from_embeddings(corpus[:2], ids=["a", "b"])
+    with pytest.raises(ValueError, match="string ids: pass `ids`"):
+        strings.add(corpus[2:3])
+    with pytest.raises(ValueError, match="This index has string ids. Received int ids"):
+        strings.add(corpus[2:3], ids=[7])
+    with pytest.raises(ValueError, match=r"all ints or all strings. Received types \['bool'\]"):
+        EmbeddingIndex.from_embeddings(corpus[:2], ids=[True, False])
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        EmbeddingIndex.from_embeddings(corpus[:1], precision="int8")
+
+    # Ties after rescoring keep the order of addition: rows alternate a vector and 0.9 of it
+    # (the same bits, so the candidates come in row order), rescored by their floats.
+    alternating = np.stack([corpus[0] * (1.0 if i % 2 == 0 else 0.9) for i in range(40)])
+    tied = EmbeddingIndex.from_embeddings(
+        alternating, precision="binary", similarity="dot", rescore_vectors="float32"
+    )
+    _, ids = tied.search(corpus[:1], top_k=20, rescore_multiplier=2)
+    assert ids[0].tolist() == list(range(0, 40, 2))
+
+    # Bits are `x > 0`, as sentence-transformers' "ubinary": a zero is a 0 bit.
+    binary = EmbeddingIndex.from_embeddings(np.array([[0.0, 1.0, -1.0, 0.0]]), precision="binary")
+    np.testing.assert_array_equal(binary._vectors(), [[0b01000000]])
+
+    # A zero vector (cosine) and a constant dimension (int8): finite scores, no warning.
+    flat = corpus.copy()
+    flat[:, 3] = 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        zero = EmbeddingIndex.from_embeddings(np.concatenate([corpus, 0 * corpus[:1]]))
+        scores, _ = zero.search(np.zeros((1, 8), "float32"), top_k=3)
+        np.testing.assert_array_equal(scores, 0.0)
+        constant = EmbeddingIndex.from_embeddings(flat, precision="int8", similarity="dot")
+        assert (constant._vectors()[:, 3] == -128).all()
+        scores, ids = constant.search(queries, top_k=5)
+    expected = retrieval.search(queries, flat, top_k=5, similarity="dot")[1]
+    assert np.isfinite(scores).all() and (ids[:, 0] == expected[:, 0]).mean() >= 0.9
+
+    saved = tmp_path / "saved"
+    EmbeddingIndex.from_embeddings(
+        corpus, precision="int8", rescore_vectors="float32", identity="a"
+    ).save(saved)
+    manifest_path = saved / "index.json"
+    original = manifest_path.read_text()
+
+    def edited(change):
+        manifest = json.loads(original)
+        change(manifest)
+        manifest_path.write_text(json.dumps(manifest))
+
+    vectors = saved / "vectors.npy"
+    good = vectors.read_bytes()
+    vectors.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # same size, one bit changed
+    with pytest.raises(ValueError, match="vectors.npy is truncated or corrupt"):
+        EmbeddingIndex.load(saved)
+    vectors.write_bytes(good)
+    edited(lambda m: m.update(version=2))
+    with pytest.raises(ValueError, match="format version 2"):
+        EmbeddingIndex.load(saved)
+    edited(lambda m: m.update(rows=41))
+    with pytest.raises(ValueError, match="40 vectors and 40 ids; index.json says 41 rows"):
+        EmbeddingIndex.load(saved)
+    (tmp_path / "elsewhere.npy").write_bytes(good)
+    edited(lambda m: m["files"]["vectors"].update(name="../elsewhere.npy"))
+    with pytest.raises(ValueError, match="lacks its vectors file '../elsewhere.npy'"):
+        EmbeddingIndex.load(saved)
+    # float64 rescore vectors with a manifest that records them: refused by dtype.
+    rescore = saved / "rescore.npy"
+    np.save(rescore, np.load(rescore).astype("float64"))
+    data = rescore.read_bytes()
+    record = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    edited(lambda m: m["files"]["rescore"].update(record))
+    with pytest.raises(
+        ValueError, match="holds float64 vectors of shape \\(40, 8\\); expected float32"
+    ):
+        EmbeddingIndex.load(saved)
+
+
+@independent
 def test_reciprocal_rank_fusion_direct_formula():
     dense = np.array([[3, 1, 2, 7], [0, 1, 2, 3]])
     sparse = np.array([[1, 5, 3, 8], [4, 0, 9, 1]])
