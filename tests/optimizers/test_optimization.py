@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from kbert.optimizers import BertAdamW, WarmupLinearDecay, bert_optimizer
+from kbert.optimizers.optimization import planned_schedule
 from tests.test_case import assert_all_close
 
 NAMES = ("kernel", "bias", "gamma")
@@ -623,3 +624,61 @@ def test_ema_loss_scale_and_a_new_variable_order_each_keep_keras_update():
         _reference(initial, grads, **constant),
         {"every variable decayed": _reference(initial, grads, **constant, decayed=NAMES)},
     )
+
+
+def test_schedule_edges_follow_the_stated_rule():
+    """Warm-up from `warmup_ratio` rounds; no warm-up starts at the peak; a planned length
+    rounds micro-batches up to whole updates, and a warm-up longer than the plan is cut to it;
+    a schedule of no steps is refused."""
+
+    def rate(schedule, step):
+        return float(keras.ops.convert_to_numpy(schedule(step)))
+
+    ratio = WarmupLinearDecay(1.0, total_steps=15, warmup_ratio=0.1)  # 1.5 warm-up steps
+    assert ratio.warmup_steps == 2 and rate(ratio, 1) == pytest.approx(0.5)
+    with ratio.reused():  # one update's rate is computed once, another step's anew
+        assert [rate(ratio, 1), rate(ratio, 1), rate(ratio, 10)] == pytest.approx(
+            [0.5, 0.5, 5 / 13]
+        )
+    assert rate(WarmupLinearDecay(1.0, total_steps=10, warmup_steps=0), 0) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="total_steps=0"):
+        WarmupLinearDecay(1.0, total_steps=0)
+
+    schedule = planned_schedule(bert_optimizer(1.0, warmup_steps=5, gradient_accumulation_steps=2))
+    schedule.plan(7)  # 7 micro-batches: 4 updates, the last of one micro-batch
+    assert schedule.planned_length() == (4, 4)
+    assert [rate(schedule, micro) for micro in (0, 2, 4, 6)] == pytest.approx([0, 0.25, 0.5, 0.75])
+
+
+@pytest.mark.parametrize("clip", [("each", 0.5), ("global", 1.0)])
+def test_replicas_clip_their_summed_gradient_and_each_applies_its_share(monkeypatch, clip):
+    """Over several TensorFlow replicas `BertAdamW` clips the replicas' summed gradient (as
+    one worker clips its whole batch's) and gives each replica `1 / replicas` of it, which
+    Keras adds up again. Simulated: two replicas with the same gradient, whose sum
+    `replicas_gradient_sum` returns; without a strategy the one share is the update.
+    A large epsilon makes the update depend on the gradient's scale, which Adam otherwise
+    cancels."""
+    import kbert.backend
+
+    monkeypatch.setattr(
+        kbert.backend, "replicas_gradient_sum", lambda grads: ([g * 2.0 for g in grads], 2)
+    )
+    initial, grads = _varying_problem(seed=7)
+    kind, norm = clip
+    setting = {"clipnorm" if kind == "each" else "global_clipnorm": norm}
+    optimizer = BertAdamW(learning_rate=1e-2, weight_decay=0.1, epsilon=1e-3, **setting)
+    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma"])
+    variables = _train(optimizer, initial, grads)
+    reference = dict(rate=lambda step: 1e-2, epsilon=1e-3)
+    # The share of a sum clipped to `norm` is the gradient clipped to `norm / 2`.
+    expected = _reference(initial, grads, **reference, clip=(kind, norm / 2))
+    wrong = {
+        "each replica clipped alone": _reference(initial, grads, **reference, clip=clip),
+        "the whole sum applied": _reference(
+            [p for p in initial],
+            [[2 * g for g in step] for step in grads],
+            **reference,
+            clip=clip,
+        ),
+    }
+    _assert_matches_only(variables, expected, wrong)
