@@ -91,6 +91,7 @@ class HubServer:
         self.stall = set()  # paths in repo whose GET sends half, then waits for `release`
         self.stalled = threading.Event()  # set once a stalled transfer has sent its half
         self.release = threading.Event()
+        self.missing_status = 404  # the Hub answers 401 to a request without a token
         self.metadata_status = None  # e.g. 503: every /api/ request fails with it
         self.lfs_objects = {}  # sha256 hex -> bytes uploaded through the LFS protocol
         self.reject_lfs = False  # every LFS upload answered with 403
@@ -323,7 +324,7 @@ def _handler(hub):
             """`(repository, commit)`, or None after answering with the Hub's error."""
             repository = hub.repositories.get(match["repo"])
             if repository is None:
-                self._error(404, "RepoNotFound", "Repository not found")
+                self._error(hub.missing_status, "RepoNotFound", "Repository not found")
                 return None
             revision = match["rev"] or "main"
             commit = repository.resolve(revision)

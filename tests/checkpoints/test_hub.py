@@ -147,6 +147,10 @@ def test_offline_and_unreachable_hub_load_from_the_cache(served, hub_env, monkey
     np.testing.assert_array_equal(to_numpy(offline.predict(TEXTS, verbose=0)), expected)
     assert len(served.requests) == seen  # not one request
     monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")  # transformers' own flag counts too
+    assert hub.resolve_preset_source(handle) == snapshot
+    assert len(served.requests) == seen
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE")
     served.close()  # The Hub goes away: connection refused, the cache answers.
     assert hub.resolve_preset_source(handle) == snapshot
 
@@ -216,6 +220,8 @@ def test_preset_name_resolves_to_its_repository_unless_installed(hub_env, monkey
         backbone.save_to_preset(hub.installed_presets_dir() / "bert_tiny_en_uncased")
         seen = len(server.requests)
         BertBackbone.from_preset("bert_tiny_en_uncased")
+        installed = hub.installed_presets_dir() / "bert_tiny_en_uncased"
+        assert hub.resolve_preset_source("bert_tiny_en_uncased") == installed  # tokenizers' path
         assert len(server.requests) == seen
     assert set(hub.PRESET_HANDLES) == set(BertBackbone.presets())
     assert (
@@ -248,6 +254,12 @@ def test_failures_name_the_handle_and_what_to_do(served, tiny_preset, handle, er
     with pytest.raises(error, match=message) as raised:
         BertBackbone.from_preset(handle)
     assert handle.split("@")[0] in str(raised.value)
+
+
+def test_missing_repository_answered_401_is_not_found(served):
+    served.missing_status = 401  # what the Hub answers a request without a token
+    with pytest.raises(FileNotFoundError, match="no repository 'nobody/nothing'"):
+        BertBackbone.from_preset("hf://nobody/nothing")
 
 
 def test_unreachable_hub_fails_fast_naming_the_handle(hub_env, monkeypatch):
@@ -402,6 +414,32 @@ def test_select_files_prefers_safetensors_and_skips_other_formats():
     assert hub.select_files(sharded, load_weights=False) == ["config.json"]
     assert hub.parse_handle("hf://a/b@v1.0") == ("a/b", "v1.0")
     assert hub.parse_handle("hf://bert-base-uncased") == ("bert-base-uncased", None)
+    # Every JSON file of a sentence-transformers module folder is its configuration.
+    module = ["config.json", "2_Router/router_config.json", "2_Router/notes.md"]
+    assert hub.select_files(module) == ["2_Router/router_config.json", "config.json"]
+    keras_hub = ["config.json", "assets/tokenizer/vocabulary.txt", "assets/other.txt"]
+    assert hub.select_files(keras_hub) == ["assets/tokenizer/vocabulary.txt", "config.json"]
+    for bad in ("hf://a/b/c", "hf://a/b@", "hf://", "hf://-a/b", "hf://a b/c"):
+        with pytest.raises(ValueError, match="must look like"):
+            hub.parse_handle(bad)
+
+
+def test_cache_and_paths_follow_the_environment(monkeypatch, tmp_path):
+    """huggingface_hub's cache as huggingface_hub finds it; a name with a path separator is
+    a local path even when it does not exist (its reader then says what is missing)."""
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert hub.hub_cache_dir() == tmp_path / "home" / ".cache" / "huggingface" / "hub"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert hub.hub_cache_dir() == tmp_path / "xdg" / "huggingface" / "hub"
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    assert hub.hub_cache_dir() == tmp_path / "hf_home" / "hub"
+    monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", str(tmp_path / "old"))
+    assert hub.hub_cache_dir() == tmp_path / "old"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    assert hub.hub_cache_dir() == tmp_path / "cache"
+    assert hub.resolve_preset_source("no/such/dir") == Path("no/such/dir")
 
 
 def test_killed_download_leaves_nothing_a_later_load_reads(

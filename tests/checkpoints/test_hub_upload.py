@@ -97,6 +97,8 @@ def test_push_to_hub_round_trip_serves_kbert_and_transformers(server, tmp_path):
         loaded.predict(TEXTS, verbose=0), classifier.predict(TEXTS, verbose=0), atol=1e-6
     )
     assert loaded.base_model == f"{OWNER}/clf"
+    # What loads is kbert's own preset in kbert/, not transformers' files beside it.
+    assert hub.resolve_preset_source(f"hf://{OWNER}/clf").parts[-1] == hub.KBERT_FOLDER
 
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
@@ -166,8 +168,13 @@ def test_failed_upload_leaves_the_repository_as_it_was(server, tmp_path):
 @pytest.mark.backend_independent
 def test_upload_to_a_revision_keeps_main(server, tmp_path):
     _classifier().save_to_preset(tmp_path / "v1")
+    (tmp_path / "v1" / ".cache" / "huggingface").mkdir(parents=True)  # a hidden folder
+    (tmp_path / "v1" / ".cache" / "huggingface" / "upload.lock").write_text("")
     handle = f"hf://{OWNER}/branches"
     main = hub.upload_preset(handle, tmp_path / "v1")
+    assert not [
+        name for name in server.repositories[f"{OWNER}/branches"].commits[main] if ".cache" in name
+    ]
     config = json.loads((tmp_path / "v1" / "config.json").read_text())
     config["task"]["dropout"] = 0.3
     (tmp_path / "v1" / "config.json").write_text(json.dumps(config))
