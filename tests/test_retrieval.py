@@ -31,6 +31,14 @@ def test_search_equals_brute_force(similarity):
     whole = retrieval.search(queries, corpus, top_k=100, similarity=similarity)[1]
     assert whole.shape == (23, 57)
     np.testing.assert_array_equal(whole[:, :7], expected)
+    # Ties go to the lower corpus index, across chunks: rows alternate a vector and its
+    # opposite, so half of them tie for first.
+    alternating = np.stack([corpus[0] * (1 if i % 2 == 0 else -1) for i in range(40)])
+    for chunk in (7, 40):
+        _, indices = retrieval.search(
+            corpus[:1], alternating, top_k=20, similarity=similarity, corpus_chunk_size=chunk
+        )
+        assert indices[0].tolist() == list(range(0, 40, 2))
 
 
 def test_metrics_against_direct_formulas():
@@ -46,6 +54,20 @@ def test_metrics_against_direct_formulas():
     np.testing.assert_allclose(
         retrieval.ndcg_at_k(ranked, relevant, k=10), (dcg1 + dcg2 / ideal2 + 0) / 3
     )
+
+
+def test_ties_and_missing_documents_follow_the_stated_rules():
+    # Average precision: a relevant document missing from the list counts 0.
+    np.testing.assert_allclose(retrieval.average_precision([[0, 1, 2]], [{1, 9}]), 0.5 / 2)
+    # Reranking: equal scores rank the later candidate first (the evaluator's reversed
+    # argsort), so the relevant first candidate is second here.
+    metrics = retrieval.reranking_metrics([[0.5, 0.5]], [[1, 0]], k=10)
+    np.testing.assert_allclose(metrics["mrr@10"], 0.5)
+    # Fusion: two rankings of different documents tie rank by rank; ties keep the order of
+    # first appearance (the first ranking's document first).
+    first, second = np.arange(20)[None], np.arange(100, 120)[None]
+    _, ids = retrieval.reciprocal_rank_fusion([first, second])
+    assert ids[0].tolist() == [d for i in range(10) for d in (i, 100 + i)]
 
 
 def test_spearman_cosine_equals_scipy():
@@ -66,6 +88,8 @@ def test_bad_input():
         retrieval.search(queries, corpus, top_k=0)
     with pytest.raises(ValueError, match="one entry per query"):
         retrieval.recall_at_k(np.zeros((2, 3), int), [1])
+    with pytest.raises(ValueError, match="Query 1 has no relevant document"):
+        retrieval.mrr_at_k(np.zeros((2, 3), int), [1, set()])
     with pytest.raises(ValueError, match="same length"):
         retrieval.spearman([1, 2, 3], [1, 2])
 

@@ -393,6 +393,24 @@ def test_rows_ids_and_saved_files_are_checked(tmp_path):
     _, ids = tied.search(corpus[:1], top_k=20, rescore_multiplier=2)
     assert ids[0].tolist() == list(range(0, 40, 2))
 
+    # Shards (not unit vectors) give a cosine int8 index the ranges of the normalised rows,
+    # as the same rows added at once do.
+    from kbert.models.process_inference import write_shards
+
+    rows = {str(i): (3.0 * corpus[i]).tolist() for i in range(40)}
+    write_shards(list(rows), tmp_path / "shards", 16, {}, lambda t: [rows[x] for x in t])
+    from_shards = EmbeddingIndex.from_shards(tmp_path / "shards", precision="int8")
+    at_once = EmbeddingIndex.from_embeddings(3.0 * corpus, precision="int8")
+    np.testing.assert_allclose(from_shards.ranges, at_once.ranges, rtol=1e-6)
+    named = EmbeddingIndex.from_shards(tmp_path / "shards", ids=[f"d{i}" for i in range(40)])
+    assert named.search(corpus[20:21], top_k=1)[1].tolist() == [["d20"]]  # third shard
+    manifest = tmp_path / "shards" / "embeddings.json"
+    recorded = json.loads(manifest.read_text())
+    recorded["shape"][0] = 41
+    manifest.write_text(json.dumps(recorded))
+    with pytest.raises(ValueError, match="hold 40 rows; its embeddings.json says 41"):
+        EmbeddingIndex.from_shards(tmp_path / "shards")
+
     # Bits are `x > 0`, as sentence-transformers' "ubinary": a zero is a 0 bit.
     binary = EmbeddingIndex.from_embeddings(np.array([[0.0, 1.0, -1.0, 0.0]]), precision="binary")
     np.testing.assert_array_equal(binary._vectors(), [[0b01000000]])
