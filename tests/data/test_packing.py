@@ -41,6 +41,12 @@ def corpus(tmp_path_factory):
     return {"path": str(path), "tokens": tokens}
 
 
+def _dataset(files, tokenizer, **settings):
+    """`packed_pretraining_dataset` with these tests' row length, predictions and batch."""
+    settings = dict(sequence_length=SEQ_LEN, max_predictions=MAX_PRED, batch_size=8, **settings)
+    return packed_pretraining_dataset(files, tokenizer, **settings)
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return BertTokenizer(VOCAB)
@@ -75,12 +81,9 @@ def _row_pieces(batch):
 
 @pytest.fixture(scope="module")
 def packed(corpus, tokenizer):
-    dataset = packed_pretraining_dataset(
+    dataset = _dataset(
         corpus["path"],
         tokenizer,
-        sequence_length=SEQ_LEN,
-        max_predictions=MAX_PRED,
-        batch_size=8,
         seed=3,
         shuffle=False,
         packing_buffer=8,
@@ -113,12 +116,9 @@ def test_every_token_of_every_document_appears_once_in_order(packed, corpus):
 
 def test_unpacked_rows_hold_the_same_pieces_one_per_row(packed, corpus, tokenizer):
     unpacked = _collect(
-        packed_pretraining_dataset(
+        _dataset(
             corpus["path"],
             tokenizer,
-            sequence_length=SEQ_LEN,
-            max_predictions=MAX_PRED,
-            batch_size=8,
             seed=3,
             shuffle=False,
             pack=False,
@@ -171,12 +171,9 @@ def test_whole_word_masking_never_crosses_a_document(corpus, tokenizer):
     from tests.data.test_pretraining import IS_CONTINUATION
 
     batch = _collect(
-        packed_pretraining_dataset(
+        _dataset(
             corpus["path"],
             tokenizer,
-            sequence_length=SEQ_LEN,
-            max_predictions=MAX_PRED,
-            batch_size=8,
             seed=6,
             whole_word_masking=True,
         )
@@ -207,12 +204,9 @@ def test_whole_word_masking_never_crosses_a_document(corpus, tokenizer):
 
 
 def test_replacement_rates_80_10_10(corpus, tokenizer):
-    dataset = packed_pretraining_dataset(
+    dataset = _dataset(
         corpus["path"],
         tokenizer,
-        sequence_length=SEQ_LEN,
-        max_predictions=MAX_PRED,
-        batch_size=8,
         seed=4,
         repeat=True,
     )
@@ -232,12 +226,9 @@ def test_replacement_rates_80_10_10(corpus, tokenizer):
 
 def test_reproducible_given_the_seed_and_new_masks_each_pass(corpus, tokenizer):
     def build(seed):
-        return packed_pretraining_dataset(
+        return _dataset(
             corpus["path"],
             tokenizer,
-            sequence_length=SEQ_LEN,
-            max_predictions=MAX_PRED,
-            batch_size=8,
             seed=seed,
             repeat=True,
         )
@@ -259,12 +250,9 @@ def test_reproducible_given_the_seed_and_new_masks_each_pass(corpus, tokenizer):
     # different masks.
     rows_per_pass = len(
         _collect(
-            packed_pretraining_dataset(
+            _dataset(
                 corpus["path"],
                 tokenizer,
-                sequence_length=SEQ_LEN,
-                max_predictions=MAX_PRED,
-                batch_size=8,
                 seed=1,
             )
         )["x/token_ids"]
@@ -279,12 +267,9 @@ def test_reproducible_given_the_seed_and_new_masks_each_pass(corpus, tokenizer):
 
 def test_drop_remainder_leaves_out_each_pass_last_batch(corpus, tokenizer):
     def build(drop_remainder):
-        return packed_pretraining_dataset(
+        return _dataset(
             corpus["path"],
             tokenizer,
-            sequence_length=SEQ_LEN,
-            max_predictions=MAX_PRED,
-            batch_size=8,
             seed=1,
             shuffle=False,
             drop_remainder=drop_remainder,
@@ -303,12 +288,9 @@ def test_shards_give_the_same_pieces(corpus, tokenizer, tmp_path):
         corpus["path"], tokenizer, str(tmp_path), num_shards=3, verbose=False
     )
     batch = _collect(
-        packed_pretraining_dataset(
+        _dataset(
             shards,
             tokenizer,
-            sequence_length=SEQ_LEN,
-            max_predictions=MAX_PRED,
-            batch_size=8,
             seed=0,
         )
     )
