@@ -217,10 +217,10 @@ def test_preset_name_resolves_to_its_repository_unless_installed(hub_env, monkey
             to_numpy(backbone(inputs))["sequence_output"],
         )
         # An installed preset wins and costs no request (a cache hit costs two).
-        backbone.save_to_preset(hub.installed_presets_dir() / "bert_tiny_en_uncased")
+        installed = hub.installed_presets_dir() / "bert_tiny_en_uncased"
+        backbone.save_to_preset(installed)
         seen = len(server.requests)
         BertBackbone.from_preset("bert_tiny_en_uncased")
-        installed = hub.installed_presets_dir() / "bert_tiny_en_uncased"
         assert hub.resolve_preset_source("bert_tiny_en_uncased") == installed  # tokenizers' path
         assert len(server.requests) == seen
     assert set(hub.PRESET_HANDLES) == set(BertBackbone.presets())

@@ -322,7 +322,7 @@ def _sized(*sizes):
 def _emitted(sizes, sequence_length, buffer):
     """The rows `pack_pieces` emits, in order, as lists of piece numbers."""
     rows = pack_pieces(iter(_sized(*sizes)), sequence_length, buffer)
-    return [[int(piece[0]) if len(piece) else -1 for piece in row] for row in rows]
+    return [[int(piece[0]) for piece in row] for row in rows]
 
 
 def test_pack_pieces_order_of_filling_and_emitting():

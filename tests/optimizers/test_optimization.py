@@ -675,7 +675,7 @@ def test_replicas_clip_their_summed_gradient_and_each_applies_its_share(monkeypa
     wrong = {
         "each replica clipped alone": _reference(initial, grads, **reference, clip=clip),
         "the whole sum applied": _reference(
-            [p for p in initial],
+            initial,
             [[2 * g for g in step] for step in grads],
             **reference,
             clip=clip,
