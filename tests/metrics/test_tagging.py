@@ -1,8 +1,10 @@
 """Entity F1 against a streaming re-implementation of conlleval written in
-this file from the perl script's documented logic, hand-built sequences whose
-scores differ between schemes and modes, and bad input."""
+this file from the perl script's documented logic, strict mode against a regular
+expression of its chunks, hand-built sequences whose scores differ between schemes
+and modes, and bad input."""
 
 import random
+import re
 
 import pytest
 
@@ -98,6 +100,44 @@ def test_counts_equal_conlleval_oracle_on_random_sequences(scheme, prefixes):
         scores = entity_f1(true, pred, scheme=scheme)
         expected = conlleval_oracle(true, pred, iobes=scheme == "IOBES")
         assert (scores["num_true"], scores["num_pred"], scores["num_correct"]) == expected
+
+
+_STRICT_CHUNK = {
+    # A chunk is a whole run of tags of one type: IOB2 `B-X I-X*` (as long as it goes),
+    # IOBES `S-X` or `B-X I-X* E-X`; every tag is one space-led word of the joined string.
+    "IOB2": re.compile(r" B-(\S+)(?: I-\1)*(?= |$)"),
+    "IOBES": re.compile(r" S-(\S+)(?= |$)| B-(\S+)(?: I-\2)* E-\2(?= |$)"),
+}
+
+
+def _strict_oracle(tags, scheme):
+    """Strict-mode chunks found by a regular expression over the joined tags."""
+    text = "".join(" " + tag for tag in tags)
+    return [
+        (
+            text[: match.start()].count(" "),
+            text[: match.end()].count(" "),
+            match.group(1) or match.group(2),
+        )
+        for match in _STRICT_CHUNK[scheme].finditer(text)
+    ]
+
+
+@pytest.mark.parametrize("scheme, prefixes", [("IOB2", "BI"), ("IOBES", "BIES")])
+def test_strict_chunks_equal_a_pattern_oracle_on_random_sequences(scheme, prefixes):
+    # Two types, so that a run broken by a tag of the other type (`B-X I-Y`, `B-X I-X E-Y`)
+    # comes up often.
+    rng = random.Random(99)
+    found = 0
+    for _ in range(400):
+        tags = [
+            "O" if rng.random() < 0.15 else f"{rng.choice(prefixes)}-{rng.choice(['PER', 'LOC'])}"
+            for _ in range(rng.randint(0, 10))
+        ]
+        expected = _strict_oracle(tags, scheme)
+        assert extract_entities(tags, scheme=scheme, mode="strict") == expected, tags
+        found += len(expected)
+    assert found > 300
 
 
 def test_conlleval_rules_by_hand():
