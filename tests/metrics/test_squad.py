@@ -165,6 +165,9 @@ def test_v20_unanswerable_breakdown_and_thresholds():
     )
     assert thresholded["NoAns_exact_match"] == pytest.approx(100.0)
     assert thresholded["exact_match"] == pytest.approx(75.0)
+    # A probability equal to the threshold is not above it: n2 keeps its answer.
+    at = squad_scores(predictions, data, version="2.0", na_probs=na_probs, na_prob_thresh=0.9)
+    assert at["NoAns_exact_match"] == pytest.approx(50.0)
 
     # Best thresholds against a brute force over every threshold.
     def brute(score_of):
@@ -190,6 +193,49 @@ def test_v20_unanswerable_breakdown_and_thresholds():
     assert (scores["best_f1"], scores["best_f1_thresh"]) == pytest.approx(brute(f1_of))
 
 
+def test_v20_best_thresholds_equal_a_brute_force_on_random_questions():
+    # The official find_best_thresh: answer the questions whose no-answer probability is at
+    # most t, abstain on the rest, keep the first t with the best total. Here checked against
+    # every t, with unanswerable questions answered anywhere in the order, questions without
+    # a prediction (scoring 0 and staying in the total) and their na_probs ignored.
+    rng = random.Random(7)
+    pool = ["Paris", "blue whale", "whale", "London", "red", ""]
+    for trial in range(30):
+        qas, predictions, na_probs, gold = [], {}, {}, {}
+        for i in range(24):
+            qid = f"{trial}-{i}"
+            answer = rng.choice(pool[:5]) if rng.random() < 0.5 else None
+            qas.append(
+                _qa(qid, answer)
+                if answer
+                else {"id": qid, "question": "?", "answers": [], "is_impossible": True}
+            )
+            gold[qid] = answer or ""
+            na_probs[qid] = rng.random()
+            if i % 6:  # Every sixth question has no prediction.
+                predictions[qid] = rng.choice(pool + [answer or ""])
+        with pytest.warns(UserWarning, match="4 of 24 questions"):
+            scores = squad_scores(predictions, [_article(qas)], version="2.0", na_probs=na_probs)
+        assert scores["total"] == 24 and scores["missing"] == 4
+        for key, v2_score in (("exact_match", None), ("f1", _reference_f1)):
+            best, best_t = None, None
+            for t in [0.0] + sorted(na_probs[q] for q in predictions):
+                total = 0.0
+                for q, prediction in predictions.items():
+                    if na_probs[q] > t:
+                        total += float(not gold[q])
+                    elif v2_score is None:
+                        total += float(
+                            _reference_normalize(prediction) == _reference_normalize(gold[q])
+                        )
+                    else:
+                        total += v2_score(prediction, gold[q], True)
+                if best is None or total > best + 1e-12:
+                    best, best_t = total, t
+            assert scores[f"best_{key}"] == pytest.approx(100 * best / 24), (trial, key)
+            assert scores[f"best_{key}_thresh"] == best_t, (trial, key)
+
+
 def test_errors():
     data = [_article([_qa("q1", "x")])]
     with pytest.raises(ValueError, match="version"):
@@ -206,6 +252,8 @@ def test_errors():
         squad_scores({"q1": "x"}, data, na_probs={"q1": 0.0})
     with pytest.raises(ValueError, match="must be a string"):
         squad_scores({"q1": None}, data)
+    with pytest.raises(ValueError, match="'q1' appears twice"):
+        squad_scores({"q1": "x"}, data + [_article([_qa("q1", "y")])])
 
 
 @pytest.mark.skipif(not _SQUAD_DEV.exists(), reason="shared data folder not present")
