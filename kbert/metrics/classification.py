@@ -185,9 +185,12 @@ def _is_integer_dtype(x):
 
 
 class _ConfusionMatrixMetric(keras.metrics.Metric):
-    """Accumulates a `(num_classes, num_classes)` confusion matrix.
+    """Accumulates a `(num_classes, num_classes + 1)` confusion matrix.
 
-    Subclasses compute their value from `self.confusion_matrix` in `result()`.
+    Rows are true classes, columns predicted ones; the last column counts integer predictions
+    outside `[0, num_classes)`, which are wrong whatever the label (as the plain functions
+    read them: a class of their own). Subclasses compute their value from
+    `self.confusion_matrix` in `result()`.
     """
 
     def __init__(self, num_classes=2, threshold=0.5, name=None, dtype=None):
@@ -199,7 +202,7 @@ class _ConfusionMatrixMetric(keras.metrics.Metric):
         self.num_classes = num_classes
         self.threshold = threshold
         self.confusion_matrix = self.add_variable(
-            shape=(num_classes, num_classes),
+            shape=(num_classes, num_classes + 1),
             initializer="zeros",
             dtype=self.dtype,
             aggregation="sum",
@@ -254,14 +257,14 @@ class _ConfusionMatrixMetric(keras.metrics.Metric):
         true_one_hot = ops.one_hot(
             ops.where(valid != 0, true, 0), self.num_classes, dtype=self.dtype
         )  # (n, num_classes)
-        # Out-of-range predicted ids become -1: an all-zero one-hot row on
-        # every backend (torch's one_hot would raise on them).
+        # Out-of-range predicted ids go to the extra last column (torch's one_hot would raise
+        # on them as they are).
         in_range = ops.logical_and(predicted >= 0, predicted < self.num_classes)
-        predicted = ops.where(in_range, predicted, -1)
-        pred_one_hot = ops.one_hot(predicted, self.num_classes, dtype=self.dtype)
+        predicted = ops.where(in_range, predicted, self.num_classes)
+        pred_one_hot = ops.one_hot(predicted, self.num_classes + 1, dtype=self.dtype)
         batch_matrix = ops.matmul(
             ops.transpose(true_one_hot * ops.expand_dims(valid, -1)), pred_one_hot
-        )  # (num_classes, num_classes): rows true, columns predicted
+        )  # (num_classes, num_classes + 1): rows true, columns predicted
         self.confusion_matrix.assign_add(batch_matrix)
 
     def get_config(self):
@@ -278,7 +281,7 @@ class Accuracy(_ConfusionMatrixMetric):
     element-wise), this takes logits or probabilities and arg-maxes them, or
     thresholds one score per example when `num_classes=2`. Labels outside
     `[0, num_classes)` are skipped, so token-level accuracy with -100 padding
-    works. Integer predictions must lie in `[0, num_classes)`.
+    works; an integer prediction outside `[0, num_classes)` counts as wrong.
 
     Args:
         num_classes: int. Number of classes (>= 2). Defaults to 2.
@@ -301,7 +304,7 @@ class Accuracy(_ConfusionMatrixMetric):
 
     def result(self):
         matrix = ops.convert_to_tensor(self.confusion_matrix)
-        return ops.divide_no_nan(ops.trace(matrix), ops.sum(matrix))
+        return ops.divide_no_nan(ops.sum(ops.diagonal(matrix)), ops.sum(matrix))
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -358,12 +361,15 @@ class F1Score(_ConfusionMatrixMetric):
     def result(self):
         matrix = ops.convert_to_tensor(self.confusion_matrix)
         true_positives = ops.diagonal(matrix)
-        denominator = ops.sum(matrix, axis=0) + ops.sum(matrix, axis=1)
+        # Predicted (the class columns) plus true counts of each class.
+        denominator = ops.sum(matrix, axis=0)[: self.num_classes] + ops.sum(matrix, axis=1)
         per_class = ops.divide_no_nan(2.0 * true_positives, denominator)
         if self.average == "binary":
             return per_class[self.pos_label]
         present = ops.cast(denominator > 0, self.dtype)
-        return ops.divide_no_nan(ops.sum(per_class * present), ops.sum(present))
+        # Out-of-range predictions are one more class, with F1 0, in the mean.
+        out_of_range = ops.cast(ops.sum(matrix[:, self.num_classes]) > 0, self.dtype)
+        return ops.divide_no_nan(ops.sum(per_class * present), ops.sum(present) + out_of_range)
 
     def get_config(self):
         config = super().get_config()
@@ -399,9 +405,11 @@ class MatthewsCorrelation(_ConfusionMatrixMetric):
         matrix = ops.convert_to_tensor(self.confusion_matrix)
         p = ops.divide_no_nan(matrix, ops.sum(matrix))  # normalised, terms <= 1
         true_marginal = ops.sum(p, axis=1)
-        pred_marginal = ops.sum(p, axis=0)
+        pred_marginal = ops.sum(p, axis=0)  # The last class is never a true one.
         total = ops.sum(p)  # 1, or 0 before any update
-        cov_true_pred = ops.trace(p) * total - ops.sum(true_marginal * pred_marginal)
+        cov_true_pred = ops.sum(ops.diagonal(p)) * total - ops.sum(
+            true_marginal * pred_marginal[: self.num_classes]
+        )
         cov_true_true = total * total - ops.sum(true_marginal * true_marginal)
         cov_pred_pred = total * total - ops.sum(pred_marginal * pred_marginal)
         denominator = ops.sqrt(ops.maximum(cov_true_true * cov_pred_pred, 0.0))

@@ -116,6 +116,11 @@ def test_function_errors():
         f1_score([0, 1], [0, 1], average="micro")
     with pytest.raises(ValueError, match="at least one example"):
         matthews_corrcoef([], [])
+    # Only float scores are arg-maxed; integer ids with an extra axis are a shape error.
+    with pytest.raises(ValueError, match="same shape"):
+        accuracy([0, 1], [[0, 1], [1, 0]])
+    # A label asked for but absent everywhere scores 0 (zero_division=0) and stays in the mean.
+    assert f1_score([0, 1], [0, 1], average="macro", labels=[0, 1, 2]) == pytest.approx(2 / 3)
 
 
 # ------------------------------------------------------------ Keras metrics
@@ -199,6 +204,52 @@ def test_sample_weight_equals_repetition_and_padding_is_skipped():
     )
 
 
+def test_keras_metrics_on_ids_thresholds_unseen_classes_and_pos_label():
+    y_true = np.array([0, 1, 2, 0, 2, 1])
+    # Integer predictions are class ids (with three classes there is nothing to threshold);
+    # one outside [0, num_classes) is never a correct class.
+    ids = np.array([0, 2, 2, 0, 1, 1])
+    acc = Accuracy(num_classes=3)
+    acc.update_state(y_true, ids)
+    assert float(acc.result()) == pytest.approx(accuracy(y_true, ids))
+    # Ids outside [0, num_classes) are wrong whatever the label: one class of their own, as
+    # the plain functions read them.
+    out = np.array([0, 3, 2, 3, 2, 1])
+    for metric, function in (
+        (Accuracy(num_classes=3), accuracy),
+        (F1Score(num_classes=3, average="macro"), lambda t, p: f1_score(t, p, average="macro")),
+        (MatthewsCorrelation(num_classes=3), matthews_corrcoef),
+    ):
+        metric.update_state(y_true[:3], out[:3])
+        metric.update_state(y_true[3:], out[3:])
+        assert float(metric.result()) == pytest.approx(function(y_true, out)), metric.name
+    binary = F1Score()
+    binary.update_state([1, 1, 0], np.array([1, 5, 0]))
+    assert float(binary.result()) == pytest.approx(2 / 3)  # The 5 is a missed positive.
+    # A single score equal to the threshold is not above it: class 0.
+    f1 = F1Score(threshold=0.5)
+    f1.update_state([1, 1], np.array([[0.5], [0.9]], "float32"))
+    assert float(f1.result()) == pytest.approx(f1_score([1, 1], [0, 1]))
+    # Macro F1 leaves out classes neither seen nor predicted, as the function does.
+    scores = np.eye(4, dtype="float32")[[0, 1, 2, 0, 1, 1]]
+    macro = F1Score(num_classes=4, average="macro")
+    macro.update_state(y_true, scores)
+    expected = f1_score(y_true, [0, 1, 2, 0, 1, 1], average="macro")
+    assert float(macro.result()) == pytest.approx(expected) and expected > 0.5
+    # pos_label picks the class whose F1 is reported.
+    labels, logits = np.array([0, 0, 1, 0, 1]), np.eye(2, dtype="float32")[[0, 1, 1, 1, 1]]
+    negative = F1Score(pos_label=0)
+    negative.update_state(labels, logits)
+    assert float(negative.result()) == pytest.approx(f1_score(labels, logits, pos_label=0))
+    assert f1_score(labels, logits, pos_label=0) != pytest.approx(f1_score(labels, logits))
+    # A (batch, 1) sample weight is the (batch,) one.
+    weights = np.array([1.0, 0.0, 2.0, 1.0, 1.0], "float32")
+    column, flat = MatthewsCorrelation(), MatthewsCorrelation()
+    column.update_state(labels, logits, sample_weight=weights[:, None])
+    flat.update_state(labels, logits, sample_weight=weights)
+    assert float(column.result()) == pytest.approx(float(flat.result()))
+
+
 def test_keras_metric_errors_and_config():
     with pytest.raises(ValueError, match="num_classes"):
         Accuracy(num_classes=1)
@@ -213,6 +264,9 @@ def test_keras_metric_errors_and_config():
     assert clone.get_config() == metric.get_config()
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(metric))
     assert isinstance(restored, F1Score) and restored.average == "macro"
+    metric = F1Score(pos_label=0, threshold=0.2)
+    clone = F1Score.from_config(metric.get_config())
+    assert (clone.pos_label, clone.threshold) == (0, 0.2)
 
 
 def test_metrics_in_compile_fit_and_evaluate():
