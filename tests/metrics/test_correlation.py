@@ -78,6 +78,22 @@ def test_pearson_metric_is_stable_with_large_offset():
     np.testing.assert_allclose(float(metric.result()), pearson_corr(gold, pred), atol=1e-4)
 
 
+def test_perfectly_correlated_inputs_stay_within_one_and_sizes_must_match():
+    # Rounding puts the raw quotient of an exact linear relation just above 1 for many inputs
+    # (14 of these 40 for the function); the functions and the metrics clip it.
+    rng = np.random.default_rng(11)
+    pearson = PearsonCorrelation()
+    for _ in range(40):
+        x = rng.normal(size=int(rng.integers(5, 40))) * 100.0
+        assert 1.0 - 1e-12 <= pearson_corr(x, 3.0 * x + 1.0) <= 1.0
+        assert -1.0 <= pearson_corr(x, -7.3 * x) <= -1.0 + 1e-12
+        pearson.reset_state()
+        pearson.update_state(x, 3.0 * x + 1.0)
+        assert 1.0 - 1e-6 <= float(pearson.result()) <= 1.0
+    with pytest.raises(ValueError, match="one prediction per label"):
+        PearsonCorrelation().update_state(np.ones(3), np.ones(2))
+
+
 def test_spearman_metric_accumulates_resets_and_overflows():
     metric = SpearmanCorrelation(capacity=64)
     for seed in (7, 8):
@@ -97,7 +113,9 @@ def test_spearman_metric_accumulates_resets_and_overflows():
     np.testing.assert_allclose(  # exactly full: 4 copies, same ranking
         float(metric.result()), scipy.stats.spearmanr(gold[:16], pred[:16]).statistic, atol=1e-6
     )
-    metric.update_state(gold[:7], pred[:7])  # 71 > capacity 64
+    metric.update_state(gold[:1], pred[:1])  # 65 > capacity 64
+    assert np.isnan(float(metric.result()))
+    metric.update_state(gold[:7], pred[:7])
     assert np.isnan(float(metric.result()))
     with pytest.raises(ValueError, match="sample_weight"):
         metric.update_state(gold, pred, sample_weight=np.ones(39))
