@@ -153,6 +153,104 @@ def test_examples_accept_the_hugging_face_answer_layout():
     assert example.id == "7" and example.answers == [{"text": "Ann", "answer_start": 0}]
 
 
+def _reference_windows(num_tokens, max_tokens, doc_stride):
+    """run_squad's doc-span loop: a window of at most `max_tokens` pieces, the next one
+    `min(length, doc_stride)` pieces on, until the context is covered."""
+    spans, start = [], 0
+    while start < num_tokens:
+        length = min(num_tokens - start, max_tokens)
+        spans.append((start, length))
+        if start + length == num_tokens:
+            break
+        start += min(length, doc_stride)
+    return spans
+
+
+def _reference_max_context(spans, span_index, position):
+    """run_squad's _check_is_max_context: the window where the piece has the most context
+    (min of left and right context, plus 0.01 x window length), the first on ties."""
+    best_score, best_index = None, None
+    for index, (start, length) in enumerate(spans):
+        if not start <= position < start + length:
+            continue
+        score = min(position - start, start + length - 1 - position) + 0.01 * length
+        if best_score is None or score > best_score:
+            best_score, best_index = score, index
+    return best_index == span_index
+
+
+@pytest.mark.parametrize(
+    "question, length, stride",
+    [("Who wrote it?", 24, 7), ("Who wrote it?", 30, 4), ("Who wrote it ? " * 4, 24, 9)],
+    ids=["stride_7", "stride_4_ties", "window_below_stride"],
+)
+def test_windows_and_max_context_follow_run_squad(tokenizer, question, length, stride):
+    features = prepare_squad_features(
+        [_example(question, LONG_CONTEXT)], tokenizer, max_sequence_length=length, doc_stride=stride
+    )
+    _, char_starts, _, _ = tokenizer.tokenize_with_offsets(LONG_CONTEXT)
+    piece_of = {int(c): i for i, c in enumerate(char_starts)}
+    window = length - len(tokenizer.tokenize(question)) - 3
+    spans = _reference_windows(len(char_starts), window, stride)
+    assert len(features) == len(spans)
+    ties = 0
+    for row, (start, span_length) in enumerate(spans):
+        positions = np.nonzero(features.offsets[row, :, 0] >= 0)[0]
+        pieces = [piece_of[int(c)] for c in features.offsets[row, positions, 0]]
+        assert pieces == list(range(start, start + span_length))
+        for position, piece in zip(positions, pieces):
+            expected = _reference_max_context(spans, row, piece)
+            assert features.token_is_max_context[row, position] == expected, (row, piece)
+            left, right = piece - start, start + span_length - 1 - piece
+            ties += (
+                row > 0
+                and not expected
+                and min(left, right)
+                == min(piece - spans[row - 1][0], spans[row - 1][0] + spans[row - 1][1] - 1 - piece)
+            )
+    if stride == 4:
+        assert ties > 0  # equal scores in two windows: the first keeps the piece
+
+
+def test_answer_labels_cover_the_answer_pieces_only(tokenizer):
+    # A multi-piece answer: a window holding only part of it points at [CLS]; the pieces next
+    # to the answer (punctuation touching it) are not part of it.
+    context = LONG_CONTEXT.replace("written by Ann in 1990 .", "written by(ann in 1990).")
+    answer = "ann in 1990"
+    features = prepare_squad_features(
+        [_example("Who wrote it?", context, answer)],
+        tokenizer,
+        max_sequence_length=24,
+        doc_stride=1,
+        labels=True,
+    )
+    begin, finish = context.index(answer), context.index(answer) + len(answer)
+    holding = partial = 0
+    for row in range(len(features)):
+        s, e = features.start_positions[row], features.end_positions[row]
+        covered = features.offsets[row, features.offsets[row, :, 0] >= 0]
+        first, last = covered[:, 0].min(), covered[:, 1].max()
+        if first <= begin and last >= finish:
+            holding += 1
+            assert context[features.offsets[row, s, 0] : features.offsets[row, e, 1]] == answer
+        else:
+            partial += first <= begin < last or first < finish <= last
+            assert s == e == 0
+    assert holding > 0 and partial >= 2  # windows that cut the answer after its first piece
+
+
+def test_answers_not_at_their_start_or_of_whitespace_only_are_left_out(tokenizer):
+    context = "It was written by Ann."
+    examples = [
+        _example("Who wrote it?", context, "It", start=-len(context), qid="negative"),
+        _example("Who wrote it?", context, " ", start=context.index(" "), qid="space"),
+        _example("Who wrote it?", context, "Ann", qid="good"),
+    ]
+    with pytest.warns(UserWarning, match="2 of 3 examples were left out"):
+        features = prepare_squad_features(examples, tokenizer, max_sequence_length=32, labels=True)
+    assert features.skipped == ["negative", "space"]
+
+
 # ------------------------------------------------------------------ decoding
 def _features_for(tokenizer, examples, **kwargs):
     return prepare_squad_features(examples, tokenizer, **kwargs)
@@ -217,12 +315,23 @@ def test_decoding_equals_exhaustive_search_on_random_logits(tokenizer):
     for max_answer_length in (1, 3, 30):
         start = rng.normal(size=features.inputs["token_ids"].shape)
         end = rng.normal(size=features.inputs["token_ids"].shape)
-        answers = decode_squad_predictions(
-            examples, features, start, end, n_best_size=24, max_answer_length=max_answer_length
+        answers, _, nbest = decode_squad_predictions(
+            examples,
+            features,
+            start,
+            end,
+            n_best_size=24,
+            max_answer_length=max_answer_length,
+            return_details=True,
         )
         assert answers == _best_span_by_search(features, examples, start, end, max_answer_length)
         for example in examples:
             assert answers[example["id"]] in example["context"]
+            # The n-best list: distinct texts (the context repeats its words), at most 24.
+            texts = [candidate["text"] for candidate in nbest[example["id"]]]
+            assert len(set(texts)) == len(texts) <= 24
+        if max_answer_length == 30:
+            assert len(nbest["long"]) == 24  # More distinct spans than that were found.
 
 
 def test_decoding_uses_max_context_windows_and_the_best_window(tokenizer):
@@ -270,8 +379,43 @@ def test_null_answer_threshold(tokenizer):
         [example], features, start, end, allow_no_answer=True, null_score_diff_threshold=2.0
     )
     assert kept == {"q": "Ann"}
+    # A difference equal to the threshold is not above it: the span is kept.
+    at = decode_squad_predictions(
+        [example], features, start, end, allow_no_answer=True, null_score_diff_threshold=1.5
+    )
+    assert at == {"q": "Ann"}
     # SQuAD 1.1 decoding never answers "".
     assert decode_squad_predictions([example], features, start, end) == {"q": "Ann"}
+
+
+def test_null_score_is_the_lowest_over_windows_and_only_top_starts_are_tried(tokenizer):
+    example = _example("Who wrote it?", LONG_CONTEXT)
+    features = _features_for(tokenizer, [example], max_sequence_length=24, doc_stride=7)
+    shape = features.inputs["token_ids"].shape
+    start, end = np.full(shape, -10.0), np.full(shape, -10.0)
+    start[:, 0] = end[:, 0] = 2.5  # null score 5 in every window ...
+    start[1, 0] = end[1, 0] = 1.5  # ... but 3 in the second: run_squad keeps the lowest
+    # The window where "Ann" has its most context (not the second, nor the last).
+    (row, ann), *_ = [
+        (r, p)
+        for r in range(len(features))
+        for p in np.nonzero(features.offsets[r, :, 0] == LONG_CONTEXT.index("Ann"))[0]
+        if features.token_is_max_context[r, p]
+    ]
+    assert 1 < row < len(features) - 1 or row == len(features) - 1 > 1
+    start[row, ann] = end[row, ann] = 2.0  # span score 4
+    answers, diffs, _ = decode_squad_predictions(
+        [example], features, start, end, allow_no_answer=True, return_details=True
+    )
+    assert answers == {"q": "Ann"} and diffs["q"] == pytest.approx(-1.0)
+    # With n_best_size=2 only the two best starts of each window are tried: here a question
+    # piece and [CLS], so there is no span at all (and the null difference is infinite).
+    start[:, 1] = 9.0
+    answers, diffs, nbest = decode_squad_predictions(
+        [example], features, start, end, n_best_size=2, return_details=True
+    )
+    assert answers == {"q": ""} and diffs["q"] == float("inf") and nbest["q"] == []
+    assert decode_squad_predictions([example], features, start, end, n_best_size=3) == {"q": "Ann"}
 
 
 def test_decoding_rejects_mismatched_logits(tokenizer):
