@@ -309,3 +309,34 @@ def test_partial_batches_are_kept_or_dropped_as_asked():
     assert rows[0] < 64 and len(rows) == 3
     with pytest.raises(ValueError, match="batch_size=64"):
         _batches(_generator(documents[:2], batch_size=64, repeat=True, drop_remainder=True), 1)
+
+
+def _reference_pack(instances, sequence_length, nsp):
+    rows = []
+    for tokens_a, tokens_b, label in instances:
+        tokens = [CLS, *tokens_a, SEP]
+        segments = [0] * len(tokens)
+        if nsp:
+            tokens += [*tokens_b, SEP]
+            segments += [1] * (len(tokens_b) + 1)
+        pad = sequence_length - len(tokens)
+        rows.append((tokens + [PAD] * pad, segments + [0] * pad, len(tokens), label))
+    return [np.array(column, np.int32) for column in zip(*rows)]
+
+
+@pytest.mark.parametrize("nsp", [True, False])
+def test_pack_equals_row_by_row_packing(nsp):
+    length = 24
+    generator = _generator([], sequence_length=length, nsp=nsp)
+    rng = np.random.default_rng(0)
+    budget = length - (3 if nsp else 2)
+    instances = []
+    for _ in range(50):
+        length_a = int(rng.integers(1, budget))
+        length_b = int(rng.integers(1, budget - length_a + 1)) if nsp else 0
+        a = rng.integers(10, 1000, length_a).astype(np.int32)
+        b = rng.integers(10, 1000, length_b).astype(np.int32) if nsp else None
+        instances.append((a, b, int(rng.integers(0, 2)) if nsp else 0))
+    packed = generator.pack(instances)
+    for got, expected in zip(packed, _reference_pack(instances, length, nsp)):
+        np.testing.assert_array_equal(got, expected)

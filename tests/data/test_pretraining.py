@@ -873,55 +873,6 @@ def test_front_cut_is_binomial_like_one_coin_per_removed_token():
     np.testing.assert_allclose(observed, expected, atol=0.008)
 
 
-def _reference_pack(instances, sequence_length, nsp):
-    rows = []
-    for tokens_a, tokens_b, label in instances:
-        tokens = [CLS, *tokens_a, SEP]
-        segments = [0] * len(tokens)
-        if nsp:
-            tokens += [*tokens_b, SEP]
-            segments += [1] * (len(tokens_b) + 1)
-        pad = sequence_length - len(tokens)
-        rows.append((tokens + [PAD] * pad, segments + [0] * pad, len(tokens), label))
-    return [np.array(column, np.int32) for column in zip(*rows)]
-
-
-@pytest.mark.parametrize("nsp", [True, False])
-def test_pack_equals_row_by_row_packing(nsp):
-    from kbert.data.nsp import PairGenerator
-
-    length = 24
-    generator = PairGenerator(
-        source=None,
-        sequence_length=length,
-        nsp=nsp,
-        short_seq_prob=0.1,
-        dupe_factor=1,
-        shuffle=True,
-        repeat=False,
-        batch_size=8,
-        drop_remainder=False,
-        seed=0,
-        cls_id=CLS,
-        sep_id=SEP,
-        pad_id=PAD,
-        document_buffer=4,
-        example_buffer=4,
-    )
-    rng = np.random.default_rng(0)
-    budget = length - (3 if nsp else 2)
-    instances = []
-    for _ in range(50):
-        length_a = int(rng.integers(1, budget))
-        length_b = int(rng.integers(1, budget - length_a + 1)) if nsp else 0
-        a = rng.integers(5, len(VOCAB), length_a).astype(np.int32)
-        b = rng.integers(5, len(VOCAB), length_b).astype(np.int32) if nsp else None
-        instances.append((a, b, int(rng.integers(0, 2)) if nsp else 0))
-    packed = generator.pack(instances)
-    for got, expected in zip(packed, _reference_pack(instances, length, nsp)):
-        np.testing.assert_array_equal(got, expected)
-
-
 def test_truncation_cuts_both_ends_of_long_segments(tmp_path, tokenizer):
     # Sentences far longer than the sequence: every pair is truncated, and the kept part of a
     # segment starts anywhere (front cuts) and ends anywhere (back cuts) in its sentence.
