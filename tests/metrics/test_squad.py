@@ -139,6 +139,20 @@ def test_v11_and_v20_differ_on_answers_that_normalize_to_empty():
     assert (v2["exact_match"], v2["f1"]) == (100.0, 100.0)
 
 
+def _best_threshold_by_brute_force(na_probs, answerable, score_of, num_questions):
+    """The official find_best_thresh, checked against every threshold t: answer the questions
+    whose no-answer probability is at most t (each scoring `score_of(q)`), abstain on the rest
+    (right when unanswerable), and keep the first t with the best total."""
+    best, best_t = None, None
+    for t in [0.0] + sorted(na_probs.values()):
+        total = sum(
+            score_of(q) if prob <= t else float(not answerable(q)) for q, prob in na_probs.items()
+        )
+        if best is None or total > best + 1e-12:
+            best, best_t = total, t
+    return 100 * best / num_questions, best_t
+
+
 def test_v20_unanswerable_breakdown_and_thresholds():
     data = [
         _article(
@@ -171,18 +185,7 @@ def test_v20_unanswerable_breakdown_and_thresholds():
 
     # Best thresholds against a brute force over every threshold.
     def brute(score_of):
-        best, best_t = None, None
-        for t in [0.0] + sorted(na_probs.values()):
-            total = 0.0
-            for q, prob in na_probs.items():
-                answerable = q.startswith("h")
-                if prob > t:  # abstain
-                    total += float(not answerable)
-                else:
-                    total += score_of(q)
-            if best is None or total > best:
-                best, best_t = total, t
-        return 100 * best / 4, best_t
+        return _best_threshold_by_brute_force(na_probs, lambda q: q.startswith("h"), score_of, 4)
 
     exact_of = {"h1": 1.0, "h2": 0.0, "n1": 1.0, "n2": 0.0}.__getitem__
     f1_of = {"h1": 1.0, "h2": 2 / 3, "n1": 1.0, "n2": 0.0}.__getitem__
@@ -194,10 +197,8 @@ def test_v20_unanswerable_breakdown_and_thresholds():
 
 
 def test_v20_best_thresholds_equal_a_brute_force_on_random_questions():
-    # The official find_best_thresh: answer the questions whose no-answer probability is at
-    # most t, abstain on the rest, keep the first t with the best total. Here checked against
-    # every t, with unanswerable questions answered anywhere in the order, questions without
-    # a prediction (scoring 0 and staying in the total) and their na_probs ignored.
+    # Unanswerable questions answered anywhere in the order, and questions without a
+    # prediction (scoring 0 and staying in the total) whose na_probs are ignored.
     rng = random.Random(7)
     pool = ["Paris", "blue whale", "whale", "London", "red", ""]
     for trial in range(30):
@@ -217,22 +218,19 @@ def test_v20_best_thresholds_equal_a_brute_force_on_random_questions():
         with pytest.warns(UserWarning, match="4 of 24 questions"):
             scores = squad_scores(predictions, [_article(qas)], version="2.0", na_probs=na_probs)
         assert scores["total"] == 24 and scores["missing"] == 4
-        for key, v2_score in (("exact_match", None), ("f1", _reference_f1)):
-            best, best_t = None, None
-            for t in [0.0] + sorted(na_probs[q] for q in predictions):
-                total = 0.0
-                for q, prediction in predictions.items():
-                    if na_probs[q] > t:
-                        total += float(not gold[q])
-                    elif v2_score is None:
-                        total += float(
-                            _reference_normalize(prediction) == _reference_normalize(gold[q])
-                        )
-                    else:
-                        total += v2_score(prediction, gold[q], True)
-                if best is None or total > best + 1e-12:
-                    best, best_t = total, t
-            assert scores[f"best_{key}"] == pytest.approx(100 * best / 24), (trial, key)
+        predicted_na_probs = {q: na_probs[q] for q in predictions}
+        score_of = {
+            "exact_match": {
+                q: float(_reference_normalize(p) == _reference_normalize(gold[q]))
+                for q, p in predictions.items()
+            },
+            "f1": {q: _reference_f1(p, gold[q], True) for q, p in predictions.items()},
+        }
+        for key, score in score_of.items():
+            best, best_t = _best_threshold_by_brute_force(
+                predicted_na_probs, gold.__getitem__, score.__getitem__, 24
+            )
+            assert scores[f"best_{key}"] == pytest.approx(best), (trial, key)
             assert scores[f"best_{key}_thresh"] == best_t, (trial, key)
 
 
