@@ -182,3 +182,90 @@ def test_alignment_equals_huggingface_on_conll(minilm_dir):
         assert ours.tolist() == hf_labels, index
         compared += 1
     assert compared >= 0.9 * len(sentences)
+
+
+def _greedy_windows(pieces_per_word, capacity):
+    """The reference split: words in order, a new window when the next word does not fit."""
+    windows, current = [], []
+    for word, count in enumerate(pieces_per_word):
+        count = min(count, capacity)
+        if sum(c for _, c in current) + count > capacity:
+            windows.append(current)
+            current = []
+        current.append((word, count))
+    return windows + [current]
+
+
+@pytest.mark.parametrize("sequence_length", [5, 6, 7, 8, 9, 12])
+def test_windows_are_filled_greedily(tokenizer, sequence_length):
+    # 1, 2, 2, 5 and 3 pieces: windows that end exactly full, ones a word overflows, and a
+    # word longer than the short windows (cut to their capacity).
+    words = ["eu", "boycott", "lamb", "rererejects", "blacks"] * 3
+    counts = [len(pieces) for pieces in tokenizer.tokenize(words)]
+    assert counts[:5] == [1, 2, 2, 5, 3]
+    features = encode_tagging([words], tokenizer, sequence_length)
+    expected = _greedy_windows(counts, sequence_length - 2)
+    assert len(features.sentence_ids) == len(expected)
+    for row, window in enumerate(expected):
+        word_ids = features.word_ids[row][features.word_ids[row] >= 0].tolist()
+        assert word_ids == [word for word, count in window for _ in range(count)], row
+        n = sum(count for _, count in window) + 2
+        assert features.inputs["padding_mask"][row].tolist() == [1] * n + [0] * (
+            sequence_length - n
+        )
+
+
+def test_every_sentence_gets_a_row_and_labels_only_at_first_pieces(tokenizer):
+    sentences = [["lamb", "black"], [], ["\u200b"], ["eu"]]
+    tags = [["B-MISC", "I-PER"], [], ["O"], ["B-ORG"]]
+    features = encode_tagging(sentences, tokenizer, 8, tags, LABEL_TO_ID)
+    # One row per (unsplit) sentence, even one with no word or no piece: row i is sentence i.
+    assert features.sentence_ids.tolist() == [0, 1, 2, 3]
+    assert features.inputs["padding_mask"].sum(axis=1).tolist() == [6, 2, 2, 3]
+    # "lam ##b" and "bla ##ck": the label at the first piece, 0 at the other one.
+    np.testing.assert_array_equal(features.labels[0, :6], [0, 3, 0, 5, 0, 0])
+    # No labels given: no label array (not one of zeros a model would train on).
+    assert encode_tagging(sentences, tokenizer, 8).labels is None
+
+
+def test_pad_cls_and_sep_come_from_the_tokenizer():
+    # [PAD] is not id 0 in this vocabulary.
+    vocabulary = ["[UNK]", "[CLS]", "[SEP]", "[MASK]", "[PAD]", "eu", "call"]
+    tokenizer = BertTokenizer(vocabulary)
+    features = encode_tagging([["eu"], ["eu", "call"]], tokenizer, 6)
+    np.testing.assert_array_equal(
+        features.inputs["token_ids"], [[1, 5, 2, 4, 4, 4], [1, 5, 6, 2, 4, 4]]
+    )
+
+
+def test_sentences_and_labels_as_arrays_and_bytes(tokenizer):
+    expected = encode_tagging([["eu", "rejects"], ["peter"]], tokenizer, 8, [[1, 0], [4]])
+    for sentences, labels in [
+        (np.array(["eu rejects", "peter"]), np.array([[1, 0], [4]], dtype=object)),
+        ([b"eu rejects", [b"peter"]], [[b"B-ORG", "O"], [b"B-PER"]]),
+        ([np.array(["eu", "rejects"]), ("peter",)], [np.array([1, 0]), [4.0]]),
+    ]:
+        features = encode_tagging(sentences, tokenizer, 8, labels, LABEL_TO_ID)
+        for key, value in expected.inputs.items():
+            np.testing.assert_array_equal(features.inputs[key], value)
+        np.testing.assert_array_equal(features.labels, expected.labels)
+
+
+def test_label_values_that_are_not_class_ids():
+    with pytest.raises(ValueError, match=r"out-of-range ids \[-1\]"):
+        label_ids([[0, -1]], [2], num_classes=6)
+    for bad in (True, 1.5, None):
+        with pytest.raises(ValueError, match=f"Received {bad!r}"):
+            label_ids([[0, bad]], [2], num_classes=6)
+    assert label_ids([[np.int64(2), 3.0]], [2], num_classes=6) == [[2, 3]]
+
+
+def test_bad_sequence_length_and_predictions(tokenizer):
+    for bad in (8.0, "8", None):
+        with pytest.raises(ValueError, match="sequence_length"):
+            encode_tagging([["eu"]], tokenizer, sequence_length=bad)
+    features = encode_tagging([["eu", "lamb"]], tokenizer, 8)
+    with pytest.raises(ValueError, match=r"shape of the features \(1, 8\).*Received \(1, 7\)"):
+        words_from_token_predictions(np.zeros((1, 7), "int32"), features)
+    with pytest.raises(ValueError, match=r"Received \(2, 8\)"):
+        words_from_token_predictions(np.zeros((2, 8), "int32"), features)
