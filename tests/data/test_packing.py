@@ -43,7 +43,12 @@ def corpus(tmp_path_factory):
 
 def _dataset(files, tokenizer, **settings):
     """`packed_pretraining_dataset` with these tests' row length, predictions and batch."""
-    settings = dict(sequence_length=SEQ_LEN, max_predictions=MAX_PRED, batch_size=8, **settings)
+    settings = {
+        "sequence_length": SEQ_LEN,
+        "max_predictions": MAX_PRED,
+        "batch_size": 8,
+        **settings,
+    }
     return packed_pretraining_dataset(files, tokenizer, **settings)
 
 
@@ -296,6 +301,38 @@ def test_shards_give_the_same_pieces(corpus, tokenizer, tmp_path):
     )
     pieces, _ = _row_pieces(batch)
     assert sorted(pieces) == sorted(_expected_pieces(corpus["tokens"]))
+
+
+def test_each_pass_reads_the_files_in_a_new_order(corpus, tokenizer, tmp_path):
+    # The corpus's documents over four files; one piece per row (pack=False), so the rows
+    # of a pass follow the order the documents were read in.
+    documents = corpus["path"]
+    blocks = open(documents, encoding="utf-8").read().split("\n\n")
+    files = []
+    for index in range(4):
+        path = tmp_path / f"part-{index}.txt"
+        path.write_text("\n\n".join(blocks[index::4]), encoding="utf-8")
+        files.append(str(path))
+    expected = sorted(_expected_pieces(corpus["tokens"]))
+    dataset = _dataset(files, tokenizer, seed=4, pack=False, batch_size=len(expected), repeat=True)
+    passes = []
+    for x, y, sample_weight in dataset.take(3):
+        batch = {f"x/{key}": value.numpy() for key, value in x.items()}
+        batch.update({"y/mlm": y["mlm"].numpy(), "sw/mlm": sample_weight["mlm"].numpy()})
+        pieces, _ = _row_pieces(batch)
+        assert sorted(pieces) == expected  # every pass reads every document once
+        passes.append(pieces)
+    assert passes[0] != passes[1] and passes[1] != passes[2]
+
+
+def test_a_repeated_pass_without_a_full_batch_is_an_error(corpus, tokenizer):
+    dataset = _dataset(
+        corpus["path"], tokenizer, seed=0, batch_size=512, repeat=True, drop_remainder=True
+    )
+    # Raised in the generator (tf.data reports it as its own error, with this message)
+    # instead of reading the files over and over for a batch that never comes.
+    with pytest.raises(Exception, match=r"gives no batch.*batch_size=512"):
+        next(iter(dataset))
 
 
 def test_pack_pieces_first_fit_with_a_bounded_buffer():
