@@ -654,11 +654,6 @@ def pack_rows(x, sequence_length=None):
     return packed, placements
 
 
-def num_batches(num_rows, batch_size):
-    """`ceil(num_rows / batch_size)`: the batches `plan_batches` makes."""
-    return int(math.ceil(num_rows / batch_size))
-
-
 def as_arrays(value):
     """Labels or weights as a NumPy array or a dict of them (lists converted); `None` when
     they are something else (a backend tensor, a ragged list)."""

@@ -194,6 +194,68 @@ def test_row_lengths_keep_every_real_position():
 
 
 @pytest.mark.backend_independent  # NumPy
+def test_training_plans_sort_within_groups_of_batches():
+    """`group_size` batches are sorted together: one batch per group is random batching, one
+    group for every row sorts them all (each batch then holds consecutive lengths)."""
+    lengths = np.random.default_rng(0).permutation(400)
+
+    def padding(group_size):
+        plan = batching.plan_batches(
+            lengths, 4, (400,), shuffle=True, seed=1, group_size=group_size
+        )
+        assert sorted(np.concatenate([r for r, _ in plan]).tolist()) == list(range(400))
+        return sum(int(lengths[r].max() * len(r) - lengths[r].sum()) for r, _ in plan)
+
+    alone, grouped, whole = padding(1), padding(10), padding(100)
+    assert whole == 100 * (1 + 2 + 3)  # batches of 4 consecutive lengths
+    assert alone > 4 * grouped and grouped > 4 * whole
+
+
+@pytest.mark.backend_independent  # NumPy
+def test_batching_arguments_and_data_are_checked():
+    for bad in (True, 0, 2.0):
+        with pytest.raises(ValueError, match="`batch_size` must be a positive integer"):
+            batching.plan_batches([3, 4], bad, (8,))
+    for buckets in ((0, 8), (-4, 8), ()):
+        with pytest.raises(ValueError, match="increasing positive lengths"):
+            batching.bucket_for([3], buckets)
+    with pytest.raises(ValueError, match=r"\(batch_size, ..., sequence_length\).*\(5,\)"):
+        batching.row_lengths(np.ones(5, "int32"))
+    empty = np.zeros((0, 8), "int32")
+    with pytest.raises(ValueError, match="0 rows"):
+        batching.LengthBatches({"padding_mask": empty}, batch_size=2, buckets=(8,))
+    mask = np.zeros((2, 10), "int32")
+    mask[0, :9] = 1
+    x = {"token_ids": mask, "segment_ids": mask * 0, "padding_mask": mask}
+    with pytest.raises(ValueError, match="length 9 exceeds the packed length 8"):
+        batching.pack_rows(x, sequence_length=8)
+    with pytest.raises(ValueError, match="no training or no validation rows out of 10"):
+        batching.split_tail({"token_ids": np.zeros((10, 4))}, None, None, 0.0)
+    # Per-row arrays (rank 1) are taken by row, never cut to the batch's length.
+    cropped = batching.crop_batch({"ids": np.ones((6, 8)), "label": np.arange(6)}, [5, 4, 3], 2)
+    assert cropped["ids"].shape == (3, 2) and cropped["label"].tolist() == [5, 4, 3]
+    # Labels are NumPy arrays of one row count, or not planned here (Keras checks them).
+    assert batching.rows_of({"a": np.zeros(3), "b": np.zeros((3, 2))}) == 3
+    assert batching.rows_of({"a": np.zeros(3), "b": np.zeros(4)}) is None
+    assert batching.as_arrays([1, 0, 1]).tolist() == [1, 0, 1]
+    for not_planned in ([[1, 2], [3]], np.array(5), {"a": [1], "b": "text"}, "labels"):
+        assert batching.as_arrays(not_planned) is None
+
+
+@pytest.mark.backend_independent  # NumPy
+def test_shuffled_rows_draw_a_new_order_each_epoch():
+    shuffled = batching.ShuffledRows(50, 8, seed=0)
+    first = np.concatenate([shuffled.batch_rows(i) for i in range(len(shuffled))])
+    shuffled.on_epoch_end()
+    second = np.concatenate([shuffled.batch_rows(i) for i in range(len(shuffled))])
+    assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(50))
+    assert first.tolist() != second.tolist()
+    in_order = batching.ShuffledRows(10, 4, shuffle=False)
+    in_order.on_epoch_end()
+    assert np.concatenate([in_order.batch_rows(i) for i in range(3)]).tolist() == list(range(10))
+
+
+@pytest.mark.backend_independent  # NumPy
 def test_planning_helpers_keep_their_contracts():
     """Ties keep the caller's order, a row longer than the last bucket and repeated buckets
     are refused, 3-D arrays are cropped on the sequence axis the caller names, the fill value
@@ -332,6 +394,32 @@ def test_question_answerer_same_windows_same_answers():
     assert answers[0] == answers_full[0]
     for key, value in answers[1].items():
         assert abs(value - answers_full[1][key]) <= 1e-4
+
+
+def test_buckets_follow_the_backend_and_jit_compile():
+    """Torch compiles a program per shape only with `jit_compile`: eager torch pads each batch
+    to its own longest row, compiled torch takes `bucket_lengths` in `fit` and `predict` (an
+    Inductor compile costs too much for the finer inference steps). JAX and TensorFlow compile
+    per shape whatever `jit_compile` says: finer steps in `predict` than in `fit`."""
+
+    class Model:
+        def __init__(self, jit_compile):
+            self.jit_compile = jit_compile
+
+    coarse, fine = batching.bucket_lengths(256), batching.inference_buckets(256)
+    every = tuple(range(1, 257))
+    for jit_compile in (False, True):
+        model = Model(jit_compile)
+        compiles, predict, fit = per_backend(
+            tensorflow=(True, fine, coarse),
+            jax=(True, fine, coarse),
+            torch=(True, coarse, coarse) if jit_compile else (False, every, every),
+        )
+        assert batching.compiles_per_shape(model) is compiles
+        assert batching.model_buckets(model, 256) == predict
+        assert batching.model_buckets(model, 256, training=True) == fit
+        # A granularity given by the model wins on every backend.
+        assert batching.model_buckets(model, 256, granularity=64) == (64, 128, 192, 256)
 
 
 # ------------------------------------------------------------------- shapes and fit
