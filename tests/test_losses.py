@@ -4,7 +4,14 @@ import keras
 import numpy as np
 import pytest
 
-from kbert.losses import CoSENTLoss, MatryoshkaLoss, MultipleNegativesRankingLoss
+from kbert.losses import (
+    BinaryCrossEntropyLoss,
+    CoSENTLoss,
+    LambdaLoss,
+    MatryoshkaLoss,
+    MultipleNegativesRankingLoss,
+    RerankingMultipleNegativesLoss,
+)
 
 
 def _normalize(x):
@@ -118,3 +125,131 @@ def test_bad_input():
         MatryoshkaLoss(CoSENTLoss(), [8, 4], weights=[1.0])
     with pytest.raises(ValueError, match=r"exceed the embedding size 16"):
         MatryoshkaLoss(CoSENTLoss(), [32])(np.zeros(6), _embeddings(columns=2))
+
+
+def test_dot_similarity_and_matryoshka_prefixes_match_numpy():
+    """`similarity="dot"` scores raw embeddings (no normalisation); Matryoshka normalises each
+    prefix before the inner loss, so a dot-product loss sees unit prefixes."""
+    e = _embeddings(columns=3) * 0.3  # norms ~1.2: dot and cosine scores differ by far
+    scores = np.einsum("bd,cd->bc", e[:, 0], np.concatenate([e[:, 1], e[:, 2]]))
+    expected = np.mean(_logsumexp(20.0 * scores, axis=1) - 20.0 * np.diag(scores[:, :6]))
+    dot = MultipleNegativesRankingLoss(similarity="dot")
+    np.testing.assert_allclose(_value(dot, np.zeros(6), e), expected, rtol=1e-5)
+    assert abs(expected - _mnrl_numpy(e)) > 1.0
+    matryoshka = MatryoshkaLoss(dot, [16, 4])
+    expected = _mnrl_numpy(e) + _mnrl_numpy(e[..., :4])
+    np.testing.assert_allclose(_value(matryoshka, np.zeros(6), e), expected, rtol=1e-5)
+
+
+def test_configs_round_trip_through_keras_serialization():
+    e = _embeddings(columns=2)
+    labels = np.array([0.1, 0.9, 0.5, 0.5, 0.0, 1.0], "float32")
+    for loss in (
+        MultipleNegativesRankingLoss(scale=7.0, symmetric=True, similarity="dot"),
+        CoSENTLoss(scale=3.0),
+        MatryoshkaLoss(CoSENTLoss(scale=5.0), [16, 8], weights=[0.5, 2.0]),
+    ):
+        restored = keras.losses.deserialize(keras.losses.serialize(loss))
+        assert type(restored) is type(loss) and restored.get_config() == loss.get_config()
+        np.testing.assert_allclose(_value(restored, labels, e), _value(loss, labels, e), rtol=1e-6)
+        # The restored loss keeps its settings: its value differs from the defaults'.
+        default = type(loss)() if not isinstance(loss, MatryoshkaLoss) else None
+        if default is not None:
+            assert abs(_value(default, labels, e) - _value(loss, labels, e)) > 1e-2
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: MultipleNegativesRankingLoss(scale=True), "scale=True"),
+        (lambda: CoSENTLoss(scale="20"), "scale='20'"),
+        (lambda: MultipleNegativesRankingLoss(similarity="euclidean"), "'euclidean'"),
+        (lambda: MatryoshkaLoss("mnrl", [8]), "must be a Keras loss"),
+        (lambda: MatryoshkaLoss(CoSENTLoss(), []), r"Received: \[\]"),
+        (lambda: MatryoshkaLoss(CoSENTLoss(), [8, 0]), r"Received: \[8, 0\]"),
+        (lambda: MatryoshkaLoss(CoSENTLoss(), [True]), r"Received: \[True\]"),
+        (lambda: MatryoshkaLoss(CoSENTLoss(), [8.0]), r"Received: \[8.0\]"),
+    ],
+)
+def test_bad_settings(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_one_column_is_refused():
+    for loss in (MultipleNegativesRankingLoss(), CoSENTLoss()):
+        with pytest.raises(ValueError, match=r"columns >= 2.*\(3, 1, 8\)"):
+            loss(np.zeros(3), np.ones((3, 1, 8), "float32"))
+
+
+# ------------------------------------------------------------------ reranking (cross-encoder)
+# Their values against sentence-transformers' are in tests/models/test_cross_encoder.py.
+def _logits(batch=5, candidates=4, seed=1):
+    return np.random.default_rng(seed).normal(0, 2, (batch, candidates)).astype("float32")
+
+
+def test_reranking_tanh_activation_matches_numpy():
+    logits = _logits()
+    activated = 2.0 * np.tanh(logits.astype("float64"))
+    expected = np.mean(_logsumexp(activated, axis=1) - activated[:, 0])
+    loss = RerankingMultipleNegativesLoss(scale=2.0, activation="tanh")
+    np.testing.assert_allclose(_value(loss, np.zeros(5), logits), expected, rtol=1e-5)
+
+
+def test_lambda_loss_ignores_a_query_without_relevant_documents():
+    """A query whose labels are all 0 has no ordered pair and an ideal DCG of 0: it adds
+    nothing (its gains are 0, not 0 / 0), so the batch's loss is the other query's."""
+    logits = _logits(batch=2, candidates=3)
+    labels = np.array([[2.0, 0.0, 1.0], [0.0, 0.0, 0.0]], "float32")
+    both = _value(LambdaLoss(), labels, logits)
+    alone = _value(LambdaLoss(), labels[:1], logits[:1])
+    assert np.isfinite(both) and alone > 0.1
+    np.testing.assert_allclose(both, alone, rtol=1e-6)
+
+
+def test_reranking_configs_round_trip_through_keras_serialization():
+    labels = np.array([[3.0, 0.0, 1.0, 2.0]] * 5, "float32")
+    for loss, default, y in (
+        (BinaryCrossEntropyLoss(pos_weight=3.0), BinaryCrossEntropyLoss(), labels[:, 0] > 1),
+        (
+            RerankingMultipleNegativesLoss(num_negatives=2, scale=5.0, activation="tanh"),
+            RerankingMultipleNegativesLoss(),
+            np.zeros(5),
+        ),
+        (
+            LambdaLoss(k=2, sigma=0.5, mu=3.0, reduction_log="natural", activation="sigmoid"),
+            LambdaLoss(),
+            labels,
+        ),
+    ):
+        logits = _logits()[:, :1] if isinstance(loss, BinaryCrossEntropyLoss) else _logits()
+        restored = keras.losses.deserialize(keras.losses.serialize(loss))
+        assert type(restored) is type(loss) and restored.get_config() == loss.get_config()
+        value = _value(loss, y, logits)
+        np.testing.assert_allclose(_value(restored, y, logits), value, rtol=1e-6)
+        assert abs(_value(default, y, logits) - value) > 1e-2
+    num_negatives = RerankingMultipleNegativesLoss(num_negatives=7).get_config()["num_negatives"]
+    assert num_negatives == 7  # read by BertCrossEncoder.fit to build the groups
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: LambdaLoss(k=0), "k=0"),
+        (lambda: LambdaLoss(k=True), "k=True"),
+        (lambda: LambdaLoss(k=2.5), "k=2.5"),
+        (lambda: LambdaLoss(reduction_log="log10"), "'log10'"),
+        (lambda: LambdaLoss(sigma=0), "sigma=0"),
+        (lambda: BinaryCrossEntropyLoss(pos_weight=-1.0), "pos_weight=-1.0"),
+        (lambda: RerankingMultipleNegativesLoss(activation="relu"), "activation='relu'"),
+    ],
+)
+def test_bad_reranking_settings(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_reranking_losses_refuse_logits_that_are_not_a_matrix():
+    for loss in (RerankingMultipleNegativesLoss(), LambdaLoss()):
+        with pytest.raises(ValueError, match=r"\(batch_size, .*Received shape \(4,\)"):
+            loss(np.zeros(4), np.zeros(4, "float32"))
