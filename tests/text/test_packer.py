@@ -198,6 +198,36 @@ def test_errors():
         packer(([[1], [2]], [[3]]))
 
 
+def test_inputs_and_lengths_refused_or_taken():
+    packer = BertPacker(6, CLS, SEP)
+    with pytest.raises(ValueError, match="integer token ids.*dtype float64"):
+        packer(np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="list of int.*Received an element True"):
+        packer([True, 2])
+    with pytest.raises(ValueError, match="cls_token_id=True"):
+        BertPacker(6, True, SEP)
+    with pytest.raises(ValueError, match=r"shape \[batch, None\]"):
+        packer(tf.ragged.constant([[[1], [2, 3]]]))
+    with pytest.raises(ValueError, match=r"rank 1 \(one sequence\) or 2 \(a batch\)"):
+        packer(tf.zeros((2, 2, 2), tf.int32))
+    # A batch of empty rows (an empty float array once joined) packs [CLS] [SEP].
+    empty = packer([[], []])
+    assert empty["token_ids"].tolist() == [[CLS, SEP, PAD, PAD, PAD, PAD]] * 2
+    # A call's own length (a batch's bucket): at least the special tokens' count.
+    assert packer([1, 2, 3], sequence_length=4)["token_ids"].tolist() == [CLS, 1, 2, SEP]
+    assert packer([1, 2, 3], sequence_length=2)["token_ids"].tolist() == [CLS, SEP]
+    for segments, length, minimum in (([1], 1, 2), (([1], [2]), 2, 3), ([1], 4.0, 2)):
+        with pytest.raises(ValueError, match=f">= {minimum}.*sequence_length={length!r}"):
+            packer(segments, sequence_length=length)
+    # Tensors are padded with the packer's own pad id, as lists are.
+    padded = BertPacker(6, CLS, SEP, pad_token_id=9)(tf.constant([1]))
+    assert padded["token_ids"].numpy().tolist() == [CLS, 1, SEP, 9, 9, 9]
+    # Inside a graph the outputs keep the static length.
+    dataset = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1, 2], [3]])).batch(2)
+    spec = dataset.map(lambda ids: packer(ids)).element_spec
+    assert all(value.shape.as_list() == [None, 6] for value in spec.values())
+
+
 def test_config_round_trip():
     packer = BertPacker(12, 5, 6, pad_token_id=9, truncate="waterfall")
     config = packer.get_config()
