@@ -19,6 +19,12 @@ from tests.test_case import random_backbone_inputs, tiny_backbone_kwargs, to_num
 TOLERANCE = 1e-5
 
 
+def _state_bound(reference):
+    """TOLERANCE relative to the largest hidden value (layers reach values of 2-4 here, where
+    float32 sums in another order differ by about 1e-5): far below the 0.1 between layers."""
+    return TOLERANCE * max(1.0, float(np.abs(reference).max()))
+
+
 @pytest.fixture(scope="module")
 def hf_directory(tmp_path_factory):
     """A saved random `transformers.BertModel` (2 layers, 4 heads) and the model itself."""
@@ -68,7 +74,7 @@ def test_hidden_states_and_attentions_match_transformers(hf_directory):
     assert len(outputs["hidden_states"]) == backbone.num_layers + 1 == len(hidden_states)
     assert len(outputs["attentions"]) == backbone.num_layers == len(attentions)
     for index, (actual, expected) in enumerate(zip(outputs["hidden_states"], hidden_states)):
-        assert R.max_diff(actual, expected, mask) < TOLERANCE, ("hidden state", index)
+        assert R.max_diff(actual, expected, mask) < _state_bound(expected), ("hidden state", index)
     for index, (actual, expected) in enumerate(zip(outputs["attentions"], attentions)):
         assert R.max_diff(actual, expected, mask) < TOLERANCE, ("attention", index)
     # The comparison can fail: the layers differ from one another far beyond the tolerance.
@@ -133,7 +139,8 @@ def test_classifier_on_hidden_states_backbone_matches_transformers(hf_classifier
     states = classifier.backbone(tensors, first_token_only=True)["hidden_states"]
     assert len(states) == classifier.backbone.num_layers + 1 == len(hf_states)
     for index, (actual, reference) in enumerate(zip(states, hf_states)):
-        assert R.max_diff(actual, reference, mask) < TOLERANCE, ("hidden state", index)
+        bound = _state_bound(reference)
+        assert R.max_diff(actual, reference, mask) < bound, ("hidden state", index)
     assert R.max_diff(states[1], hf_states[2], mask) > 0.1
 
 
