@@ -6,6 +6,7 @@ under test.
 """
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -304,24 +305,21 @@ def test_shards_give_the_same_pieces(corpus, tokenizer, tmp_path):
 
 
 def test_each_pass_reads_the_files_in_a_new_order(corpus, tokenizer, tmp_path):
-    # The corpus's documents over four files; one piece per row (pack=False), so the rows
-    # of a pass follow the order the documents were read in.
-    documents = corpus["path"]
-    blocks = open(documents, encoding="utf-8").read().split("\n\n")
+    # The corpus's documents over four files; one piece per row (pack=False) and one batch
+    # per pass, so the rows of a pass follow the order the documents were read in.
+    blocks = Path(corpus["path"]).read_text(encoding="utf-8").split("\n\n")
     files = []
     for index in range(4):
         path = tmp_path / f"part-{index}.txt"
         path.write_text("\n\n".join(blocks[index::4]), encoding="utf-8")
         files.append(str(path))
     expected = sorted(_expected_pieces(corpus["tokens"]))
-    dataset = _dataset(files, tokenizer, seed=4, pack=False, batch_size=len(expected), repeat=True)
-    passes = []
-    for x, y, sample_weight in dataset.take(3):
-        batch = {f"x/{key}": value.numpy() for key, value in x.items()}
-        batch.update({"y/mlm": y["mlm"].numpy(), "sw/mlm": sample_weight["mlm"].numpy()})
-        pieces, _ = _row_pieces(batch)
-        assert sorted(pieces) == expected  # every pass reads every document once
-        passes.append(pieces)
+    size = len(expected)
+    dataset = _dataset(files, tokenizer, seed=4, pack=False, batch_size=size, repeat=True)
+    pieces, _ = _row_pieces(_collect(dataset.take(3)))
+    passes = [pieces[start : start + size] for start in range(0, 3 * size, size)]
+    for one_pass in passes:
+        assert sorted(one_pass) == expected  # every pass reads every document once
     assert passes[0] != passes[1] and passes[1] != passes[2]
 
 
