@@ -8,6 +8,7 @@ they differ between texts by far more than float error.
 """
 
 import json
+import re
 import shutil
 
 import keras
@@ -236,44 +237,141 @@ def test_bad_input_gets_one_clear_error(splade, tmp_path):
 
 def test_splade_loss_matches_sentence_transformers(splade):
     """The loss on fixed vectors equals sentence-transformers' SpladeLoss components (its
-    SparseMultipleNegativesRankingLoss and FLOPS regularisers) summed."""
+    SparseMultipleNegativesRankingLoss and FLOPS regularisers) summed: with and without l0
+    thresholds (rows at exactly the threshold count as zero vectors), without a query term,
+    and with every column regularised as documents."""
     from sentence_transformers.sparse_encoder import losses as st_losses
 
     rng = np.random.default_rng(0)
     vectors = rng.exponential(1.0, (4, 3, 50)).astype(np.float32)  # query, document, negative
     vectors *= rng.random((4, 3, 50)) < 0.3  # sparse, with rows of different sizes
-    vectors[1, 2, :45] = 0.0  # a negative with few active entries (thresholds below)
+    vectors[1, 2, :45] = 0.0  # a negative with exactly 5 active entries: the document
+    vectors[1, 2, 45:] += 0.5  # threshold 5 drops it, the query threshold 8 would not
+    vectors[2, 0, :42] = 0.0  # a query with exactly 8: the query threshold drops it, 5 not
+    vectors[2, 0, 42:] += 0.5
     columns = [torch.tensor(vectors[:, i]) for i in range(3)]
     model = splade["reference"]
-    for thresholds in ((None, None), (5, 8)):
-        ours = SpladeLoss(
-            document_regularizer_weight=0.3,
+    settings = [
+        dict(query_regularizer_weight=0.7),
+        dict(
             query_regularizer_weight=0.7,
-            document_regularizer_threshold=thresholds[0],
-            query_regularizer_threshold=thresholds[1],
-        )
+            document_regularizer_threshold=5,
+            query_regularizer_threshold=8,
+        ),
+        dict(query_regularizer_weight=None),
+        dict(query_regularizer_weight=None, use_document_regularizer_only=True),
+        # Symmetric data has no query column: a query weight is ignored, as there.
+        dict(query_regularizer_weight=0.7, use_document_regularizer_only=True),
+    ]
+    values = []
+    for kwargs in settings:
+        ours = SpladeLoss(document_regularizer_weight=0.3, **kwargs)
         theirs = st_losses.SpladeLoss(
             model,
             st_losses.SparseMultipleNegativesRankingLoss(model),
             document_regularizer_weight=0.3,
-            query_regularizer_weight=0.7,
-            document_regularizer_threshold=thresholds[0],
-            query_regularizer_threshold=thresholds[1],
+            **kwargs,
         )
-        base = theirs.loss.compute_loss_from_embeddings(columns, None)
-        document = theirs.document_regularizer.compute_loss_from_embeddings(torch.cat(columns[1:]))
-        query = theirs.query_regularizer.compute_loss_from_embeddings(columns[0])
-        expected = float(base + 0.3 * document + 0.7 * query)
-        assert float(0.3 * document) > 0.1 and float(0.7 * query) > 0.1  # all terms count
+        expected = theirs.loss.compute_loss_from_embeddings(columns, None)
+        documents = columns if theirs.use_document_regularizer_only else columns[1:]
+        document = 0.3 * theirs.document_regularizer.compute_loss_from_embeddings(
+            torch.cat(documents)
+        )
+        assert float(document) > 0.1  # every term counts
+        expected = expected + document
+        if theirs.query_regularizer_weight is not None:
+            query = 0.7 * theirs.query_regularizer.compute_loss_from_embeddings(columns[0])
+            assert float(query) > 0.1
+            expected = expected + query
         value = float(keras.ops.convert_to_numpy(ours(np.zeros(4), vectors)))
-        assert value == pytest.approx(expected, abs=1e-5)
-    # FLOPS alone, written out in NumPy.
+        assert value == pytest.approx(float(expected), abs=1e-5)
+        values.append(value)
+    # The thresholded rows and the query term move the loss by far more than float error.
+    assert min(abs(a - b) for i, a in enumerate(values[:4]) for b in values[i + 1 : 4]) > 1e-3
+    # FLOPS alone, written out in NumPy: float32 for any input dtype, masking at the threshold.
     flat = vectors[:, 1:].reshape(-1, 50)
     assert float(flops(flat)) == pytest.approx(np.sum(flat.mean(axis=0) ** 2), rel=1e-5)
-    metric = ActiveDimensions(columns="document")
-    metric.update_state(None, vectors)
-    assert float(metric.result()) == pytest.approx((vectors[:, 1:] != 0).sum(-1).mean())
+    kept = flat * ((flat != 0).sum(-1, keepdims=True) > 5)
+    assert float(flops(flat, threshold=5)) == pytest.approx(np.sum(kept.mean(0) ** 2), rel=1e-5)
+    counts = np.array([[1, 0], [3, 0]])
+    assert keras.backend.standardize_dtype(flops(counts).dtype) == "float32"
+    assert float(flops(counts)) == 4.0
+    assert keras.backend.standardize_dtype(flops(flat.astype("float64")).dtype) == "float32"
+    # Active dimensions of the queries, of the documents, of all columns, and of 2-D rows.
+    for columns_of, expected in (
+        ("query", vectors[:, :1]),
+        ("document", vectors[:, 1:]),
+        ("all", vectors),
+    ):
+        metric = ActiveDimensions(columns=columns_of)
+        metric.update_state(None, vectors)
+        assert float(metric.result()) == pytest.approx((expected != 0).sum(-1).mean())
+    metric = ActiveDimensions(columns="query")  # rows of one column: every row counts
+    metric.update_state(None, flat)
+    assert float(metric.result()) == pytest.approx((flat != 0).sum(-1).mean())
     np.testing.assert_array_equal(keep_top_dims(vectors[0], 3).astype(bool).sum(-1), 3)
+
+
+def test_splade_loss_and_metric_settings_round_trip_and_bad_ones_are_refused():
+    """Every setting survives serialisation (the loss gives the same value after it), the
+    inner loss comes back from its config, and bad settings and shapes name what was given."""
+    from kbert.losses import MultipleNegativesRankingLoss
+
+    vectors = np.random.default_rng(1).exponential(1.0, (3, 3, 20)).astype("float32")
+    vectors[0, 0, :17] = 0.0  # a query with 3 active entries: the threshold 3 drops it
+    loss = SpladeLoss(
+        MultipleNegativesRankingLoss(scale=7.0, similarity="cosine"),
+        document_regularizer_weight=0.25,
+        query_regularizer_weight=0.5,
+        document_regularizer_threshold=4,
+        query_regularizer_threshold=3,
+        use_document_regularizer_only=False,
+    )
+    restored = keras.losses.deserialize(keras.losses.serialize(loss))
+    assert isinstance(restored.loss, MultipleNegativesRankingLoss)
+    assert (restored.loss.scale, restored.loss.similarity) == (7.0, "cosine")
+    assert restored.get_config() == loss.get_config()
+    for name in (
+        "document_regularizer_weight",
+        "query_regularizer_weight",
+        "document_regularizer_threshold",
+        "query_regularizer_threshold",
+    ):
+        assert getattr(restored, name) == getattr(loss, name) != getattr(SpladeLoss(), name)
+    symmetric = SpladeLoss(use_document_regularizer_only=True)
+    assert keras.losses.deserialize(keras.losses.serialize(symmetric)).use_document_regularizer_only
+    assert float(restored(np.zeros(3), vectors)) == pytest.approx(
+        float(loss(np.zeros(3), vectors)), abs=1e-6
+    )
+    # A config dict as `loss` is deserialised; the default is dot products without scaling.
+    from_dict = SpladeLoss(keras.losses.serialize(MultipleNegativesRankingLoss(scale=3.0)))
+    assert from_dict.loss.scale == 3.0
+    assert (SpladeLoss().loss.scale, SpladeLoss().loss.similarity) == (1.0, "dot")
+    metric = ActiveDimensions(columns="document", name="doc_dims")
+    assert keras.metrics.deserialize(keras.metrics.serialize(metric)).columns == "document"
+    # Refused settings, each naming the argument and the value.
+    for kwargs, message in (
+        (
+            dict(document_regularizer_weight=None),
+            "`document_regularizer_weight` must be a number >= 0. Received",
+        ),
+        (dict(document_regularizer_weight=True), "document_regularizer_weight=True"),
+        (dict(document_regularizer_weight=float("nan")), "document_regularizer_weight=nan"),
+        (dict(query_regularizer_weight="1"), "query_regularizer_weight='1'"),
+        (dict(query_regularizer_weight=-0.5), "query_regularizer_weight=-0.5"),
+        (dict(document_regularizer_threshold=True), "document_regularizer_threshold=True"),
+        (dict(query_regularizer_threshold=-0.5), "query_regularizer_threshold=-0.5"),
+        (dict(loss="mse"), "`loss` must be a Keras loss. Received: 'mse'"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            SpladeLoss(**kwargs)
+    # One column is refused by SpladeLoss itself (not only by a ranking loss that checks).
+    message = "SpladeLoss expects sparse vectors (batch_size, columns >= 2"
+    for inner in (None, keras.losses.MeanSquaredError()):
+        with pytest.raises(ValueError, match=re.escape(message) + ".*shape \\(2, 1, 5\\)"):
+            SpladeLoss(inner)(np.zeros((2, 1, 5)), np.ones((2, 1, 5), "float32"))
+    with pytest.raises(ValueError, match="`columns` must be one of.*Received: columns='queries'"):
+        ActiveDimensions(columns="queries")
 
 
 def test_splade_pooling_equals_the_activation_at_every_token_then_pooled():
