@@ -145,6 +145,25 @@ def test_glue_errors_name_file_and_line(tmp_path):
         read_glue("mrpc", "train", tmp_path)
 
 
+def test_glue_reader_edge_cases(tmp_path):
+    """Undecodable bytes name their line and column, an empty file and a missing split are
+    refused, and the dict view has exactly the three keys it names."""
+    _write(tmp_path / "SST-2" / "dev.tsv", "sentence\tlabel\nok\t1\n")
+    data = read_glue("sst2", "dev", tmp_path)
+    with pytest.raises(KeyError, match="GlueData keys are 'sentence1', 'sentence2' and 'label'"):
+        data["index"]
+    path = tmp_path / "SST-2" / "train.tsv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"sentence\tlabel\ngood\t1\nab\xffc\t0\n")
+    with pytest.raises(ValueError, match=r"train\.tsv:3: byte b'\\xff' at column 3 is not valid"):
+        read_glue("sst2", "train", tmp_path)
+    _write(tmp_path / "RTE" / "dev.tsv", "")
+    with pytest.raises(ValueError, match=r"dev\.tsv is empty; expected a header line"):
+        read_glue("rte", "dev", tmp_path)
+    with pytest.raises(ValueError, match="`split` must be a split name. Received: split=None"):
+        read_glue("sst2", None, tmp_path)
+
+
 _MNLI_COLUMNS = (
     "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
     "sentence1_parse\tsentence2_parse\tsentence1\tsentence2"
@@ -366,6 +385,26 @@ def test_read_conll_errors(tmp_path):
         read_conll(tmp_path / "ok.txt", num_columns=1)
     with pytest.raises(ValueError, match="pair or a list of tags"):
         label_list(["O", "B-PER"])
+    with pytest.raises(ValueError, match="Invalid IOB tag 'B-' at position 0"):
+        iob1_to_iob2(["B-", "O"])
+    with pytest.raises(ValueError, match="`tag_column`=-5 is out of range for 4 columns"):
+        read_conll(tmp_path / "ok.txt", tag_column=-5)
+
+
+def test_read_conll_document_breaks_column_counts_and_tag_lists(tmp_path):
+    """A -DOCSTART- line ends a sentence even with no blank line before it; `num_columns=None`
+    takes the first line's count; lists of exactly two tags are tag lists, not pairs."""
+    path = _write(
+        tmp_path / "three.txt",
+        "EU I-NP I-ORG\nrejects I-VP O\n-DOCSTART- -X- O\nPeter I-NP I-PER\n",
+    )
+    assert read_conll(path, tag_column=2, num_columns=None) == [
+        (["EU", "rejects"], ["I-ORG", "O"]),
+        (["Peter"], ["I-PER"]),
+    ]
+    with pytest.raises(ValueError, match=r"three\.txt:1: expected 4 columns, found 3"):
+        read_conll(path)
+    assert label_list([["B-PER", "O"], ["I-LOC", "O"]]) == ["O", "B-PER", "I-LOC"]
 
 
 @_needs_data
@@ -485,6 +524,96 @@ def test_read_squad_v2_and_errors():
         read_squad({"articles": []})
     with pytest.raises(ValueError, match="no 'paragraphs'"):
         read_squad([{"title": "x"}])
+    # v2.0: an answerable question whose answers are all misaligned is dropped too, not
+    # turned into "no answer"; an unanswerable one keeps no answers even if it lists some.
+    data = _squad("2.0")
+    data["data"][1]["paragraphs"][0]["qas"].append(
+        {
+            "id": "f",
+            "question": "?",
+            "is_impossible": True,
+            "answers": [{"text": "x", "answer_start": 0}],
+        }
+    )
+    with pytest.warns(UserWarning):
+        examples = read_squad(data, version="2.0")
+    assert [e["id"] for e in examples] == ["a", "b", "d", "f"]
+    assert examples.dropped == [{"id": "c", "article_index": 0}]
+    assert (examples[-1]["is_impossible"], examples[-1]["answers"]) == (True, [])
+
+
+def test_read_squad_questions_without_answers_and_slices(tmp_path):
+    """A v1.1 question with no answers is dropped with a warning of its own; article slices
+    keep their own dropped questions; an article without a title has the empty title."""
+    article = {
+        "paragraphs": [
+            {
+                "context": "x y",
+                "qas": [
+                    {"id": "k", "question": "?", "answers": [{"text": "y", "answer_start": 2}]},
+                    {"id": "e", "question": "?", "answers": []},
+                ],
+            }
+        ]
+    }
+    with pytest.warns(UserWarning, match="0 answers do not match.*1 questions were left"):
+        examples = read_squad({"data": [article]})
+    assert [e["id"] for e in examples] == ["k"] and examples[0]["title"] == ""
+    assert examples.dropped == [{"id": "e", "article_index": 0}]
+    with pytest.warns(UserWarning):
+        both = read_squad(_squad())
+    assert both.articles(1, 2).dropped == [] and both.articles(0, 1).dropped == both.dropped
+    # An answer before the context's start is misaligned, even an empty one.
+    negative = _squad()
+    negative["data"][1]["paragraphs"][0]["qas"][0]["answers"].append(
+        {"text": "", "answer_start": -1}
+    )
+    with pytest.warns(UserWarning):
+        assert read_squad(negative).misaligned[-1] == {
+            "id": "d",
+            "text": "",
+            "answer_start": -1,
+            "article_index": 1,
+        }
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.update(data={"x": 1}), "expected a list of articles. Received: dict"),
+        (
+            lambda d: d["data"][0].update(paragraphs="text"),
+            r"article 0 \('Paris'\): 'paragraphs' must be a list. Received: str",
+        ),
+        (
+            lambda d: d["data"][0].update(paragraphs=["a context"]),
+            r"paragraph 0: expected an object with 'context' and 'qas'. Received: 'a context'",
+        ),
+        (
+            lambda d: d["data"][0]["paragraphs"][0].update(qas="abc"),
+            "'context' must be a string and 'qas' a list. Received: str and str",
+        ),
+        (
+            lambda d: d["data"][0]["paragraphs"][0].update(context=3),
+            "'context' must be a string and 'qas' a list. Received: int and list",
+        ),
+        (
+            lambda d: d["data"][0]["paragraphs"][0]["qas"][0].update(answers={"text": "P"}),
+            r"question 'a': 'answers' must be a list. Received: \{'text': 'P'\}",
+        ),
+        (
+            lambda d: d["data"][0]["paragraphs"][0]["qas"][0].update(
+                answers=[{"text": "Paris", "answer_start": True}]
+            ),
+            "an answer must be {'text': str, 'answer_start': int}",
+        ),
+    ],
+)
+def test_read_squad_refuses_other_layouts(edit, message):
+    data = _squad()
+    edit(data)
+    with pytest.raises(ValueError, match=message):
+        read_squad(data)
 
 
 @_needs_data
