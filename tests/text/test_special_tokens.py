@@ -235,6 +235,11 @@ def test_special_tokens_argument_errors():
         BertTokenizer(VOCABULARY, special_tokens=[3])
     with pytest.raises(ValueError, match="must be None or a list"):
         BertTokenizer(VOCABULARY, special_tokens="[MASK]")
+    for bad in ({"content": 3}, {"lstrip": True}):
+        with pytest.raises(ValueError, match=r"with a str `content`.*index 0: \{'"):
+            BertTokenizer(VOCABULARY, special_tokens=[bad])
+    with pytest.raises(ValueError, match=r"special_tokens\[1\].*flags bool.*'lstrip': 'yes'"):
+        BertTokenizer(VOCABULARY, special_tokens=["<m>", {"content": "[MASK]", "lstrip": "yes"}])
     # Written verbatim, every listed token (and only those) is honoured.
     tokenizer = BertTokenizer(VOCABULARY, special_tokens_in_strings=True, special_tokens=["<m>"])
     assert tokenizer("<m>[MASK]") == [VOCABULARY.index("<m>")] + tokenizer("[ mask ]")
@@ -245,6 +250,29 @@ def test_special_tokens_argument_errors():
         "normalized": False,
         "single_word": False,
     }
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize(
+    "tokens, message",
+    [
+        (["<a>", "<a"], "contain one another. Received '<a>' containing '<a'"),
+        (["<a>", ">b"], "can overlap in text. Received '<a>' and '>b'"),  # one character
+        (["<a>", "a>x"], "can overlap in text. Received '<a>' and 'a>x'"),  # two
+    ],
+)
+def test_in_graph_tokenizer_refuses_special_tokens_that_can_overlap(tokens, message):
+    """String tensors match special tokens in parallel, so tokens that contain one another or
+    can overlap in text are refused there; Python strings honour them."""
+    tf = pytest.importorskip("tensorflow")
+    vocabulary = [*VOCABULARY, "<a>", "<a", ">b", "a>x"]
+    overlapping = BertTokenizer(vocabulary, special_tokens_in_strings=True, special_tokens=tokens)
+    assert overlapping("x" + tokens[0]) == [vocabulary.index("x"), vocabulary.index(tokens[0])]
+    with pytest.raises(ValueError, match=message):
+        overlapping(tf.constant(["x" + tokens[0]]))
+    apart = BertTokenizer(vocabulary, special_tokens_in_strings=True, special_tokens=["<a>", "<m>"])
+    text = "x<a>b <m>a>x"
+    assert apart(tf.constant([text])).to_list() == [apart(text)]
 
 
 # The tokenizer's special tokens, once; the embedder's numerics on every backend are tested in

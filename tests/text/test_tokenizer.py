@@ -532,6 +532,73 @@ def test_detokenize_matches_reference(tokenizer, hf_legacy_tokenizer):
         tf.function(tokenizer.detokenize)(tf.constant([[1, 99999]]))
 
 
+def test_detokenize_every_input_form_and_its_errors():
+    """Ragged and dense tensors of any rank give strings shaped like their rows; pieces are
+    joined as the reference does (spaces, `##` merged, the ends stripped); ids that are not
+    integers or out of range are refused eagerly, and negative ids fail the graph's check."""
+    vocabulary = [*SPECIALS, "the", "qu", "##ick", "fox", " pad "]
+    tokenizer = BertTokenizer(vocabulary)
+
+    def reference_text(ids):
+        return " ".join(vocabulary[i] for i in ids).replace(" ##", "").strip()
+
+    rows = [[5, 6, 7], [8], [9, 5], [6, 7, 8]]
+    assert tokenizer.detokenize(rows) == [reference_text(r) for r in rows]
+    assert tokenizer.detokenize([9]) == "pad"  # the stripped ends
+    ragged = tf.ragged.constant([[rows[0], rows[1]], [rows[2]], [rows[3], rows[0], rows[1]]])
+    assert tokenizer.detokenize(ragged).to_list() == [
+        [reference_text(rows[0]).encode(), reference_text(rows[1]).encode()],
+        [reference_text(rows[2]).encode()],
+        [reference_text(r).encode() for r in (rows[3], rows[0], rows[1])],
+    ]
+    dense = np.array([[[5, 6, 7], [8, 5, 8]], [[9, 9, 5], [6, 7, 5]]])
+    expected = [[reference_text(row).encode() for row in pair] for pair in dense.tolist()]
+    assert tokenizer.detokenize(tf.constant(dense)).numpy().tolist() == expected
+    with pytest.raises(
+        ValueError, match="must be integers. Received a numpy array of dtype float64"
+    ):
+        tokenizer.detokenize(np.array([5.0, 6.0]))
+    with pytest.raises(ValueError, match="Received an object of type bool"):
+        tokenizer.detokenize([True, 5])
+    with pytest.raises(ValueError, match=r"in \[0, 10\).*-1"):
+        tokenizer.detokenize(tf.constant([5, -1]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="token ids must be >= 0"):
+        tf.function(tokenizer.detokenize)(tf.constant([[5, -1]]))
+
+
+def test_constructor_arguments_and_vocabulary_lookups():
+    """A custom unknown token is the one used; an empty one, booleans and negative ids are
+    refused; a numpy array of bytes is a vocabulary like the list of its strings."""
+    vocabulary = [*SPECIALS, "<unk>", "the", "fox"]
+    tokenizer = BertTokenizer(vocabulary, unknown_token="<unk>")
+    assert tokenizer.unk_token_id == 5 != vocabulary.index("[UNK]")
+    assert tokenizer("the zebra fox") == [6, 5, 7]
+    with pytest.raises(ValueError, match="`unknown_token` must be a non-empty string. Received"):
+        BertTokenizer(vocabulary, unknown_token="")
+    for bad in (True, 2.0):
+        with pytest.raises(ValueError, match=f"`id` must be an integer. Received: id={bad}"):
+            tokenizer.id_to_token(bad)
+    with pytest.raises(ValueError, match=r"`id` must be in \[0, 8\). Received: id=-1"):
+        tokenizer.id_to_token(-1)
+    from_bytes = BertTokenizer(
+        np.array([t.encode("utf-8") for t in vocabulary]), unknown_token="<unk>"
+    )
+    assert from_bytes.vocabulary == vocabulary
+    assert from_bytes("the zebra fox") == [6, 5, 7]
+
+
+def test_preset_keeps_accents_of_a_lower_casing_tokenizer(tmp_path):
+    """`strip_accents=False` with `lowercase=True` (lower-case, keep accents) survives a
+    preset; the default would strip them."""
+    vocabulary = [*SPECIALS, "café", "cafe"]
+    tokenizer = BertTokenizer(vocabulary, strip_accents=False)
+    assert tokenizer("Café") == [5] and BertTokenizer(vocabulary)("Café") == [6]
+    tokenizer.save_to_preset(tmp_path / "preset")
+    restored = BertTokenizer.from_preset(tmp_path / "preset")
+    assert (restored.lowercase, restored.strip_accents) == (True, False)
+    assert restored("Café") == [5]
+
+
 def test_config_round_trip(vocab_path):
     tokenizer = BertTokenizer(
         vocab_path, lowercase=False, strip_accents=True, max_chars_per_word=20
