@@ -136,6 +136,15 @@ def test_submission_splits_and_bad_outputs(tmp_path):
     with pytest.raises(ValueError, match="GLUE rte train is not a leaderboard test set"):
         write_glue_submission(tmp_path / "sub", [(train, np.zeros((4, 2)))])
     assert not (tmp_path / "sub").exists()
+    # Test rows without their row ids, or with fewer ids than rows, cannot be submitted.
+    unlabelled = read_glue("rte", "test", tmp_path)
+    unlabelled.index = None
+    with pytest.raises(ValueError, match="4 predictions for no row ids"):
+        write_glue_submission(tmp_path / "sub", [(unlabelled, np.zeros((4, 2)))])
+    unlabelled.index = ["0", "1", "2"]
+    with pytest.raises(ValueError, match="one prediction per test row id.*4 predictions for 3"):
+        write_glue_submission(tmp_path / "sub", [(unlabelled, np.zeros((4, 2)))])
+    assert not (tmp_path / "sub").exists()
 
 
 def test_the_write_is_all_or_nothing(tmp_path, monkeypatch):
