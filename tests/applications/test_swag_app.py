@@ -59,6 +59,70 @@ def test_readers_follow_the_swag_and_hellaswag_layouts(tmp_path):
         read_hellaswag(tmp_path / "bad.jsonl")
 
 
+@pytest.mark.backend_independent
+def test_readers_strip_fields_check_labels_and_read_unlabelled_files(tmp_path):
+    """Fields are stripped as `run_swag.py` joins them, labels must be whole choice indices
+    of their own row, test files (no or empty labels) have none, and every malformed line is
+    named."""
+    header = "sent1,sent2,ending0,ending1,ending2,ending3"
+    (tmp_path / "spaces.csv").write_text(
+        f"{header},label\n The cat , It ,slept.,ran.,sang.,flew., 2\nA dog,,barks.,a,b,c,0\n"
+    )
+    data = read_swag(tmp_path / "spaces.csv")
+    assert data.contexts == ["The cat", "A dog"]
+    assert data.choices == [
+        ["It slept.", "It ran.", "It sang.", "It flew."],
+        ["barks.", "a", "b", "c"],
+    ]
+    assert data.labels.tolist() == [2, 0]
+    for name, text in (
+        ("empty.csv", f"{header},label\nA,B,c,d,e,f,\nG,H,i,j,k,l,\n"),
+        ("none.csv", f"{header}\nA,B,c,d,e,f\n"),
+    ):
+        (tmp_path / name).write_text(text)
+        assert read_swag(tmp_path / name).labels is None
+    (tmp_path / "short.csv").write_text(f"{header},label\nA,B,c,d,e,f,1\nA,B,c\n")
+    with pytest.raises(ValueError, match=r"short\.csv:3: the row has fewer columns"):
+        read_swag(tmp_path / "short.csv")
+    for label in ("1.0", "-1", "x"):
+        (tmp_path / "label.csv").write_text(f"{header},label\nA,B,c,d,e,f,{label}\n")
+        with pytest.raises(ValueError, match=f"data row 1: label '{label}' is not a choice index"):
+            read_swag(tmp_path / "label.csv")
+
+    def hellaswag(*lines):
+        (tmp_path / "h.jsonl").write_text("\n".join(lines) + "\n")
+        return read_hellaswag(tmp_path / "h.jsonl")
+
+    data = hellaswag(json.dumps({"ctx": "  A man sits. ", "endings": [" He eats. ", "He sings."]}))
+    assert (data.contexts, data.choices, data.labels) == (
+        ["A man sits."],
+        [["He eats.", "He sings."]],
+        None,
+    )
+    ok = json.dumps({"ctx": "A", "endings": ["b", "c"], "label": 1})
+    for line, message in (
+        ("{not json", "h.jsonl:2: not a JSON object"),
+        ("[1, 2]", "h.jsonl:2: expected a JSON object. Received list"),
+        (json.dumps({"endings": ["b"]}), "h.jsonl:2: no context"),
+        (json.dumps({"ctx": "A", "endings": ["b", 3]}), "h.jsonl:2: expected a string context"),
+        (json.dumps({"ctx": 3, "endings": ["b"]}), "h.jsonl:2: expected a string context"),
+        (
+            json.dumps({"ctx": "A", "endings": ["b", "c"], "label": 2}),
+            r"label 2 is not a choice index in \[0, 2\)",
+        ),
+        (
+            json.dumps({"ctx": "A", "endings": ["b", "c"], "label": True}),
+            "label True is not a choice",
+        ),
+        (
+            json.dumps({"ctx": "A", "endings": ["b", "c"]}),
+            "some lines have a `label` and others do not",
+        ),
+    ):
+        with pytest.raises(ValueError, match=message):
+            hellaswag(ok, line)
+
+
 @pytest.mark.backends("jax", reason=ONE_BACKEND)
 def test_swag_app_reports_the_accuracy_of_the_saved_model(tmp_path):
     """The reported dev accuracy and `dev_predictions` are those of the model written by
