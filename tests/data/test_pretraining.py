@@ -921,22 +921,81 @@ def test_corrupt_shard_record_is_refused(tmp_path, tokenizer):
         writer.write_flat(np.array([7, 8, 9], np.int32), [2, 2])
     writer.close()
     assert [(list(i), list(n)) for i, n in read_shard_flat_documents(path)] == [([7, 8, 9], [2, 1])]
-    bad = tf.train.Example(
-        features=tf.train.Features(
-            feature={
-                "token_ids": tf.train.Feature(
-                    bytes_list=tf.train.BytesList(value=[np.array([7, 8, 9], "<i4").tobytes()])
-                ),
-                "sentence_lengths": tf.train.Feature(
-                    bytes_list=tf.train.BytesList(value=[np.array([5], "<i4").tobytes()])
-                ),
-            }
-        )
-    )
     metadata = next(iter(tf.data.TFRecordDataset(path))).numpy()
-    corrupt = str(tmp_path / "corrupt.tfrecord")
-    with tf.io.TFRecordWriter(corrupt) as raw:
-        raw.write(metadata)
-        raw.write(bad.SerializeToString())
-    with pytest.raises(ValueError, match="corrupt.tfrecord.*corrupt document record"):
-        list(read_shard_flat_documents(corrupt))
+    # Lengths that miss the ids' count, or add up to it with a sentence of negative length.
+    for lengths in ([5], [4, -1]):
+        corrupt = str(tmp_path / "corrupt.tfrecord")
+        with tf.io.TFRecordWriter(corrupt) as raw:
+            raw.write(metadata)
+            raw.write(_document_record([7, 8, 9], lengths))
+        with pytest.raises(ValueError, match="corrupt.tfrecord.*corrupt document record"):
+            list(read_shard_flat_documents(corrupt))
+
+
+def _document_record(ids, lengths):
+    feature = {
+        name: tf.train.Feature(bytes_list=tf.train.BytesList(value=[np.array(v, "<i4").tobytes()]))
+        for name, v in (("token_ids", ids), ("sentence_lengths", lengths))
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def test_shard_writer_skips_empty_parts_and_files_that_are_not_shards_are_named(
+    tmp_path, tokenizer
+):
+    """Empty sentences, zero lengths and empty documents are not written; an empty, truncated
+    or oversized first record, metadata that is not an object and another format are refused
+    with what the file is."""
+    import struct
+
+    from kbert.data.shard_records import (
+        SHARD_FORMAT,
+        ShardWriter,
+        read_shard_documents,
+        read_shard_flat_documents,
+        read_shard_metadata,
+    )
+
+    path = tmp_path / "good.tfrecord"
+    writer = ShardWriter(path, tokenizer)
+    writer.write([[5, 6], [], [7]])
+    writer.write([[], []])
+    writer.write_flat([8, 9, 10], [0, 2, 0, 1])
+    writer.write_flat([], [0])
+    writer.close()
+    assert writer.num_documents == 2
+    documents = [[s.tolist() for s in d] for d in read_shard_documents(str(path))]
+    assert documents == [[[5, 6], [7]], [[8, 9], [10]]]
+    assert list(read_shard_flat_documents([])) == []
+    metadata = read_shard_metadata(str(path))
+    assert (metadata["format"], metadata["vocabulary_size"]) == (
+        SHARD_FORMAT,
+        len(tokenizer.vocabulary),
+    )
+    good = path.read_bytes()
+
+    def refused(data, message):
+        bad = tmp_path / "bad.tfrecord"
+        bad.write_bytes(data)
+        with pytest.raises(ValueError, match=message):
+            read_shard_metadata(str(bad))
+
+    refused(b"", "bad.tfrecord' is empty")
+    refused(good[:5], r"not a readable TFRecord shard \(truncated record header\)")
+    refused(good[:20], r"not a readable TFRecord shard \(truncated record\)")
+    refused(struct.pack("<Q", 1 << 40) + good[8:], "larger than any shard metadata")
+    for value, message in (
+        (b"[1]", "not a kbert pretraining shard"),
+        (b'{"format": "v0"}', "has format 'v0'"),
+    ):
+        example = tf.train.Example(
+            features=tf.train.Features(
+                feature={
+                    "kbert_shard": tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+                }
+            )
+        )
+        other = tmp_path / "other.tfrecord"
+        with tf.io.TFRecordWriter(str(other)) as raw:
+            raw.write(example.SerializeToString())
+        refused(other.read_bytes(), message)
