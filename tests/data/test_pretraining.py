@@ -924,20 +924,29 @@ def test_corrupt_shard_record_is_refused(tmp_path, tokenizer):
     metadata = next(iter(tf.data.TFRecordDataset(path))).numpy()
     # Lengths that miss the ids' count, or add up to it with a sentence of negative length.
     for lengths in ([5], [4, -1]):
-        corrupt = str(tmp_path / "corrupt.tfrecord")
-        with tf.io.TFRecordWriter(corrupt) as raw:
-            raw.write(metadata)
-            raw.write(_document_record([7, 8, 9], lengths))
+        document = _example(
+            token_ids=np.array([7, 8, 9], "<i4").tobytes(),
+            sentence_lengths=np.array(lengths, "<i4").tobytes(),
+        )
+        corrupt = _write_records(tmp_path / "corrupt.tfrecord", metadata, document)
         with pytest.raises(ValueError, match="corrupt.tfrecord.*corrupt document record"):
             list(read_shard_flat_documents(corrupt))
 
 
-def _document_record(ids, lengths):
+def _example(**features):
+    """A serialised `tf.train.Example` of bytes features (name -> bytes)."""
     feature = {
-        name: tf.train.Feature(bytes_list=tf.train.BytesList(value=[np.array(v, "<i4").tobytes()]))
-        for name, v in (("token_ids", ids), ("sentence_lengths", lengths))
+        name: tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+        for name, value in features.items()
     }
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def _write_records(path, *records):
+    with tf.io.TFRecordWriter(str(path)) as raw:
+        for record in records:
+            raw.write(record)
+    return str(path)
 
 
 def test_shard_writer_skips_empty_parts_and_files_that_are_not_shards_are_named(
@@ -973,29 +982,19 @@ def test_shard_writer_skips_empty_parts_and_files_that_are_not_shards_are_named(
         len(tokenizer.vocabulary),
     )
     good = path.read_bytes()
-
-    def refused(data, message):
-        bad = tmp_path / "bad.tfrecord"
+    bad = tmp_path / "bad.tfrecord"
+    for data, message in (
+        (b"", "bad.tfrecord' is empty"),
+        (good[:5], r"not a readable TFRecord shard \(truncated record header\)"),
+        (good[:20], r"not a readable TFRecord shard \(truncated record\)"),
+        (struct.pack("<Q", 1 << 40) + good[8:], "larger than any shard metadata"),
+    ):
         bad.write_bytes(data)
         with pytest.raises(ValueError, match=message):
             read_shard_metadata(str(bad))
-
-    refused(b"", "bad.tfrecord' is empty")
-    refused(good[:5], r"not a readable TFRecord shard \(truncated record header\)")
-    refused(good[:20], r"not a readable TFRecord shard \(truncated record\)")
-    refused(struct.pack("<Q", 1 << 40) + good[8:], "larger than any shard metadata")
     for value, message in (
         (b"[1]", "not a kbert pretraining shard"),
         (b'{"format": "v0"}', "has format 'v0'"),
     ):
-        example = tf.train.Example(
-            features=tf.train.Features(
-                feature={
-                    "kbert_shard": tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-                }
-            )
-        )
-        other = tmp_path / "other.tfrecord"
-        with tf.io.TFRecordWriter(str(other)) as raw:
-            raw.write(example.SerializeToString())
-        refused(other.read_bytes(), message)
+        with pytest.raises(ValueError, match=message):
+            read_shard_metadata(_write_records(bad, _example(kbert_shard=value)))

@@ -152,9 +152,8 @@ def test_glue_reader_edge_cases(tmp_path):
     data = read_glue("sst2", "dev", tmp_path)
     with pytest.raises(KeyError, match="GlueData keys are 'sentence1', 'sentence2' and 'label'"):
         data["index"]
-    path = tmp_path / "SST-2" / "train.tsv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"sentence\tlabel\ngood\t1\nab\xffc\t0\n")
+    # Latin-1 writes the character U+00FF as the byte 0xFF, which is not UTF-8.
+    _write(tmp_path / "SST-2" / "train.tsv", "sentence\tlabel\ngood\t1\nab\xffc\t0\n", "latin-1")
     with pytest.raises(ValueError, match=r"train\.tsv:3: byte b'\\xff' at column 3 is not valid"):
         read_glue("sst2", "train", tmp_path)
     _write(tmp_path / "RTE" / "dev.tsv", "")

@@ -229,10 +229,6 @@ def test_bad_input_gets_one_clear_error(splade, tmp_path):
         BertSparseEncoder.from_preset(broken)
     with pytest.raises(ValueError, match="must have the same dimension"):
         sparse_search(np.ones((1, 3)), np.ones((2, 4)))
-    with pytest.raises(ValueError, match="`document_regularizer_weight` must be a number"):
-        SpladeLoss(document_regularizer_weight=-1.0)
-    with pytest.raises(ValueError, match="columns >= 2"):
-        SpladeLoss()(np.zeros(2), np.ones((2, 5)))
 
 
 def test_splade_loss_matches_sentence_transformers(splade):
@@ -356,6 +352,7 @@ def test_splade_loss_and_metric_settings_round_trip_and_bad_ones_are_refused():
             "`document_regularizer_weight` must be a number >= 0. Received",
         ),
         (dict(document_regularizer_weight=True), "document_regularizer_weight=True"),
+        (dict(document_regularizer_weight=-1.0), "document_regularizer_weight=-1.0"),
         (dict(document_regularizer_weight=float("nan")), "document_regularizer_weight=nan"),
         (dict(query_regularizer_weight="1"), "query_regularizer_weight='1'"),
         (dict(query_regularizer_weight=-0.5), "query_regularizer_weight=-0.5"),
@@ -365,11 +362,14 @@ def test_splade_loss_and_metric_settings_round_trip_and_bad_ones_are_refused():
     ):
         with pytest.raises(ValueError, match=re.escape(message)):
             SpladeLoss(**kwargs)
-    # One column is refused by SpladeLoss itself (not only by a ranking loss that checks).
+    # One column, or rows without columns, are refused by SpladeLoss itself (not only by a
+    # ranking loss that checks).
     message = "SpladeLoss expects sparse vectors (batch_size, columns >= 2"
     for inner in (None, keras.losses.MeanSquaredError()):
         with pytest.raises(ValueError, match=re.escape(message) + ".*shape \\(2, 1, 5\\)"):
             SpladeLoss(inner)(np.zeros((2, 1, 5)), np.ones((2, 1, 5), "float32"))
+    with pytest.raises(ValueError, match=re.escape(message) + ".*shape \\(2, 5\\)"):
+        SpladeLoss()(np.zeros(2), np.ones((2, 5)))
     with pytest.raises(ValueError, match="`columns` must be one of.*Received: columns='queries'"):
         ActiveDimensions(columns="queries")
 
